@@ -1,0 +1,228 @@
+"""The agent's lifecycle: start, stop, fork and exit handling.
+
+`start()` returns at once and never raises: any problem (no torch, a port in use, an unwritable
+runtime directory) is one line on stderr and training goes on, unobserved at worst.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from . import discovery, wire
+from .buffer import DropOldestBuffer
+
+VERSION = "0.1.0"
+_lock = threading.Lock()
+_agent: Agent | None = None
+
+
+def warn(message: str) -> None:
+    """One line on stderr; never raises (stderr may be closed)."""
+    try:
+        print(f"torchtop: {message}", file=sys.stderr, flush=True)
+    except Exception:
+        pass
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class Agent:
+    """One running agent: recorder + hooks on the training thread, sockets + loop on its own."""
+
+    def __init__(self, torch: Any, port: int | None, bind: str, auto: bool) -> None:
+        from .hooks import AutoHooks
+        from .publisher import AgentLoop
+        from .recorder import StepRecorder
+        from .sockets import open_sockets
+
+        self.torch = torch
+        self.pid = os.getpid()
+        self.run_id = uuid.uuid4().hex[:12]
+        self.start_time = time.time()
+        self.rank = _env_int("RANK", 0)
+        self.world_size = _env_int("WORLD_SIZE", 1)
+        self.local_rank = _env_int("LOCAL_RANK", 0)
+        self.sockets = open_sockets(bind, port)  # BindError propagates to start()
+        self.buffer = DropOldestBuffer()
+        self.recorder = StepRecorder(self.buffer)
+        self.hooks = None
+        try:
+            if auto:
+                self.hooks = AutoHooks(self.recorder, torch, h2d=torch.cuda.is_available())
+                self.hooks.install()
+            self.loop = AgentLoop(
+                self.recorder, self.buffer, self.sockets, self.hello, self.run_id, torch, self.rank
+            )
+            self.loop.start()
+        except BaseException:
+            self._teardown()
+            raise
+        self.discovery_file = None
+        try:
+            self.discovery_file = discovery.write(self._discovery_info())
+        except OSError as exc:
+            warn(
+                f"cannot write the discovery file ({exc}); `torchtop ls` will not list this run: "
+                f"attach with `torchtop attach 127.0.0.1:{self.port}` or set TORCHTOP_RUNTIME_DIR "
+                "to a writable directory"
+            )
+
+    @property
+    def port(self) -> int:
+        return self.sockets.port
+
+    def device(self) -> tuple[str, str]:
+        """("cuda"|"cpu", device name) judged from the model's parameters, else CUDA's state."""
+        torch = self.torch
+        for module in self.hooks.root_modules() if self.hooks else []:
+            try:
+                param = next(module.parameters())
+            except (StopIteration, Exception):
+                continue
+            if param.device.type == "cuda":
+                return "cuda", torch.cuda.get_device_name(param.device)
+            return param.device.type, ""
+        try:
+            if torch.cuda.is_initialized():
+                return "cuda", torch.cuda.get_device_name()
+        except Exception:
+            pass
+        return "cpu", ""
+
+    def hello(self) -> wire.Hello:
+        device, name = self.device()
+        return wire.Hello(
+            v=wire.PROTOCOL_VERSION,
+            run_id=self.run_id,
+            pid=self.pid,
+            host=socket.gethostname(),
+            port=self.port,
+            pub_port=self.sockets.pub_port,
+            device=device,
+            device_name=name,
+            start_time=self.start_time,
+            rank=self.rank,
+            world_size=self.world_size,
+            local_rank=self.local_rank,
+            torch_version=str(getattr(self.torch, "__version__", "")),
+            agent_version=VERSION,
+            argv=list(sys.argv),
+            cuda_sample_every=self.recorder.sample_every if self.recorder.pool is not None else 0,
+        )
+
+    def _discovery_info(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "host": socket.gethostname(),
+            "bind": self.sockets.bind,
+            "port": self.port,
+            "pub_port": self.sockets.pub_port,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "argv": list(sys.argv),
+            "start_time": self.start_time,
+            "run_id": self.run_id,
+            "version": VERSION,
+        }
+
+    def _teardown(self) -> None:
+        self.recorder.active = False
+        if self.hooks is not None:
+            self.hooks.uninstall()
+        self.sockets.close()
+
+    def stop(self) -> None:
+        self.recorder.active = False
+        if self.hooks is not None:
+            self.hooks.uninstall()
+        loop = getattr(self, "loop", None)
+        if loop is not None:
+            loop.stop()
+        self.sockets.close()
+        if os.getpid() == self.pid:
+            discovery.remove(self.pid)
+
+    def abandon_after_fork(self) -> None:
+        """In a forked child: restore the patches, touch no socket or thread of the parent."""
+        self.recorder.active = False
+        if self.hooks is not None:
+            self.hooks.uninstall()
+
+
+def start(port: int | None = None, bind: str | None = None, auto: bool = True) -> Agent | None:
+    """Start the agent in this process (once). Returns at once; never raises into training.
+
+    port: the request port (batches go out on port + 1); default $TORCHTOP_PORT or a free pair.
+    bind: default $TORCHTOP_BIND or 127.0.0.1. auto: install the zero-code hooks.
+    """
+    global _agent
+    try:
+        with _lock:
+            if _agent is not None:
+                return _agent
+            try:
+                import torch
+            except Exception as exc:
+                warn(f"torch is not importable ({exc}); install torch (pip install 'torchtop[torch]'); the agent is off")
+                return None
+            if port is None and os.environ.get("TORCHTOP_PORT"):
+                port = _env_int("TORCHTOP_PORT", 0) or None
+            bind = bind or os.environ.get("TORCHTOP_BIND") or "127.0.0.1"
+            from .sockets import BindError
+
+            try:
+                _agent = Agent(torch, port, bind, auto)
+            except BindError as exc:
+                warn(f"{exc}; training continues without torchtop")
+                return None
+            if not os.environ.get("TORCHTOP_QUIET"):
+                warn(f"agent on {bind}:{_agent.port} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}")
+            return _agent
+    except Exception as exc:  # never into training
+        warn(f"agent failed to start ({type(exc).__name__}: {exc}); training continues without it")
+        _agent = None
+        return None
+
+
+def stop() -> None:
+    """Stop the agent: every hook and patch removed, sockets closed, discovery file gone."""
+    global _agent
+    try:
+        with _lock:
+            agent, _agent = _agent, None
+            if agent is not None:
+                agent.stop()
+    except Exception as exc:
+        warn(f"agent stop failed ({type(exc).__name__}: {exc})")
+
+
+def current() -> Agent | None:
+    return _agent
+
+
+def _after_fork_in_child() -> None:
+    global _agent, _lock
+    _lock = threading.Lock()
+    agent, _agent = _agent, None
+    if agent is not None:
+        try:
+            agent.abandon_after_fork()
+        except Exception:
+            pass
+
+
+atexit.register(stop)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,184 @@
+"""The agent's own thread: everything that must not run on the training thread.
+
+At a fixed rate it drains the step buffer, resolves CUDA events (by polling, never syncing),
+keeps a bounded history for late joiners, encodes a Batch and publishes it with NOBLOCK (an
+empty batch is the heartbeat). In between it answers requests on the ROUTER socket. Bad frames
+are counted and answered with an error; nothing a client sends can stop this thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+import zmq
+
+from . import wire
+from .buffer import DropOldestBuffer
+from .cuda_timing import DeviceTimer, EventPool
+from .recorder import StepRecorder
+from .sockets import AgentSockets
+
+RATE_HZ = 10.0
+HISTORY_STEPS = 10_000
+SNAPSHOT_MAX = 10_000
+
+
+class AgentLoop(threading.Thread):
+    """Publishes batches and serves requests until `stop()`."""
+
+    def __init__(
+        self,
+        recorder: StepRecorder,
+        buffer: DropOldestBuffer,
+        sockets: AgentSockets,
+        hello: Callable[[], wire.Hello],
+        run_id: str,
+        torch: Any,
+        rank: int = 0,
+        rate_hz: float = RATE_HZ,
+    ) -> None:
+        super().__init__(name="torchtop-agent", daemon=True)
+        self.rec = recorder
+        self.buffer = buffer
+        self.sockets = sockets
+        self.hello = hello
+        self.run_id = run_id
+        self.torch = torch
+        self.rank = rank
+        self.period = 1.0 / rate_hz
+        self.seq = 0
+        self.history: deque[wire.StepRecord] = deque(maxlen=HISTORY_STEPS)
+        self.bad_requests = 0
+        self.errors = 0
+        self.timer = DeviceTimer(None)
+        self._stop_event = threading.Event()
+        self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout)
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sockets.router, zmq.POLLIN)
+        next_tick = time.monotonic()
+        while not self._stop_event.is_set():
+            try:
+                wait_ms = max(0.0, (next_tick - time.monotonic()) * 1000)
+                if dict(poller.poll(wait_ms)):
+                    self._serve()
+                now = time.monotonic()
+                if now >= next_tick:
+                    self._tick()
+                    next_tick = max(next_tick + self.period, now)
+            except Exception:
+                self.errors += 1
+                if self.errors > 1000:
+                    return
+                time.sleep(self.period)
+        try:
+            self._tick(final=True)
+        except Exception:
+            pass
+
+    # -- publishing ----------------------------------------------------------------------------
+    def _maybe_enable_cuda(self) -> None:
+        torch = self.torch
+        if self.timer.pool is not None or torch is None:
+            return
+        try:
+            # only once the user's code initialised CUDA: never create a context ourselves
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                pool = EventPool(torch)
+                self.timer.pool = pool
+                self.rec.pool = pool
+                self.rec.sample_every = 8
+        except Exception:
+            self.errors += 1
+
+    def _to_record(self, raw: Any, device_ms: dict[str, float] | None) -> wire.StepRecord:
+        index, kind, t0_ns, wall_ns, acc, micro, _events = raw
+        phases = dict(zip(wire.TIMED_PHASES, acc))
+        phases["other"] = max(0, wall_ns - sum(acc))
+        return wire.StepRecord(
+            i=index,
+            t0=t0_ns / 1e9 + self._wall_offset,
+            wall_ns=wall_ns,
+            phases=phases,
+            kind=kind,
+            micro=micro,
+            device_ms=device_ms or {},
+            rank=self.rank,
+        )
+
+    def _tick(self, final: bool = False) -> None:
+        self._maybe_enable_cuda()
+        for raw in self.buffer.drain():
+            self.timer.submit(raw)
+        steps = [self._to_record(raw, ms) for raw, ms in self.timer.poll()]
+        self.history.extend(steps)
+        if self.timer.pool is not None:
+            self.rec.sample_every = self.timer.stride(self.rec.sample_every)
+            self.timer.pool.top_up()
+        batch = wire.Batch(
+            v=wire.PROTOCOL_VERSION,
+            run_id=self.run_id,
+            seq=self.seq,
+            time=time.time(),
+            steps=steps,
+            dropped=self.buffer.dropped,
+            hook_errors=self.rec.failures,
+        )
+        try:
+            self.sockets.pub.send(wire.encode(batch), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        self.seq += 1
+
+    # -- requests ------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        router = self.sockets.router
+        for _ in range(100):
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) < 2:
+                self.bad_requests += 1
+                continue
+            envelope, payload = frames[:-1], frames[-1]
+            reply = self._answer(payload)
+            try:
+                router.send_multipart([*envelope, wire.encode(reply)], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def _answer(self, payload: bytes) -> wire.Reply:
+        v = wire.PROTOCOL_VERSION
+        try:
+            req = wire.decode(payload)
+        except wire.WireError as exc:
+            self.bad_requests += 1
+            return wire.Reply(v=v, id=-1, ok=False, error=f"bad request: {exc}")
+        if not isinstance(req, wire.Request):
+            self.bad_requests += 1
+            return wire.Reply(v=v, id=-1, ok=False, error=f"expected a request, got {type(req).__name__}")
+        if req.cmd == "hello":
+            return wire.Reply(v=v, id=req.id, ok=True, hello=self.hello(), seq=self.seq - 1)
+        if req.cmd == "ping":
+            return wire.Reply(v=v, id=req.id, ok=True, seq=self.seq - 1)
+        if req.cmd == "snapshot":
+            limit = req.args.get("max_steps", SNAPSHOT_MAX)
+            if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= SNAPSHOT_MAX:
+                return wire.Reply(
+                    v=v, id=req.id, ok=False, error=f"max_steps must be an integer in 1..{SNAPSHOT_MAX}"
+                )
+            steps = list(self.history)[-limit:]
+            return wire.Reply(v=v, id=req.id, ok=True, steps=steps, seq=self.seq - 1)
+        self.bad_requests += 1
+        return wire.Reply(v=v, id=req.id, ok=False, error=f"unknown command {req.cmd!r}")

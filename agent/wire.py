@@ -1,0 +1,135 @@
+"""The wire schema between agent and monitor.
+
+msgspec Structs encoded as msgpack, one tagged union (`Message`), a protocol version in every
+frame. This module imports neither torch nor zmq: the monitor uses it without torch, and tests
+use it without sockets. Nothing is ever pickled; every frame is validated on decode.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+#: Phases measured on the training thread, in display order. `other` is the rest of the step.
+PHASES: tuple[str, ...] = ("data", "h2d", "forward", "backward", "optimizer", "other")
+TIMED_PHASES: tuple[str, ...] = PHASES[:-1]
+
+
+class WireError(ValueError):
+    """A frame that is not a valid torchtop message of this protocol version."""
+
+
+class StepRecord(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
+    """One training (or eval) step as the training thread saw it.
+
+    `phases` holds host nanoseconds per phase, `other` included, so they add up to `wall_ns`.
+    `device_ms` holds CUDA-event times of the phases that were sampled on this step (empty when
+    the step was not sampled or the run is on CPU); `step` there is the stream time between
+    this step's boundary events.
+    """
+
+    i: int
+    t0: float  # wall clock (unix seconds) at step start
+    wall_ns: int
+    phases: dict[str, int]
+    kind: str = "train"  # "train" | "eval"
+    micro: int = 1  # backward passes in the step (gradient accumulation micro-batches)
+    device_ms: dict[str, float] = {}
+    rank: int = 0
+
+
+class Hello(msgspec.Struct, tag="hello", omit_defaults=True):
+    """Who the agent is; the reply to a `hello` request."""
+
+    v: int
+    run_id: str
+    pid: int
+    host: str
+    port: int
+    pub_port: int
+    device: str  # "cpu" | "cuda"
+    start_time: float
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device_name: str = ""
+    torch_version: str = ""
+    agent_version: str = ""
+    argv: list[str] = []
+    cuda_sample_every: int = 0  # 0: no device timing; k: CUDA events on one step in k
+
+
+class Batch(msgspec.Struct, tag="batch", omit_defaults=True):
+    """What the agent publishes ~10 times a second, also when empty (it doubles as heartbeat)."""
+
+    v: int
+    run_id: str
+    seq: int
+    time: float
+    steps: list[StepRecord] = []
+    dropped: int = 0  # cumulative step records the agent's buffer dropped
+    hook_errors: int = 0  # cumulative guarded failures inside hooks
+
+
+class Request(msgspec.Struct, tag="request", omit_defaults=True):
+    """A monitor's request on the agent's ROUTER socket."""
+
+    v: int
+    id: int
+    cmd: str  # "hello" | "snapshot" | "ping"
+    args: dict[str, Any] = {}
+
+
+class Reply(msgspec.Struct, tag="reply", omit_defaults=True):
+    """The agent's answer to a `Request` with the same id."""
+
+    v: int
+    id: int
+    ok: bool
+    error: str = ""
+    hello: Union[Hello, None] = None
+    steps: list[StepRecord] = []
+    seq: int = -1  # the last published batch sequence number when the reply was built
+    data: dict[str, Any] = {}
+
+
+Message = Union[Hello, Batch, Request, Reply]
+
+
+class _Header(msgspec.Struct):
+    v: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+_header_decoder = msgspec.msgpack.Decoder(_Header)
+
+
+def encode(msg: Message) -> bytes:
+    """Encode one message to a msgpack frame."""
+    return _encoder.encode(msg)
+
+
+def decode(frame: bytes) -> Message:
+    """Decode and validate one frame; raise WireError with a readable reason otherwise."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise WireError(f"frame is {type(frame).__name__}, not bytes")
+    if len(frame) > MAX_FRAME_BYTES:
+        raise WireError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES} byte limit")
+    try:
+        header = _header_decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(f"malformed frame: {exc}") from None
+    if header.v != PROTOCOL_VERSION:
+        raise WireError(
+            f"protocol version {header.v}, this torchtop speaks {PROTOCOL_VERSION}: "
+            "install the same torchtop version on both sides"
+        )
+    try:
+        return _decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(f"invalid message: {exc}") from None

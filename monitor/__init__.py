@@ -1,0 +1,1 @@
+"""torchtop's monitor: the terminal UI and the command line. Never imports torch."""

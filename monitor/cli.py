@@ -1,0 +1,134 @@
+"""The `torchtop` command: ls, attach, report, demo.
+
+Bad input (unknown target, dead agent, closed port) is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Sequence
+
+EXIT_NO_AGENT = 2
+
+
+def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
+    print(f"torchtop: {message}", file=sys.stderr)
+    return code
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from .targets import describe, local_agents
+
+    agents = local_agents()
+    if args.json:
+        print(json.dumps(agents, indent=None))
+        return 0
+    if not agents:
+        print("no torchtop agents running on this machine")
+        return 0
+    for info in agents:
+        print(describe(info))
+    return 0
+
+
+def collect(endpoint, seconds: float):  # type: ignore[no-untyped-def]
+    """Connect, say hello, then feed `seconds` of batches into a RunState."""
+    from .client import AgentClient
+    from .state import RunState
+
+    client = AgentClient(endpoint)
+    state = RunState()
+    try:
+        state.apply_hello(client.hello())
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            for batch in client.recv_batches(min(left, 0.5)):
+                state.apply_batch(batch, time.monotonic())
+        state.bad_frames += client.bad_frames
+        state.last_error = state.last_error or client.last_error
+        return state
+    finally:
+        client.close()
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .client import AgentUnreachable
+    from .report import build_report
+    from .targets import TargetError, resolve_single
+
+    if args.seconds <= 0:
+        return _fail("--seconds must be positive")
+    try:
+        endpoint = resolve_single(args.target)
+        state = collect(endpoint, args.seconds)
+    except (TargetError, AgentUnreachable) as exc:
+        return _fail(str(exc))
+    print(json.dumps(build_report(state, args.seconds, str(endpoint)), indent=2 if args.pretty else None))
+    return 0
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from .targets import TargetError, local_agents, no_agent_message, parse
+
+    try:
+        if args.target:
+            endpoint = parse(args.target)
+            choices = None
+        else:
+            agents = local_agents()
+            if not agents:
+                return _fail(no_agent_message())
+            endpoint = None
+            choices = agents
+    except TargetError as exc:
+        return _fail(str(exc))
+    from .app import run_tui
+
+    return run_tui(endpoint, choices)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchtop", description="htop for a PyTorch training run")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("ls", help="list the agents running on this machine")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("attach", help="open the live TUI on a run")
+    p.add_argument("target", nargs="?", help="pid, HOST:PORT or tcp://HOST:PORT (default: the local agent)")
+    p.set_defaults(func=cmd_attach)
+
+    p = sub.add_parser("report", help="collect S seconds and print one JSON report")
+    p.add_argument("target", nargs="?", help="pid, HOST:PORT or tcp://HOST:PORT (default: the local agent)")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long to collect (default 10)")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON")
+    p.set_defaults(func=cmd_report)
+
+    from .demo import add_demo_arguments
+
+    p = sub.add_parser("demo", help="run a demo training job with the agent and open the TUI on it")
+    add_demo_arguments(p)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The monitor's connection to one agent: a DEALER for requests, a SUB for the batch stream.
+
+Every frame is validated (wire.decode); a bad one is counted with its reason and dropped.
+Synchronous on purpose: the TUI runs it in a worker thread, `report` runs it directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import zmq
+
+from torchtop.agent import wire
+
+from .targets import Endpoint
+
+class AgentUnreachable(Exception):
+    """No answer from the agent in time: a closed port, a dead agent, or the wrong host."""
+
+class AgentClient:
+    def __init__(self, endpoint: Endpoint, ctx: Any = None) -> None:
+        self.endpoint = endpoint
+        self.ctx = ctx or zmq.Context.instance()
+        self._ids = itertools.count(1)
+        self.bad_frames = 0
+        self.last_error = ""
+        self.dealer: Any = None
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        self.sub.setsockopt(zmq.RCVHWM, 10_000)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(endpoint.pub_address)
+        self._new_dealer()
+
+    def _new_dealer(self) -> None:
+        if self.dealer is not None:
+            self.dealer.close(linger=0)
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        self.dealer.connect(self.endpoint.address())
+
+    def close(self) -> None:
+        for sock in (self.dealer, self.sub):
+            try:
+                sock.close(linger=0)
+            except Exception:
+                pass
+
+    def _bad(self, reason: str) -> None:
+        self.bad_frames += 1
+        self.last_error = reason
+
+    # -- requests ------------------------------------------------------------------------------
+    def request(self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 2.0) -> wire.Reply:
+        """Send one request and wait for its reply; raise AgentUnreachable after `timeout`."""
+        req_id = next(self._ids)
+        req = wire.Request(v=wire.PROTOCOL_VERSION, id=req_id, cmd=cmd, args=args or {})
+        self.dealer.send(wire.encode(req), zmq.NOBLOCK)
+        deadline_ms = int(timeout * 1000)
+        poller = zmq.Poller()
+        poller.register(self.dealer, zmq.POLLIN)
+
+        end = time.monotonic() + timeout
+        while deadline_ms > 0:
+            if not poller.poll(deadline_ms):
+                break
+            frame = self.dealer.recv()
+            try:
+                reply = wire.decode(frame)
+            except wire.WireError as exc:
+                self._bad(str(exc))
+            else:
+                if isinstance(reply, wire.Reply) and reply.id == req_id:
+                    return reply
+                if not isinstance(reply, wire.Reply):
+                    self._bad(f"expected a reply, got {type(reply).__name__}")
+            deadline_ms = int((end - time.monotonic()) * 1000)
+        self._new_dealer()  # drop the queued request: a late reply must not be read as another's
+        raise AgentUnreachable(
+            f"no answer from a torchtop agent at {self.endpoint.address()} within {timeout:g}s "
+            "(closed port, agent gone, or wrong host/port)"
+        )
+
+    def hello(self, timeout: float = 3.0) -> wire.Hello:
+        reply = self.request("hello", timeout=timeout)
+        if not reply.ok or reply.hello is None:
+            raise AgentUnreachable(f"agent refused hello: {reply.error or 'no hello in reply'}")
+        return reply.hello
+
+    def snapshot(self, max_steps: int = 10_000, timeout: float = 5.0) -> wire.Reply:
+        return self.request("snapshot", {"max_steps": max_steps}, timeout=timeout)
+
+    # -- stream --------------------------------------------------------------------------------
+    def recv_batches(self, timeout: float) -> list[wire.Batch]:
+        """Batches that arrive within `timeout` seconds (returns early once one has arrived)."""
+        out: list[wire.Batch] = []
+        if not self.sub.poll(int(timeout * 1000)):
+            return out
+        while True:
+            try:
+                frame = self.sub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            try:
+                msg = wire.decode(frame)
+            except wire.WireError as exc:
+                self._bad(str(exc))
+                continue
+            if isinstance(msg, wire.Batch):
+                out.append(msg)
+            else:
+                self._bad(f"expected a batch on the stream, got {type(msg).__name__}")
