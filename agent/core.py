@@ -58,12 +58,18 @@ class Agent:
         self.buffer = DropOldestBuffer()
         self.recorder = StepRecorder(self.buffer)
         self.hooks = None
+        self.telemetry = None
         try:
+            from .telemetry import TelemetryCollector
+
+            self.telemetry = TelemetryCollector(torch)
+            self.telemetry.start()
             if auto:
                 self.hooks = AutoHooks(self.recorder, torch, h2d=torch.cuda.is_available())
                 self.hooks.install()
             self.loop = AgentLoop(
-                self.recorder, self.buffer, self.sockets, self.hello, self.run_id, torch, self.rank
+                self.recorder, self.buffer, self.sockets, self.hello, self.run_id, torch, self.rank,
+                telemetry=self.telemetry,
             )
             self.loop.start()
         except BaseException:
@@ -139,6 +145,8 @@ class Agent:
 
     def _teardown(self) -> None:
         self.recorder.active = False
+        if self.telemetry is not None:
+            self.telemetry.stop()
         if self.hooks is not None:
             self.hooks.uninstall()
         self.sockets.close()
@@ -150,6 +158,8 @@ class Agent:
         loop = getattr(self, "loop", None)
         if loop is not None:
             loop.stop()
+        if self.telemetry is not None:
+            self.telemetry.stop()
         self.sockets.close()
         if os.getpid() == self.pid:
             discovery.remove(self.pid)

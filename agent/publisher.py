@@ -20,6 +20,7 @@ from .buffer import DropOldestBuffer
 from .cuda_timing import DeviceTimer, EventPool
 from .recorder import StepRecorder
 from .sockets import AgentSockets
+from .telemetry import TelemetryCollector
 
 RATE_HZ = 10.0
 HISTORY_STEPS = 10_000
@@ -38,6 +39,7 @@ class AgentLoop(threading.Thread):
         run_id: str,
         torch: Any,
         rank: int = 0,
+        telemetry: TelemetryCollector | None = None,
         rate_hz: float = RATE_HZ,
     ) -> None:
         super().__init__(name="torchtop-agent", daemon=True)
@@ -48,6 +50,7 @@ class AgentLoop(threading.Thread):
         self.run_id = run_id
         self.torch = torch
         self.rank = rank
+        self.telemetry = telemetry
         self.period = 1.0 / rate_hz
         self.seq = 0
         self.history: deque[wire.StepRecord] = deque(maxlen=HISTORY_STEPS)
@@ -125,6 +128,10 @@ class AgentLoop(threading.Thread):
         if self.timer.pool is not None:
             self.rec.sample_every = self.timer.stride(self.rec.sample_every)
             self.timer.pool.top_up()
+        telemetry = None
+        if self.telemetry is not None:
+            self.telemetry.fast()
+            telemetry = self.telemetry.latest()
         batch = wire.Batch(
             v=wire.PROTOCOL_VERSION,
             run_id=self.run_id,
@@ -133,6 +140,7 @@ class AgentLoop(threading.Thread):
             steps=steps,
             dropped=self.buffer.dropped,
             hook_errors=self.rec.failures,
+            telemetry=telemetry,
         )
         try:
             self.sockets.pub.send(wire.encode(batch), zmq.NOBLOCK)

@@ -42,6 +42,91 @@ class StepRecord(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False
     rank: int = 0
 
 
+class MemorySample(msgspec.Struct, omit_defaults=True):
+    """CUDA caching-allocator figures of one device (bytes), from memory_stats() at ~10 Hz."""
+
+    device: int
+    allocated: int
+    reserved: int
+    active: int
+    requested: int  # what tensors asked for; allocated - requested is rounding waste
+    inactive_split: int  # free inside split blocks: cached but not releasable
+    peak_allocated: int  # since start (or the user's last reset_peak_memory_stats)
+    peak_reserved: int
+    window_peak: int  # highest allocated seen since the previous sample
+    alloc_retries: int  # cudaMalloc failed, cache flushed, retried: a slowdown
+    ooms: int
+    device_total: int = 0  # from mem_get_info
+    device_free: int = 0
+
+
+class FragSample(msgspec.Struct, omit_defaults=True):
+    """Allocator fragmentation from memory_snapshot() (without traces), at an adaptive rate."""
+
+    device: int
+    largest_free: int  # the largest inactive block inside a segment
+    total_free: int  # all inactive blocks inside segments
+    external: float  # 1 - largest_free / total_free (0 when nothing is free)
+    segments: int
+    segment_hist: dict[str, int] = {}  # segment count by size bucket
+    expandable: bool = False
+    cost_ms: float = 0.0  # what the snapshot call cost
+    interval_s: float = 0.0  # the rate it runs at, adapted to stay under 0.1% of wall time
+
+
+class GpuSample(msgspec.Struct, omit_defaults=True):
+    """One GPU's state from NVML."""
+
+    index: int  # the CUDA device index as the process sees it
+    name: str = ""
+    util_gpu: float = -1.0  # percent; -1 when not known
+    util_mem: float = -1.0
+    mem_used: int = 0
+    mem_total: int = 0
+    power_w: float = -1.0
+    power_limit_w: float = -1.0
+    temp_c: float = -1.0
+    sm_clock_mhz: float = -1.0
+    throttle: list[str] = []
+    pcie_tx_kbs: float = -1.0  # sampled at <= 1 Hz: the call takes ~20 ms
+    pcie_rx_kbs: float = -1.0
+
+
+class WorkerSample(msgspec.Struct, omit_defaults=True):
+    """A child process of the training process (DataLoader workers among them)."""
+
+    pid: int
+    cpu_percent: float
+    rss: int
+    name: str = ""
+    dataloader: bool = False
+
+
+class HostSample(msgspec.Struct, omit_defaults=True):
+    """The training process and its machine, from psutil."""
+
+    proc_cpu: float  # percent of one core (can exceed 100)
+    proc_rss: int
+    threads: int
+    cpu_count: int
+    cpu_per_core: list[float] = []
+    mem_total: int = 0
+    mem_available: int = 0
+    mem_percent: float = 0.0
+    workers: list[WorkerSample] = []
+
+
+class Telemetry(msgspec.Struct, omit_defaults=True):
+    """The latest samples; absent parts say why in `unavailable` (e.g. {"gpu": "no NVML"})."""
+
+    time: float
+    memory: list[MemorySample] = []
+    frag: list[FragSample] = []
+    gpus: list[GpuSample] = []
+    host: Union[HostSample, None] = None
+    unavailable: dict[str, str] = {}
+
+
 class Hello(msgspec.Struct, tag="hello", omit_defaults=True):
     """Who the agent is; the reply to a `hello` request."""
 
@@ -73,6 +158,7 @@ class Batch(msgspec.Struct, tag="batch", omit_defaults=True):
     steps: list[StepRecord] = []
     dropped: int = 0  # cumulative step records the agent's buffer dropped
     hook_errors: int = 0  # cumulative guarded failures inside hooks
+    telemetry: Union[Telemetry, None] = None  # memory / GPU / host samples taken since last batch
 
 
 class Request(msgspec.Struct, tag="request", omit_defaults=True):

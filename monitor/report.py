@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .state import RunState, breakdown, device_ms, phase_ms, step_stats
+import msgspec
+
+from .state import RunState, breakdown, device_ms, phase_ms, retry_rate, step_stats
 
 
 def build_report(state: RunState, seconds: float, target: str = "") -> dict[str, Any]:
@@ -34,4 +36,37 @@ def build_report(state: RunState, seconds: float, target: str = "") -> dict[str,
         "gaps": state.gaps,
         "bad_frames": state.bad_frames,
         "hook_errors": state.hook_errors,
-    }
+    } | telemetry_report(state, seconds)
+
+
+def telemetry_report(state: RunState, seconds: float) -> dict[str, Any]:
+    """`memory`, `gpu` and `host` sections: the latest samples, peaks, and why a part is missing."""
+    tel = state.telemetry
+    unavailable = dict(tel.unavailable) if tel else {"memory": "no telemetry received", "gpu": "no telemetry received", "host": "no telemetry received"}
+    memory: dict[str, Any] = {"available": bool(tel and tel.memory)}
+    if tel and tel.memory:
+        devices = []
+        for m in tel.memory:
+            d = msgspec.to_builtins(m)
+            d["window_peak_max"] = state.peak_window.get(m.device, m.window_peak)
+            d["rounding_waste"] = max(0, m.allocated - m.requested)
+            d["reserved_fraction"] = m.reserved / m.device_total if m.device_total else None
+            frag = next((f for f in tel.frag if f.device == m.device), None)
+            d["fragmentation"] = msgspec.to_builtins(frag) if frag else None
+            devices.append(d)
+        memory |= {"devices": devices, "alloc_retries_per_s": round(retry_rate(state, seconds), 4)}
+        memory |= {k: devices[0][k] for k in ("allocated", "reserved", "peak_allocated", "inactive_split", "alloc_retries", "ooms")}
+    else:
+        memory["reason"] = unavailable.get("memory", "")
+    gpu: dict[str, Any] = {"available": bool(tel and tel.gpus)}
+    if tel and tel.gpus:
+        gpu["devices"] = [msgspec.to_builtins(g) for g in tel.gpus]
+    else:
+        gpu["reason"] = unavailable.get("gpu", "")
+    host: dict[str, Any] = {"available": bool(tel and tel.host)}
+    if tel and tel.host:
+        host |= msgspec.to_builtins(tel.host)
+        host.setdefault("workers", [])
+    else:
+        host["reason"] = unavailable.get("host", "")
+    return {"memory": memory, "gpu": gpu, "host": host}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Iterable
 
-from torchtop.agent.wire import PHASES, Batch, Hello, StepRecord
+from torchtop.agent.wire import PHASES, Batch, Hello, StepRecord, Telemetry
 
 HISTORY = 20_000
 STALE_AFTER_S = 3.0
@@ -33,6 +33,10 @@ class RunState:
     last_batch_at: float | None = None  # monitor's monotonic clock at the last batch
     gone: bool = False
     new_runs: int = 0
+    telemetry: Telemetry | None = None  # the latest memory / GPU / host samples
+    # (agent time, allocated, reserved, alloc_retries) of the first CUDA device, for plots and rates
+    memory_history: deque[tuple[float, int, int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    peak_window: dict[int, int] = field(default_factory=dict)  # per device: highest window peak seen
 
     # -- feeding -------------------------------------------------------------------------------
     def apply_hello(self, hello: Hello) -> None:
@@ -43,6 +47,9 @@ class RunState:
 
     def _new_run(self) -> None:
         self.steps.clear()
+        self.memory_history.clear()
+        self.peak_window.clear()
+        self.telemetry = None
         self.last_seq = None
         self.new_runs += 1
 
@@ -62,6 +69,8 @@ class RunState:
         self.agent_time = batch.time
         self.last_batch_at = now
         self.gone = False
+        if batch.telemetry is not None:
+            self.apply_telemetry(batch.telemetry)
         last_i = self.steps[-1].i if self.steps else -1
         self.steps.extend(s for s in batch.steps if s.kind != "train" or s.i > last_i)
 
@@ -73,6 +82,14 @@ class RunState:
         self.steps = deque(merged, maxlen=HISTORY)
         if self.last_seq is None or seq > self.last_seq:
             self.last_seq = seq
+
+    def apply_telemetry(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+        if telemetry.memory:
+            m = telemetry.memory[0]
+            self.memory_history.append((telemetry.time, m.allocated, m.reserved, m.alloc_retries))
+        for m in telemetry.memory:
+            self.peak_window[m.device] = max(self.peak_window.get(m.device, 0), m.window_peak)
 
     def bad_frame(self, reason: str) -> None:
         self.bad_frames += 1
@@ -151,3 +168,14 @@ def device_ms(steps: list[StepRecord]) -> dict[str, float]:
         return {}
     keys = sorted({k for s in sampled for k in s.device_ms})
     return {k: sum(s.device_ms.get(k, 0.0) for s in sampled) / len(sampled) for k in keys}
+
+
+def retry_rate(state: RunState, seconds: float) -> float:
+    """Allocator retries per second over the last `seconds` (cudaMalloc failed and was retried)."""
+    hist = state.memory_history
+    if len(hist) < 2:
+        return 0.0
+    last = hist[-1]
+    first = next((h for h in hist if h[0] >= last[0] - seconds), hist[0])
+    span = last[0] - first[0]
+    return (last[3] - first[3]) / span if span > 0 else 0.0
