@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 
+from .judge import diagnose
 from .state import RunState, breakdown, device_ms, phase_ms, retry_rate, step_stats
 
 
@@ -36,7 +37,7 @@ def build_report(state: RunState, seconds: float, target: str = "") -> dict[str,
         "gaps": state.gaps,
         "bad_frames": state.bad_frames,
         "hook_errors": state.hook_errors,
-    } | telemetry_report(state, seconds)
+    } | telemetry_report(state, seconds) | diagnose(state).to_json()
 
 
 def telemetry_report(state: RunState, seconds: float) -> dict[str, Any]:

@@ -7,14 +7,27 @@ functions that the TUI, `report` and the diagnosis rules share.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Iterable
+from typing import NamedTuple
 
 from torchtop.agent.wire import PHASES, Batch, Hello, StepRecord, Telemetry
 
 HISTORY = 20_000
 STALE_AFTER_S = 3.0
+
+
+class Point(NamedTuple):
+    """One telemetry sample reduced to what plots, rates and the diagnosis rules need."""
+
+    time: float  # agent clock
+    allocated: int  # first CUDA device; 0 on CPU
+    reserved: int
+    retries: int
+    gpu_util: float  # NVML percent, -1 when unknown
+    proc_cpu: float  # training process CPU percent, -1 when unknown
+    rss: int  # training process resident memory, 0 when unknown
 
 
 @dataclass
@@ -34,8 +47,7 @@ class RunState:
     gone: bool = False
     new_runs: int = 0
     telemetry: Telemetry | None = None  # the latest memory / GPU / host samples
-    # (agent time, allocated, reserved, alloc_retries) of the first CUDA device, for plots and rates
-    memory_history: deque[tuple[float, int, int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    points: deque[Point] = field(default_factory=lambda: deque(maxlen=HISTORY))
     peak_window: dict[int, int] = field(default_factory=dict)  # per device: highest window peak seen
 
     # -- feeding -------------------------------------------------------------------------------
@@ -47,7 +59,7 @@ class RunState:
 
     def _new_run(self) -> None:
         self.steps.clear()
-        self.memory_history.clear()
+        self.points.clear()
         self.peak_window.clear()
         self.telemetry = None
         self.last_seq = None
@@ -85,9 +97,20 @@ class RunState:
 
     def apply_telemetry(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
-        if telemetry.memory:
-            m = telemetry.memory[0]
-            self.memory_history.append((telemetry.time, m.allocated, m.reserved, m.alloc_retries))
+        m = telemetry.memory[0] if telemetry.memory else None
+        g = telemetry.gpus[0] if telemetry.gpus else None
+        h = telemetry.host
+        self.points.append(
+            Point(
+                telemetry.time,
+                m.allocated if m else 0,
+                m.reserved if m else 0,
+                m.alloc_retries if m else 0,
+                g.util_gpu if g else -1.0,
+                h.proc_cpu if h else -1.0,
+                h.proc_rss if h else 0,
+            )
+        )
         for m in telemetry.memory:
             self.peak_window[m.device] = max(self.peak_window.get(m.device, 0), m.window_peak)
 
@@ -172,10 +195,22 @@ def device_ms(steps: list[StepRecord]) -> dict[str, float]:
 
 def retry_rate(state: RunState, seconds: float) -> float:
     """Allocator retries per second over the last `seconds` (cudaMalloc failed and was retried)."""
-    hist = state.memory_history
-    if len(hist) < 2:
+    pts = recent_points(state, seconds)
+    if len(pts) < 2:
         return 0.0
-    last = hist[-1]
-    first = next((h for h in hist if h[0] >= last[0] - seconds), hist[0])
-    span = last[0] - first[0]
-    return (last[3] - first[3]) / span if span > 0 else 0.0
+    span = pts[-1].time - pts[0].time
+    return (pts[-1].retries - pts[0].retries) / span if span > 0 else 0.0
+
+
+def recent_points(state: RunState, seconds: float) -> list[Point]:
+    """Telemetry points of the last `seconds` of agent time, oldest first."""
+    if not state.points:
+        return []
+    horizon = state.points[-1].time - seconds
+    out = []
+    for p in reversed(state.points):
+        if p.time < horizon:
+            break
+        out.append(p)
+    out.reverse()
+    return out
