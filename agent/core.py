@@ -60,6 +60,9 @@ class Agent:
         self.hooks = None
         self.telemetry = None
         try:
+            from .capture import CaptureController
+
+            self.captures = CaptureController(torch, self.recorder)
             from .telemetry import TelemetryCollector
 
             self.telemetry = TelemetryCollector(torch)
@@ -70,6 +73,7 @@ class Agent:
             self.loop = AgentLoop(
                 self.recorder, self.buffer, self.sockets, self.hello, self.run_id, torch, self.rank,
                 telemetry=self.telemetry,
+                captures=self.captures,
             )
             self.loop.start()
         except BaseException:
@@ -153,6 +157,8 @@ class Agent:
 
     def stop(self) -> None:
         self.recorder.active = False
+        if getattr(self, "captures", None) is not None:
+            self.captures.close()
         if self.hooks is not None:
             self.hooks.uninstall()
         loop = getattr(self, "loop", None)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
 from . import wire
 from .buffer import DropOldestBuffer
+from .capture import CaptureController, CaptureError
 from .cuda_timing import DeviceTimer, EventPool
 from .recorder import StepRecorder
 from .sockets import AgentSockets
@@ -40,6 +42,7 @@ class AgentLoop(threading.Thread):
         torch: Any,
         rank: int = 0,
         telemetry: TelemetryCollector | None = None,
+        captures: CaptureController | None = None,
         rate_hz: float = RATE_HZ,
     ) -> None:
         super().__init__(name="torchtop-agent", daemon=True)
@@ -51,6 +54,7 @@ class AgentLoop(threading.Thread):
         self.torch = torch
         self.rank = rank
         self.telemetry = telemetry
+        self.captures = captures
         self.period = 1.0 / rate_hz
         self.seq = 0
         self.history: deque[wire.StepRecord] = deque(maxlen=HISTORY_STEPS)
@@ -132,6 +136,10 @@ class AgentLoop(threading.Thread):
         if self.telemetry is not None:
             self.telemetry.fast()
             telemetry = self.telemetry.latest()
+        capture = None
+        if self.captures is not None:
+            self.captures.poll()
+            capture = self.captures.current
         batch = wire.Batch(
             v=wire.PROTOCOL_VERSION,
             run_id=self.run_id,
@@ -141,6 +149,7 @@ class AgentLoop(threading.Thread):
             dropped=self.buffer.dropped,
             hook_errors=self.rec.failures,
             telemetry=telemetry,
+            capture=capture,
         )
         try:
             self.sockets.pub.send(wire.encode(batch), zmq.NOBLOCK)
@@ -188,5 +197,18 @@ class AgentLoop(threading.Thread):
                 )
             steps = list(self.history)[-limit:]
             return wire.Reply(v=v, id=req.id, ok=True, steps=steps, seq=self.seq - 1)
+        if req.cmd in ("capture-profile", "capture-memory", "capture-status") and self.captures is not None:
+            return self._capture(req)
         self.bad_requests += 1
         return wire.Reply(v=v, id=req.id, ok=False, error=f"unknown command {req.cmd!r}")
+
+    def _capture(self, req: wire.Request) -> wire.Reply:
+        v, captures = wire.PROTOCOL_VERSION, self.captures
+        assert captures is not None
+        if req.cmd == "capture-status":
+            return wire.Reply(v=v, id=req.id, ok=True, capture=captures.current, captures=captures.status())
+        try:
+            info = captures.request(req.cmd, req.args)
+        except CaptureError as exc:
+            return wire.Reply(v=v, id=req.id, ok=False, error=str(exc), capture=captures.current)
+        return wire.Reply(v=v, id=req.id, ok=True, capture=info)

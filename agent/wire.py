@@ -123,8 +123,26 @@ class Telemetry(msgspec.Struct, omit_defaults=True):
     memory: list[MemorySample] = []
     frag: list[FragSample] = []
     gpus: list[GpuSample] = []
-    host: Union[HostSample, None] = None
+    host: HostSample | None = None
     unavailable: dict[str, str] = {}
+
+
+class CaptureInfo(msgspec.Struct, omit_defaults=True):
+    """One on-demand capture (profiler trace or CUDA memory snapshot) and how far it got."""
+
+    id: int
+    kind: str  # "profile" | "memory"
+    state: str  # "pending" | "running" | "writing" | "done" | "failed"
+    steps_total: int = 0
+    steps_done: int = 0
+    seconds: float = 0.0
+    path: str = ""  # on the agent's host
+    host: str = ""
+    error: str = ""
+    requested_at: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    summary: dict[str, Any] = {}
 
 
 class Hello(msgspec.Struct, tag="hello", omit_defaults=True):
@@ -158,7 +176,7 @@ class Batch(msgspec.Struct, tag="batch", omit_defaults=True):
     steps: list[StepRecord] = []
     dropped: int = 0  # cumulative step records the agent's buffer dropped
     hook_errors: int = 0  # cumulative guarded failures inside hooks
-    telemetry: Union[Telemetry, None] = None  # memory / GPU / host samples taken since last batch
+    telemetry: Telemetry | None = None  # memory / GPU / host samples taken since last batch
 
 
 class Request(msgspec.Struct, tag="request", omit_defaults=True):
@@ -177,10 +195,12 @@ class Reply(msgspec.Struct, tag="reply", omit_defaults=True):
     id: int
     ok: bool
     error: str = ""
-    hello: Union[Hello, None] = None
+    hello: Hello | None = None
     steps: list[StepRecord] = []
     seq: int = -1  # the last published batch sequence number when the reply was built
     data: dict[str, Any] = {}
+    capture: Union[CaptureInfo, None] = None
+    captures: list[CaptureInfo] = []
 
 
 Message = Union[Hello, Batch, Request, Reply]
@@ -193,6 +213,9 @@ class _Header(msgspec.Struct):
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 _header_decoder = msgspec.msgpack.Decoder(_Header)
+# What msgspec may raise on hostile input besides its own errors: invalid UTF-8 in a tag
+# (UnicodeDecodeError, a ValueError) and nesting deeper than its limit (RecursionError).
+_DECODE_ERRORS = (msgspec.MsgspecError, ValueError, RecursionError)
 
 
 def encode(msg: Message) -> bytes:
@@ -208,7 +231,7 @@ def decode(frame: bytes) -> Message:
         raise WireError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES} byte limit")
     try:
         header = _header_decoder.decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _DECODE_ERRORS as exc:
         raise WireError(f"malformed frame: {exc}") from None
     if header.v != PROTOCOL_VERSION:
         raise WireError(
@@ -217,5 +240,5 @@ def decode(frame: bytes) -> Message:
         )
     try:
         return _decoder.decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _DECODE_ERRORS as exc:
         raise WireError(f"invalid message: {exc}") from None

@@ -1,0 +1,34 @@
+"""Top allocation sites of a CUDA memory snapshot (torch.cuda.memory._snapshot()). Pure Python."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_SKIP = ("torch/", "torchtop/", "<frozen", "contextlib.py", "threading.py")
+
+
+def _site(frames: list[dict[str, Any]]) -> str:
+    """The innermost frame outside torch and the standard plumbing: the user's line."""
+    for fr in frames:
+        filename = str(fr.get("filename", ""))
+        if filename and not any(s in filename for s in _SKIP) and not filename.startswith("??"):
+            return f"{filename}:{fr.get('line', '?')} {fr.get('name', '')}".strip()
+    if frames:
+        fr = frames[0]
+        return f"{fr.get('filename', '?')}:{fr.get('line', '?')} {fr.get('name', '')}".strip()
+    return "(no stack)"
+
+
+def top_allocation_sites(snapshot: dict[str, Any], n: int = 10) -> list[dict[str, Any]]:
+    """Sites by bytes allocated during the recording window (alloc actions of device traces)."""
+    totals: dict[str, list[int]] = {}
+    for trace in snapshot.get("device_traces", []) or []:
+        for entry in trace:
+            if entry.get("action") != "alloc":
+                continue
+            site = _site(entry.get("frames", []) or [])
+            t = totals.setdefault(site, [0, 0])
+            t[0] += int(entry.get("size", 0))
+            t[1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: kv[1][0], reverse=True)[:n]
+    return [{"site": site, "bytes": b, "allocs": count} for site, (b, count) in ranked]

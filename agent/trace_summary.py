@@ -1,0 +1,106 @@
+"""Summarise a Chrome trace from torch.profiler: the step breakdown in the PyTorch profiler
+plugin's buckets and the GPU idle share. Pure Python over the trace events (no torch), so it is
+tested on hand-made events and runs on the agent's writer thread, never the training thread.
+
+Each instant of a ProfilerStep goes to the highest-priority bucket active then, in the plugin's
+order: Kernel, Memcpy, Memset, Communication, Runtime, DataLoader, CPU Exec, Other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BUCKETS = ("Kernel", "Memcpy", "Memset", "Communication", "Runtime", "DataLoader", "CPU Exec", "Other")
+GPU_BUCKETS = ("Kernel", "Memcpy", "Memset", "Communication")
+
+Interval = tuple[float, float]
+
+
+def _union(intervals: list[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
+def _subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """a minus b, both sorted and disjoint."""
+    out: list[Interval] = []
+    j = 0
+    for start, end in a:
+        cur = start
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+def _length(intervals: list[Interval]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def bucket_of(event: dict[str, Any]) -> str | None:
+    cat = str(event.get("cat", "")).lower()
+    name = str(event.get("name", ""))
+    if cat == "kernel":
+        return "Communication" if "nccl" in name.lower() else "Kernel"
+    if cat == "gpu_memcpy":
+        return "Memcpy"
+    if cat == "gpu_memset":
+        return "Memset"
+    if cat in ("cuda_runtime", "cuda_driver"):
+        return "Runtime"
+    if cat in ("cpu_op", "user_annotation"):
+        if name.startswith("ProfilerStep#"):
+            return None
+        if "DataLoader" in name:
+            return "DataLoader"
+        return "CPU Exec"
+    return None
+
+
+def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """{"steps", "step_ms" (mean), "buckets" (share of step time each), "gpu_idle" (or None)}."""
+    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    spans = _union([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in steps])
+    total = _length(spans)
+    by_bucket: dict[str, list[Interval]] = {b: [] for b in BUCKETS}
+    any_gpu = False
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        bucket = bucket_of(e)
+        if bucket is None:
+            continue
+        any_gpu = any_gpu or bucket in GPU_BUCKETS
+        by_bucket[bucket].append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    assigned: list[Interval] = []
+    shares: dict[str, float] = {}
+    gpu_busy = 0.0
+    for bucket in BUCKETS[:-1]:
+        mine = _subtract(_subtract(spans, _subtract(spans, _union(by_bucket[bucket]))), assigned)
+        length = _length(mine)
+        shares[bucket] = length / total if total else 0.0
+        if bucket in GPU_BUCKETS:
+            gpu_busy += length
+        assigned = _union(assigned + mine)
+    shares["Other"] = max(0.0, 1.0 - sum(shares.values())) if total else 0.0
+    return {
+        "steps": len(steps),
+        "step_ms": (total / len(steps) / 1000.0) if steps else 0.0,
+        "buckets": {k: round(v, 5) for k, v in shares.items()},
+        "gpu_idle": round(1.0 - gpu_busy / total, 5) if total and any_gpu else None,
+    }
