@@ -19,6 +19,7 @@ import zmq
 from . import wire
 from .buffer import DropOldestBuffer
 from .capture import CaptureController, CaptureError
+from .core import warn
 from .cuda_timing import DeviceTimer, EventPool
 from .recorder import StepRecorder
 from .sockets import AgentSockets
@@ -83,8 +84,10 @@ class AgentLoop(threading.Thread):
                 if now >= next_tick:
                     self._tick()
                     next_tick = max(next_tick + self.period, now)
-            except Exception:
+            except Exception as exc:
                 self.errors += 1
+                if self.errors == 1:  # say it once: a silent agent looks like a stuck run
+                    warn(f"agent loop error ({type(exc).__name__}: {exc}); retrying")
                 if self.errors > 1000:
                     return
                 time.sleep(self.period)

@@ -177,6 +177,7 @@ class Batch(msgspec.Struct, tag="batch", omit_defaults=True):
     dropped: int = 0  # cumulative step records the agent's buffer dropped
     hook_errors: int = 0  # cumulative guarded failures inside hooks
     telemetry: Telemetry | None = None  # memory / GPU / host samples taken since last batch
+    capture: CaptureInfo | None = None  # the capture in progress, or the last one
 
 
 class Request(msgspec.Struct, tag="request", omit_defaults=True):

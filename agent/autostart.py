@@ -1,0 +1,87 @@
+"""Zero-code start: `TORCHTOP=1` (set by `torchtop run`, or by hand) starts the agent in any
+Python process that imports torch, right after torch's import finishes.
+
+Armed from `torchtop_autostart.pth` (installed beside the package) or from the `sitecustomize`
+that `torchtop run` puts on PYTHONPATH. Waiting for torch's import keeps processes that never
+touch torch (pip, a launcher's helpers) untouched, and skips launchers such as `torchrun`
+itself, whose workers get their own agents.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+from typing import Any
+
+_armed = False
+_LAUNCHERS = ("torchrun", os.path.join("torch", "distributed", "run.py"), os.path.join("torch", "distributed", "launch.py"))
+
+
+def enabled() -> bool:
+    return os.environ.get("TORCHTOP", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def is_launcher(argv: list[str]) -> bool:
+    first = argv[0] if argv else ""
+    return first.endswith(_LAUNCHERS) or first in ("-m",) and len(argv) > 1 and argv[1].startswith("torch.distributed.")
+
+
+def _start() -> None:
+    if is_launcher(list(getattr(sys, "argv", []) or [])):
+        return
+    try:
+        import torchtop.agent
+
+        port = os.environ.get("TORCHTOP_PORT")
+        if port and port.isdigit():  # one port per local rank under torchrun
+            base = int(port) + 2 * int(os.environ.get("LOCAL_RANK", "0") or 0)
+            torchtop.agent.start(port=base)
+        else:
+            torchtop.agent.start()
+    except Exception as exc:  # never into the user's program
+        try:
+            print(f"torchtop: autostart failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+        except Exception:
+            pass
+
+
+class _AfterTorchImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps torch's loader so the agent starts once torch is imported."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            loader.exec_module = original  # type: ignore[method-assign]
+            _start()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def arm() -> None:
+    """Start now if torch is imported, else right after it is. Idempotent; never raises."""
+    global _armed
+    if _armed or not enabled():
+        return
+    _armed = True
+    try:
+        if "torch" in sys.modules:
+            _start()
+        else:
+            sys.meta_path.insert(0, _AfterTorchImport())
+    except Exception:
+        pass
