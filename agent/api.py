@@ -16,6 +16,7 @@ from .core import warn
 from .wire import TIMED_PHASES
 
 _PHASE_INDEX = {name: i for i, name in enumerate(TIMED_PHASES)}
+_FORWARD = _PHASE_INDEX["forward"]
 _warned: set[str] = set()
 
 
@@ -29,14 +30,23 @@ class _Step:
         if agent is None:
             return
         rec = agent.recorder
-        if rec.on_thread():
-            rec.explicit = True
-            rec.open_step()
+        try:
+            if rec.on_thread():
+                rec.explicit = True
+                rec.open_step()
+        except Exception:
+            rec._fail()
 
     def __exit__(self, *exc: Any) -> None:
         agent = core._agent
-        if agent is not None and agent.recorder.on_thread():
-            agent.recorder.boundary()
+        if agent is None:
+            return
+        rec = agent.recorder
+        try:
+            if rec.on_thread():
+                rec.boundary()
+        except Exception:
+            rec._fail()
 
 
 class _Phase:
@@ -47,13 +57,28 @@ class _Phase:
 
     def __enter__(self) -> None:
         agent = core._agent
-        if agent is not None and self.index >= 0 and agent.recorder.on_thread():
-            agent.recorder.enter(self.index)
+        if agent is None or self.index < 0:
+            return
+        rec = agent.recorder
+        try:
+            if rec.on_thread():
+                if self.index == _FORWARD:  # a no-grad forward in a step of its own is evaluation
+                    rec.forward_start(-1, agent.torch.is_grad_enabled())
+                else:
+                    rec.enter(self.index)
+        except Exception:
+            rec._fail()
 
     def __exit__(self, *exc: Any) -> None:
         agent = core._agent
-        if agent is not None and self.index >= 0 and agent.recorder.on_thread():
-            agent.recorder.exit(self.index)
+        if agent is None or self.index < 0:
+            return
+        rec = agent.recorder
+        try:
+            if rec.on_thread():
+                rec.exit(self.index)
+        except Exception:
+            rec._fail()
 
 
 _STEP = _Step()
@@ -75,3 +100,38 @@ def phase(name: str) -> _Phase:
             warn(f"unknown phase {name!r} ignored; phases are {', '.join(TIMED_PHASES)}")
         return _NO_PHASE
     return found
+
+
+def mark(name: str, value: Any) -> None:
+    """Attach a user scalar (loss, tokens/s, lr) to the current step; shown by the monitor.
+
+    A CUDA tensor is never read on the training thread (that would synchronize): it is copied
+    to pinned memory without blocking, and the agent thread reads it once the copy has landed.
+    """
+    agent = core._agent
+    if agent is None:
+        return
+    rec = agent.recorder
+    try:
+        if not rec.on_thread():
+            return
+        if isinstance(value, (int, float)):
+            rec.add_mark(name, float(value))
+            return
+        torch = agent.torch
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            if name not in _warned:
+                _warned.add(name)
+                warn(f"mark({name!r}) needs a number or a one-element tensor; ignored")
+            return
+        value = value.detach()
+        if value.is_cuda:
+            pinned = torch.empty((), dtype=value.dtype, pin_memory=True)
+            pinned.copy_(value.reshape(()), non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            rec.add_mark(name, (pinned, done))
+        else:
+            rec.add_mark(name, float(value))
+    except Exception:
+        rec._fail()

@@ -69,13 +69,9 @@ class DeviceTimer:
         while self._pending:
             since, raw = self._pending[0]
             events = raw[6]
-            if events is None:
-                out.append((raw, None))
-                self._pending.popleft()
-                continue
-            pairs = events[:-1]
-            if all(_done(s) and _done(e) for _, s, e in pairs):
-                out.append(self._finish(raw, self._elapsed(pairs)))
+            pairs = events[:-1] if events is not None else ()
+            if all(_done(s) and _done(e) for _, s, e in pairs) and _marks_done(raw):
+                out.append(self._finish(raw, self._elapsed(pairs)) if events is not None else (raw, None))
             elif now - since > GIVE_UP_S or len(self._pending) > MAX_PENDING:
                 self.abandoned += 1
                 out.append((raw, None))  # events stay out of the pool: they may never complete
@@ -118,3 +114,11 @@ class DeviceTimer:
 
 def _done(ev: Any) -> bool:
     return ev is None or ev.query()
+
+
+def _marks_done(raw: Any) -> bool:
+    """User marks of CUDA tensors travel as (pinned copy, event): ready once the copy landed."""
+    extra = raw[7] if len(raw) > 7 else None
+    if not extra or "marks" not in extra:
+        return True
+    return all(not isinstance(v, tuple) or _done(v[1]) for _, v in extra["marks"])

@@ -28,6 +28,28 @@ DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 
 
+def _enter(rec: StepRecorder, phase: int) -> bool:
+    """Open `phase` if this is the training thread; False (call through untimed) otherwise.
+
+    The recorder guards itself; this guard is the second line, so that nothing a hook does can
+    raise into the user's code. A failure counts toward switching the recorder off.
+    """
+    try:
+        if rec.on_thread():
+            rec.enter(phase)
+            return True
+    except Exception:
+        rec._fail()
+    return False
+
+
+def _exit(rec: StepRecorder, phase: int) -> None:
+    try:
+        rec.exit(phase)
+    except Exception:
+        rec._fail()
+
+
 def _compiling(torch: Any) -> Any:
     fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     return fn if fn is not None else (lambda: False)
@@ -47,6 +69,8 @@ class AutoHooks:
         self._global_handle: Any = None
         self._seen_opts: set[int] = set()
         self._stepped: set[int] = set()
+        self._opt_ran = False
+        self._grad_enabled = torch.is_grad_enabled
 
     # -- install / uninstall -------------------------------------------------------------------
     def install(self) -> None:
@@ -54,6 +78,7 @@ class AutoHooks:
         self._hook_forward()
         self._patch_backward()
         self._hook_optimizer()
+        self._patch_grad_scaler()
         if self.want_h2d:
             self._patch_h2d()
 
@@ -92,13 +117,12 @@ class AutoHooks:
 
         @functools.wraps(orig)
         def __next__(it: Any) -> Any:
-            if not rec.on_thread():
+            if not _enter(rec, DATA):
                 return orig(it)
-            rec.enter(DATA)
             try:
                 return orig(it)
             finally:
-                rec.exit(DATA)
+                _exit(rec, DATA)
 
         self._setattr(cls, "__next__", __next__)
 
@@ -111,10 +135,12 @@ class AutoHooks:
     def _discover(self, module: Any, args: Any) -> None:
         try:
             rec = self.rec
-            if not rec.on_thread() or self._depth > 0 or id(module) in self._roots:
-                return
+            # the limit first: a loop whose roots are all known calls no new root, and the global
+            # hook must still go (while it exists every module call takes nn.Module's slow path)
             if rec.index >= DISCOVERY_STEPS or self._root_calls >= DISCOVERY_CALLS:
                 self._end_discovery()
+                return
+            if not rec.on_thread() or self._depth > 0 or id(module) in self._roots:
                 return
             self._roots[id(module)] = weakref.ref(module)
             self._handle(module.register_forward_pre_hook(self._root_pre))
@@ -132,18 +158,24 @@ class AutoHooks:
         rec = self.rec
         if not rec.on_thread():
             return
-        if self._depth == 0:
-            self._root_calls += 1
-            rec.enter(FORWARD)
-        self._depth += 1
+        try:
+            if self._depth == 0:
+                self._root_calls += 1
+                rec.forward_start(id(module), self._grad_enabled())
+            self._depth += 1
+        except Exception:
+            rec._fail()
 
     def _root_post(self, module: Any, args: Any, output: Any) -> None:
         rec = self.rec
         if not rec.on_thread() or self._depth == 0:
             return
-        self._depth -= 1
-        if self._depth == 0:
-            rec.exit(FORWARD)
+        try:
+            self._depth -= 1
+            if self._depth == 0:
+                rec.exit(FORWARD)
+        except Exception:
+            rec._fail()
 
     # -- backward ------------------------------------------------------------------------------
     def _patch_backward(self) -> None:
@@ -155,13 +187,12 @@ class AutoHooks:
             def make(orig: Any) -> Any:
                 @functools.wraps(orig)
                 def wrapper(*args: Any, **kwargs: Any) -> Any:
-                    if not rec.on_thread():
+                    if not _enter(rec, BACKWARD):
                         return orig(*args, **kwargs)
-                    rec.enter(BACKWARD)
                     try:
                         return orig(*args, **kwargs)
                     finally:
-                        rec.exit(BACKWARD)
+                        _exit(rec, BACKWARD)
 
                 return wrapper
 
@@ -188,22 +219,56 @@ class AutoHooks:
             self._seen_opts.add(oid)
         except Exception:
             rec._fail()
-        rec.enter(OPTIMIZER)
+        try:
+            rec.enter(OPTIMIZER)
+        except Exception:
+            rec._fail()
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
         rec = self.rec
         if not rec.on_thread():
             return
-        rec.exit(OPTIMIZER)
-        if rec.explicit:
-            return
         try:
-            self._stepped.add(id(opt))
-            if self._stepped >= self._seen_opts:  # every optimizer of the cycle has stepped
-                self._stepped.clear()
-                rec.boundary()
+            rec.exit(OPTIMIZER)
+            self._opt_ran = True
+            self._cycle_done(opt)
         except Exception:
             rec._fail()
+
+    def _cycle_done(self, opt: Any) -> None:
+        """`opt` stepped (or was skipped): end the step once every optimizer of the cycle has."""
+        if self.rec.explicit:
+            return
+        self._seen_opts.add(id(opt))
+        self._stepped.add(id(opt))
+        if self._stepped >= self._seen_opts:
+            self._stepped.clear()
+            self.rec.boundary()
+
+    def _patch_grad_scaler(self) -> None:
+        """A GradScaler step skipped for inf/NaN gradients never calls optimizer.step(): count
+        it as that optimizer's step (marked skipped) so the step still ends there."""
+        scaler_cls = getattr(getattr(self.torch, "amp", None), "GradScaler", None)
+        if scaler_cls is None or not hasattr(scaler_cls, "step"):
+            return
+        orig = scaler_cls.step
+        rec = self.rec
+        hooks = self
+
+        @functools.wraps(orig)
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = rec.index
+            hooks._opt_ran = False
+            out = orig(scaler, optimizer, *args, **kwargs)
+            try:
+                if not hooks._opt_ran and rec.on_thread() and rec.index == before:
+                    rec.note_skipped()
+                    hooks._cycle_done(optimizer)
+            except Exception:
+                rec._fail()
+            return out
+
+        self._setattr(scaler_cls, "step", step)
 
     # -- host to device ------------------------------------------------------------------------
     def _patch_h2d(self) -> None:
@@ -212,18 +277,18 @@ class AutoHooks:
         compiling = _compiling(torch)
         Tensor = torch.Tensor
 
-        def timed(call: Any) -> Any:
-            sample = rec.h2d_events()
-            ev0 = rec._record() if sample else None
-            t = perf_counter_ns()
-            out = call()
-            dt = perf_counter_ns() - t
-            return out, dt, ev0
+        def begin() -> Any:
+            try:
+                return rec._record() if rec.h2d_events() else None
+            except Exception:
+                rec._fail()
+                return None
 
-        def settle(out: Any, dt: int, ev0: Any, was_h2d: bool) -> None:
+        def settle(t: int, ev0: Any, was_h2d: bool, src: Any) -> None:
+            dt = perf_counter_ns() - t
             try:
                 if was_h2d:
-                    rec.add_h2d(dt)
+                    rec.add_h2d(dt, src.nbytes, src.is_pinned())
                     if ev0 is not None:
                         rec.add_h2d_events(ev0, rec._record())
                 elif ev0 is not None:
@@ -237,24 +302,30 @@ class AutoHooks:
         def to(self: Any, *args: Any, **kwargs: Any) -> Any:
             if compiling() or self.is_cuda or not rec.on_thread():
                 return orig_to(self, *args, **kwargs)
-            out, dt, ev0 = timed(lambda: orig_to(self, *args, **kwargs))
-            settle(out, dt, ev0, getattr(out, "is_cuda", False))
+            ev0 = begin()
+            t = perf_counter_ns()
+            out = orig_to(self, *args, **kwargs)
+            settle(t, ev0, getattr(out, "is_cuda", False), self)
             return out
 
         @functools.wraps(orig_cuda)
         def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
             if compiling() or self.is_cuda or not rec.on_thread():
                 return orig_cuda(self, *args, **kwargs)
-            out, dt, ev0 = timed(lambda: orig_cuda(self, *args, **kwargs))
-            settle(out, dt, ev0, True)
+            ev0 = begin()
+            t = perf_counter_ns()
+            out = orig_cuda(self, *args, **kwargs)
+            settle(t, ev0, True, self)
             return out
 
         @functools.wraps(orig_copy)
         def copy_(self: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
             if compiling() or not self.is_cuda or getattr(src, "is_cuda", True) or not rec.on_thread():
                 return orig_copy(self, src, *args, **kwargs)
-            out, dt, ev0 = timed(lambda: orig_copy(self, src, *args, **kwargs))
-            settle(out, dt, ev0, True)
+            ev0 = begin()
+            t = perf_counter_ns()
+            out = orig_copy(self, src, *args, **kwargs)
+            settle(t, ev0, True, src)
             return out
 
         self._setattr(Tensor, "to", to)

@@ -112,10 +112,10 @@ class AgentLoop(threading.Thread):
             self.errors += 1
 
     def _to_record(self, raw: Any, device_ms: dict[str, float] | None) -> wire.StepRecord:
-        index, kind, t0_ns, wall_ns, acc, micro, _events = raw
+        index, kind, t0_ns, wall_ns, acc, micro, _events, extra = raw
         phases = dict(zip(wire.TIMED_PHASES, acc))
         phases["other"] = max(0, wall_ns - sum(acc))
-        return wire.StepRecord(
+        record = wire.StepRecord(
             i=index,
             t0=t0_ns / 1e9 + self._wall_offset,
             wall_ns=wall_ns,
@@ -125,6 +125,11 @@ class AgentLoop(threading.Thread):
             device_ms=device_ms or {},
             rank=self.rank,
         )
+        if extra:
+            record.skipped = extra.get("skipped", 0)
+            record.h2d_bytes = {k: extra[k] for k in ("pinned", "pageable") if k in extra}
+            record.marks = _marks(extra.get("marks", ()))
+        return record
 
     def _tick(self, final: bool = False) -> None:
         self._maybe_enable_cuda()
@@ -215,3 +220,14 @@ class AgentLoop(threading.Thread):
         except CaptureError as exc:
             return wire.Reply(v=v, id=req.id, ok=False, error=str(exc), capture=captures.current)
         return wire.Reply(v=v, id=req.id, ok=True, capture=info)
+
+
+def _marks(marks: Any) -> dict[str, float]:
+    """User marks as floats; CUDA ones arrive as (pinned copy, event) and are read once ready."""
+    out: dict[str, float] = {}
+    for name, value in marks:
+        try:
+            out[str(name)] = float(value[0]) if isinstance(value, tuple) else float(value)
+        except Exception:
+            continue
+    return out

@@ -49,6 +49,15 @@ class StepRecorder:
         self.sample_every = 0
         self._events: list | None = None
         self._record_ns = 0
+        self.on_step: Any = None  # set while a capture is armed: called at each boundary
+        # what kind of step is open: train activity (grad forward, backward, optimizer) or only
+        # no-grad forwards (an evaluation loop), and the first root module of such a forward
+        self._has_train = False
+        self._eval_fwd = False
+        self._eval_root = 0
+        self._extra: dict[str, Any] | None = None  # rare per-step extras: marks, skipped, h2d bytes
+        self._prev_extra: dict[str, Any] | None = None  # the extras of the step just handed over
+        self._fresh = False  # nothing happened since the last boundary
 
     # -- failure policy ------------------------------------------------------------------------
     def _fail(self) -> None:
@@ -72,6 +81,12 @@ class StepRecorder:
     def enter(self, phase: int, opens_step: bool = True) -> None:
         """Open `phase`; `opens_step` says whether it may start a step when none is open."""
         try:
+            if phase == DATA:
+                if self._eval_fwd and not self._has_train and not self.explicit:
+                    self.boundary("eval")  # an evaluation iteration ends where the next fetch starts
+            elif phase == BACKWARD or phase == OPTIMIZER:
+                self._has_train = True
+            self._fresh = False
             now = perf_counter_ns()
             if self._t0 == 0:
                 if not opens_step:
@@ -84,7 +99,9 @@ class StepRecorder:
             self._stack.append(self._cur)
             self._cur = phase
             self._cur_t = now
-            if phase == BACKWARD:
+            if phase == BACKWARD and BACKWARD not in self._stack:
+                # only an outermost backward is a micro-batch: a reentrant checkpoint (or an
+                # explicit phase("backward") around loss.backward()) nests a second one
                 self._micro += 1
             if self._events is not None:
                 self._events.append((phase, self._record(), None))
@@ -113,7 +130,30 @@ class StepRecorder:
         except Exception:
             self._fail()
 
-    def add_h2d(self, dt_ns: int) -> None:
+    def forward_start(self, root_id: int, grad: bool) -> None:
+        """A root module's forward begins: tells train from evaluation, then opens FORWARD.
+
+        No-grad forwards with no backward or optimizer in the step make it an `eval` step;
+        without a DataLoader to cut at, the next forward of the same root cuts it.
+        """
+        try:
+            if grad:
+                self._has_train = True
+            else:
+                if self._eval_fwd and not self._has_train and root_id == self._eval_root and not self.explicit:
+                    self.boundary("eval")
+                if not self._eval_fwd:
+                    self._eval_fwd, self._eval_root = True, root_id
+        except Exception:
+            self._fail()
+        self.enter(FORWARD)
+
+    def _extras(self) -> dict[str, Any]:
+        if self._extra is None:
+            self._extra = {}
+        return self._extra
+
+    def add_h2d(self, dt_ns: int, nbytes: int = 0, pinned: bool = False) -> None:
         """Move `dt_ns` just spent in a host-to-device copy out of the open phase into h2d."""
         try:
             if self._t0 == 0:
@@ -121,6 +161,30 @@ class StepRecorder:
             self._acc[H2D] += dt_ns
             if self._cur >= 0:
                 self._acc[self._cur] -= dt_ns
+            if nbytes:
+                extra = self._extras()
+                key = "pinned" if pinned else "pageable"
+                extra[key] = extra.get(key, 0) + nbytes
+        except Exception:
+            self._fail()
+
+    def note_skipped(self) -> None:
+        """An optimizer step that GradScaler skipped (inf/NaN gradients)."""
+        try:
+            extra = self._extras()
+            extra["skipped"] = extra.get("skipped", 0) + 1
+        except Exception:
+            self._fail()
+
+    def add_mark(self, name: str, value: Any) -> None:
+        """A user scalar for this step: a float, or (pinned tensor, event) still on its way."""
+        try:
+            # a mark right after optimizer.step() (the usual place to log the loss) belongs to
+            # the step that just ended, not to the one that has not started doing anything
+            extra = self._prev_extra if self._fresh and self._prev_extra is not None else self._extras()
+            marks = extra.setdefault("marks", [])
+            if len(marks) < 64:
+                marks.append((name, value))
         except Exception:
             self._fail()
 
@@ -165,14 +229,27 @@ class StepRecorder:
             if events is not None:
                 events[0] = (-1, events[0][1], self._record())
                 events.append(self._record_ns)
-            # (index, kind, t0_ns, wall_ns, phases, micro, events): decoded by the agent thread
-            self.buffer.append((self.index, kind, self._t0, now - self._t0, tuple(self._acc), self._micro, events))
+            if self._eval_fwd and not self._has_train:
+                kind = "eval"
+            extra = self._extra if self._extra is not None else {}
+            # (index, kind, t0_ns, wall_ns, phases, micro, events, extra): decoded by the agent thread
+            self.buffer.append(
+                (self.index, kind, self._t0, now - self._t0, tuple(self._acc), self._micro, events, extra)
+            )
+            self._prev_extra, self._fresh = extra, True
             self.index += 1
             self._acc = [0] * N_PHASES
             self._micro = 0
+            self._has_train = self._eval_fwd = False
+            self._extra = None
             self._open_step(now)
         except Exception:
             self._fail()
+        if self.on_step is not None:
+            try:
+                self.on_step()
+            except Exception:
+                self.on_step = None
 
     def reset(self) -> None:
         """Forget the open step (after stop/start, or a fork)."""
@@ -182,3 +259,5 @@ class StepRecorder:
         self._acc = [0] * N_PHASES
         self._micro = 0
         self._events = None
+        self._has_train = self._eval_fwd = False
+        self._extra = None

@@ -40,6 +40,9 @@ class StepRecord(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False
     micro: int = 1  # backward passes in the step (gradient accumulation micro-batches)
     device_ms: dict[str, float] = {}
     rank: int = 0
+    skipped: int = 0  # optimizer steps GradScaler skipped (inf/NaN gradients) in this step
+    h2d_bytes: dict[str, int] = {}  # bytes copied host-to-device from "pinned" / "pageable" memory
+    marks: dict[str, float] = {}  # user scalars from torchtop.agent.mark()
 
 
 class MemorySample(msgspec.Struct, omit_defaults=True):
