@@ -6,7 +6,7 @@
 Importing this package imports neither torch nor zmq: `start()` does.
 """
 
-from .api import mark, phase, step
+from .api import data, mark, phase, step
 from .core import VERSION, current, start, stop
 
-__all__ = ["start", "stop", "step", "phase", "mark", "current", "VERSION"]
+__all__ = ["start", "stop", "step", "phase", "mark", "data", "current", "VERSION"]

@@ -135,3 +135,35 @@ def mark(name: str, value: Any) -> None:
             rec.add_mark(name, float(value))
     except Exception:
         rec._fail()
+
+
+class _TimedIterable:
+    """`for batch in torchtop.agent.data(iterable)`: each `next()` on the training thread is
+    timed as the data phase. For inputs the automatic hooks cannot see: a plain generator, a
+    custom iterator. (DataLoaders and queue-fed prefetchers need no wrapper.)"""
+
+    __slots__ = ("_it",)
+
+    def __init__(self, iterable: Any) -> None:
+        self._it = iterable
+
+    def __iter__(self) -> Any:
+        it = iter(self._it)
+        data = _PHASES["data"]
+        while True:
+            data.__enter__()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            finally:
+                data.__exit__()
+            yield item
+
+    def __len__(self) -> int:
+        return len(self._it)  # type: ignore[arg-type]
+
+
+def data(iterable: Any) -> Any:
+    """Wrap an iterable so the time spent fetching each item counts as the data phase."""
+    return _TimedIterable(iterable)

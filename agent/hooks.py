@@ -71,6 +71,7 @@ class AutoHooks:
         self._stepped: set[int] = set()
         self._opt_ran = False
         self._grad_enabled = torch.is_grad_enabled
+        self._compiling = _compiling(torch)
 
     # -- install / uninstall -------------------------------------------------------------------
     def install(self) -> None:
@@ -125,14 +126,41 @@ class AutoHooks:
                 _exit(rec, DATA)
 
         self._setattr(cls, "__next__", __next__)
+        self._patch_queue_get()
+
+    def _patch_queue_get(self) -> None:
+        """A thread-prefetching loader hands batches over a queue.Queue: the training thread's
+        wait in `get()` is its data wait (the loader thread's own work is not counted)."""
+        import queue
+
+        orig = queue.Queue.get
+        rec = self.rec
+
+        @functools.wraps(orig)
+        def get(q: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _enter(rec, DATA):
+                return orig(q, *args, **kwargs)
+            try:
+                return orig(q, *args, **kwargs)
+            finally:
+                _exit(rec, DATA)
+
+        self._setattr(queue.Queue, "get", get)
 
     # -- forward -------------------------------------------------------------------------------
     def _hook_forward(self) -> None:
+        import warnings
+
         from torch.nn.modules import module as module_mod
+
+        # torch warns that global hooks fire twice around an OptimizedModule: ours count depth
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
 
         self._global_handle = self._handle(module_mod.register_module_forward_pre_hook(self._discover))
 
     def _discover(self, module: Any, args: Any) -> None:
+        if self._compiling():  # traced by dynamo: do nothing it would break a graph on
+            return
         try:
             rec = self.rec
             # the limit first: a loop whose roots are all known calls no new root, and the global
@@ -156,7 +184,7 @@ class AutoHooks:
 
     def _root_pre(self, module: Any, args: Any) -> None:
         rec = self.rec
-        if not rec.on_thread():
+        if self._compiling() or not rec.on_thread():
             return
         try:
             if self._depth == 0:
@@ -168,7 +196,7 @@ class AutoHooks:
 
     def _root_post(self, module: Any, args: Any, output: Any) -> None:
         rec = self.rec
-        if not rec.on_thread() or self._depth == 0:
+        if self._compiling() or not rec.on_thread() or self._depth == 0:
             return
         try:
             self._depth -= 1
@@ -207,7 +235,7 @@ class AutoHooks:
 
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         rec = self.rec
-        if not rec.on_thread():
+        if self._compiling() or not rec.on_thread():
             return
         try:
             oid = id(opt)
@@ -226,7 +254,7 @@ class AutoHooks:
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
         rec = self.rec
-        if not rec.on_thread():
+        if self._compiling() or not rec.on_thread():
             return
         try:
             rec.exit(OPTIMIZER)

@@ -1,0 +1,236 @@
+"""The step model on the training loops people really write, each on real torch on CPU.
+
+Every test asserts what would be wrong if the hooks cut steps in the wrong place or put time in
+the wrong phase: step counts, micro-batch counts, eval vs train, and where a known wait lands.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+import torchtop.agent as ta
+from tests.agent_util import median, snapshot_steps
+
+MS = 1_000_000
+
+
+def mlp(d: int = 32) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(d, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def batches(n: int, bs: int = 8, d: int = 32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(bs, d, generator=g), torch.randint(0, 4, (bs,), generator=g)) for _ in range(n)]
+
+
+class SleepyItems(Dataset):
+    """Each item costs `ms` of (sleeping) work: a stand-in for decode + augment."""
+
+    def __init__(self, n: int, ms: float) -> None:
+        self.n, self.ms = n, ms
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(self.ms / 1000)
+        return torch.randn(32), torch.tensor(i % 4)
+
+
+def test_amp_autocast_and_grad_scaler_skipped_steps() -> None:
+    assert ta.start() is not None
+    model, crit = mlp(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    data = batches(8)
+    for k, (x, y) in enumerate(data):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = crit(model(x), y)
+        if k == 3:
+            loss = loss * float("inf")  # inf gradients: GradScaler skips optimizer.step()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    steps = snapshot_steps(ta.current(), 8)
+    assert len(steps) == 8  # the skipped step still ends a step: nothing merges
+    assert [s.skipped for s in steps] == [0, 0, 0, 1, 0, 0, 0, 0]
+    assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 for s in steps)
+    assert steps[3].phases["optimizer"] == 0 and steps[4].phases["optimizer"] > 0
+
+
+def test_torch_compile_model() -> None:
+    assert ta.start() is not None
+    model = torch.compile(mlp(), backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in batches(6):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    steps = snapshot_steps(ta.current(), 6)
+    assert len(steps) == 6
+    assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 and s.micro == 1 for s in steps)
+    assert steps[0].phases["forward"] > 5 * median([s.phases["forward"] for s in steps[2:]])  # compiling
+
+
+def test_two_optimizers_one_step_per_iteration() -> None:
+    """A GAN-style loop: D and G each step once per iteration -> one step per iteration."""
+    assert ta.start() is not None
+    gen, disc = mlp(), nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt_g = torch.optim.Adam(gen.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(disc.parameters(), lr=1e-3)
+    iters = 10
+    for x, _ in batches(iters):
+        fake = gen(x)
+        d_loss = disc(fake.detach()).mean()
+        opt_d.zero_grad()
+        d_loss.backward()
+        opt_d.step()
+        g_loss = -disc(fake).mean()
+        opt_g.zero_grad()
+        g_loss.backward()
+        opt_g.step()
+    steps = snapshot_steps(ta.current(), iters)
+    assert len(steps) == iters  # not 2 per iteration
+    assert all(s.micro == 2 for s in steps[1:])  # both backward passes of an iteration
+
+
+def test_eval_loop_is_reported_as_eval_not_training() -> None:
+    assert ta.start() is not None
+    model, crit = mlp(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train_dl = DataLoader(TensorDataset(torch.randn(64, 32), torch.randint(0, 4, (64,))), batch_size=8)
+    val_dl = DataLoader(SleepyItems(12, 2.0), batch_size=4)  # 8 ms of loading per eval batch
+    for _epoch in range(2):
+        model.train()
+        for x, y in train_dl:
+            crit(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            for x, y in val_dl:
+                crit(model(x), y)
+    train = snapshot_steps(ta.current(), 16)
+    evals = snapshot_steps(ta.current(), 6, kind="eval")
+    assert len(train) == 16 and len(evals) == 6
+    assert all(s.phases["backward"] == 0 and s.phases["optimizer"] == 0 for s in evals)
+    assert all(s.phases["data"] >= 7 * MS for s in evals)  # the eval loader's wait is in eval steps
+    assert max(s.phases["data"] for s in train) < 5 * MS  # and not in training steps
+
+
+def test_plain_generator_wrapped_with_data() -> None:
+    def gen():
+        for x, y in batches(8):
+            time.sleep(0.02)  # the generator's own work, on the training thread
+            yield x, y
+
+    assert ta.start() is not None
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in ta.data(gen()):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    steps = snapshot_steps(ta.current(), 7)
+    assert len(steps) == 8
+    assert all(19 * MS <= s.phases["data"] <= 30 * MS for s in steps[1:])
+
+
+def test_iterable_dataset_through_dataloader() -> None:
+    class Stream(IterableDataset):
+        def __iter__(self):
+            for i in range(40):
+                time.sleep(0.003)
+                yield torch.randn(32), torch.tensor(i % 4)
+
+    assert ta.start() is not None
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in DataLoader(Stream(), batch_size=4):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    steps = snapshot_steps(ta.current(), 10)
+    assert len(steps) == 10
+    assert median([s.phases["data"] for s in steps[1:]]) >= 11 * MS  # 4 items x 3 ms
+
+
+def test_thread_prefetching_loader_counts_only_the_training_threads_wait() -> None:
+    """The loader thread spends ~30 ms a batch, training ~10 ms: the data phase of each step is
+    what the training thread itself waited in `get()` (timed here too), not the thread's work."""
+    q: queue.Queue = queue.Queue(maxsize=2)
+    loader = DataLoader(SleepyItems(48, 7.5), batch_size=4)
+
+    def produce() -> None:
+        for item in loader:
+            q.put(item)
+        q.put(None)
+
+    assert ta.start() is not None
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    threading.Thread(target=produce, daemon=True).start()
+    waits = []
+    while True:
+        t = time.perf_counter_ns()
+        item = q.get()
+        waits.append(time.perf_counter_ns() - t)
+        if item is None:
+            break
+        x, y = item
+        nn.functional.cross_entropy(model(x), y).backward()
+        time.sleep(0.01)  # the rest of the step's compute
+        opt.step()
+        opt.zero_grad()
+    steps = snapshot_steps(ta.current(), 12)
+    assert len(steps) == 12
+    assert sum(waits[:12]) >= 60 * MS  # the training thread did wait for the slower loader
+    for s, waited in zip(steps, waits):
+        assert abs(s.phases["data"] - waited) <= 1 * MS, (s.phases["data"] / MS, waited / MS)
+        assert s.phases["data"] < s.wall_ns
+
+
+def test_dataloader_workers_pin_memory_persistent() -> None:
+    assert ta.start() is not None
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    dl = DataLoader(SleepyItems(96, 5.0), batch_size=8, num_workers=2, persistent_workers=True,
+                    pin_memory=torch.cuda.is_available())
+    n = 0
+    for x, y in dl:
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        n += 1
+    steps = snapshot_steps(ta.current(), n)
+    assert len(steps) == n == 12
+    # 2 workers each take 40 ms a batch and compute is ~1 ms: the training thread waits ~20 ms
+    # a batch on average (in pairs: the two workers finish together)
+    assert sum(s.phases["data"] for s in steps[2:]) / len(steps[2:]) >= 10 * MS
+
+
+@pytest.mark.parametrize("where", ["after_step", "mid_step"])
+def test_mark_lands_on_its_step(where: str) -> None:
+    assert ta.start() is not None
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for k, (x, y) in enumerate(batches(6)):
+        loss = nn.functional.cross_entropy(model(x), y)
+        if where == "mid_step":
+            ta.mark("k", k)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if where == "after_step":
+            ta.mark("k", torch.tensor(float(k)))
+    steps = snapshot_steps(ta.current(), 6)
+    assert [s.marks.get("k") for s in steps] == [float(k) for k in range(6)]
