@@ -92,6 +92,8 @@ class RunState:
         merged = [s for s in steps if s.i not in known] + list(self.steps)
         merged.sort(key=lambda s: s.t0)
         self.steps = deque(merged, maxlen=HISTORY)
+        if merged:  # the window is measured on the agent's clock: a snapshot advances it too
+            self.agent_time = max(self.agent_time, merged[-1].t0 + merged[-1].wall_ns / 1e9)
         if self.last_seq is None or seq > self.last_seq:
             self.last_seq = seq
 

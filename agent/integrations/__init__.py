@@ -1,0 +1,1 @@
+"""Optional integrations; each imports its framework lazily, only when used."""

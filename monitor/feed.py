@@ -1,0 +1,119 @@
+"""The TUI's link to one agent: a loop for a Textual thread worker, and the messages it posts.
+
+The loop owns the (synchronous) AgentClient and never touches RunState or widgets: it posts
+messages up to the app, which applies them on its own thread. It checks `cancelled()` at least
+every second (short poll and request timeouts), so the app exits promptly, and it keeps
+retrying an agent that does not answer, so a restarted agent is picked up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from textual.message import Message
+from torchtop.agent import wire
+
+from .client import AgentClient, AgentUnreachable
+from .targets import Endpoint
+
+POLL_S = 0.25  # recv_batches timeout: also how often `cancelled()` is checked
+HELLO_TIMEOUT_S = 1.0  # short, so quitting never waits long on a dead agent
+SNAPSHOT_TIMEOUT_S = 2.0
+RETRY_PAUSE_S = 0.5  # between hellos to an agent that does not answer
+SILENT_AFTER_S = 3.0  # no batch for this long: ask for a hello to tell "stale" from "gone"
+
+
+class HelloReceived(Message):
+    """The agent answered a hello (first contact, or again after it was lost)."""
+
+    def __init__(self, hello: wire.Hello) -> None:
+        super().__init__()
+        self.hello = hello
+
+
+class SnapshotReceived(Message):
+    """Recent history from before we joined; batches up to `seq` are already in it."""
+
+    def __init__(self, steps: list[wire.StepRecord], seq: int) -> None:
+        super().__init__()
+        self.steps = steps
+        self.seq = seq
+
+
+class BatchesReceived(Message):
+    """Batches off the stream, with the client's cumulative bad-frame count."""
+
+    def __init__(self, batches: list[wire.Batch], bad_frames: int = 0, last_error: str = "") -> None:
+        super().__init__()
+        self.batches = batches
+        self.bad_frames = bad_frames
+        self.last_error = last_error
+
+
+class FeedError(Message):
+    """The agent does not answer; `lost` when it had answered before (the agent is gone)."""
+
+    def __init__(self, error: str, lost: bool = False) -> None:
+        super().__init__()
+        self.error = error
+        self.lost = lost
+
+
+def run_feed(
+    endpoint: Endpoint,
+    post: Callable[[Message], object],
+    cancelled: Callable[[], bool],
+    client_factory: Callable[[Endpoint], AgentClient] = AgentClient,
+) -> None:
+    """Hello (retrying), snapshot, then stream batches until `cancelled()`; never raises."""
+    client: AgentClient | None = None
+    try:
+        client = client_factory(endpoint)
+        _loop(client, post, cancelled)
+    except Exception as exc:  # a feed bug must show in the status line, not kill the TUI
+        post(FeedError(f"feed stopped: {type(exc).__name__}: {exc}"))
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _sleep(seconds: float, cancelled: Callable[[], bool]) -> None:
+    end = time.monotonic() + seconds
+    while not cancelled() and (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))
+
+
+def _loop(client: AgentClient, post: Callable[[Message], object], cancelled: Callable[[], bool]) -> None:
+    connected = False
+    ever_connected = False
+    last_batch = time.monotonic()
+    bad_seen = 0
+    while not cancelled():
+        if not connected:
+            try:
+                hello = client.hello(timeout=HELLO_TIMEOUT_S)
+            except AgentUnreachable as exc:
+                post(FeedError(str(exc), lost=ever_connected))
+                _sleep(RETRY_PAUSE_S, cancelled)
+                continue
+            post(HelloReceived(hello))
+            connected = ever_connected = True
+            last_batch = time.monotonic()
+            try:
+                reply = client.snapshot(timeout=SNAPSHOT_TIMEOUT_S)
+                if reply.ok:
+                    post(SnapshotReceived(reply.steps, reply.seq))
+            except AgentUnreachable:
+                pass  # live batches still come; only the history before we joined is missing
+        batches = client.recv_batches(POLL_S)
+        now = time.monotonic()
+        if batches or client.bad_frames != bad_seen:
+            bad_seen = client.bad_frames
+            post(BatchesReceived(batches, client.bad_frames, client.last_error))
+        if batches:
+            last_batch = now
+        elif now - last_batch > SILENT_AFTER_S:
+            # The agent publishes ~10 batches/s, empty ones too: silence means trouble. Say
+            # hello again: no answer means gone; an answer may be a new run on the same port.
+            connected = False
