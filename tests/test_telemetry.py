@@ -1,0 +1,155 @@
+"""Memory / GPU / host sampling on CPU: the host figures, DataLoader workers, and every
+"not available" path. (The CUDA figures are checked against memory_snapshot() in test_cuda.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import torchtop.agent as ta
+from tests.agent_util import client_for
+from torchtop.agent.sample_cuda_memory import fragmentation
+from torchtop.agent.sample_host import HostSampler
+from torchtop.agent.sample_nvml import NvmlSampler, visible_devices
+from torchtop.agent.telemetry import TelemetryCollector
+
+MIB = 2**20
+
+
+class Busy(Dataset):
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.perf_counter() + 0.01
+        while time.perf_counter() < end:  # burn CPU in the worker
+            pass
+        return torch.zeros(4)
+
+
+def test_host_sampler_sees_busy_dataloader_workers() -> None:
+    dl = DataLoader(Busy(), batch_size=4, num_workers=2, persistent_workers=True)
+    it = iter(dl)
+    next(it)
+    sampler = HostSampler()
+    sampler.sample()  # first sight of the children: CPU % from the next sample on
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:  # keep the workers busy for the whole interval
+        next(it)
+    sample = sampler.sample()
+    workers = [w for w in sample.workers if w.dataloader]
+    assert len(workers) == 2
+    assert all(w.cpu_percent > 20 and w.rss > 0 and w.name == "pt_data_worker" for w in workers)
+    assert sample.cpu_count >= 1 and len(sample.cpu_per_core) == sample.cpu_count
+    assert sample.proc_rss > 10 * MIB and sample.threads >= 1 and 0 < sample.mem_percent < 100
+    del it, dl
+
+
+def test_collector_on_cpu_says_why_cuda_parts_are_missing() -> None:
+    tc = TelemetryCollector(torch)
+    tc.fast()
+    tc.slow()
+    tel = tc.latest()
+    assert tel.memory == [] and tel.gpus == [] and tel.frag == []
+    assert tel.unavailable["memory"] == "CUDA not in use"
+    assert tel.unavailable["gpu"]
+    assert tel.host is not None and tel.host.proc_rss > 0
+    tc.stop()
+
+
+def test_failing_probe_is_switched_off_with_its_reason() -> None:
+    tc = TelemetryCollector(torch)
+
+    class Broken:
+        def sample(self):
+            raise RuntimeError("psutil exploded")
+
+    tc._host_sampler = Broken()
+    for _ in range(6):
+        tc.slow()  # never raises
+    assert "psutil exploded" in tc.latest().unavailable["host"]
+    tc.stop()
+
+
+def test_nvml_absent_is_a_reason_not_an_error() -> None:
+    nvml = NvmlSampler()
+    if not nvml.available:  # this machine: no driver
+        assert "NVML" in nvml.reason
+    assert visible_devices(None) is None
+    assert visible_devices("2,GPU-1234,-1,3") == ["2", "GPU-1234"]  # CUDA stops at the first invalid entry
+    assert visible_devices("") == []
+
+
+def test_fragmentation_figures_from_snapshot_segments() -> None:
+    def seg(total: int, blocks: list[tuple[int, str]], device: int = 0, expandable: bool = False) -> dict:
+        return {"device": device, "total_size": total, "is_expandable": expandable,
+                "blocks": [{"size": s, "state": st} for s, st in blocks]}
+
+    segments = [
+        seg(20 * MIB, [(8 * MIB, "active_allocated"), (6 * MIB, "inactive"), (6 * MIB, "active_pending_free")]),
+        seg(20 * MIB, [(2 * MIB, "inactive"), (18 * MIB, "active_allocated")]),
+        seg(2 * MIB, [(2 * MIB, "inactive")]),
+        seg(64 * MIB, [(64 * MIB, "inactive")], device=1),  # another device: not counted
+    ]
+    f = fragmentation(segments, 0)
+    assert f.segments == 3
+    assert f.total_free == 10 * MIB  # only "inactive" blocks are free
+    assert f.largest_free == 6 * MIB
+    assert abs(f.external - 0.4) < 1e-9
+    assert f.segment_hist == {"<=20MiB": 2, "<=2MiB": 1}
+    assert f.expandable is False
+    assert fragmentation([seg(2 * MIB, [(2 * MIB, "inactive")], expandable=True)], 0).expandable
+    assert fragmentation([], 0).external == 0.0
+
+
+def test_report_has_memory_gpu_host_sections(tmp_path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, torchtop.agent as ta, time\n"
+        "ta.start()\n"
+        "m = torch.nn.Linear(32, 32); opt = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "end = time.time() + 30\n"
+        "while time.time() < end:\n"
+        "    m(torch.randn(64, 32)).sum().backward(); opt.step(); time.sleep(0.005)\n"
+    )
+    child = subprocess.Popen([sys.executable, str(script)])
+    try:
+        from torchtop.agent import discovery
+
+        deadline = time.monotonic() + 60
+        while not any(a["pid"] == child.pid for a in discovery.list_agents()):
+            assert time.monotonic() < deadline and child.poll() is None
+            time.sleep(0.1)
+        out = subprocess.run([sys.executable, "-m", "torchtop.monitor.cli", "report", str(child.pid),
+                              "--seconds", "2.5"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert report["memory"] == {"available": False, "reason": "CUDA not in use"}
+        assert report["gpu"]["available"] is False and report["gpu"]["reason"]
+        host = report["host"]
+        assert host["available"] and host["proc_rss"] > 0 and host["cpu_count"] >= 1
+        assert isinstance(host["workers"], list)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_agent_publishes_telemetry_in_batches() -> None:
+    agent = ta.start()
+    assert agent is not None
+    client = client_for(agent)
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            for batch in client.recv_batches(0.5):
+                if batch.telemetry is not None and batch.telemetry.host is not None:
+                    assert batch.telemetry.unavailable.get("memory") == "CUDA not in use"
+                    return
+        raise AssertionError("no telemetry with a host sample within 5 s")
+    finally:
+        client.close()
