@@ -145,6 +145,8 @@ class Agent:
             "start_time": self.start_time,
             "run_id": self.run_id,
             "version": VERSION,
+            # the agent's CURVE public key (not a secret) when CURVE is on: local monitors use it
+            "server_key": self.sockets.curve.public.decode() if self.sockets.curve else None,
         }
 
     def _teardown(self) -> None:

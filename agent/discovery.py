@@ -38,10 +38,25 @@ def _process_start_time(pid: int) -> float | None:
         return None
 
 
+def _make_private(directory: Path) -> None:
+    """Ours, with no group/other bits, or refuse: another user could swap our files for theirs."""
+    if not hasattr(os, "getuid"):
+        return
+    st = directory.stat()
+    if st.st_uid != os.getuid():
+        raise PermissionError(
+            f"runtime directory {directory} belongs to another user (uid {st.st_uid}); set "
+            f"{ENV_DIR} to a directory of yours"
+        )
+    if st.st_mode & 0o077:
+        os.chmod(directory, st.st_mode & 0o700)  # drop group/other, keep what the owner had
+
+
 def write(info: dict[str, Any]) -> Path:
     """Write this process's discovery file; raise OSError with the path when it cannot."""
     directory = runtime_dir()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _make_private(directory)
     if not os.access(directory, os.W_OK):
         raise PermissionError(f"runtime directory {directory} is not writable")
     pid = int(info["pid"])

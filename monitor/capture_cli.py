@@ -12,11 +12,12 @@ import time
 from typing import Any
 
 import msgspec
+
 from torchtop.agent.wire import CaptureInfo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", nargs="?", help="pid, HOST:PORT or tcp://HOST:PORT (default: the local agent)")
+    p.add_argument("target", nargs="?", help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent)")
     p.add_argument("--steps", type=int, default=None, help="steps to capture (default 5)")
     p.add_argument("--memory", action="store_true", help="a CUDA memory snapshot instead of a profiler trace")
     p.add_argument("--seconds", type=float, default=None, help="memory snapshot: record this long instead of N steps")
@@ -65,12 +66,16 @@ def describe(c: CaptureInfo) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
     from .client import AgentClient, AgentUnreachable
-    from .targets import TargetError, resolve_single
+    from .remote import open_target, target_options
+    from .targets import TargetError
 
     cmd, req = request_args(args)
+    tunnel = ExitStack()  # an ssh:// target's tunnel stays open until the capture is done
     try:
-        endpoint = resolve_single(args.target)
+        endpoint = tunnel.enter_context(open_target(args.target, **target_options(args)))
     except TargetError as exc:
         print(f"torchtop: {exc}", file=sys.stderr)
         return 2
@@ -105,3 +110,4 @@ def run(args: argparse.Namespace) -> int:
         return 2
     finally:
         client.close()
+        tunnel.close()

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 EXIT_NO_AGENT = 2
 
@@ -20,18 +20,29 @@ def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from .targets import describe, local_agents
+    from .targets import TargetError, describe, local_agents
 
-    agents = local_agents()
+    try:
+        agents = local_agents() if not getattr(args, "target", None) else _remote_agents(args)
+    except TargetError as exc:
+        return _fail(str(exc))
     if args.json:
         print(json.dumps(agents, indent=None))
         return 0
     if not agents:
-        print("no torchtop agents running on this machine")
+        print(f"no torchtop agents running on {args.target or 'this machine'}")
         return 0
     for info in agents:
         print(describe(info))
     return 0
+
+
+def _remote_agents(args: argparse.Namespace) -> list:
+    from . import ssh
+
+    if not ssh.is_ssh(args.target):
+        raise ssh.SshError(f"`torchtop ls` takes an ssh://[user@]host target, not {args.target!r}")
+    return ssh.remote_agents(ssh.parse(args.target), args.ssh_option)
 
 
 def collect(endpoint, seconds: float):  # type: ignore[no-untyped-def]
@@ -56,14 +67,15 @@ def collect(endpoint, seconds: float):  # type: ignore[no-untyped-def]
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .client import AgentUnreachable
+    from .remote import open_target, target_options
     from .report import build_report
-    from .targets import TargetError, resolve_single
+    from .targets import TargetError
 
     if args.seconds <= 0:
         return _fail("--seconds must be positive")
     try:
-        endpoint = resolve_single(args.target)
-        state = collect(endpoint, args.seconds)
+        with open_target(args.target, **target_options(args)) as endpoint:
+            state = collect(endpoint, args.seconds)
     except (TargetError, AgentUnreachable) as exc:
         return _fail(str(exc))
     print(json.dumps(build_report(state, args.seconds, str(endpoint)), indent=2 if args.pretty else None))
@@ -71,12 +83,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from .targets import TargetError, local_agents, no_agent_message, parse
+    from .remote import open_target, target_options
+    from .targets import TargetError, local_agents, no_agent_message
 
     try:
         if args.target:
-            endpoint = parse(args.target)
-            choices = None
+            from .app import run_tui
+
+            with open_target(args.target, **target_options(args)) as endpoint:
+                return run_tui(endpoint, None)
         else:
             agents = local_agents()
             if not agents:
@@ -100,19 +115,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torchtop", description="htop for a PyTorch training run")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("ls", help="list the agents running on this machine")
+    from . import keys_cli, remote
+
+    p = sub.add_parser("ls", help="list the agents running on this machine (or on ssh://[user@]host)")
+    p.add_argument("target", nargs="?", help="ssh://[user@]host[:sshport]: list the agents there")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--ssh-option", metavar="OPT", action="append", default=[], help="extra ssh -o option")
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("attach", help="open the live TUI on a run")
-    p.add_argument("target", nargs="?", help="pid, HOST:PORT or tcp://HOST:PORT (default: the local agent)")
+    p.add_argument("target", nargs="?", help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent)")
+    remote.add_arguments(p)
     p.set_defaults(func=cmd_attach)
 
     p = sub.add_parser("report", help="collect S seconds and print one JSON report")
-    p.add_argument("target", nargs="?", help="pid, HOST:PORT or tcp://HOST:PORT (default: the local agent)")
+    p.add_argument("target", nargs="?", help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent)")
+    remote.add_arguments(p)
     p.add_argument("--seconds", type=float, default=10.0, help="how long to collect (default 10)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.set_defaults(func=cmd_report)
+
+    from . import capture_cli
+
+    p = sub.add_parser("capture", help="capture a torch.profiler trace (or CUDA memory snapshot) of the next steps")
+    capture_cli.add_arguments(p)
+    remote.add_arguments(p)
+    p.set_defaults(func=capture_cli.run)
+
+    p = sub.add_parser("keys", help="make CURVE keys for direct remote access (SSH needs none)")
+    keys_cli.add_arguments(p)
+    p.set_defaults(func=keys_cli.run)
 
     from .demo import add_demo_arguments
 

@@ -16,6 +16,7 @@ from torchtop.agent import wire
 
 from .targets import Endpoint
 
+
 class AgentUnreachable(Exception):
     """No answer from the agent in time: a closed port, a dead agent, or the wrong host."""
 
@@ -27,11 +28,14 @@ class AgentClient:
         self.bad_frames = 0
         self.last_error = ""
         self.dealer: Any = None
+        self._ipv6 = int(":" in endpoint.host)  # zmq sockets are IPv4-only unless told otherwise
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.IPV6, self._ipv6)
         self.sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         self.sub.setsockopt(zmq.RCVHWM, 10_000)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._secure(self.sub)
         self.sub.connect(endpoint.pub_address)
         self._new_dealer()
 
@@ -40,8 +44,18 @@ class AgentClient:
             self.dealer.close(linger=0)
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.setsockopt(zmq.IPV6, self._ipv6)
         self.dealer.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        self._secure(self.dealer)
         self.dealer.connect(self.endpoint.address())
+
+    def _secure(self, sock: Any) -> None:
+        """CURVE client options, when the endpoint names the agent's public key."""
+        curve = self.endpoint.curve
+        if curve is not None:
+            sock.setsockopt(zmq.CURVE_SERVERKEY, curve.server_public)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret)
 
     def close(self) -> None:
         for sock in (self.dealer, self.sub):
@@ -59,8 +73,14 @@ class AgentClient:
         """Send one request and wait for its reply; raise AgentUnreachable after `timeout`."""
         req_id = next(self._ids)
         req = wire.Request(v=wire.PROTOCOL_VERSION, id=req_id, cmd=cmd, args=args or {})
-        self.dealer.send(wire.encode(req), zmq.NOBLOCK)
         deadline_ms = int(timeout * 1000)
+        try:
+            self.dealer.send(wire.encode(req), zmq.NOBLOCK)
+        except zmq.Again:  # no pipe to the agent now (a refused CURVE handshake drops it): wait
+            if self.dealer.poll(deadline_ms, zmq.POLLOUT):
+                self.dealer.send(wire.encode(req), zmq.NOBLOCK)
+            else:
+                deadline_ms = 0
         poller = zmq.Poller()
         poller.register(self.dealer, zmq.POLLIN)
 
@@ -82,7 +102,11 @@ class AgentClient:
         self._new_dealer()  # drop the queued request: a late reply must not be read as another's
         raise AgentUnreachable(
             f"no answer from a torchtop agent at {self.endpoint.address()} within {timeout:g}s "
-            "(closed port, agent gone, or wrong host/port)"
+            + (
+                "(closed port, agent gone, or wrong host/port)" if self.endpoint.curve is None else
+                "(closed port, agent gone, or it does not accept this CURVE key pair: check --server-key "
+                "and that your client.key is in the agent's authorized_keys)"
+            )
         )
 
     def hello(self, timeout: float = 3.0) -> wire.Hello:

@@ -6,10 +6,10 @@ Pure apart from reading the discovery files; no zmq, no textual.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from torchtop.agent import discovery
+from torchtop.agent import discovery, keys
 
 
 class TargetError(Exception):
@@ -22,6 +22,7 @@ class Endpoint:
     port: int  # the agent's request port; batches come on port + 1
     pid: int | None = None
     label: str = ""
+    curve: keys.ClientCurve | None = field(default=None, compare=False, repr=False)  # CURVE agent
 
     def address(self, port: int | None = None) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -41,7 +42,19 @@ _HOSTPORT = re.compile(r"^(?:tcp://)?(\[[^\]]+\]|[^:/\[\]]+):(\d{1,5})/?$")
 def from_discovery(info: dict[str, Any]) -> Endpoint:
     bind = info.get("bind") or "127.0.0.1"
     host = "127.0.0.1" if bind in ("0.0.0.0", "*") else ("::1" if bind == "::" else bind)
-    return Endpoint(host, int(info["port"]), int(info["pid"]), f"pid {info['pid']} ({host}:{info['port']})")
+    label = f"pid {info['pid']} ({host}:{info['port']})"
+    return Endpoint(host, int(info["port"]), int(info["pid"]), label, curve=local_curve(info))
+
+
+def local_curve(info: dict[str, Any]) -> keys.ClientCurve | None:
+    """A CURVE agent publishes its public key in its discovery file: use it with our client key."""
+    server_key = info.get("server_key")
+    if not isinstance(server_key, str) or len(server_key) != keys.Z85_KEY_LEN:
+        return None
+    try:
+        return keys.load_client(server_key)
+    except keys.KeyConfigError:
+        return None  # no client key here: hello will time out, and says why
 
 
 def describe(info: dict[str, Any]) -> str:

@@ -1,0 +1,177 @@
+"""`ssh://` targets against a real sshd on loopback that the test starts (skipped when it cannot).
+
+A throwaway host key and user key live in tmp_path; the monitor's ssh gets them through an ssh
+config file passed with TORCHTOP_SSH_OPTS="-F ...", the same way a user would pass their own.
+The "remote" torchtop is this venv's, pointed at the test's runtime dir via TORCHTOP_REMOTE_CMD.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from remote_util import training_agent
+
+from torchtop.monitor import ssh
+from torchtop.monitor.client import AgentClient
+from torchtop.monitor.targets import TargetError
+
+SSHD = shutil.which("sshd") or next((p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd") if os.path.exists(p)), None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory):
+    """A private sshd on 127.0.0.1 that accepts one throwaway key for the current user."""
+    if SSHD is None or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("needs OpenSSH (sshd, ssh, ssh-keygen): apt-get install -y openssh-server")
+    d = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "user_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
+    shutil.copy(d / "user_key.pub", d / "authorized_keys")
+    port = _free_port()
+    (d / "sshd_config").write_text(
+        f"ListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin yes\nStrictModes no\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+        "AllowTcpForwarding yes\nLogLevel ERROR\n"
+    )
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # its privilege-separation directory
+    check = subprocess.run([SSHD, "-t", "-f", str(d / "sshd_config")], capture_output=True, text=True)
+    if check.returncode != 0:
+        pytest.skip(f"sshd cannot run here: {check.stderr.strip()}")
+    log = (d / "sshd.log").open("wb")
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config"), "-p", str(port)], stdout=log, stderr=log)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    if proc.poll() is not None or time.monotonic() >= deadline:
+        proc.kill()
+        pytest.skip(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
+    (d / "ssh_config").write_text(
+        f"Host *\n  IdentityFile {d / 'user_key'}\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
+        "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  PreferredAuthentications publickey\n"
+    )
+    yield {"port": port, "opts": f"-F {shlex.quote(str(d / 'ssh_config'))}", "host": f"ssh://{getpass.getuser()}@127.0.0.1:{port}"}
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture
+def ssh_env(sshd, runtime_dir: Path, subprocess_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Env (here and for child CLIs) so that ssh uses the test's key and 'remote' torchtop this venv."""
+    remote = f"env TORCHTOP_RUNTIME_DIR={shlex.quote(str(runtime_dir))} {shlex.quote(sys.executable)} -m torchtop.monitor.cli"
+    extra = {ssh.ENV_OPTS: sshd["opts"], ssh.ENV_REMOTE_CMD: remote}
+    for key, value in extra.items():
+        monkeypatch.setenv(key, value)
+    return {**subprocess_env, **extra}
+
+
+def torchtop(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torchtop.monitor.cli", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.3).close()
+        return True
+    except OSError:
+        return False
+
+
+# -- parsing (no sshd) ---------------------------------------------------------------------------
+def test_parse_ssh_targets() -> None:
+    assert ssh.parse("ssh://gpu1") == ssh.SshTarget("gpu1")
+    assert ssh.parse("ssh://me@gpu1:2222/4242") == ssh.SshTarget("gpu1", "me", 2222, 4242)
+    assert ssh.parse("ssh://[::1]:22/7").host == "::1"
+    assert str(ssh.parse("ssh://me@gpu1:2222/1")) == "ssh://me@gpu1:2222"
+    assert ssh.is_ssh("SSH://x") and not ssh.is_ssh("tcp://x:1") and not ssh.is_ssh(None)
+    for bad in ("ssh://", "ssh://host/abc", "ssh://host:notaport"):
+        with pytest.raises(TargetError, match="ssh://"):
+            ssh.parse(bad)
+
+
+# -- against the real sshd -----------------------------------------------------------------------
+def test_report_ls_and_capture_over_ssh(ssh_env: dict[str, str], sshd, tmp_path: Path) -> None:
+    with training_agent(tmp_path, {**ssh_env, "TORCHTOP_DIR": str(tmp_path / "captures")}) as (proc, info):
+        host = sshd["host"]
+        out = torchtop(ssh_env, "ls", host, "--json")
+        assert out.returncode == 0, out.stderr
+        assert [a["pid"] for a in json.loads(out.stdout)] == [proc.pid]
+        out = torchtop(ssh_env, "ls", host)
+        assert out.returncode == 0 and f"pid {proc.pid}" in out.stdout
+
+        out = torchtop(ssh_env, "report", f"{host}/{proc.pid}", "--seconds", "2")
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert report["steps"] > 0 and report["pid"] == proc.pid and report["target"].startswith(host)
+        local_port = int(report["target"].rsplit(":", 1)[1].rstrip(")"))
+        assert not _accepts(local_port)  # the tunnel went with the command
+
+        # by agent port, and with no pid at all (the only agent there)
+        for target in (f"{host}/{info['port']}", host):
+            out = torchtop(ssh_env, "report", target, "--seconds", "1")
+            assert out.returncode == 0 and json.loads(out.stdout)["pid"] == proc.pid, out.stderr
+
+        out = torchtop(ssh_env, "capture", f"{host}/{proc.pid}", "--steps", "2", "--json")
+        assert out.returncode == 0, out.stderr
+        capture = json.loads(out.stdout)
+        assert capture["state"] == "done" and Path(capture["path"]).is_file()
+
+
+def test_open_ssh_tunnel_lasts_while_used(ssh_env: dict[str, str], sshd, tmp_path: Path) -> None:
+    with training_agent(tmp_path, ssh_env) as (proc, _info):
+        with ssh.open_ssh(f"{sshd['host']}/{proc.pid}") as endpoint:
+            assert endpoint.host == "127.0.0.1" and sshd["host"] in str(endpoint)
+            client = AgentClient(endpoint)
+            try:
+                assert client.hello(timeout=10).pid == proc.pid
+                assert client.recv_batches(5.0), "no batch came through the tunnel"
+            finally:
+                client.close()
+        assert not _accepts(endpoint.port) and not _accepts(endpoint.port + 1)
+
+
+def test_ssh_errors_say_what_to_do(ssh_env: dict[str, str], sshd, tmp_path: Path) -> None:
+    host = sshd["host"]
+    out = torchtop(ssh_env, "report", host, "--seconds", "1")  # nothing running there
+    assert out.returncode == 2 and "no torchtop agent is running on 127.0.0.1" in out.stderr
+
+    missing = {**ssh_env, ssh.ENV_REMOTE_CMD: "/nonexistent/bin/torchtop"}
+    out = torchtop(missing, "ls", host)
+    assert out.returncode == 2 and "is not installed on 127.0.0.1" in out.stderr and ssh.ENV_REMOTE_CMD in out.stderr
+
+    closed = f"ssh://127.0.0.1:{_free_port()}"
+    out = torchtop(ssh_env, "attach", closed)
+    assert out.returncode == 2 and "ssh to 127.0.0.1 failed" in out.stderr, out.stderr
+
+    with training_agent(tmp_path, ssh_env) as (proc, info):
+        out = torchtop(ssh_env, "report", f"{host}/1", "--seconds", "1")
+        assert out.returncode == 2 and "no torchtop agent with pid or port 1" in out.stderr
+        assert f"pid {proc.pid}" in out.stderr  # what is running there, to pick from
+        # no torchtop command there, but a port named: the tunnel goes straight to it
+        out = torchtop(missing, "report", f"{host}/{info['port']}", "--seconds", "1")
+        assert out.returncode == 0 and json.loads(out.stdout)["pid"] == proc.pid, out.stderr
