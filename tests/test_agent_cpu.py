@@ -9,15 +9,17 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import types
 
 import pytest
 
 torch = pytest.importorskip("torch")
-import torchtop.agent as ta  # noqa: E402
-from agent_util import client_for, median, snapshot_steps  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
 from torch.utils.data import dataloader as dataloader_mod  # noqa: E402
+
+import torchtop.agent as ta  # noqa: E402
+from tests.agent_util import client_for, median, snapshot_steps  # noqa: E402
 from torchtop.agent import discovery, wire  # noqa: E402
 from torchtop.agent.buffer import DropOldestBuffer  # noqa: E402
 from torchtop.agent.recorder import BACKWARD, DATA, FORWARD, H2D, MAX_FAILURES, OPTIMIZER, StepRecorder  # noqa: E402
@@ -231,24 +233,37 @@ def test_explicit_steps_override_optimizer_boundaries() -> None:
 
 # -- start / stop --------------------------------------------------------------------------------
 def patched_state() -> dict[str, object]:
+    """Everything the hooks may touch: whole class and module namespaces, and the hook registries."""
     from torch.nn.modules import module as module_mod
     from torch.optim import optimizer as optim_mod
 
-    return {
-        "next": dataloader_mod._BaseDataLoaderIter.__dict__["__next__"],
-        "single_next": "__next__" in dataloader_mod._SingleProcessDataLoaderIter.__dict__,
-        "multi_next": "__next__" in dataloader_mod._MultiProcessingDataLoaderIter.__dict__,
-        "backward": torch.autograd.backward,
-        "grad": torch.autograd.grad,
-        "to": torch.Tensor.to,
-        "cuda": torch.Tensor.cuda,
-        "copy_": torch.Tensor.copy_,
-        "fwd_pre": len(module_mod._global_forward_pre_hooks),
-        "fwd": len(module_mod._global_forward_hooks),
-        "bwd": len(module_mod._global_backward_hooks),
-        "opt_pre": len(optim_mod._global_optimizer_pre_hooks),
-        "opt_post": len(optim_mod._global_optimizer_post_hooks),
+    owners = {
+        "base_iter": dataloader_mod._BaseDataLoaderIter,
+        "single_iter": dataloader_mod._SingleProcessDataLoaderIter,
+        "multi_iter": dataloader_mod._MultiProcessingDataLoaderIter,
+        "queue": queue.Queue,
+        "tensor": torch.Tensor,
+        "autograd": torch.autograd,
+        "grad_scaler": torch.amp.GradScaler,
+        "optimizer": torch.optim.Optimizer,
+        "module": nn.Module,
     }
+    # submodules that a lazy import adds to a namespace are not patches
+    state: dict[str, object] = {
+        name: {k: id(v) for k, v in vars(owner).items() if not isinstance(v, types.ModuleType)}
+        for name, owner in owners.items()
+    }
+    for name in (
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_forward_hooks_always_called",
+    ):
+        state[name] = len(getattr(module_mod, name))
+    state["opt_pre"] = len(optim_mod._global_optimizer_pre_hooks)
+    state["opt_post"] = len(optim_mod._global_optimizer_post_hooks)
+    return state
 
 
 def module_hooks(model: nn.Module) -> int:
@@ -257,7 +272,7 @@ def module_hooks(model: nn.Module) -> int:
 
 def test_start_stop_start_restores_everything(runtime_dir) -> None:
     before = patched_state()
-    assert before["fwd_pre"] == before["opt_pre"] == before["opt_post"] == 0
+    assert before["_global_forward_pre_hooks"] == before["opt_pre"] == before["opt_post"] == 0
 
     model = mlp()
     for round_ in range(2):
@@ -265,9 +280,10 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
         assert agent is not None and ta.current() is agent
         assert ta.start() is agent  # a second start is the same agent
         during = patched_state()
-        assert during["next"] is not before["next"]
-        assert during["backward"] is not before["backward"]
-        assert during["fwd_pre"] == 1 and during["opt_pre"] == 1 and during["opt_post"] == 1
+        assert during["base_iter"]["__next__"] != before["base_iter"]["__next__"]
+        assert during["autograd"]["backward"] != before["autograd"]["backward"]
+        assert during["_global_forward_pre_hooks"] == 1 and during["opt_pre"] == 1 and during["opt_post"] == 1
+        assert during["_global_backward_hooks"] == 0  # never global full-backward hooks
         assert [a["pid"] for a in discovery.list_agents()] == [agent.pid]
 
         n = train(model, tensor_loader(5))
@@ -293,6 +309,18 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
     ta.stop()  # stopping a stopped agent is a no-op
     # training goes on untouched with the agent off
     assert train(model, tensor_loader(3)) == 3
+
+
+def test_restart_on_the_same_port_at_once() -> None:
+    """stop() returns once the ports are free: start/stop can alternate on a fixed port."""
+    first = ta.start()
+    assert first is not None
+    port = first.port
+    ta.stop()
+    for _ in range(5):
+        agent = ta.start(port=port)
+        assert agent is not None and agent.port == port
+        ta.stop()
 
 
 def test_discovery_file_describes_the_agent(runtime_dir) -> None:

@@ -124,7 +124,7 @@ def test_eval_loop_is_reported_as_eval_not_training() -> None:
     assert len(train) == 16 and len(evals) == 6
     assert all(s.phases["backward"] == 0 and s.phases["optimizer"] == 0 for s in evals)
     assert all(s.phases["data"] >= 7 * MS for s in evals)  # the eval loader's wait is in eval steps
-    assert max(s.phases["data"] for s in train) < 5 * MS  # and not in training steps
+    assert median([s.phases["data"] for s in train]) < 3 * MS  # and not in training steps
 
 
 def test_plain_generator_wrapped_with_data() -> None:

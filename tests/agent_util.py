@@ -1,0 +1,43 @@
+"""Helpers for tests that run the agent: read its output back over real loopback sockets."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from torchtop.agent import wire
+from torchtop.monitor.client import AgentClient
+from torchtop.monitor.targets import Endpoint
+
+
+def client_for(agent: Any) -> AgentClient:
+    """A monitor client connected to an in-process agent on loopback."""
+    return AgentClient(Endpoint("127.0.0.1", agent.port))
+
+
+def snapshot_steps(agent: Any, at_least: int, timeout: float = 10.0, kind: str | None = "train") -> list[wire.StepRecord]:
+    """The agent's history, asked over its ROUTER socket, once it holds `at_least` steps.
+
+    It asks once more after a few publisher ticks, so that a count can be asserted exactly.
+    """
+    client = client_for(agent)
+
+    def fetch() -> list[wire.StepRecord]:
+        reply = client.snapshot(timeout=5.0)
+        assert reply.ok, reply.error
+        return [s for s in reply.steps if kind is None or s.kind == kind]
+
+    try:
+        deadline = time.monotonic() + timeout
+        while len(fetch()) < at_least and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        return fetch()
+    finally:
+        client.close()
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2

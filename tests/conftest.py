@@ -1,0 +1,77 @@
+"""Shared fixtures: every test gets its own runtime directory and no agent outlives its test.
+
+torch is imported lazily (only to decide whether a `cuda` test can run), so monitor-only tests
+collect and run without paying for it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except Exception:
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("cuda") is not None and not _cuda_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if item.get_closest_marker("tmux") is not None and shutil.which("tmux") is None:
+        pytest.skip("needs tmux (not on PATH)")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_agent(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """A private runtime dir and a quiet agent per test; any in-process agent stopped afterwards.
+
+    The runtime directory is outside `tmp_path`, so tests that list `tmp_path` see only their own
+    files. Child processes inherit all of this through os.environ.
+    """
+    runtime = tmp_path_factory.mktemp("rt")
+    monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("TORCHTOP_QUIET", "1")
+    # the developer's own keys, ports, autostart and launcher variables stay out of the tests
+    monkeypatch.setenv("TORCHTOP_CONFIG_DIR", str(tmp_path_factory.mktemp("cfg")))
+    for name in (
+        "TORCHTOP",
+        "TORCHTOP_PORT",
+        "TORCHTOP_BIND",
+        "TORCHTOP_SERVER_KEY",
+        "TORCHTOP_AUTHORIZED_KEYS",
+        "TORCHTOP_CURVE",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    yield runtime
+    if "torchtop.agent" in sys.modules:
+        import torchtop.agent
+
+        torchtop.agent.stop()
+
+
+@pytest.fixture
+def runtime_dir(_isolated_agent: Path) -> Path:
+    """This test's TORCHTOP_RUNTIME_DIR."""
+    return _isolated_agent
+
+
+@pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    """The environment for a child process: this test's runtime dir, unbuffered output."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

@@ -1,0 +1,521 @@
+"""Agent and monitor over real loopback sockets, and the command line against real agents.
+
+In-process agents (start()/stop()) for the protocol; a training script in another process for
+`torchtop report` / `ls`, run as a user would run them. Bad input ends in exit code 2 and one
+line on stderr; nothing a peer sends stops the agent or the monitor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import torchtop.agent as ta  # noqa: E402
+from tests.agent_util import client_for, snapshot_steps  # noqa: E402
+from torchtop.agent import discovery, wire  # noqa: E402
+from torchtop.agent.core import VERSION  # noqa: E402
+from torchtop.monitor.client import AgentClient, AgentUnreachable  # noqa: E402
+from torchtop.monitor.targets import Endpoint  # noqa: E402
+
+V = wire.PROTOCOL_VERSION
+CLI = [sys.executable, "-m", "torchtop.monitor.cli"]
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 both free right now."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65534:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
+def train_steps(n: int) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(n):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.fixture
+def agent():
+    a = ta.start()
+    assert a is not None
+    yield a
+    ta.stop()
+
+
+@pytest.fixture
+def client(agent):
+    c = client_for(agent)
+    yield c
+    c.close()
+
+
+def wait_first_batch(c: AgentClient, timeout: float = 10.0) -> wire.Batch:
+    """The SUB socket joins late (PUB drops what it sends before): wait until it is live."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = c.recv_batches(0.5)
+        if got:
+            return got[-1]
+    raise AssertionError("no batch arrived")
+
+
+# -- the protocol --------------------------------------------------------------------------------
+def test_hello_fields(agent, client) -> None:
+    hello = client.hello()
+    assert hello.v == V
+    assert hello.run_id == agent.run_id and len(hello.run_id) >= 8
+    assert hello.pid == os.getpid()
+    assert hello.host == socket.gethostname()
+    assert hello.port == agent.port and hello.pub_port == agent.port + 1
+    assert hello.device == "cpu" and hello.device_name == ""
+    assert hello.start_time == pytest.approx(time.time(), abs=60)
+    assert (hello.rank, hello.world_size, hello.local_rank) == (0, 1, 0)
+    assert hello.torch_version == torch.__version__
+    assert hello.agent_version == VERSION
+    assert hello.argv == sys.argv
+    assert hello.cuda_sample_every == 0
+
+
+def test_rank_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    a = ta.start()
+    assert a is not None
+    c = client_for(a)
+    try:
+        hello = c.hello()
+        assert (hello.rank, hello.world_size, hello.local_rank) == (3, 4, 1)
+        train_steps(2)
+        assert {s.rank for s in snapshot_steps(a, 2)} == {3}
+        assert discovery.list_agents()[0]["rank"] == 3
+    finally:
+        c.close()
+
+
+def test_snapshot_returns_history(agent, client) -> None:
+    train_steps(10)
+    steps = snapshot_steps(agent, 10)
+    assert [s.i for s in steps] == list(range(10))
+    reply = client.snapshot(max_steps=3)
+    assert reply.ok and [s.i for s in reply.steps] == [7, 8, 9]
+    assert reply.seq >= 0
+    for bad in (0, -1, 10**9, "3", True, 2.5):
+        reply = client.request("snapshot", {"max_steps": bad})
+        assert not reply.ok and "max_steps" in reply.error, bad
+    ping = client.request("ping")
+    assert ping.ok and ping.error == ""
+    unknown = client.request("launch-missiles")
+    assert not unknown.ok and "unknown command 'launch-missiles'" in unknown.error
+
+
+def test_batches_arrive_in_order_and_carry_every_step_once(agent, client) -> None:
+    first = wait_first_batch(client)
+    train_steps(25)
+    batches = [first]
+    deadline = time.monotonic() + 10
+    seen: list[int] = []
+    while time.monotonic() < deadline and (len(seen) < 25 or len(batches) < 8):
+        for b in client.recv_batches(0.5):
+            batches.append(b)
+            seen.extend(s.i for s in b.steps)
+    seqs = [b.seq for b in batches]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs  # consecutive, none lost
+    assert {b.run_id for b in batches} == {agent.run_id}
+    assert all(b.v == V and b.dropped == 0 and b.hook_errors == 0 for b in batches)
+    assert seen == list(range(25))
+    assert client.bad_frames == 0
+    # about 10 a second: the stream is also the heartbeat
+    span = batches[-1].time - batches[0].time
+    assert span > 0 and 3 <= (len(batches) - 1) / span <= 30
+
+
+def test_closed_port_is_unreachable_quickly() -> None:
+    c = AgentClient(Endpoint("127.0.0.1", free_port_pair()))
+    try:
+        t = time.monotonic()
+        with pytest.raises(AgentUnreachable, match="no answer from a torchtop agent"):
+            c.hello(timeout=0.5)
+        assert time.monotonic() - t < 2.0
+    finally:
+        c.close()
+
+
+# -- hostile peers -------------------------------------------------------------------------------
+def test_garbage_requests_get_an_error_and_are_counted(agent) -> None:
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.RCVTIMEO, 5000)
+    dealer.connect(f"tcp://127.0.0.1:{agent.port}")
+    cases = [
+        (b"\xc1\x00garbage", "bad request: malformed frame"),
+        (b"", "bad request: malformed frame"),
+        (os.urandom(200), "bad request"),
+        (msgspec.msgpack.encode(wire.Request(v=V + 1, id=5, cmd="hello")), f"protocol version {V + 1}"),
+        (wire.encode(wire.Batch(v=V, run_id="x", seq=0, time=0.0)), "expected a request, got Batch"),
+        (msgspec.msgpack.encode({"type": "request", "v": V, "id": "x", "cmd": 3}), "bad request: invalid message"),
+    ]
+    try:
+        for frame, expected in cases:
+            dealer.send(frame)
+            reply = wire.decode(dealer.recv())
+            assert isinstance(reply, wire.Reply)
+            assert reply.ok is False and reply.id == -1
+            assert expected in reply.error, (frame[:20], reply.error)
+        assert agent.loop.bad_requests == len(cases)
+        # a flood past the size limit drops only that connection
+        dealer.send(b"\x00" * (2 << 20))
+    finally:
+        dealer.close(linger=0)
+    c = client_for(agent)
+    try:
+        assert c.hello().pid == os.getpid()  # still serving
+        assert wait_first_batch(c).run_id == agent.run_id  # still publishing
+    finally:
+        c.close()
+    assert agent.loop.is_alive()
+
+
+def test_garbage_on_the_stream_is_counted_and_valid_batches_still_arrive() -> None:
+    port = free_port_pair()
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(f"tcp://127.0.0.1:{port + 1}")
+    c = AgentClient(Endpoint("127.0.0.1", port))
+
+    def batch(seq: int) -> bytes:
+        return wire.encode(wire.Batch(v=V, run_id="fake", seq=seq, time=float(seq)))
+
+    try:
+        deadline = time.monotonic() + 10
+        while not c.recv_batches(0.1):  # until the subscription is live
+            assert time.monotonic() < deadline
+            pub.send(batch(0))
+        c.recv_batches(0.2)
+        bad_before = c.bad_frames
+        junk = [
+            b"",
+            b"\xc1",
+            os.urandom(64),
+            msgspec.msgpack.encode(wire.Batch(v=V + 7, run_id="fake", seq=1, time=0.0)),
+            wire.encode(wire.Request(v=V, id=1, cmd="hello")),  # valid, but not a batch
+        ]
+        for k in range(1, 4):
+            for frame in junk:
+                pub.send(frame)
+            pub.send(batch(k))
+        got: list[wire.Batch] = []
+        while len(got) < 3 and time.monotonic() < deadline:
+            got.extend(c.recv_batches(0.5))
+        assert [b.seq for b in got] == [1, 2, 3]
+        assert c.bad_frames - bad_before == 3 * len(junk)
+        assert c.last_error == "expected a batch on the stream, got Request"
+    finally:
+        c.close()
+        pub.close(linger=0)
+
+
+# -- starting in a hostile environment ------------------------------------------------------------
+def test_port_in_use_is_one_line_and_training_continues(capfd: pytest.CaptureFixture[str]) -> None:
+    from torch.utils.data import dataloader as dataloader_mod
+
+    orig_next = dataloader_mod._BaseDataLoaderIter.__next__
+    port = free_port_pair()
+    for taken in (port, port + 1):  # the request port, then the publishing port
+        capfd.readouterr()
+        with socket.socket() as blocker:
+            blocker.bind(("127.0.0.1", taken))
+            blocker.listen()
+            assert ta.start(port=port) is None
+            assert ta.current() is None
+            err = capfd.readouterr().err
+            lines = err.strip().splitlines()
+            assert len(lines) == 1, err
+            assert f"cannot listen on 127.0.0.1:{port}" in lines[0]
+            assert "training continues without torchtop" in lines[0]
+            assert dataloader_mod._BaseDataLoaderIter.__next__ is orig_next  # nothing installed
+            train_steps(3)
+        assert list(Path(os.environ["TORCHTOP_RUNTIME_DIR"]).glob("agent-*.json")) == []
+    # nothing was left bound: the same port works now
+    a = ta.start(port=port)
+    assert a is not None and a.port == port
+
+
+def test_port_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port_pair()
+    monkeypatch.setenv("TORCHTOP_PORT", str(port))
+    a = ta.start()
+    assert a is not None and a.port == port
+    assert client_for(a).hello().port == port
+
+
+def test_unwritable_runtime_dir_warns_and_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(blocker / "rt"))  # fails even for root
+    a = ta.start()
+    assert a is not None
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "cannot write the discovery file" in lines[0], lines
+    assert f"torchtop attach 127.0.0.1:{a.port}" in lines[0]
+    train_steps(4)
+    assert [s.i for s in snapshot_steps(a, 4)] == [0, 1, 2, 3]
+    ta.stop()  # removing a file that was never written is fine
+    assert ta.current() is None
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+@pytest.mark.parametrize("bind", ["0.0.0.0", "192.0.2.1", "::", "example.com"])
+def test_non_loopback_bind_is_refused(
+    how: str, bind: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    if how == "environment":
+        monkeypatch.setenv("TORCHTOP_BIND", bind)
+        assert ta.start() is None
+    else:
+        assert ta.start(bind=bind) is None
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"refusing to listen on {bind}" in lines[0]
+    assert "CURVE" in lines[0] and "ssh" in lines[0].lower()
+    assert ta.current() is None
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("bind", ["localhost", "127.0.0.2", "::1"])
+def test_other_loopback_binds_work(bind: str) -> None:
+    if ":" in bind and not _has_ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    a = ta.start(bind=bind)
+    assert a is not None
+    host = "127.0.0.1" if bind == "localhost" else bind
+    c = AgentClient(Endpoint(host, a.port))
+    try:
+        assert c.hello().pid == os.getpid()
+        assert wait_first_batch(c).run_id == a.run_id
+    finally:
+        c.close()
+
+
+# -- the command line against a training run in another process ---------------------------------
+TRAINING_SCRIPT = """
+import os, sys, time
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+import torchtop.agent
+
+torch.set_num_threads(1)
+
+class Slow(Dataset):
+    def __len__(self):
+        return 100_000
+    def __getitem__(self, i):
+        time.sleep(0.008)
+        return torch.randn(8, 16), torch.randint(0, 2, (8,))
+
+assert torchtop.agent.start() is not None
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+end = time.monotonic() + float(sys.argv[1])
+for x, y in DataLoader(Slow(), batch_size=None):
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+    if time.monotonic() > end:
+        break
+"""
+
+
+@pytest.fixture
+def training_run(tmp_path: Path, runtime_dir: Path):
+    """A training script with the agent, in its own process; yields its discovery info."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAINING_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), "60"], stderr=subprocess.PIPE, text=True)
+    try:
+        path = runtime_dir / f"agent-{proc.pid}.json"
+        deadline = time.monotonic() + 60
+        while not path.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the agent never wrote its discovery file"
+            time.sleep(0.05)
+        info = json.loads(path.read_text())
+        # wait until it trains, not just until the agent is up (first steps are slow on a busy machine)
+        c = AgentClient(Endpoint("127.0.0.1", info["port"]))
+        try:
+            while len(c.snapshot().steps) < 5:
+                assert proc.poll() is None, proc.stderr.read()
+                assert time.monotonic() < deadline, "the training script never stepped"
+                time.sleep(0.1)
+        finally:
+            c.close()
+        yield info
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def check_report(stdout: str, pid: int) -> dict:
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1, stdout  # ONE JSON object
+    report = json.loads(lines[0])
+    assert isinstance(report, dict)
+    try:
+        _check_report(report, pid)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nreport: {json.dumps(report, indent=1)}") from None
+    return report
+
+
+def _check_report(report: dict, pid: int) -> None:
+    assert report["pid"] == pid
+    assert report["device"] == "cpu"
+    assert report["ranks"] == [0]
+    assert report["dropped"] == 0 and report["gaps"] == 0
+    assert report["steps"] >= 10  # ~100 steps a second for 2 s, on a loaded machine far fewer
+    st = report["step_time_ms"]
+    assert 8.0 <= st["median"] <= st["p90"]  # every step waits 8 ms for data
+    shares = report["breakdown"]
+    assert set(shares) == {"data", "h2d", "forward", "backward", "optimizer", "other"}
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
+    assert all(v >= 0 for v in shares.values())
+    assert shares["data"] > 0.5  # the run is data-bound, and the report says so
+    assert shares["forward"] > 0 and shares["backward"] > 0 and shares["optimizer"] > 0
+    assert shares["h2d"] == 0
+
+
+def test_report_and_ls_against_a_running_training_process(training_run: dict) -> None:
+    pid, port = training_run["pid"], training_run["port"]
+    targets = [str(pid), f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", None]
+    procs = [
+        subprocess.Popen(
+            [*CLI, "report", *([t] if t else []), "--seconds", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for t in targets
+    ]
+    ls = cli("ls", "--json")
+    assert ls.returncode == 0, ls.stderr
+    (listed,) = json.loads(ls.stdout)
+    assert listed["pid"] == pid and listed["port"] == port and listed["pub_port"] == port + 1
+    assert any(arg.endswith("train.py") for arg in listed["argv"])
+    plain = cli("ls")
+    assert plain.returncode == 0 and f"pid {pid}" in plain.stdout and f"port {port}" in plain.stdout
+
+    for target, proc in zip(targets, procs):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, (target, err)
+        report = check_report(out, pid)
+        assert report["seconds"] == 2
+
+
+def test_ls_lists_an_in_process_agent(agent) -> None:
+    out = cli("ls", "--json")
+    assert out.returncode == 0, out.stderr
+    (info,) = json.loads(out.stdout)
+    assert (info["pid"], info["port"], info["run_id"]) == (os.getpid(), agent.port, agent.run_id)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    err = proc.stderr.strip()
+    assert "\n" not in err and err.startswith("torchtop: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
+    gone = dead_pid()
+    closed = free_port_pair()
+    slow = subprocess.Popen(
+        [*CLI, "report", f"127.0.0.1:{closed}", "--seconds", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    one_line_error(cli("report", "no-such-thing"), "unknown target 'no-such-thing'")
+    one_line_error(cli("report", "127.0.0.1:99999"), "out of range")
+    one_line_error(cli("attach", "no-such-thing"), "unknown target")
+    one_line_error(cli("report", str(gone)), f"no torchtop agent with pid {gone}")
+    one_line_error(cli("attach", str(gone)), f"no torchtop agent with pid {gone}")
+    one_line_error(cli("report", "--seconds", "0"), "--seconds must be positive")
+    # no agent at all
+    one_line_error(cli("report", "--seconds", "1"), "no torchtop agent is running", str(runtime_dir))
+    one_line_error(cli("attach"), "no torchtop agent is running")
+    # a closed port: nobody answers
+    out, err = slow.communicate(timeout=60)
+    one_line_error(subprocess.CompletedProcess(slow.args, slow.returncode, out, err), "no answer", str(closed))
+
+
+def test_stale_discovery_file_is_skipped_and_removed(runtime_dir: Path) -> None:
+    gone = dead_pid()
+    stale = runtime_dir / f"agent-{gone}.json"
+    stale.write_text(json.dumps({"pid": gone, "port": 40000, "pub_port": 40001, "start_time": 1.0, "bind": "127.0.0.1"}))
+    broken = runtime_dir / "agent-1234567.json"
+    broken.write_text("{not json")
+
+    one_line_error(cli("report", str(gone)), f"no torchtop agent with pid {gone}")
+    assert not stale.exists()
+
+    stale.write_text(json.dumps({"pid": gone, "port": 40000}))
+    out = cli("ls", "--json")
+    assert out.returncode == 0 and json.loads(out.stdout) == []
+    assert not stale.exists()
+
+    stale.write_text(json.dumps({"pid": gone, "port": 40000}))
+    one_line_error(cli("report", "--seconds", "1"), "no torchtop agent is running")
+    assert not stale.exists()
+
+
+def test_reused_pid_is_stale(runtime_dir: Path) -> None:
+    """A discovery file whose pid now belongs to another process (started later) is stale."""
+    me = os.getpid()
+    path = runtime_dir / f"agent-{me}.json"
+    path.write_text(json.dumps({"pid": me, "port": 40000, "proc_start": 1.0}))  # "started" in 1970
+    assert discovery.list_agents() == []
+    assert not path.exists()

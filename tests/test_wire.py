@@ -1,0 +1,248 @@
+"""The wire schema: round trips, and no frame, however broken, escapes as anything but WireError."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from torchtop.agent import wire
+
+V = wire.PROTOCOL_VERSION
+
+
+def step(i: int = 3, **kw) -> wire.StepRecord:
+    phases = {"data": 1_000, "h2d": 0, "forward": 2_000, "backward": 3_000, "optimizer": 500, "other": 250}
+    return wire.StepRecord(i=i, t0=1_700_000_000.25, wall_ns=sum(phases.values()), phases=phases, **kw)
+
+
+HELLO = wire.Hello(
+    v=V,
+    run_id="abc123",
+    pid=4242,
+    host="node-1",
+    port=30000,
+    pub_port=30001,
+    device="cuda",
+    start_time=1_700_000_000.5,
+    rank=3,
+    world_size=8,
+    local_rank=1,
+    device_name="NVIDIA H100",
+    torch_version="2.13.0",
+    agent_version="0.1.0",
+    argv=["train.py", "--lr", "0.1"],
+    cuda_sample_every=8,
+)
+
+MESSAGES = [
+    HELLO,
+    wire.Hello(v=V, run_id="r", pid=1, host="h", port=2, pub_port=3, device="cpu", start_time=0.0),
+    wire.Batch(v=V, run_id="r", seq=0, time=1.5),
+    wire.Batch(
+        v=V,
+        run_id="r",
+        seq=17,
+        time=2.5,
+        steps=[step(1), step(2, kind="eval", micro=4, device_ms={"forward": 1.25, "step": 3.5}, rank=2)],
+        dropped=5,
+        hook_errors=2,
+    ),
+    wire.Batch(
+        v=V,
+        run_id="r",
+        seq=18,
+        time=3.5,
+        telemetry=wire.Telemetry(
+            time=3.4,
+            memory=[
+                wire.MemorySample(
+                    device=0,
+                    allocated=1 << 30,
+                    reserved=2 << 30,
+                    active=1 << 30,
+                    requested=(1 << 30) - 512,
+                    inactive_split=1 << 20,
+                    peak_allocated=3 << 30,
+                    peak_reserved=4 << 30,
+                    window_peak=(1 << 30) + 7,
+                    alloc_retries=2,
+                    ooms=0,
+                    device_total=80 << 30,
+                )
+            ],
+            frag=[wire.FragSample(device=0, largest_free=10, total_free=40, external=0.75, segments=3)],
+            gpus=[wire.GpuSample(index=0, name="H100", util_gpu=97.0, throttle=["power-cap"])],
+            host=wire.HostSample(
+                proc_cpu=180.5,
+                proc_rss=1 << 31,
+                threads=40,
+                cpu_count=16,
+                workers=[wire.WorkerSample(pid=7, cpu_percent=99.0, rss=1 << 28, name="pt_data_worker", dataloader=True)],
+            ),
+            unavailable={"pcie": "disabled after errors"},
+        ),
+    ),
+    wire.Request(v=V, id=1, cmd="hello"),
+    wire.Request(v=V, id=2, cmd="snapshot", args={"max_steps": 100}),
+    wire.Reply(v=V, id=1, ok=True, hello=HELLO, seq=9),
+    wire.Reply(v=V, id=2, ok=True, steps=[step(5), step(6)], seq=10, data={"k": [1, "x"]}),
+    wire.Reply(v=V, id=-1, ok=False, error="bad request: nope"),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg: wire.Message) -> None:
+    frame = wire.encode(msg)
+    assert isinstance(frame, bytes)
+    back = wire.decode(frame)
+    assert type(back) is type(msg)
+    assert back == msg
+    assert wire.encode(back) == frame
+
+
+def test_every_message_type_is_covered() -> None:
+    union = set(wire.Message.__args__)  # type: ignore[attr-defined]
+    assert union == {type(m) for m in MESSAGES}
+
+
+def test_decode_accepts_buffers() -> None:
+    frame = wire.encode(MESSAGES[3])
+    assert wire.decode(bytearray(frame)) == MESSAGES[3]
+    assert wire.decode(memoryview(frame)) == MESSAGES[3]
+
+
+def test_step_phases_keep_their_order_and_sum() -> None:
+    rec = wire.decode(wire.encode(wire.Batch(v=V, run_id="r", seq=0, time=0.0, steps=[step()]))).steps[0]
+    assert sum(rec.phases.values()) == rec.wall_ns
+    assert tuple(wire.PHASES) == ("data", "h2d", "forward", "backward", "optimizer", "other")
+    assert wire.TIMED_PHASES == wire.PHASES[:-1]
+
+
+# -- version -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("other", [0, V + 1, 99, -3])
+def test_other_protocol_version_names_both(other: int) -> None:
+    frame = msgspec.msgpack.encode(wire.Batch(v=other, run_id="r", seq=0, time=0.0))
+    with pytest.raises(wire.WireError) as info:
+        wire.decode(frame)
+    text = str(info.value)
+    assert f"protocol version {other}" in text
+    assert f"speaks {V}" in text
+
+
+def test_future_message_of_future_version_is_a_version_error() -> None:
+    """A newer agent may send a tag this monitor does not know: the version is what to report."""
+    frame = msgspec.msgpack.encode({"type": "metrics", "v": V + 1, "gpu": [1, 2]})
+    with pytest.raises(wire.WireError, match=f"protocol version {V + 1}"):
+        wire.decode(frame)
+
+
+# -- size ----------------------------------------------------------------------------------------
+def test_oversize_frame_refused() -> None:
+    big = wire.encode(wire.Batch(v=V, run_id="r" * (wire.MAX_FRAME_BYTES + 1), seq=0, time=0.0))
+    assert len(big) > wire.MAX_FRAME_BYTES
+    with pytest.raises(wire.WireError, match="exceeds"):
+        wire.decode(big)
+
+
+def test_frame_at_the_limit_is_accepted() -> None:
+    empty = len(wire.encode(wire.Batch(v=V, run_id="", seq=0, time=0.0)))
+    # a str header grows from 1 to 5 bytes past 31 and 65535 characters
+    n = wire.MAX_FRAME_BYTES - empty - 4
+    msg = wire.Batch(v=V, run_id="r" * n, seq=0, time=0.0)
+    frame = wire.encode(msg)
+    assert len(frame) == wire.MAX_FRAME_BYTES
+    assert wire.decode(frame) == msg
+
+
+# -- garbage -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"\x00",
+        b"\xc1",  # never used in msgpack
+        b"\x81\xa1v",  # truncated map
+        msgspec.msgpack.encode({"v": V}),  # no tag
+        msgspec.msgpack.encode({"v": V, "type": "nope"}),
+        msgspec.msgpack.encode({"v": "1", "type": "batch"}),
+        msgspec.msgpack.encode({"type": "batch", "v": V}),  # missing fields
+        msgspec.msgpack.encode({"type": "batch", "v": V, "run_id": "r", "seq": "x", "time": 0.0}),
+        msgspec.msgpack.encode([V, "batch"]),
+        msgspec.msgpack.encode(None),
+        msgspec.msgpack.encode({"type": "batch", "v": V, "run_id": "r", "seq": 0, "time": 0.0, "steps": [{}]}),
+        wire.encode(MESSAGES[3]) + b"\x00",  # trailing bytes
+        wire.encode(MESSAGES[3])[:-1],  # truncated
+        b"\x82\xa1v\x01\xa4type\xa1\x80",  # invalid UTF-8 in the tag (UnicodeDecodeError inside msgspec)
+        b"\x82\xa1v\x01\xa4type" + b"\x91" * 100_000 + b"\xc0",  # nested past msgspec's limit
+        b"\x91" * 100_000 + b"\xc0",
+        # a request whose args nest past the limit
+        msgspec.msgpack.encode({"type": "request", "v": V, "id": 1, "cmd": "x"})[1:].join(
+            [b"\x85", b"\xa4args\x81\xa1a" + b"\x91" * 100_000 + b"\xc0"]
+        ),
+    ],
+    ids=lambda f: f[:12].hex() or "empty",
+)
+def test_known_garbage(frame: bytes) -> None:
+    with pytest.raises(wire.WireError):
+        wire.decode(frame)
+
+
+@pytest.mark.parametrize("frame", [None, "text", 123, ["list"]])
+def test_non_bytes_refused(frame: object) -> None:
+    with pytest.raises(wire.WireError, match="not bytes"):
+        wire.decode(frame)  # type: ignore[arg-type]
+
+
+def _decode_or_wire_error(frame: bytes) -> None:
+    try:
+        msg = wire.decode(frame)
+    except wire.WireError as exc:
+        assert str(exc)
+        return
+    # anything that decodes is a real message of this version
+    assert isinstance(msg, (wire.Hello, wire.Batch, wire.Request, wire.Reply))
+    assert msg.v == V
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=512))
+def test_arbitrary_bytes_only_raise_wire_error(frame: bytes) -> None:
+    _decode_or_wire_error(frame)
+
+
+msgpackable = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=20)
+    | st.binary(max_size=20),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=10) | st.integers(-5, 5), children, max_size=5),
+    max_leaves=20,
+)
+
+field_values = st.sampled_from(["hello", "batch", "request", "reply", "x", "", V, V + 1, 0, -1, None, 1.5, [], {}])
+message_like = st.dictionaries(
+    st.sampled_from(["type", "v", "run_id", "seq", "time", "steps", "id", "cmd", "ok", "pid", "hello", "args"]),
+    field_values | msgpackable,
+    max_size=8,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(msgpackable | message_like)
+def test_arbitrary_msgpack_only_raises_wire_error(obj: object) -> None:
+    _decode_or_wire_error(msgspec.msgpack.encode(obj))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([wire.encode(m) for m in MESSAGES]), st.data())
+def test_corrupted_valid_frames_only_raise_wire_error(frame: bytes, data: st.DataObject) -> None:
+    pos = data.draw(st.integers(0, len(frame) - 1))
+    byte = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(frame)))
+    _decode_or_wire_error(frame[:pos] + bytes([byte]) + frame[pos + 1 :])
+    _decode_or_wire_error(frame[:cut])
