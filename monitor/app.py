@@ -3,11 +3,16 @@
 Messages up, attributes down: a thread worker (monitor/feed.py) owns the AgentClient and posts
 messages; the app applies them to a pure RunState, and a ~4 Hz timer pushes plain values from
 that state into the widgets' reactive attributes (never per batch: a 10 kHz loop must not
-make the terminal the bottleneck). Never imports torch.
+make the terminal the bottleneck). Requests to the agent (captures) go to the worker through a
+queue; its answers come back as messages. Never imports torch.
+
+Tabs: Overview (step time, verdict, phases, marks), Memory, GPU · Host. Panels of a hidden tab
+get only the latest samples (cheap); the memory plot's series is computed while it is shown.
 """
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,19 +20,42 @@ from typing import Any
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
-from textual.widgets import Footer
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from .feed import BatchesReceived, FeedError, HelloReceived, SnapshotReceived, run_feed
-from .state import RunState, breakdown, device_ms, phase_ms, step_stats
+from . import fmt
+from .captures import DEFAULT_STEPS, CaptureBook, capture_lines, fetch_from, next_steps, progress_text
+from .diagnosis import Diagnosis
+from .feed import BatchesReceived, FeedError, HelloReceived, RequestAnswered, SnapshotReceived, run_feed
+from .judge import diagnose
+from .panel_data import PLOT_S, mark_rows, memory_series, step_counts, worker_rows, y_top
+from .state import RunState, breakdown, device_ms, phase_ms, recent_points, retry_rate, step_stats
 from .targets import Endpoint, from_discovery
-from .widgets import ChooserScreen, HelpScreen, PhasePanel, RunHeader, StatusLine, StepPanel
+from .widgets import (
+    CaptureLine,
+    CapturesScreen,
+    ChooserScreen,
+    GpuPanel,
+    HelpScreen,
+    HostFigures,
+    MarksPanel,
+    MemoryFigures,
+    MemoryPlot,
+    PhasePanel,
+    RunHeader,
+    StatusLine,
+    StepPanel,
+    VerdictPanel,
+    WorkerTable,
+)
 
 WINDOW_S = 10.0  # seconds of agent time the panels summarise
 REFRESH_S = 0.25  # widget refresh period (4 Hz)
 SPARK_POINTS = 2000  # most step times handed to the sparkline (it buckets them to its width)
 MAX_CPU_SHARE = 0.05  # of one core, for recomputing the panels (see TorchtopApp._tick)
+PLOT_REFRESH_S = 1.0  # the memory plot (5 minutes wide) is redrawn at most this often
+NO_TELEMETRY = "no telemetry received yet"
 
 
 class TorchtopApp(App[int]):
@@ -40,6 +68,14 @@ class TorchtopApp(App[int]):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("p", "profile", "Profile"),
+        Binding("m", "memory_snapshot", "Mem snapshot"),
+        Binding("c", "captures", "Captures"),
+        Binding("plus,equals_sign", "steps(1)", "Steps +", show=False),
+        Binding("minus", "steps(-1)", "Steps -", show=False),
+        Binding("1", "tab('overview')", "Overview", show=False),
+        Binding("2", "tab('memory')", "Memory", show=False),
+        Binding("3", "tab('gpu-host')", "GPU·Host", show=False),
     ]
 
     def __init__(
@@ -59,20 +95,47 @@ class TorchtopApp(App[int]):
         self.feed_error = ""
         self._dirty = True  # new data since the panels were last recomputed
         self._next_full = 0.0  # perf_counter time before which _tick skips the recompute
+        self._plot_due = 0.0  # perf_counter time from which the memory plot may be redrawn
         self.header = RunHeader(id="run-header")
         self.step_panel = StepPanel(WINDOW_S, id="step-panel")
         self.phase_panel = PhasePanel(id="phase-panel")
         self.status_line = StatusLine(id="status-line")
+        self.verdict_panel = VerdictPanel(id="verdict-panel")
+        self.marks_panel = MarksPanel(id="marks-panel")
+        self.memory_figures = MemoryFigures(id="memory-figures")
+        self.memory_plot = MemoryPlot(id="memory-plot")
+        self.gpu_panel = GpuPanel(id="gpu-panel")
+        self.host_figures = HostFigures(id="host-figures")
+        self.worker_table = WorkerTable(id="worker-table")
+        self.capture_line = CaptureLine(id="capture-line")
+        self.diagnosis: Diagnosis | None = None  # the previous verdict: diagnose()'s hysteresis
+        self.captures = CaptureBook()
+        self.capture_steps = DEFAULT_STEPS
+        self.requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()  # to the feed worker
 
     def compose(self) -> ComposeResult:
         yield self.header
-        with Vertical(id="panels"):
-            yield self.step_panel
-            yield self.phase_panel
+        with TabbedContent(initial="overview", id="tabs"):
+            with TabPane("Overview", id="overview"), VerticalScroll(id="overview-scroll"):
+                yield self.step_panel
+                yield self.verdict_panel
+                yield self.phase_panel
+                yield self.marks_panel
+            with TabPane("Memory", id="memory"), VerticalScroll(id="memory-scroll"), Vertical(id="memory-panel"):
+                yield self.memory_figures
+                yield self.memory_plot
+            with TabPane("GPU · Host", id="gpu-host"), VerticalScroll(id="gpu-host-scroll"):
+                yield self.gpu_panel
+                with Vertical(id="host-panel"):
+                    yield self.host_figures
+                    yield self.worker_table
+        yield self.capture_line
         yield self.status_line
         yield Footer()
 
     def on_mount(self) -> None:
+        self.query_one("#memory-panel").border_title = "CUDA memory"
+        self.query_one("#host-panel").border_title = "host · psutil"
         self.set_interval(REFRESH_S, self._tick)
         if self.endpoint is not None:
             self.attach(self.endpoint)
@@ -98,14 +161,23 @@ class TorchtopApp(App[int]):
     @work(thread=True, exclusive=True, group="feed")
     def _feed(self, endpoint: Endpoint) -> None:
         worker = get_current_worker()
-        run_feed(endpoint, self.post_message, lambda: worker.is_cancelled)
+        run_feed(endpoint, self.post_message, lambda: worker.is_cancelled, requests=self.requests)
 
     # -- messages up ---------------------------------------------------------------------------
     def on_hello_received(self, message: HelloReceived) -> None:
+        runs = self.state.new_runs
         self.state.apply_hello(message.hello)
         self.state.gone = False
         self.feed_error = ""
         self._dirty = True
+        if self.state.new_runs != runs:
+            self._new_run()
+
+    def _new_run(self) -> None:
+        """Another run on the same port: its verdict starts afresh and its capture ids restart."""
+        self.diagnosis = None
+        self.captures.reset()
+        self._refresh_captures()
 
     def on_snapshot_received(self, message: SnapshotReceived) -> None:
         self.state.apply_snapshot(message.steps, message.seq)
@@ -114,7 +186,11 @@ class TorchtopApp(App[int]):
     def on_batches_received(self, message: BatchesReceived) -> None:
         now = self.clock()
         for batch in message.batches:
+            runs = self.state.new_runs
             self.state.apply_batch(batch, now)
+            if self.state.new_runs != runs:
+                self._new_run()
+            self._capture_seen(batch)
         self.state.bad_frames = max(self.state.bad_frames, message.bad_frames)
         if message.last_error:
             self.state.last_error = message.last_error
@@ -162,7 +238,46 @@ class TorchtopApp(App[int]):
         self.phase_panel.step_ms = stats["mean_ms"]
         self.phase_panel.sample_every = hello.cuda_sample_every if hello else 0
         self.phase_panel.count = len(steps)
+
+        skipped, evals = step_counts(steps, state.window(WINDOW_S, kind="eval"))
+        self.step_panel.evals = evals
+        self.step_panel.skipped = skipped
+        self.diagnosis = diagnose(state, self.diagnosis)
+        self.verdict_panel.diagnosis = self.diagnosis
+        self.marks_panel.rows = mark_rows(state.steps)
+        self._refresh_telemetry()
         self._refresh_status()
+
+    def _refresh_telemetry(self) -> None:
+        """The latest samples into the memory, GPU and host panels (the plot only while shown)."""
+        state = self.state
+        tel = state.telemetry
+        missing = tel.unavailable if tel is not None else {}
+        mem = self.memory_figures
+        mem.memory = tel.memory if tel is not None else []
+        mem.frag = tel.frag if tel is not None else []
+        mem.peak_window = dict(state.peak_window)
+        mem.retry_rate = retry_rate(state, WINDOW_S)
+        mem.reason = missing.get("memory", "") if tel is not None else NO_TELEMETRY
+        if self._tab() == "memory" and time.perf_counter() >= self._plot_due:
+            # plotext draws a 120x30 plot in ~20 ms: once a second keeps it near 2% of a core
+            self._plot_due = time.perf_counter() + PLOT_REFRESH_S
+            total = tel.memory[0].device_total if tel is not None and tel.memory else 0
+            cuda = bool(tel is not None and tel.memory)
+            series = memory_series(recent_points(state, PLOT_S), cuda, total)
+            self.memory_plot.series = series
+            full = bool(series.limit) and y_top(series) == series.limit
+            self.query_one("#memory-panel").border_subtitle = (
+                f"plot: last {PLOT_S / 60:.0f} min{', top =' if full else ' ·'} device total {fmt.size(total)}"
+                if cuda else "no CUDA: the plot shows the process RSS")
+        self.gpu_panel.gpus = tel.gpus if tel is not None else []
+        self.gpu_panel.reason = missing.get("gpu", "") if tel is not None else NO_TELEMETRY
+        self.host_figures.host = tel.host if tel is not None else None
+        self.host_figures.reason = missing.get("host", "") if tel is not None else NO_TELEMETRY
+        self.worker_table.processes = worker_rows(tel.host if tel is not None else None)
+
+    def _tab(self) -> str:
+        return self.query_one("#tabs", TabbedContent).active if self.is_mounted else "overview"
 
     def _refresh_status(self) -> None:
         state = self.state
@@ -174,6 +289,57 @@ class TorchtopApp(App[int]):
         status.bad_frames = state.bad_frames
         status.hook_errors = state.hook_errors
         status.error = self.feed_error or state.last_error
+        self.capture_line.capture = self.captures.current
+        self.capture_line.steps = self.capture_steps
+        self.capture_line.count = len(self.captures.by_id)
+
+    # -- captures --------------------------------------------------------------------------------
+    def ask(self, cmd: str, args: dict[str, Any] | None = None) -> None:
+        """Queue a request for the feed worker; the answer comes back as RequestAnswered."""
+        self.requests.put((cmd, args or {}))
+
+    def _capture_seen(self, batch: Any) -> None:
+        if batch.capture is None or batch.capture == self.captures.current:
+            return  # most batches: nothing new about captures
+        finished = self.captures.see(batch.capture)
+        if finished is not None:
+            if finished.state == "done":
+                self.notify(progress_text(finished), title="capture done", timeout=10)
+            else:
+                self.notify(progress_text(finished), title="capture failed", severity="error", timeout=10)
+            self.ask("capture-status")  # the list (and the Captures screen) with its summary
+        if isinstance(self.screen, CapturesScreen):
+            self._refresh_captures()
+
+    def on_request_answered(self, message: RequestAnswered) -> None:
+        reply = message.reply
+        if reply is None:
+            self.notify(message.error, title=f"{message.cmd}: no answer", severity="error", timeout=8)
+            return
+        if message.cmd == "capture-status":
+            if reply.ok:
+                self.captures.merge(reply.captures)
+        elif reply.ok:
+            self.captures.requested(reply.capture)
+            if reply.capture is not None:
+                self.notify(progress_text(reply.capture), title="capture requested")
+        else:
+            what = "profile" if message.cmd == "capture-profile" else "memory snapshot"
+            self.notify(reply.error, title=f"{what} refused", severity="warning", timeout=10)
+        self._refresh_captures()
+
+    def on_captures_screen_refresh_wanted(self, _message: CapturesScreen.RefreshWanted) -> None:
+        self.ask("capture-status")
+
+    def _refresh_captures(self) -> None:
+        self._refresh_status()
+        screen = self.screen
+        if not isinstance(screen, CapturesScreen):
+            return
+        label, host = (str(self.endpoint), self.endpoint.host) if self.endpoint else ("", "")
+        screen.entries = [capture_lines(c, fetch_from(label, host, c.host)) for c in self.captures.listing()]
+        active = self.captures.active
+        screen.note = progress_text(active) if active is not None else ""
 
     # -- keys ----------------------------------------------------------------------------------
     def action_help(self) -> None:
@@ -181,6 +347,28 @@ class TorchtopApp(App[int]):
             self.screen.dismiss(None)
         else:
             self.push_screen(HelpScreen())
+
+    def action_profile(self) -> None:
+        self.ask("capture-profile", {"steps": self.capture_steps})
+
+    def action_memory_snapshot(self) -> None:
+        self.ask("capture-memory", {"steps": self.capture_steps})
+
+    def action_steps(self, direction: int) -> None:
+        self.capture_steps = next_steps(self.capture_steps, direction > 0)
+        self._refresh_status()
+
+    def action_captures(self) -> None:
+        if not isinstance(self.screen, CapturesScreen):
+            self.push_screen(CapturesScreen())
+            self.call_after_refresh(self._refresh_captures)
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one("#tabs", TabbedContent).active = tab
+
+    def on_tabbed_content_tab_activated(self, _event: TabbedContent.TabActivated) -> None:
+        self._plot_due = 0.0
+        self.refresh_panels()  # a tab shown: its panels (the memory plot) now, not at the next tick
 
 
 def run_tui(endpoint: Endpoint | None, choices: list[dict[str, Any]] | None) -> int:

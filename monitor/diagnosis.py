@@ -122,9 +122,9 @@ def _band(share: float, scale: float = 1.0) -> str | None:
 # -- primary verdict rules -----------------------------------------------------------------------
 def rule_data(f: Facts, scale: float = 1.0) -> Finding | None:
     share = f.shares.get("data", 0.0)
-    severity = _band(share, scale)
-    if severity is None:
+    if _band(share, scale) is None:
         return None
+    severity = _band(share) or "info"  # hysteresis keeps the verdict; it does not raise the severity
     evidence = [f"data wait is {_pct(share)} of step time: {f.ms.get('data', 0):.1f} ms of {f.step_ms:.1f} ms"]
     if f.workers == 0:
         evidence.append("no DataLoader worker processes: loading runs on the training process")
@@ -143,9 +143,9 @@ def rule_transfer(f: Facts, scale: float = 1.0) -> Finding | None:
     dev_step = f.device_ms.get("step", 0.0)
     dev = f.device_ms.get("h2d", 0.0) / dev_step if dev_step > 0 else 0.0
     share = max(host, dev)
-    severity = _band(share, scale)
-    if severity is None:
+    if _band(share, scale) is None:
         return None
+    severity = _band(share) or "info"  # hysteresis keeps the verdict; it does not raise the severity
     evidence = [f"host-to-device copies take {_pct(host)} of step time ({f.ms.get('h2d', 0):.1f} ms of {f.step_ms:.1f} ms)"]
     if dev > 0:
         evidence.append(f"on the GPU the copies take {_pct(dev)} of the step ({f.device_ms.get('h2d', 0):.1f} ms)")

@@ -4,14 +4,20 @@ The loop owns the (synchronous) AgentClient and never touches RunState or widget
 messages up to the app, which applies them on its own thread. It checks `cancelled()` at least
 every second (short poll and request timeouts), so the app exits promptly, and it keeps
 retrying an agent that does not answer, so a restarted agent is picked up.
+
+Requests from the app (captures) arrive on a thread-safe queue that the loop drains between
+stream reads: the AgentClient is not thread-safe, so only this loop ever touches it.
 """
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable
+from typing import Any
 
 from textual.message import Message
+
 from torchtop.agent import wire
 
 from .client import AgentClient, AgentUnreachable
@@ -22,6 +28,8 @@ HELLO_TIMEOUT_S = 1.0  # short, so quitting never waits long on a dead agent
 SNAPSHOT_TIMEOUT_S = 2.0
 RETRY_PAUSE_S = 0.5  # between hellos to an agent that does not answer
 SILENT_AFTER_S = 3.0  # no batch for this long: ask for a hello to tell "stale" from "gone"
+REQUEST_TIMEOUT_S = 2.0  # an app request (capture, capture-status): short, the stream waits meanwhile
+
 
 
 class HelloReceived(Message):
@@ -60,17 +68,32 @@ class FeedError(Message):
         self.lost = lost
 
 
+class RequestAnswered(Message):
+    """The agent's reply to a request the app queued; `reply` is None when there was none (`error`)."""
+
+    def __init__(self, cmd: str, args: dict[str, Any], reply: wire.Reply | None, error: str = "") -> None:
+        super().__init__()
+        self.cmd = cmd
+        self.args = args
+        self.reply = reply
+        self.error = error
+
+
 def run_feed(
     endpoint: Endpoint,
     post: Callable[[Message], object],
     cancelled: Callable[[], bool],
     client_factory: Callable[[Endpoint], AgentClient] = AgentClient,
+    requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] | None = None,
 ) -> None:
-    """Hello (retrying), snapshot, then stream batches until `cancelled()`; never raises."""
+    """Hello (retrying), snapshot, then stream batches until `cancelled()`; never raises.
+
+    Between stream reads it sends the requests queued on `requests` and posts each answer.
+    """
     client: AgentClient | None = None
     try:
         client = client_factory(endpoint)
-        _loop(client, post, cancelled)
+        _loop(client, post, cancelled, requests)
     except Exception as exc:  # a feed bug must show in the status line, not kill the TUI
         post(FeedError(f"feed stopped: {type(exc).__name__}: {exc}"))
     finally:
@@ -84,7 +107,33 @@ def _sleep(seconds: float, cancelled: Callable[[], bool]) -> None:
         time.sleep(min(left, 0.1))
 
 
-def _loop(client: AgentClient, post: Callable[[Message], object], cancelled: Callable[[], bool]) -> None:
+def serve_requests(
+    client: AgentClient,
+    requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] | None,
+    post: Callable[[Message], object],
+    connected: bool,
+) -> None:
+    """Send every queued request (answering each with a RequestAnswered); never raises."""
+    while requests is not None:
+        try:
+            cmd, args = requests.get_nowait()
+        except queue.Empty:
+            return
+        if not connected:
+            post(RequestAnswered(cmd, args, None, "not connected to an agent"))
+            continue
+        try:
+            post(RequestAnswered(cmd, args, client.request(cmd, args, timeout=REQUEST_TIMEOUT_S)))
+        except AgentUnreachable as exc:
+            post(RequestAnswered(cmd, args, None, str(exc)))
+
+
+def _loop(
+    client: AgentClient,
+    post: Callable[[Message], object],
+    cancelled: Callable[[], bool],
+    requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] | None = None,
+) -> None:
     connected = False
     ever_connected = False
     last_batch = time.monotonic()
@@ -95,6 +144,7 @@ def _loop(client: AgentClient, post: Callable[[Message], object], cancelled: Cal
                 hello = client.hello(timeout=HELLO_TIMEOUT_S)
             except AgentUnreachable as exc:
                 post(FeedError(str(exc), lost=ever_connected))
+                serve_requests(client, requests, post, connected=False)
                 _sleep(RETRY_PAUSE_S, cancelled)
                 continue
             post(HelloReceived(hello))
@@ -106,6 +156,7 @@ def _loop(client: AgentClient, post: Callable[[Message], object], cancelled: Cal
                     post(SnapshotReceived(reply.steps, reply.seq))
             except AgentUnreachable:
                 pass  # live batches still come; only the history before we joined is missing
+        serve_requests(client, requests, post, connected=True)
         batches = client.recv_batches(POLL_S)
         now = time.monotonic()
         if batches or client.bad_frames != bad_seen:

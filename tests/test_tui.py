@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+
 from torchtop.agent import wire
 from torchtop.monitor import feed, fmt
 from torchtop.monitor.app import TorchtopApp

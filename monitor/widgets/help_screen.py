@@ -4,23 +4,37 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 HELP = """\
 [b]Keys[/b]
   [b]q[/b]        quit (training goes on)
+  [b]1 2 3[/b]    tabs: overview · memory · GPU and host
+  [b]p[/b]        profile the next N steps (torch.profiler trace, .json.gz)
+  [b]+ -[/b]      change N (default 5, at most 100)
+  [b]m[/b]        CUDA memory snapshot of the next N steps (a pickle for
+           pytorch.org/memory_viz)
+  [b]c[/b]        captures: past traces and snapshots, summaries, file paths
   [b]?[/b]        this help
   [b]escape[/b]   close this help
 
 [b]Panels[/b]
   [b]step time[/b]   now / median / p90 of the training steps that ended
               in the last 10 s of the agent's clock, and steps per second
+  [b]verdict[/b]     data-loading, transfer, compute or host-overhead bound,
+              with the numbers and what to try; flags for memory pressure,
+              fragmentation, DataLoader workers, memory growth
   [b]phases[/b]      host time per step in data (dataloader wait), h2d
               (host-to-device copies), forward, backward, optimizer and
               other (the rest of the step); device ms are CUDA-event
               times on sampled steps
+  [b]marks[/b]       values from torchtop.agent.mark("loss", loss)
+  [b]memory[/b]      CUDA caching allocator: allocated / reserved / peak of
+              the device, fragmentation (largest free block, external %)
+  [b]GPU, host[/b]   NVML per GPU; process and system CPU and memory, and
+              each child process (DataLoader workers flagged)
   [b]status[/b]      gaps: batches lost between agent and monitor;
               dropped: step records the agent's buffer dropped"""
 
@@ -32,7 +46,7 @@ class HelpScreen(ModalScreen[None]):
     ]
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help-box"):
+        with VerticalScroll(id="help-box"):
             yield Static(HELP, id="help-text")
 
     def on_mount(self) -> None:

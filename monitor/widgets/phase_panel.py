@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
+
 from torchtop.agent.wire import PHASES
 
 from .. import fmt

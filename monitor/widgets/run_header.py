@@ -6,6 +6,7 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
+
 from torchtop.agent.wire import Hello
 
 from .. import fmt

@@ -17,11 +17,16 @@ from .. import fmt
 EMPTY_STATS = {"now_ms": 0.0, "median_ms": 0.0, "p90_ms": 0.0, "mean_ms": 0.0, "steps_per_s": 0.0}
 
 
-def step_line(stats: dict[str, float], count: int, last_step: int | None) -> Text:
-    """One line of figures; labels dim, numbers bold, so the eye finds the numbers."""
+def step_line(stats: dict[str, float], count: int, last_step: int | None, evals: int = 0, skipped: int = 0) -> Text:
+    """One line of figures; labels dim, numbers bold, so the eye finds the numbers.
+
+    Eval steps and GradScaler-skipped optimizer steps in the window follow when there are any.
+    """
     text = Text()
     if not count:
         text.append("no training steps in the window yet", style="dim")
+        if evals:
+            text.append(f"   eval {fmt.count(evals)} steps", style="bold")
         return text
     for label, value, unit in (
         ("now", fmt.ms(stats["now_ms"]), " ms"),
@@ -37,6 +42,14 @@ def step_line(stats: dict[str, float], count: int, last_step: int | None) -> Tex
     if last_step is not None:
         text.append("latest ", style="dim")
         text.append(f"#{fmt.count(last_step)}", style="bold")
+    if evals:
+        text.append("   eval ", style="dim")
+        text.append(fmt.count(evals), style="bold")
+        text.append(" steps", style="dim")
+    if skipped:
+        text.append("   skipped ", style="dim")
+        text.append(fmt.count(skipped), style="bold yellow")
+        text.append(" (GradScaler)", style="dim")
     return text
 
 
@@ -48,6 +61,8 @@ class StepPanel(Vertical):
     last_step: reactive[int | None] = reactive(None)
     series: reactive[list[float]] = reactive(list)
     span_s: reactive[float | None] = reactive(None)  # the agent time the window covers
+    evals: reactive[int] = reactive(0)  # eval steps in the window
+    skipped: reactive[int] = reactive(0)  # optimizer steps GradScaler skipped in the window
 
     def __init__(self, window_s: float = 10.0, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(**kwargs)
@@ -60,12 +75,12 @@ class StepPanel(Vertical):
         self.border_title = f"step time · last {shown:.3g} s"
 
     def compose(self) -> ComposeResult:
-        yield Static(step_line(self.stats, self.count, self.last_step), id="step-numbers")
+        yield Static(step_line(self.stats, self.count, self.last_step, self.evals, self.skipped), id="step-numbers")
         yield Sparkline([], id="step-spark")
 
     def _sync_numbers(self) -> None:
         if self.is_mounted:
-            self.query_one("#step-numbers", Static).update(step_line(self.stats, self.count, self.last_step))
+            self.query_one("#step-numbers", Static).update(step_line(self.stats, self.count, self.last_step, self.evals, self.skipped))
 
     def watch_stats(self) -> None:
         self._sync_numbers()
@@ -76,6 +91,12 @@ class StepPanel(Vertical):
     def watch_last_step(self) -> None:
         self._sync_numbers()
 
+    def watch_evals(self) -> None:
+        self._sync_numbers()
+
+    def watch_skipped(self) -> None:
+        self._sync_numbers()
+
     def watch_series(self, series: list[float]) -> None:
         # The sparkline has no axis: its range goes in the border, so bar heights mean something.
         self.border_subtitle = f"▁ {fmt.ms(min(series))} ms … █ {fmt.ms(max(series))} ms" if series else ""
@@ -84,4 +105,4 @@ class StepPanel(Vertical):
 
     def numbers_text(self) -> str:
         """The figures line as plain text (what tests and screen readers see)."""
-        return step_line(self.stats, self.count, self.last_step).plain
+        return step_line(self.stats, self.count, self.last_step, self.evals, self.skipped).plain

@@ -1,0 +1,490 @@
+"""The verdict, memory, GPU, host, marks and capture parts of the TUI.
+
+Synthetic batches carry telemetry with known figures (a fragmentation of 512 MiB largest free of
+2 GiB free, one GPU, a host with two DataLoader workers), so every number on screen has an exact
+expected value; a real agent in a subprocess answers the capture keys.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from torchtop.agent import wire
+from torchtop.monitor import feed, fmt
+from torchtop.monitor.app import TorchtopApp
+from torchtop.monitor.captures import CaptureBook, capture_lines, fetch_from, next_steps, progress_text
+from torchtop.monitor.client import AgentUnreachable
+from torchtop.monitor.feed import BatchesReceived, HelloReceived, RequestAnswered
+from torchtop.monitor.panel_data import mark_rows, memory_series, worker_rows, y_top
+from torchtop.monitor.state import Point
+from torchtop.monitor.targets import Endpoint, from_discovery, local_agents
+from torchtop.monitor.widgets import CapturesScreen, VerdictPanel
+
+GIB, MIB = 2**30, 2**20
+T0 = 1_000.0
+
+
+def hello(device: str = "cuda", **kw) -> wire.Hello:
+    fields = dict(v=wire.PROTOCOL_VERSION, run_id="run000000001", pid=4242, host="box", port=5555, pub_port=5556,
+                  device=device, start_time=T0 - 62, torch_version="2.13.0", argv=["train.py"])
+    return wire.Hello(**{**fields, **kw})
+
+
+def steps(n: int = 60, data: float = 0.30, wall_ms: float = 10.0, marks: bool = False, first: int = 0,
+          kind: str = "train", skipped_every: int = 0) -> list[wire.StepRecord]:
+    """`n` steps of `wall_ms`, `data` of it waiting on the loader, the rest split over compute."""
+    out = []
+    wall = int(wall_ms * 1e6)
+    for k in range(n):
+        phases = {"data": int(wall * data), "forward": int(wall * (1 - data) * 0.5),
+                  "backward": int(wall * (1 - data) * 0.4), "optimizer": int(wall * (1 - data) * 0.05)}
+        phases["other"] = wall - sum(phases.values())
+        extra: dict = {}
+        if marks:
+            extra["marks"] = {"loss": 2.0 / (first + k + 1), "lr": 0.001}
+        if skipped_every and k % skipped_every == 0:
+            extra["skipped"] = 1
+        out.append(wire.StepRecord(i=first + k, t0=T0 + (first + k) * wall_ms / 1e3, wall_ns=wall, phases=phases,
+                                   kind=kind, **extra))
+    return out
+
+
+def memory(reserved: int = 70 * GIB, window_peak: int = 60 * GIB, **kw) -> wire.MemorySample:
+    fields = dict(device=0, allocated=40 * GIB, reserved=reserved, active=41 * GIB, requested=39 * GIB + 512 * MIB,
+                  inactive_split=3 * GIB, peak_allocated=64 * GIB, peak_reserved=72 * GIB, window_peak=window_peak,
+                  alloc_retries=0, ooms=0, device_total=80 * GIB, device_free=10 * GIB)
+    return wire.MemorySample(**{**fields, **kw})
+
+
+FRAG = wire.FragSample(device=0, largest_free=512 * MIB, total_free=2 * GIB, external=0.75, segments=12,
+                       expandable=False)
+GPU = wire.GpuSample(index=0, name="NVIDIA H100 80GB HBM3", util_gpu=73.0, util_mem=40.0, mem_used=72 * GIB,
+                     mem_total=80 * GIB, power_w=350.0, power_limit_w=700.0, temp_c=65.0, sm_clock_mhz=1980.0,
+                     throttle=["power-cap"], pcie_tx_kbs=1024.0 * 1024, pcie_rx_kbs=2048.0 * 1024)
+HOST = wire.HostSample(
+    proc_cpu=143.0, proc_rss=2 * GIB + 512 * MIB, threads=24, cpu_count=8,
+    cpu_per_core=[10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 90.0, 100.0],
+    mem_total=64 * GIB, mem_available=32 * GIB, mem_percent=50.0,
+    workers=[wire.WorkerSample(pid=103, cpu_percent=1.0, rss=50 * MIB, name="python"),
+             wire.WorkerSample(pid=101, cpu_percent=98.0, rss=300 * MIB, name="pt_data_worker", dataloader=True),
+             wire.WorkerSample(pid=102, cpu_percent=94.0, rss=310 * MIB, name="pt_data_worker", dataloader=True)],
+)
+
+
+def telemetry(t: float, **kw) -> wire.Telemetry:
+    fields = dict(time=t, memory=[memory()], frag=[FRAG], gpus=[GPU], host=HOST)
+    return wire.Telemetry(**{**fields, **kw})
+
+
+def batch(recs: list[wire.StepRecord], seq: int = 1, tel: wire.Telemetry | None = None,
+          capture: wire.CaptureInfo | None = None) -> wire.Batch:
+    end = recs[-1].t0 + recs[-1].wall_ns / 1e9 if recs else T0
+    return wire.Batch(v=wire.PROTOCOL_VERSION, run_id="run000000001", seq=seq, time=end + 0.05, steps=recs,
+                      telemetry=tel, capture=capture)
+
+
+def fed_batches(recs: list[wire.StepRecord], tel: wire.Telemetry | None = None) -> BatchesReceived:
+    """One batch per 10 steps, each with telemetry at its end time (so the memory plot has points)."""
+    out = []
+    for k in range(0, len(recs), 10):
+        chunk = recs[k:k + 10]
+        t = chunk[-1].t0 + chunk[-1].wall_ns / 1e9
+        out.append(batch(chunk, seq=k // 10 + 1, tel=None if tel is None else wire.Telemetry(
+            **{f: getattr(tel, f) for f in tel.__struct_fields__} | {"time": t})))
+    return BatchesReceived(out)
+
+
+def app_without_feed(endpoint: Endpoint | None = None) -> TorchtopApp:
+    return TorchtopApp(endpoint=endpoint or Endpoint("127.0.0.1", 5555), feed=False, clock=lambda: 50.0)
+
+
+async def fed(pilot, *messages) -> None:
+    for message in messages:
+        pilot.app.post_message(message)
+    await pilot.pause()
+    pilot.app.refresh_panels()
+    await pilot.pause()
+
+
+def recorded_notes(app: TorchtopApp) -> list[tuple[str, str, str]]:
+    """Replace app.notify by a recorder of (title, message, severity)."""
+    notes: list[tuple[str, str, str]] = []
+    app.notify = lambda message, *, title="", severity="information", **kw: notes.append((title, message, severity))  # type: ignore[method-assign]
+    return notes
+
+
+# -- pure pieces --------------------------------------------------------------------------------
+def test_units_bars_and_sparks() -> None:
+    assert [fmt.size(v) for v in (0, 512, 1536, 41.84 * MIB, 80 * GIB, 512 * MIB)] == [
+        "0 B", "512 B", "1.50 KiB", "41.8 MiB", "80.0 GiB", "512 MiB"]
+    assert fmt.throughput(1024 * 1024) == "1.00 GiB/s"
+    assert fmt.bar(0.5, 10) == "█████     " and fmt.bar(1.0, 4) == "████" and fmt.bar(0.0, 3) == "   "
+    assert fmt.bar(0.55, 10) == "█████▌    "
+    assert fmt.spark([0, 1, 2, 3, 4, 5, 6, 7], 8) == "▁▂▃▄▅▆▇█"
+    assert fmt.spark([5.0] * 100, 10) == "▁" * 10
+    assert fmt.spark([0.0, 100.0], 2, 0.0, 100.0) == "▁█"
+    assert [fmt.level(x) for x in (0.5, 0.8, 0.9)] == ["ok", "warning", "critical"]
+    assert fmt.number(0.123456) == "0.1235" and fmt.number(1.5e-5) == "1.500e-05"
+
+
+def test_mark_rows_keep_the_most_recorded_names_in_name_order() -> None:
+    recs = steps(20, marks=True)
+    recs[-1] = wire.StepRecord(i=99, t0=T0 + 1, wall_ns=1, phases={}, marks={"z_rare": 1.0, "loss": 0.5})
+    rows = mark_rows(recs, names=2)
+    assert [r.name for r in rows] == ["loss", "lr"]  # z_rare recorded once: left out
+    assert rows[0].latest == 0.5 and len(rows[0].series) == 20 and rows[0].series[0] == 2.0
+
+
+def test_memory_series_buckets_keep_the_peaks() -> None:
+    pts = [Point(float(t), (5 if t == 500 else 1) * GIB, 2 * GIB, 0, -1.0, -1.0, 0) for t in range(1000)]
+    s = memory_series(pts, cuda=True, device_total=80 * GIB, width=100)
+    assert s.unit == "GiB" and len(s.xs) == 100 and s.limit == 80.0
+    assert max(s.lines["allocated"]) == 5.0 and s.lines["reserved"][0] == 2.0
+    assert s.xs[0] < -990 and s.xs[-1] < 0
+    assert y_top(s) == pytest.approx(5 * 1.15)  # a small run: its own peak, so its shape shows
+    assert y_top(memory_series(pts[:1], cuda=True, device_total=2 * GIB)) == 2.0  # over half: the device
+    cpu = memory_series([Point(1.0, 0, 0, 0, -1.0, 50.0, 300 * MIB)], cuda=False)
+    assert list(cpu.lines) == ["process RSS"] and cpu.unit == "MiB" and cpu.lines["process RSS"] == [300.0]
+
+
+def test_worker_rows_put_dataloader_workers_first() -> None:
+    assert [w.pid for w in worker_rows(HOST)] == [101, 102, 103]
+    assert worker_rows(None) == []
+
+
+def test_capture_steps_and_where_files_are() -> None:
+    assert [next_steps(n, True) for n in (1, 9, 10, 50, 100)] == [2, 10, 15, 60, 100]
+    assert [next_steps(n, False) for n in (1, 10, 15, 60)] == [1, 9, 10, 50]
+    assert fetch_from("127.0.0.1:5555", "127.0.0.1", "box", local_host="box") is None
+    assert fetch_from("127.0.0.1:5555", "127.0.0.1", "gpu7", local_host="box") == ("gpu7", [])
+    assert fetch_from("10.0.0.5:5555", "10.0.0.5", "gpu7", local_host="box") == ("10.0.0.5", [])
+    label = "ssh://ana@gpu7:2222/4242 (pid 4242, port 5555 via 127.0.0.1:40001)"
+    assert fetch_from(label, "127.0.0.1", "gpu7.internal", local_host="box") == ("ana@gpu7", ["-P", "2222"])
+    done = wire.CaptureInfo(id=3, kind="profile", state="done", steps_total=5, steps_done=5, host="gpu7",
+                            path="/runs/torchtop-captures/profile-1-3.pt.trace.json.gz",
+                            summary={"steps": 5, "step_ms": 12.5, "buckets": {"CPU Exec": 0.9, "Other": 0.1}})
+    lines = capture_lines(done, ("ana@gpu7", ["-P", "2222"]))
+    assert lines[0] == "profile capture 3: done"
+    assert lines[1] == "  file: ana@gpu7:/runs/torchtop-captures/profile-1-3.pt.trace.json.gz"
+    assert lines[2] == "  fetch: scp -P 2222 ana@gpu7:/runs/torchtop-captures/profile-1-3.pt.trace.json.gz ."
+    assert "5 steps of 12.5 ms: CPU Exec 90%  Other 10%" in lines[3]
+    assert capture_lines(done, None)[1] == "  file: /runs/torchtop-captures/profile-1-3.pt.trace.json.gz"
+
+
+def test_capture_book_announces_only_captures_that_end_while_watched() -> None:
+    book = CaptureBook()
+    old = wire.CaptureInfo(id=1, kind="profile", state="done", path="/x")
+    assert book.see(old) is None  # finished before we attached: not news
+    running = wire.CaptureInfo(id=2, kind="profile", state="running", steps_total=5, steps_done=2)
+    assert book.see(running) is None and book.active == running
+    assert progress_text(running) == "profile #2: step 2/5"
+    finished = wire.CaptureInfo(id=2, kind="profile", state="done", steps_total=5, steps_done=5, path="/y")
+    assert book.see(finished) == finished and book.see(finished) is None  # announced once
+    assert [c.id for c in book.listing()] == [2, 1] and book.active is None
+
+
+def test_pure_modules_import_neither_textual_nor_zmq() -> None:
+    code = ("import json, sys; import torchtop.monitor.panel_data, torchtop.monitor.captures, torchtop.monitor.fmt; "
+            "print(json.dumps([m in sys.modules for m in ('textual', 'zmq', 'torch')]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout) == [False, False, False]
+
+
+# -- the feed's request channel -----------------------------------------------------------------
+class AnsweringClient:
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[tuple[str, dict]] = []
+        self.fail = fail
+
+    def request(self, cmd: str, args: dict, timeout: float) -> wire.Reply:
+        self.sent.append((cmd, args))
+        if self.fail:
+            raise AgentUnreachable("no answer")
+        return wire.Reply(v=wire.PROTOCOL_VERSION, id=len(self.sent), ok=False, error="memory snapshots need CUDA")
+
+
+def test_serve_requests_sends_each_queued_request_and_posts_the_answer() -> None:
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    q.put(("capture-memory", {"steps": 5}))
+    q.put(("capture-status", {}))
+    posted: list = []
+    client = AnsweringClient()
+    feed.serve_requests(client, q, posted.append, connected=True)  # type: ignore[arg-type]
+    assert client.sent == [("capture-memory", {"steps": 5}), ("capture-status", {})]
+    assert [(m.cmd, m.reply.error) for m in posted] == [("capture-memory", "memory snapshots need CUDA"),
+                                                         ("capture-status", "memory snapshots need CUDA")]
+    q.put(("capture-profile", {"steps": 5}))
+    feed.serve_requests(AnsweringClient(fail=True), q, posted.append, connected=True)  # type: ignore[arg-type]
+    assert posted[-1].reply is None and posted[-1].error == "no answer"
+    q.put(("capture-profile", {"steps": 5}))
+    feed.serve_requests(client, q, posted.append, connected=False)  # type: ignore[arg-type]
+    assert posted[-1].error == "not connected to an agent" and len(client.sent) == 2
+
+
+# -- panels ---------------------------------------------------------------------------------------
+async def test_memory_panel_shows_the_allocator_and_fragmentation_figures() -> None:
+    app = app_without_feed()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await fed(pilot, HelloReceived(hello()), fed_batches(steps(), telemetry(0)))
+        await pilot.press("2")
+        await pilot.pause()
+        text = app.memory_figures.plain(100)
+        assert "allocated" in text and "40.0 GiB · 50.0% of 80.0 GiB" in text
+        assert "70.0 GiB · 87.5%" in text  # reserved
+        assert "64.0 GiB · 80.0% since start · window peak 60.0 GiB" in text
+        assert "largest free 512 MiB" in text and "free in segments 2.00 GiB" in text
+        assert "external fragmentation 75.0%" in text and "segments 12" in text and "expandable off" in text
+        assert "inactive split 3.00 GiB" in text and "rounding waste 512 MiB" in text
+        assert "alloc retries 0 (0.00/s)" in text and "OOMs 0" in text
+        # reserved at 87.5% of the device: yellow, on the figures and on the box around them
+        assert app.memory_figures.has_class("-warning") and app.query_one("#memory-panel").has_class("-warning")
+        reserved = next(t for t in app.memory_figures.lines(100) if t.plain.startswith("reserved"))
+        assert any("yellow" in str(span.style) for span in reserved.spans)
+        series = app.memory_plot.series
+        assert series is not None and series.unit == "GiB" and set(series.lines) == {"allocated", "reserved"}
+        assert series.lines["reserved"][-1] == 70.0 and series.limit == 80.0
+
+
+async def test_memory_retries_turn_the_panel_red() -> None:
+    app = app_without_feed()
+    recs = steps()
+    async with app.run_test(size=(120, 40)) as pilot:
+        first = wire.Telemetry(time=T0, memory=[memory(reserved=20 * GIB, alloc_retries=2)])
+        later = wire.Telemetry(time=T0 + 0.5, memory=[memory(reserved=20 * GIB, alloc_retries=4)])
+        await fed(pilot, HelloReceived(hello()), BatchesReceived([batch(recs[:30], 1, first), batch(recs[30:], 2, later)]))
+        assert app.memory_figures.has_class("-critical")
+        assert "alloc retries 4 (4.00/s)" in app.memory_figures.plain()
+
+
+async def test_gpu_and_host_panels_show_the_samples() -> None:
+    app = app_without_feed()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await fed(pilot, HelloReceived(hello()), fed_batches(steps(), telemetry(0)))
+        await pilot.press("3")
+        await pilot.pause()
+        gpu = app.gpu_panel.plain(100)
+        assert "GPU 0  NVIDIA H100 80GB HBM3" in gpu
+        assert "73% · memory controller 40%" in gpu and "72.0 GiB / 80.0 GiB · 90.0%" in gpu
+        assert "power 350 / 700 W" in gpu and "temp 65 °C" in gpu and "SM clock 1980 MHz" in gpu
+        assert "PCIe tx 1.00 GiB/s" in gpu and "rx 2.00 GiB/s" in gpu and "throttle power-cap" in gpu
+        assert app.gpu_panel.has_class("-critical")  # GPU memory at 90%
+
+        host = app.host_figures.plain(100)
+        assert "process CPU 143% of a core" in host and "RSS 2.50 GiB" in host and "threads 24" in host
+        assert "32.0 GiB used of 64.0 GiB · 50.0%" in host
+        assert "8 cores · mean 50%" in host and "▁▂▃▄▅▅██" in host
+        assert app.host_figures.has_class("-ok")
+        table = app.worker_table
+        assert table.rows_text() == [
+            ["101", "pt_data_worker", "DataLoader worker", "98", "300 MiB"],
+            ["102", "pt_data_worker", "DataLoader worker", "94", "310 MiB"],
+            ["103", "python", "child", "1", "50.0 MiB"],
+        ]
+        assert table.border_title == "child processes · 2 DataLoader workers"
+
+
+async def test_unavailable_parts_say_why() -> None:
+    app = app_without_feed()
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert "no telemetry received yet" in app.memory_figures.plain()
+        tel = wire.Telemetry(time=T0, unavailable={"memory": "CUDA not in use", "gpu": "NVML not available (NVMLError_LibraryNotFound)",
+                                                   "host": "psutil not available"})
+        await fed(pilot, HelloReceived(hello(device="cpu")), fed_batches(steps(), tel))
+        assert app.memory_figures.plain() == "CUDA memory not available: CUDA not in use"
+        assert app.gpu_panel.plain() == "GPU not available: NVML not available (NVMLError_LibraryNotFound)"
+        assert app.host_figures.plain() == "host figures not available: psutil not available"
+        assert app.worker_table.row_count == 0
+        for tab in ("2", "3", "1"):  # every tab draws without the data
+            await pilot.press(tab)
+            await pilot.pause()
+
+
+async def test_verdict_data_loading_with_evidence_then_compute_for_a_healthy_run() -> None:
+    app = app_without_feed()
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.query_one(VerdictPanel)
+        await fed(pilot, HelloReceived(hello(device="cpu")), fed_batches(steps(5), wire.Telemetry(time=0, host=HOST)))
+        assert "Warming up" in panel.plain() and panel.has_class("-unknown")
+
+        await fed(pilot, fed_batches(steps(60, data=0.30), wire.Telemetry(time=0, host=HOST)))
+        text = panel.plain()
+        assert text.startswith("● Data-loading bound  warning")
+        assert "data wait is 30% of step time: 3.0 ms of 10.0 ms" in text
+        assert "2 DataLoader workers at 96% CPU on average (8 cores)" in text
+        assert "→ raise DataLoader num_workers (try 7)" in text
+        assert "⚑ DataLoader workers warning: 2 workers at 96% CPU each: saturated" in text
+        assert panel.has_class("-warning") and not panel.has_class("-ok")
+        assert panel.border_title == "verdict · 50 steps judged"
+        app.refresh_panels()  # hysteresis: the verdict in force keeps its kind
+        assert app.diagnosis is not None and app.diagnosis.verdict.kind == "data-loading"
+
+    healthy = app_without_feed()
+    async with healthy.run_test(size=(120, 40)) as pilot:
+        await fed(pilot, HelloReceived(hello(device="cpu")), fed_batches(steps(60, data=0.01)))
+        panel = healthy.query_one(VerdictPanel)
+        assert panel.plain().startswith("● Compute bound  ok")
+        assert "forward+backward+optimizer are 94% of step time (10.0 ms a step)" in panel.plain()
+        assert panel.has_class("-ok")
+
+
+async def test_hysteresis_keeps_the_verdict_without_raising_its_severity() -> None:
+    app = app_without_feed()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await fed(pilot, HelloReceived(hello(device="cpu")), fed_batches(steps(60, data=0.45)))
+        for _ in range(3):  # the verdict in force is re-judged with thresholds x0.8: 45% is still < 50%
+            app.refresh_panels()
+        assert app.diagnosis is not None and app.diagnosis.verdict.severity == "warning"
+        assert app.verdict_panel.has_class("-warning")
+
+
+async def test_marks_skipped_and_eval_steps() -> None:
+    app = app_without_feed()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await fed(pilot, HelloReceived(hello(device="cpu")), fed_batches(steps(60)))
+        assert app.marks_panel.has_class("-empty")
+        train = steps(40, marks=True, first=60, skipped_every=20)
+        evals = steps(5, kind="eval", first=100)
+        await fed(pilot, BatchesReceived([batch(train, seq=7), batch(evals, seq=8)]))
+        assert not app.marks_panel.has_class("-empty")
+        text = app.marks_panel.plain(80)
+        loss = next(line for line in text.splitlines() if line.startswith("loss"))
+        assert "0.02 " in loss and "█" in loss  # latest 2/100 and a sparkline
+        assert any(line.startswith("lr") and "0.001" in line for line in text.splitlines())
+        numbers = app.step_panel.numbers_text()
+        assert "eval 5 steps" in numbers and "skipped 2 (GradScaler)" in numbers
+
+
+async def test_capture_keys_queue_requests_and_show_answers_and_progress() -> None:
+    app = app_without_feed(Endpoint("127.0.0.1", 40001, 4242, "ssh://ana@gpu7/4242 (pid 4242, port 5555 via 127.0.0.1:40001)"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        notes = recorded_notes(app)
+        await fed(pilot, HelloReceived(hello()), fed_batches(steps()))
+        assert "p profile 5 steps" in app.capture_line.plain()
+        await pilot.press("p", "plus", "plus", "p", "minus", "m")
+        sent = []
+        while not app.requests.empty():
+            sent.append(app.requests.get_nowait())
+        assert sent == [("capture-profile", {"steps": 5}), ("capture-profile", {"steps": 7}), ("capture-memory", {"steps": 6})]
+
+        refused = wire.Reply(v=1, id=3, ok=False, error="busy: capture 1 (profile) is running, 2/5 steps")
+        await fed(pilot, RequestAnswered("capture-profile", {"steps": 7}, refused))
+        assert ("profile refused", "busy: capture 1 (profile) is running, 2/5 steps", "warning") in notes
+
+        running = wire.CaptureInfo(id=1, kind="profile", state="running", steps_total=5, steps_done=2, host="gpu7")
+        await fed(pilot, RequestAnswered("capture-profile", {"steps": 5}, wire.Reply(v=1, id=1, ok=True, capture=running)),
+                  BatchesReceived([batch(steps(1, first=60), seq=9, capture=running)]))
+        assert app.capture_line.has_class("-active")
+        assert "capturing" in app.capture_line.plain() and "profile #1: step 2/5" in app.capture_line.plain()
+
+        done = wire.CaptureInfo(id=1, kind="profile", state="done", steps_total=5, steps_done=5, host="gpu7",
+                                path="/w/torchtop-captures/profile-4242-1.pt.trace.json.gz",
+                                summary={"steps": 5, "step_ms": 10.0, "buckets": {"CPU Exec": 1.0}})
+        await fed(pilot, BatchesReceived([batch(steps(1, first=61), seq=10, capture=done)]))
+        assert ("capture done", "profile #1 done: /w/torchtop-captures/profile-4242-1.pt.trace.json.gz", "information") in notes
+        assert not app.capture_line.has_class("-active") and "last: profile #1 done" in app.capture_line.plain()
+        assert app.requests.get_nowait() == ("capture-status", {})  # the list is fetched again
+
+        await pilot.press("c")
+        await pilot.pause()
+        assert isinstance(app.screen, CapturesScreen)
+        assert app.requests.get_nowait() == ("capture-status", {})  # asked on opening
+        await fed(pilot, RequestAnswered("capture-status", {}, wire.Reply(v=1, id=5, ok=True, captures=[done])))
+        listing = app.screen.query_one("#captures-list").plain()
+        assert "profile capture 1: done" in listing
+        assert "file: ana@gpu7:/w/torchtop-captures/profile-4242-1.pt.trace.json.gz" in listing
+        assert "fetch: scp ana@gpu7:/w/torchtop-captures/profile-4242-1.pt.trace.json.gz ." in listing
+        await pilot.press("escape")
+        assert not isinstance(app.screen, CapturesScreen)
+
+
+async def test_small_terminal_still_shows_every_tab() -> None:
+    app = app_without_feed()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await fed(pilot, HelloReceived(hello()), fed_batches(steps(), telemetry(0)))
+        scroll = app.query_one("#overview-scroll")
+        assert scroll.max_scroll_y > 0  # the overview scrolls rather than cutting panels off
+        for tab, widget in (("2", app.memory_figures), ("3", app.gpu_panel), ("1", app.step_panel)):
+            await pilot.press(tab)
+            await pilot.pause()
+            assert widget.region.height > 0 and widget.region.width > 40
+
+
+# -- a real agent ---------------------------------------------------------------------------------
+TRAIN = """
+import sys, time, torch, torchtop.agent
+torchtop.agent.start()
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(256, 32)), batch_size=16)
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    for (x,) in data:
+        loss = model(x).square().mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        torchtop.agent.mark("loss", loss)
+        time.sleep(0.005)
+"""
+
+
+async def wait_for(pilot, condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await pilot.pause(0.2)
+    return condition()
+
+
+async def test_real_agent_profile_capture_and_memory_refusal(tmp_path: Path, subprocess_env) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TRAIN))
+    out_dir = tmp_path / "captures"
+    proc = subprocess.Popen([sys.executable, str(script), "90"], env={**subprocess_env, "TORCHTOP_DIR": str(out_dir)})
+    try:
+        deadline = time.monotonic() + 60
+        while not local_agents() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        agents = local_agents()
+        assert agents and agents[0]["pid"] == proc.pid
+        app = TorchtopApp(from_discovery(agents[0]))
+        async with app.run_test(size=(120, 40)) as pilot:
+            notes = recorded_notes(app)
+            assert await wait_for(pilot, lambda: app.step_panel.count > 0, 30), app.status_line.plain()
+            await pilot.press("minus", "minus", "p")  # 3 steps
+            assert await wait_for(pilot, lambda: any(c.state == "done" for c in app.captures.by_id.values()), 60), notes
+            await pilot.press("c")
+            listing = lambda: app.screen.query_one("#captures-list").plain() if isinstance(app.screen, CapturesScreen) else ""  # noqa: E731
+            assert await wait_for(pilot, lambda: ".json.gz" in listing(), 20), listing()
+            text = listing()
+            assert "profile capture 1: done" in text and f"file: {out_dir}" in text and "scp" not in text
+            assert "3 steps of" in text and "top ops by self CPU time" in text
+            await pilot.press("escape", "m")
+            refused = lambda: [n for n in notes if n[0] == "memory snapshot refused"]  # noqa: E731
+            assert await wait_for(pilot, refused, 20), notes
+            assert "need CUDA" in refused()[0][1]
+            assert app.marks_panel.rows and app.marks_panel.rows[0].name == "loss"
+            await pilot.press("q")
+        traces = list(out_dir.glob("*.json.gz"))
+        assert len(traces) == 1
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("size", [(120, 40)])
+def test_telemetry_tabs_snapshot(snap_compare, size) -> None:
+    async def feed_synthetic(pilot) -> None:
+        await fed(pilot, HelloReceived(hello(device_name="Fake GPU", cuda_sample_every=8)),
+                  fed_batches(steps(60, data=0.30, marks=True), telemetry(0)))
+        await pilot.press("3")
+        await fed(pilot)
+
+    assert snap_compare(app_without_feed(), terminal_size=size, run_before=feed_synthetic)
