@@ -148,6 +148,11 @@ class CaptureController:
         if c is None:
             self.rec.on_step = None
             return
+        with warnings.catch_warnings():  # the profiler's warnings are ours, not the run's
+            warnings.simplefilter("ignore")
+            self._on_boundary(c)
+
+    def _on_boundary(self, c: CaptureInfo) -> None:
         try:
             if c.state == "pending":
                 self._start(c)
@@ -205,6 +210,7 @@ class CaptureController:
     def _write_profile(self, c: CaptureInfo, prof: Any) -> None:
         from .trace_summary import summarize
 
+        warnings.filterwarnings("ignore", module=r"torch\.profiler.*")  # export warns on our thread
         try:
             path = self._path(c, ".pt.trace.json.gz")
             prof.export_chrome_trace(str(path))

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-_SKIP = ("torch/", "torchtop/", "<frozen", "contextlib.py", "threading.py")
+_SKIP = ("/torch/", "/torchtop/", "/agent/", "<frozen", "contextlib.py", "threading.py", "site-packages/")
+
+
+def _is_user_frame(filename: str) -> bool:
+    """A Python file of the user's: not C++ (allocator, snapshot code), not torch, not us."""
+    return filename.endswith(".py") and not any(s in filename for s in _SKIP)
 
 
 def _site(frames: list[dict[str, Any]]) -> str:
-    """The innermost frame outside torch and the standard plumbing: the user's line."""
+    """The innermost frame in the user's Python code; else the innermost Python frame."""
     for fr in frames:
-        filename = str(fr.get("filename", ""))
-        if filename and not any(s in filename for s in _SKIP) and not filename.startswith("??"):
-            return f"{filename}:{fr.get('line', '?')} {fr.get('name', '')}".strip()
-    if frames:
-        fr = frames[0]
-        return f"{fr.get('filename', '?')}:{fr.get('line', '?')} {fr.get('name', '')}".strip()
-    return "(no stack)"
+        if _is_user_frame(str(fr.get("filename", ""))):
+            return f"{fr.get('filename')}:{fr.get('line', '?')} {fr.get('name', '')}".strip()
+    for fr in frames:
+        if str(fr.get("filename", "")).endswith(".py"):
+            return f"{fr.get('filename')}:{fr.get('line', '?')} {fr.get('name', '')}".strip()
+    return "(no Python stack)"
 
 
 def top_allocation_sites(snapshot: dict[str, Any], n: int = 10) -> list[dict[str, Any]]:

@@ -74,7 +74,11 @@ def bucket_of(event: dict[str, Any]) -> str | None:
 
 def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     """{"steps", "step_ms" (mean), "buckets" (share of step time each), "gpu_idle" (or None)}."""
-    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    steps = [  # host-side spans only: on CUDA each step also appears as a gpu_user_annotation
+        e for e in events
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+        and str(e.get("cat", "")) in ("user_annotation", "cpu_op", "")
+    ]
     spans = _union([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in steps])
     total = _length(spans)
     by_bucket: dict[str, list[Interval]] = {b: [] for b in BUCKETS}
