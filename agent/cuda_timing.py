@@ -35,6 +35,9 @@ class EventPool:
         while len(self._free) < self.target:
             self._free.append(self._torch.cuda.Event(enable_timing=True))
 
+    def current_stream(self) -> Any:
+        return self._torch.cuda.current_stream()
+
     def take(self) -> Any:
         try:
             return self._free.pop()

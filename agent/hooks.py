@@ -2,9 +2,10 @@
 
 - DataLoader wait: `_BaseDataLoaderIter.__next__` (shared by single- and multi-process iterators),
   counted only on the training thread.
-- forward: one global forward pre-hook finds the root modules (modules called while no root
-  forward is open) during the first steps, then per-instance hooks on those roots only; the
-  global hook removes itself. Global hooks on every module would cost ~1.7 us per module call.
+- forward: one global forward pre-hook finds the root modules (modules with parameters called
+  while no root forward is open) during the first steps and removes itself; from then on the
+  roots' class `forward` is wrapped (nn.Module keeps its fast call path). Global hooks on every
+  module would cost ~1.7 us per module call; instance hooks force the slow path on the root.
 - backward: wraps `torch.autograd.backward` (which `Tensor.backward` calls) and `autograd.grad`.
 - optimizer: the global optimizer step pre/post hooks; a step ends after the last optimizer of
   an iteration has stepped.
@@ -18,6 +19,7 @@ No global full-backward hooks: they cost milliseconds a step and break `ReLU(inp
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from time import perf_counter_ns
 from typing import Any
@@ -28,26 +30,32 @@ DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 
 
-def _enter(rec: StepRecorder, phase: int) -> bool:
-    """Open `phase` if this is the training thread; False (call through untimed) otherwise.
+def _timed(rec: StepRecorder, phase: int, orig: Any) -> Any:
+    """`orig` wrapped so that its time on the training thread counts as `phase`.
 
-    The recorder guards itself; this guard is the second line, so that nothing a hook does can
-    raise into the user's code. A failure counts toward switching the recorder off.
+    The hottest code torchtop has: a thread check inline, no extra call layers. The recorder
+    guards itself; the try blocks here are the second line (free in CPython 3.11 until they
+    catch), so that nothing can raise into the user's code.
     """
-    try:
-        if rec.on_thread():
-            rec.enter(phase)
-            return True
-    except Exception:
-        rec._fail()
-    return False
+    get_ident = threading.get_ident
 
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if rec.active and get_ident() == rec.thread_id:
+            try:
+                rec.enter(phase)
+            except Exception:
+                rec._fail()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                try:
+                    rec.exit(phase)
+                except Exception:
+                    rec._fail()
+        return orig(*args, **kwargs)
 
-def _exit(rec: StepRecorder, phase: int) -> None:
-    try:
-        rec.exit(phase)
-    except Exception:
-        rec._fail()
+    return wrapper
 
 
 def _compiling(torch: Any) -> Any:
@@ -64,6 +72,9 @@ class AutoHooks:
         self.want_h2d = h2d
         self._undo: list[Any] = []
         self._roots: dict[int, Any] = {}  # id(module) -> weakref
+        self._not_roots: set[int] = set()  # parameterless modules called on their own
+        self._patched: set[type] = set()  # classes whose forward is wrapped
+        self._once: list[Any] = []  # one-shot hooks timing a root's discovery call
         self._depth = 0
         self._root_calls = 0
         self._global_handle: Any = None
@@ -91,6 +102,9 @@ class AutoHooks:
             except Exception:
                 pass
         self._roots.clear()
+        self._not_roots.clear()
+        self._patched.clear()
+        self._once.clear()
         self._depth = 0
 
     def _setattr(self, owner: Any, name: str, value: Any) -> None:
@@ -116,15 +130,7 @@ class AutoHooks:
         orig = cls.__next__
         rec = self.rec
 
-        @functools.wraps(orig)
-        def __next__(it: Any) -> Any:
-            if not _enter(rec, DATA):
-                return orig(it)
-            try:
-                return orig(it)
-            finally:
-                _exit(rec, DATA)
-
+        __next__ = _timed(rec, DATA, orig)
         self._setattr(cls, "__next__", __next__)
         self._patch_queue_get()
 
@@ -136,15 +142,7 @@ class AutoHooks:
         orig = queue.Queue.get
         rec = self.rec
 
-        @functools.wraps(orig)
-        def get(q: Any, *args: Any, **kwargs: Any) -> Any:
-            if not _enter(rec, DATA):
-                return orig(q, *args, **kwargs)
-            try:
-                return orig(q, *args, **kwargs)
-            finally:
-                _exit(rec, DATA)
-
+        get = _timed(rec, DATA, orig)
         self._setattr(queue.Queue, "get", get)
 
     # -- forward -------------------------------------------------------------------------------
@@ -161,49 +159,96 @@ class AutoHooks:
     def _discover(self, module: Any, args: Any) -> None:
         if self._compiling():  # traced by dynamo: do nothing it would break a graph on
             return
+        rec = self.rec
         try:
-            rec = self.rec
             # the limit first: a loop whose roots are all known calls no new root, and the global
             # hook must still go (while it exists every module call takes nn.Module's slow path)
             if rec.index >= DISCOVERY_STEPS or self._root_calls >= DISCOVERY_CALLS:
                 self._end_discovery()
                 return
-            if not rec.on_thread() or self._depth > 0 or id(module) in self._roots:
+            key = id(module)
+            if not rec.on_thread() or self._depth > 0 or key in self._roots or key in self._not_roots:
                 return
-            self._roots[id(module)] = weakref.ref(module)
-            self._handle(module.register_forward_pre_hook(self._root_pre))
-            self._handle(module.register_forward_hook(self._root_post, always_call=True))
-            self._root_pre(module, args)  # this call's instance pre-hooks were already chosen
+            if next(module.parameters(), None) is None:
+                self._not_roots.add(key)  # a loss function or activation called on its own: not a model
+                return
+            self._roots[key] = weakref.ref(module)
+            self._adopt(module)
+            # this call's forward was chosen before this hook ran: time it with a one-shot hook
+            self._root_enter(module)
+            self._once.append(module.register_forward_hook(self._once_post, always_call=True))
         except Exception:
             rec._fail()
+
+    def _once_post(self, module: Any, args: Any, output: Any) -> None:
+        try:
+            self._once.pop().remove()
+        except Exception:
+            pass
+        self._root_leave(module)
+
+    def _adopt(self, module: Any) -> None:
+        """Time a root's forward from now on as cheaply as possible.
+
+        Wrapping the class's `forward` keeps nn.Module's fast call path (an instance hook would
+        force the slow one: microseconds a call), and unlike an instance attribute it survives
+        deepcopy (EMA models) and pickling. A module with a forward of its own in its __dict__
+        (torch.compile's OptimizedModule) gets instance hooks instead.
+        """
+        cls = type(module)
+        if "forward" in module.__dict__ or not callable(getattr(cls, "forward", None)):
+            self._handle(module.register_forward_pre_hook(self._hook_pre))
+            self._handle(module.register_forward_hook(self._hook_post, always_call=True))
+            return
+        if cls in self._patched:
+            return
+        self._patched.add(cls)
+        orig = cls.forward
+        hooks, rec, roots, compiling = self, self.rec, self._roots, self._compiling
+
+        @functools.wraps(orig)
+        def forward(this: Any, *args: Any, **kwargs: Any) -> Any:
+            if compiling() or id(this) not in roots or not rec.on_thread():
+                return orig(this, *args, **kwargs)
+            hooks._root_enter(this)
+            try:
+                return orig(this, *args, **kwargs)
+            finally:
+                hooks._root_leave(this)
+
+        self._setattr(cls, "forward", forward)
 
     def _end_discovery(self) -> None:
         if self._global_handle is not None:
             self._global_handle.remove()
             self._global_handle = None
 
-    def _root_pre(self, module: Any, args: Any) -> None:
-        rec = self.rec
-        if self._compiling() or not rec.on_thread():
-            return
+    def _hook_pre(self, module: Any, args: Any) -> None:
+        if not self._compiling() and self.rec.on_thread():
+            self._root_enter(module)
+
+    def _hook_post(self, module: Any, args: Any, output: Any) -> None:
+        if not self._compiling() and self.rec.on_thread():
+            self._root_leave(module)
+
+    def _root_enter(self, module: Any) -> None:
+        """On the training thread: the outermost root forward opens the FORWARD phase."""
         try:
             if self._depth == 0:
                 self._root_calls += 1
-                rec.forward_start(id(module), self._grad_enabled())
+                self.rec.forward_start(id(module), self._grad_enabled())
             self._depth += 1
         except Exception:
-            rec._fail()
+            self.rec._fail()
 
-    def _root_post(self, module: Any, args: Any, output: Any) -> None:
-        rec = self.rec
-        if self._compiling() or not rec.on_thread() or self._depth == 0:
-            return
+    def _root_leave(self, module: Any) -> None:
         try:
-            self._depth -= 1
-            if self._depth == 0:
-                rec.exit(FORWARD)
+            if self._depth > 0:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.rec.exit(FORWARD)
         except Exception:
-            rec._fail()
+            self.rec._fail()
 
     # -- backward ------------------------------------------------------------------------------
     def _patch_backward(self) -> None:
@@ -212,19 +257,7 @@ class AutoHooks:
         for name in ("backward", "grad"):
             orig = getattr(autograd, name)
 
-            def make(orig: Any) -> Any:
-                @functools.wraps(orig)
-                def wrapper(*args: Any, **kwargs: Any) -> Any:
-                    if not _enter(rec, BACKWARD):
-                        return orig(*args, **kwargs)
-                    try:
-                        return orig(*args, **kwargs)
-                    finally:
-                        _exit(rec, BACKWARD)
-
-                return wrapper
-
-            self._setattr(autograd, name, make(orig))
+            self._setattr(autograd, name, _timed(rec, BACKWARD, orig))
 
     # -- optimizer -----------------------------------------------------------------------------
     def _hook_optimizer(self) -> None:

@@ -113,18 +113,13 @@ class AgentLoop(threading.Thread):
 
     def _to_record(self, raw: Any, device_ms: dict[str, float] | None) -> wire.StepRecord:
         index, kind, t0_ns, wall_ns, acc, micro, _events, extra = raw
-        phases = dict(zip(wire.TIMED_PHASES, acc))
-        phases["other"] = max(0, wall_ns - sum(acc))
-        record = wire.StepRecord(
-            i=index,
-            t0=t0_ns / 1e9 + self._wall_offset,
-            wall_ns=wall_ns,
-            phases=phases,
-            kind=kind,
-            micro=micro,
-            device_ms=device_ms or {},
-            rank=self.rank,
-        )
+        data, h2d, forward, backward, optimizer = acc
+        phases = {  # a literal, not zip(): this runs for every step, holding the GIL
+            "data": data, "h2d": h2d, "forward": forward, "backward": backward, "optimizer": optimizer,
+            "other": max(0, wall_ns - data - h2d - forward - backward - optimizer),
+        }
+        record = wire.StepRecord(index, t0_ns / 1e9 + self._wall_offset, wall_ns, phases, kind, micro,
+                                 device_ms or {}, self.rank)
         if extra:
             record.skipped = extra.get("skipped", 0)
             record.h2d_bytes = {k: extra[k] for k in ("pinned", "pageable") if k in extra}

@@ -275,6 +275,7 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
     assert before["_global_forward_pre_hooks"] == before["opt_pre"] == before["opt_post"] == 0
 
     model = mlp()
+    original_forward = nn.Sequential.forward
     for round_ in range(2):
         agent = ta.start()
         assert agent is not None and ta.current() is agent
@@ -289,13 +290,16 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
         n = train(model, tensor_loader(5))
         steps = snapshot_steps(agent, n)
         assert [s.i for s in steps] == list(range(5)), f"round {round_}"
-        assert module_hooks(model) == 2  # the root's own pre/post hooks
+        # the root's class forward is wrapped (no instance hooks: nn.Module keeps its fast path)
+        assert module_hooks(model) == 0
+        assert nn.Sequential.forward is not original_forward
 
         port = agent.port
         ta.stop()
         assert ta.current() is None
         assert patched_state() == before
         assert module_hooks(model) == 0
+        assert nn.Sequential.forward is original_forward
         assert list(runtime_dir.glob("agent-*.json")) == []
         # its sockets are closed: the port can be bound again at once
         import zmq
