@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-_SKIP = ("/torch/", "/torchtop/", "/agent/", "<frozen", "contextlib.py", "threading.py", "site-packages/")
+_SKIP = ("/torch/", "/torchtop/", "<frozen", "contextlib.py", "threading.py", "site-packages/")
+_OURS = os.path.dirname(os.path.abspath(__file__))  # torchtop's agent, wherever it is installed
 
 
 def _is_user_frame(filename: str) -> bool:
     """A Python file of the user's: not C++ (allocator, snapshot code), not torch, not us."""
-    return filename.endswith(".py") and not any(s in filename for s in _SKIP)
+    return filename.endswith(".py") and not filename.startswith(_OURS) and not any(s in filename for s in _SKIP)
 
 
 def _site(frames: list[dict[str, Any]]) -> str:
