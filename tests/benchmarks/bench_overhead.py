@@ -1,0 +1,342 @@
+"""The agent's overhead on a training loop, as a ratio against the same loop without it.
+
+    python tests/benchmarks/bench_overhead.py [--device cpu|cuda] [--split] [--rounds R] [--steps N]
+
+Not collected by pytest. One process, alternating: each round times one block of N steps with
+the agent on (`torchtop.agent.start()`) and one with it off (`stop()`), in alternating order so
+drift cancels. Each block is preceded by untimed warm-up steps (the same for both), so the agent
+is in its steady state (roots discovered, CUDA events enabled, sampling stride adapted) when its
+block is timed. The headline figure is the median over rounds of (on / off) - 1 of the blocks'
+median per-step times, with its IQR: robust to other processes preempting a few steps. The same
+ratio of block means (every cost counted: the agent thread's 10 Hz tick taking the GIL, garbage
+collection, but also any interference) is printed beside it. `--split` adds a third mode,
+`start(auto=False)` (the agent's threads and sockets, no hook), to tell the hooks' share from
+the threads'.
+
+- cpu: an MLP of ~2 ms a step on one thread (hidden width calibrated to ~2 ms), fed by a
+  DataLoader over an in-memory TensorDataset. Goal: overhead <= 0.5%.
+- cuda: a launch-bound ~2 ms step: an MLP of width 256 with small batches, so the step is many
+  small kernels and the host's launch rate sets the pace (depth is calibrated to ~2 ms, starting
+  from 8 layers). Blocks are bracketed by `torch.cuda.synchronize()` (outside the timed steps'
+  agent boundaries). Goal: overhead <= 1%. It also prints the cost of the CUDA event calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import torchtop.agent
+
+GOALS = {"cpu": 0.005, "cuda": 0.01}
+
+
+def _quantiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return q[0], q[1], q[2]
+
+
+# -- the loops -------------------------------------------------------------------------------------
+def cpu_loop(hidden: int, batch: int) -> tuple[Callable[[], None], Callable[[], None], str]:
+    torch.manual_seed(0)
+    n = 8192
+    data = torch.utils.data.TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, num_workers=0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 10),
+    )
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def batches() -> Any:
+        while True:
+            yield from loader
+
+    it = batches()
+
+    def step() -> None:
+        x, y = next(it)
+        loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    desc = f"MLP 256-{hidden}-{hidden}-10, batch {batch}, DataLoader(TensorDataset), 1 thread"
+    return step, lambda: None, desc
+
+
+def cuda_loop(depth: int, batch: int, width: int = 256) -> tuple[Callable[[], None], Callable[[], None], str]:
+    torch.manual_seed(0)
+    layers: list[Any] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    data = [(torch.randn(batch, width, device="cuda"), torch.randint(0, 10, (batch,), device="cuda"))
+            for _ in range(16)]
+    k = [0]
+
+    def step() -> None:
+        x, y = data[k[0] % 16]
+        k[0] += 1
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    desc = f"MLP {depth}x{width}, batch {batch}, Adam, data on the GPU"
+    return step, torch.cuda.synchronize, desc
+
+
+def _time_steps(step: Callable[[], None], sync: Callable[[], None], n: int,
+                per_step: list[float] | None = None) -> float:
+    """Mean seconds per step over n steps (synchronised at both ends); per-step host times go to per_step."""
+    clock = time.perf_counter
+    sync()
+    t0 = last = clock()
+    if per_step is None:
+        for _ in range(n):
+            step()
+    else:
+        for _ in range(n):
+            step()
+            now = clock()
+            per_step.append(now - last)
+            last = now
+    sync()
+    return (clock() - t0) / n
+
+
+def _median_step(step: Callable[[], None], sync: Callable[[], None], n: int = 100) -> float:
+    times: list[float] = []
+    for _ in range(20):
+        step()
+    _time_steps(step, sync, n, times)
+    return statistics.median(times)
+
+
+def calibrate_cpu(batch: int, target_ms: float, start_hidden: int = 256) -> int:
+    """Hidden width for a ~target_ms step (FLOPs grow ~ with its square); median, not mean: the
+    machine may be shared."""
+    t = _median_step(*cpu_loop(start_hidden, batch)[:2]) * 1000
+    hidden = max(32, min(4096, int(round(start_hidden * (target_ms / t) ** 0.5 / 16) * 16)))
+    print(f"cpu calibration: hidden {start_hidden} -> {t:.3f} ms/step; using hidden {hidden} for ~{target_ms} ms")
+    return hidden
+
+
+def calibrate_cuda(batch: int, target_ms: float, start_depth: int = 8) -> int:
+    step, sync, _ = cuda_loop(start_depth, batch)
+    for _ in range(30):
+        step()
+    t = _time_steps(step, sync, 200) * 1000  # launch-bound: the mean of a synchronised block
+    depth = max(2, min(128, round(start_depth * target_ms / t)))
+    print(f"cuda calibration: depth {start_depth} -> {t:.3f} ms/step; using depth {depth} for ~{target_ms} ms")
+    return depth
+
+
+# -- CUDA event probe costs ------------------------------------------------------------------------
+def event_costs(n: int = 2000) -> dict[str, float]:
+    """Median us per call of the CUDA event calls the agent makes (record on the training thread)."""
+    ns = time.perf_counter_ns
+    out: dict[str, float] = {}
+    t = []
+    evs = []
+    for _ in range(n):
+        a = ns()
+        evs.append(torch.cuda.Event(enable_timing=True))
+        t.append(ns() - a)
+    out["Event() create"] = statistics.median(t) / 1000
+    torch.cuda.synchronize()
+    for label in ("record (first, creates the CUDA event)", "record (reused event)"):
+        t = []
+        for ev in evs:
+            a = ns()
+            ev.record()
+            t.append(ns() - a)
+        torch.cuda.synchronize()
+        out[label] = statistics.median(t) / 1000
+    stream = torch.cuda.current_stream()
+    t = []
+    for ev in evs:
+        a = ns()
+        ev.record(stream)
+        t.append(ns() - a)
+    torch.cuda.synchronize()
+    out["record(stream) (stream passed, reused event)"] = statistics.median(t) / 1000
+    t = []
+    for ev in evs:
+        a = ns()
+        ev.query()
+        t.append(ns() - a)
+    out["query (completed)"] = statistics.median(t) / 1000
+    t = []
+    for a_ev, b_ev in zip(evs[::2], evs[1::2]):
+        a = ns()
+        a_ev.elapsed_time(b_ev)
+        t.append(ns() - a)
+    out["elapsed_time"] = statistics.median(t) / 1000
+    t = []
+    for _ in range(n):
+        a = ns()
+        torch.cuda.current_stream()
+        t.append(ns() - a)
+    out["current_stream()"] = statistics.median(t) / 1000
+    return out
+
+
+# -- the alternation -------------------------------------------------------------------------------
+def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, steps: int,
+              warm: int, split: bool = False) -> dict[str, Any]:
+    """Rounds of one block per mode, the order rotating each round. Modes: "off" (no agent),
+    "on" (`start()`), and with `split` "thread" (`start(auto=False)`: the agent's threads and
+    sockets without any hook), which tells the hooks' share from the threads'."""
+    modes = ["on", "off", "thread"] if split else ["on", "off"]
+    means: dict[str, list[float]] = {m: [] for m in modes}  # block means (every cost counts)
+    meds: dict[str, list[float]] = {m: [] for m in modes}  # block medians of per-step times
+    strides: list[int] = []
+    misses = dropped = failures = 0
+    for r in range(rounds):
+        k = r % len(modes)
+        order = modes[k:] + modes[:k]
+        if r // len(modes) % 2:
+            order.reverse()
+        for mode in order:
+            gc.collect()
+            agent = None
+            if mode != "off":
+                agent = torchtop.agent.start(auto=mode == "on")
+                if agent is None:
+                    raise SystemExit("the agent did not start")
+            for _ in range(warm):
+                step()
+            times: list[float] = []
+            means[mode].append(_time_steps(step, sync, steps, times))
+            meds[mode].append(statistics.median(times))
+            if agent is not None:
+                if mode == "on":
+                    strides.append(agent.recorder.sample_every if agent.recorder.pool is not None else 0)
+                    pool = agent.loop.timer.pool
+                    misses += pool.misses if pool is not None else 0
+                    dropped += agent.buffer.dropped
+                    failures += agent.recorder.failures
+                torchtop.agent.stop()
+    out: dict[str, Any] = {
+        "step_ms_off": statistics.median(meds["off"]) * 1000,
+        "block_mean_ms_off": statistics.median(means["off"]) * 1000,
+        "rounds": rounds,
+        "steps": steps,
+        "warm": warm,
+        "sample_every": sorted(set(strides)),
+        "pool_misses": misses,
+        "dropped": dropped,
+        "hook_failures": failures,
+    }
+    for mode in modes:
+        if mode == "off":
+            continue
+        suffix = "" if mode == "on" else f"_{mode}"
+        q1, med, q3 = _quantiles([a / b - 1 for a, b in zip(meds[mode], meds["off"])])
+        m1, mmed, m3 = _quantiles([a / b - 1 for a, b in zip(means[mode], means["off"])])
+        out |= {
+            f"step_ms{suffix or '_on'}": statistics.median(meds[mode]) * 1000,
+            f"overhead{suffix}": med,  # median over rounds of the paired ratio of per-step medians
+            f"overhead{suffix}_iqr": [q1, q3],
+            f"overhead{suffix}_mean": mmed,  # the same on block means
+            f"overhead{suffix}_mean_iqr": [m1, m3],
+        }
+    for mode in modes:
+        out[f"blocks_{mode}_ms"] = [round(x * 1000, 5) for x in means[mode]]
+        out[f"block_medians_{mode}_ms"] = [round(x * 1000, 5) for x in meds[mode]]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--rounds", type=int, default=0, help="on/off block pairs (default cpu 100, cuda 40)")
+    p.add_argument("--steps", type=int, default=0, help="timed steps per block (default: ~0.1 s cpu, 0.2 s cuda)")
+    p.add_argument("--warm", type=int, default=0,
+                   help="untimed steps after each start/stop (default: 10 cpu; ~0.3 s cuda, so the "
+                        "event sampling stride has adapted)")
+    p.add_argument("--hidden", type=int, default=0, help="cpu: MLP hidden width (default: calibrated to ~2 ms)")
+    p.add_argument("--batch", type=int, default=0, help="batch size (cpu 64, cuda 32)")
+    p.add_argument("--depth", type=int, default=0, help="cuda: MLP depth (default: calibrated to ~2 ms)")
+    p.add_argument("--target-ms", type=float, default=2.0, help="step time the calibration aims at")
+    p.add_argument("--split", action="store_true",
+                   help="also time the agent without hooks (start(auto=False)): the threads' share")
+    p.add_argument("--json", help="also write the figures to this file")
+    args = p.parse_args(argv)
+
+    os.environ.setdefault("TORCHTOP_QUIET", "1")
+    os.environ.setdefault("TORCHTOP_RUNTIME_DIR", tempfile.mkdtemp(prefix="torchtop-bench-"))
+    extra: dict[str, Any] = {}
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+        hidden = args.hidden or calibrate_cpu(args.batch or 64, args.target_ms)
+        step, sync, desc = cpu_loop(hidden, args.batch or 64)
+        name = "cpu"
+    else:
+        if not torch.cuda.is_available():
+            print("cuda: no CUDA device here", file=sys.stderr)
+            return 2
+        torch.cuda.init()
+        name = torch.cuda.get_device_name()
+        batch = args.batch or 32
+        costs = event_costs()
+        extra["event_costs_us"] = costs
+        print(f"cuda event costs on {name} (median us per call):")
+        for k, v in costs.items():
+            print(f"  {k:42s} {v:7.2f}")
+        depth = args.depth or calibrate_cuda(batch, args.target_ms)
+        step, sync, desc = cuda_loop(depth, batch)
+        name = f"cuda ({name})"
+    per_step = _median_step(step, sync)
+    # short blocks, many rounds: an on block and its off partner see the same machine conditions
+    cuda = args.device == "cuda"
+    rounds = args.rounds or (40 if cuda else 100)
+    steps = args.steps or max(20, int((0.2 if cuda else 0.1) / per_step))
+    warm = args.warm or (max(20, int(0.3 / per_step)) if cuda else 10)
+    print(f"{args.device}: {desc}; {per_step * 1000:.3f} ms/step; {rounds} rounds x {steps} steps "
+          f"(+{warm} warm-up steps a block)", flush=True)
+    res = alternate(step, sync, rounds, steps, warm, args.split)
+    res.update(extra, device=args.device, name=name, loop=desc, torch=torch.__version__)
+    goal = GOALS[args.device]
+    q1, q3 = res["overhead_iqr"]
+    verdict = "meets" if res["overhead"] <= goal else "MISSES"
+    m1, m3 = res["overhead_mean_iqr"]
+    print(
+        f"{args.device:5s} step {res['step_ms_off']:.3f} ms  overhead {res['overhead']:+.2%}  "
+        f"(IQR {q1:+.2%} .. {q3:+.2%}; median per-step time, {rounds} rounds x {steps} steps)  "
+        f"goal <= {goal:.1%}: {verdict}  [{name}]"
+    )
+    print(
+        f"      block means: step {res['block_mean_ms_off']:.3f} ms  overhead {res['overhead_mean']:+.2%}  "
+        f"(IQR {m1:+.2%} .. {m3:+.2%}; every cost counted, also interference from other processes)"
+    )
+    if args.split:
+        t1, t3 = res["overhead_thread_iqr"]
+        print(f"      agent threads alone (no hooks): overhead {res['overhead_thread']:+.2%}  "
+              f"(IQR {t1:+.2%} .. {t3:+.2%}); block means {res['overhead_thread_mean']:+.2%}")
+    if args.device == "cuda":
+        print(f"      sample stride seen {res['sample_every']}, pool misses {res['pool_misses']}, "
+              f"dropped {res['dropped']}, hook failures {res['hook_failures']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
