@@ -48,8 +48,13 @@ def scenarios() -> dict[str, str]:
     for info in pkgutil.iter_modules(locations):
         if info.ispkg or info.name.startswith("_") or info.name in helpers:
             continue
-        found[info.name] = _first_doc_line(info.module_finder, info.name)
+        found[info.name.replace("_", "-")] = _first_doc_line(info.module_finder, info.name)
     return dict(sorted(found.items()))
+
+
+def module_name(scenario: str) -> str:
+    """`data-bound` (as listed) or `data_bound` (the module) -> the module's name."""
+    return scenario.replace("-", "_")
 
 
 def _helpers(locations: list[str]) -> set[str]:
@@ -167,7 +172,7 @@ def log_tail(path: Path, lines: int = 15) -> list[str]:
 
 # -- the child -----------------------------------------------------------------------------------
 def child_command(args: argparse.Namespace) -> list[str]:
-    cmd = [sys.executable, "-m", f"{DEMOS_PACKAGE}.{args.scenario}", "--device", args.device]
+    cmd = [sys.executable, "-m", f"{DEMOS_PACKAGE}.{module_name(args.scenario)}", "--device", args.device]
     for flag, value in (("--steps", args.steps), ("--seconds", args.seconds), ("--port", args.port)):
         if value is not None:
             cmd += [flag, str(value)]
@@ -259,10 +264,11 @@ def run_demo(args: argparse.Namespace) -> int:
         for name, doc in available.items():
             print(f"{name:<{width}}  {doc}")
         return 0
-    if args.scenario not in available:
+    if args.scenario.replace("_", "-") not in available:
         names = ", ".join(available) or "none"
         print(f"torchtop: unknown demo scenario {args.scenario!r}; available: {names}", file=sys.stderr)
         return 2
+    args.scenario = args.scenario.replace("_", "-")
     for flag, value in (("--steps", args.steps), ("--seconds", args.seconds)):
         if value is not None and value <= 0:
             print(f"torchtop: {flag} must be positive", file=sys.stderr)

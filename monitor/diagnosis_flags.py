@@ -27,29 +27,37 @@ def flag_memory_pressure(f: Facts) -> Finding | None:
 
 
 def flag_fragmentation(f: Facts) -> Finding | None:
+    """Fragmentation that costs something: allocator retries with memory sitting free in the
+    cache, or a large cache (>= 30% of the device) most of which cannot serve one big block.
+
+    Between steps a healthy run's cache is full of freed activations spread over many segments,
+    so "external fragmentation" alone is normal; it matters once it forces cudaMalloc retries
+    (each flushes the cache and stalls) or holds a big share of the card.
+    """
     if f.reserved <= 0:
         return None
+    free_in_cache = max(f.frag_free, f.reserved - f.allocated)
     split = f.frag_external >= T["frag_external"] and f.frag_free >= max(
         T["frag_free_min_bytes"], T["frag_free_share"] * f.reserved)
-    bloated = (f.allocated > 0 and f.reserved >= T["frag_reserved_ratio"] * f.allocated
-               and f.mem_total > 0 and f.reserved >= T["frag_reserved_device"] * f.mem_total)
-    retry_split = f.retry_rate > 0 and f.inactive_split >= 0.1 * f.reserved
-    if not (split or bloated or retry_split):
+    bloated = f.allocated > 0 and f.reserved >= T["frag_reserved_ratio"] * f.allocated
+    big = f.mem_total > 0 and f.reserved >= T["frag_reserved_device"] * f.mem_total
+    retrying = f.retry_rate > 0 and free_in_cache >= 0.1 * f.reserved
+    if not (retrying or ((split or bloated) and big)):
         return None
     evidence = []
+    if retrying:
+        evidence.append(f"{f.retry_rate:.2f} allocator retries/s while {_gib(free_in_cache)} sat free in the cache")
     if f.frag_free:
         evidence.append(f"{_gib(f.frag_free)} free inside segments but {_pct(f.frag_external)} of it is "
                         "unusable for one large block (external fragmentation)")
     evidence.append(f"reserved {_gib(f.reserved)} for {_gib(f.allocated)} allocated; "
                     f"{_gib(f.inactive_split)} cached in split blocks")
-    if f.retry_rate > 0:
-        evidence.append(f"{f.retry_rate:.2f} allocator retries/s")
     advice = []
     if not f.expandable:
         advice.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow instead of splitting")
     advice.append("bucket or pad variable shapes (sequence lengths, image sizes) to a few sizes")
     advice.append("allocate long-lived buffers first, before the training loop")
-    severity = "critical" if f.retry_rate > 0 else "warning"
+    severity = "critical" if retrying else "warning"
     return Finding("fragmentation", severity, f.frag_external, tuple(evidence), tuple(advice))
 
 

@@ -81,8 +81,10 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
         frag = next((x for x in tel.frag if x.device == m.device), None)
         if frag is not None:
             f.frag_external, f.frag_free, f.expandable = frag.external, frag.total_free, frag.expandable
-    first_judged = steps[0].t0 if steps else None
-    leak_pts = [p for p in recent_points(state, T["leak_horizon_s"]) if first_judged is None or p.time >= first_judged]
+    # memory growth is judged over a longer horizon than the verdict, but never over warm-up
+    warm = int(T["warmup_steps"])
+    past_warmup = next((s.t0 for s in state.steps if s.i >= warm), None)
+    leak_pts = [p for p in recent_points(state, T["leak_horizon_s"]) if past_warmup is None or p.time >= past_warmup]
     cuda = bool(tel and tel.memory)
     f.growth = _growth(leak_pts, cuda)
     f.growth_what = "allocated CUDA memory" if cuda else "process RSS"

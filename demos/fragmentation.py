@@ -1,0 +1,92 @@
+"""Fragmentation (CUDA): odd sizes come and go in a tight budget: the allocator's holes go unused.
+
+Every step has a different sequence length, and a cache of tensors of odd sizes comes and goes:
+the caching allocator splits its segments into holes it cannot reuse.
+
+    python -m torchtop.demos.fragmentation [--device auto|cuda] [--steps N] [--seconds S]
+
+A token MLP over variable-length batches, plus a rolling cache of 4-120 MiB tensors released in
+random order (what KV caches and variable-resolution pipelines do), in a 4 GiB budget (as when
+a big model already fills the card: `set_per_process_memory_fraction`). The live set fits the
+budget, but the holes between live blocks do not serve new sizes, so the allocator keeps hitting
+the cap, flushing its cache and retrying. torchtop should flag fragmentation (retries while
+memory sits free in the cache) and suggest expandable_segments. Only CUDA's caching allocator
+fragments like this: on CPU the demo says so.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from . import common
+
+MIB = 1 << 20
+BUDGET = 4 << 30  # the share of the card this job may use
+
+
+class VariableLength(Dataset):
+    """Batches of (tokens x 512) features with a different token count each time."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, index: int) -> Any:
+        rng = random.Random(self.seed * 7919 + index)
+        tokens = rng.choice(range(512, 16384, 136))
+        g = torch.Generator().manual_seed(index)
+        return torch.randn(tokens, 512, generator=g), torch.randint(0, 10, (tokens,), generator=g)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = common.build_parser(__doc__).parse_args(argv)
+    device = common.pick_device(args.device)
+    if device.type != "cuda":
+        raise common.DemoError(
+            "fragmentation needs CUDA: it is the CUDA caching allocator's problem (on CPU try --scenario memory-leak)",
+            common.EXIT_NO_DEVICE,
+        )
+    device, stop = common.setup(args, cuda=common.Sizes(batch_size=1, width=2048, workers=2))
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, BUDGET / total), device)
+    loader = DataLoader(
+        VariableLength(args.seed),
+        batch_size=None,
+        shuffle=False,
+        num_workers=args.workers,
+        pin_memory=True,
+        persistent_workers=True,
+    )
+    model = nn.Sequential(
+        nn.Linear(512, args.width),
+        nn.GELU(),
+        nn.Linear(args.width, args.width),
+        nn.GELU(),
+        nn.Linear(args.width, 10),
+    ).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng = random.Random(args.seed)
+    cache: list[torch.Tensor] = []
+
+    def after_step(step: int, loss: torch.Tensor) -> None:
+        cache.append(
+            torch.empty(
+                rng.randint(4, 60) * MIB + rng.randint(1, 999) * 4096, dtype=torch.uint8, device=device
+            )
+        )
+        while len(cache) > 48:
+            cache.pop(rng.randrange(len(cache)))  # released in random order: holes everywhere
+
+    common.describe("fragmentation", model, loader, device)
+    return common.train(model, loader, optimizer, device, args, stop, after_step=after_step)
+
+
+if __name__ == "__main__":
+    common.run(main)
