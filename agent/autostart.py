@@ -23,13 +23,24 @@ def enabled() -> bool:
     return os.environ.get("TORCHTOP", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def is_launcher(argv: list[str]) -> bool:
+def is_launcher(argv: list[str], orig_argv: list[str] | None = None) -> bool:
+    """torchrun / torch.distributed.run|launch itself (its workers get agents, it does not).
+
+    Under `python -m`, torch is imported while the module is still being found, when argv[0]
+    is only "-m": the interpreter's original command line (sys.orig_argv) still names it.
+    """
     first = argv[0] if argv else ""
-    return first.endswith(_LAUNCHERS) or first in ("-m",) and len(argv) > 1 and argv[1].startswith("torch.distributed.")
+    if first.endswith(_LAUNCHERS):
+        return True
+    orig = orig_argv or []
+    for i, word in enumerate(orig[:-1]):
+        if word == "-m" and orig[i + 1] in ("torch.distributed.run", "torch.distributed.launch"):
+            return True
+    return False
 
 
 def _start() -> None:
-    if is_launcher(list(getattr(sys, "argv", []) or [])):
+    if is_launcher(list(getattr(sys, "argv", []) or []), list(getattr(sys, "orig_argv", []) or [])):
         return
     try:
         import torchtop.agent

@@ -15,6 +15,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -39,6 +40,7 @@ from .widgets import (
     GpuPanel,
     HelpScreen,
     HostFigures,
+    LogTail,
     MarksPanel,
     MemoryFigures,
     MemoryPlot,
@@ -76,6 +78,7 @@ class TorchtopApp(App[int]):
         Binding("1", "tab('overview')", "Overview", show=False),
         Binding("2", "tab('memory')", "Memory", show=False),
         Binding("3", "tab('gpu-host')", "GPU·Host", show=False),
+        Binding("4", "tab('log')", "Log", show=False),
     ]
 
     def __init__(
@@ -85,8 +88,10 @@ class TorchtopApp(App[int]):
         *,
         feed: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        log_path: Path | None = None,
     ) -> None:
         super().__init__()
+        self.log_tail = LogTail(log_path, id="log-tail") if log_path is not None else None
         self.endpoint = endpoint
         self.choices = choices or []
         self.feed_enabled = feed
@@ -129,6 +134,9 @@ class TorchtopApp(App[int]):
                 with Vertical(id="host-panel"):
                     yield self.host_figures
                     yield self.worker_table
+            if self.log_tail is not None:
+                with TabPane("Log", id="log"):
+                    yield self.log_tail
         yield self.capture_line
         yield self.status_line
         yield Footer()
@@ -137,6 +145,9 @@ class TorchtopApp(App[int]):
         self.query_one("#memory-panel").border_title = "CUDA memory"
         self.query_one("#host-panel").border_title = "host · psutil"
         self.set_interval(REFRESH_S, self._tick)
+        if self.log_tail is not None:
+            self.log_tail.border_title = f"output · {self.log_tail.path}"
+            self.set_interval(0.5, self.log_tail.poll)
         if self.endpoint is not None:
             self.attach(self.endpoint)
         elif len(self.choices) == 1:
@@ -364,6 +375,8 @@ class TorchtopApp(App[int]):
             self.call_after_refresh(self._refresh_captures)
 
     def action_tab(self, tab: str) -> None:
+        if tab == "log" and self.log_tail is None:
+            return
         self.query_one("#tabs", TabbedContent).active = tab
 
     def on_tabbed_content_tab_activated(self, _event: TabbedContent.TabActivated) -> None:
@@ -371,8 +384,9 @@ class TorchtopApp(App[int]):
         self.refresh_panels()  # a tab shown: its panels (the memory plot) now, not at the next tick
 
 
-def run_tui(endpoint: Endpoint | None, choices: list[dict[str, Any]] | None) -> int:
-    """Run the TUI on `endpoint`, or on one of `choices` (discovery entries); the exit code."""
-    app = TorchtopApp(endpoint, choices)
+def run_tui(endpoint: Endpoint | None, choices: list[dict[str, Any]] | None, log_path: Path | None = None) -> int:
+    """Run the TUI on `endpoint`, or on one of `choices` (discovery entries); the exit code.
+    With `log_path`, a Log tab follows the job's output."""
+    app = TorchtopApp(endpoint, choices, log_path=log_path)
     app.run()
     return app.return_code or 0

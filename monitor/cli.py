@@ -146,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     keys_cli.add_arguments(p)
     p.set_defaults(func=keys_cli.run)
 
+    from . import run as run_cmd
+
+    p = sub.add_parser("run", help="run a training command with the agent injected: torchtop run -- python train.py")
+    run_cmd.add_arguments(p)
+    p.set_defaults(func=run_cmd.run)
+
     from .demo import add_demo_arguments
 
     p = sub.add_parser("demo", help="run a demo training job with the agent and open the TUI on it")

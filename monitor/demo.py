@@ -16,24 +16,19 @@ import pkgutil
 import signal
 import subprocess
 import sys
-import tempfile
-import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
+from .launch import LaunchError, _die_with_parent, _show_tail, open_log, stop_child, wait_for_agents
+
 DEMOS_PACKAGE = "torchtop.demos"
 DEFAULT_SCENARIO = "balanced"
-START_TIMEOUT_S = 90.0
-STOP_GRACE_S = 5.0
-KEEP_LOGS = 20
 ENV_LAUNCHED = "TORCHTOP_DEMO_LAUNCHED"  # demos/common.py reads it
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 
 
-class DemoLaunchError(Exception):
-    """The demo could not be started; the message says why and what to do."""
+DemoLaunchError = LaunchError
 
 
 # -- scenarios -----------------------------------------------------------------------------------
@@ -118,58 +113,6 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-# -- log file ------------------------------------------------------------------------------------
-def log_dirs(explicit: str | None) -> list[Path]:
-    """Where a demo log may go, in order of preference."""
-    if explicit:
-        return [Path(explicit).expanduser()]
-    out = []
-    state = os.environ.get("XDG_STATE_HOME")
-    if state:
-        out.append(Path(state) / "torchtop" / "logs")
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    out.append(Path(cache) / "torchtop" / "logs")
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    out.append(Path(tempfile.gettempdir()) / f"torchtop-{uid}" / "logs")
-    return out
-
-
-def open_log(scenario: str, explicit_dir: str | None) -> tuple[Path, Any]:
-    """Create a new log file (0600) in the first usable directory; DemoLaunchError if none is."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    tried = []
-    for directory in log_dirs(explicit_dir):
-        path = directory / f"demo-{scenario}-{stamp}-{os.getpid()}.log"
-        try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        except OSError as exc:
-            tried.append(f"{directory} ({exc.strerror or exc})")
-            continue
-        _prune(directory)
-        return path, os.fdopen(fd, "wb")
-    hint = "pass --log-dir to a writable directory" if not explicit_dir else "choose a writable --log-dir"
-    raise DemoLaunchError(f"cannot create the demo's log file: tried {'; '.join(tried)}; {hint}")
-
-
-def _prune(directory: Path) -> None:
-    """Keep the newest KEEP_LOGS demo logs."""
-    try:
-        logs = sorted(directory.glob("demo-*.log"), key=lambda p: p.stat().st_mtime)
-        for old in logs[:-KEEP_LOGS]:
-            old.unlink()
-    except OSError:
-        pass
-
-
-def log_tail(path: Path, lines: int = 15) -> list[str]:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return list(deque((line.rstrip("\n") for line in fh), maxlen=lines))
-    except OSError:
-        return []
-
-
 # -- the child -----------------------------------------------------------------------------------
 def child_command(args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", f"{DEMOS_PACKAGE}.{module_name(args.scenario)}", "--device", args.device]
@@ -177,17 +120,6 @@ def child_command(args: argparse.Namespace) -> list[str]:
         if value is not None:
             cmd += [flag, str(value)]
     return cmd
-
-
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM when the launcher dies, even by SIGKILL."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
 
 
 def spawn(args: argparse.Namespace, log: Any) -> subprocess.Popen:
@@ -206,46 +138,6 @@ def spawn(args: argparse.Namespace, log: Any) -> subprocess.Popen:
         start_new_session=True,  # terminal signals go to the launcher, which stops the job in order
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
     )
-
-
-def wait_for_agent(child: subprocess.Popen, timeout: float = START_TIMEOUT_S) -> dict[str, Any] | None:
-    """The child's discovery entry; None if the child exits first; TimeoutError after `timeout`."""
-    from torchtop.agent import discovery
-
-    deadline = time.monotonic() + timeout
-    while True:
-        if child.poll() is not None:
-            return None
-        for info in discovery.list_agents():
-            if info.get("pid") == child.pid:
-                return info
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"the demo (pid {child.pid}) did not start its agent within {timeout:.0f} s")
-        time.sleep(0.1)
-
-
-def stop_child(child: subprocess.Popen, grace: float = STOP_GRACE_S) -> int:
-    """SIGTERM (the demo ends after its current step), SIGKILL to its process group after `grace`."""
-    if child.poll() is None:
-        try:
-            child.send_signal(signal.SIGTERM)
-            child.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-        except OSError:
-            pass
-    # Whatever is left of its process group (a stuck demo, orphaned loader workers) is killed.
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, OSError):
-        pass
-    return child.wait()
-
-
-def _show_tail(log_path: Path, why: str) -> None:
-    print(f"torchtop: {why}; the last lines of {log_path}:", file=sys.stderr)
-    for line in log_tail(log_path):
-        print(f"  | {line}", file=sys.stderr)
 
 
 def _failure_code(code: int | None) -> int:
@@ -296,10 +188,11 @@ def run_demo(args: argparse.Namespace) -> int:
             child = spawn(args, log)
         print(f"torchtop demo: {args.scenario} (pid {child.pid}); log: {log_path}", flush=True)
         try:
-            info = wait_for_agent(child)
+            agents = wait_for_agents(child)
         except TimeoutError as exc:
             _show_tail(log_path, str(exc))
             return EXIT_FAILED
+        info = agents[0] if agents else None
         if info is None:
             code = child.wait()
             _show_tail(log_path, f"the demo exited (code {code}) before its agent started")

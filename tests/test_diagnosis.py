@@ -5,12 +5,22 @@ from __future__ import annotations
 import pytest
 
 from torchtop.agent.wire import (
-    PROTOCOL_VERSION, Batch, FragSample, HostSample, MemorySample, StepRecord, Telemetry, WorkerSample,
+    PROTOCOL_VERSION,
+    Batch,
+    FragSample,
+    HostSample,
+    MemorySample,
+    StepRecord,
+    Telemetry,
+    WorkerSample,
 )
 from torchtop.monitor.diagnosis import THRESHOLDS as T
 from torchtop.monitor.diagnosis import Facts, primary, rule_data, rule_host_overhead, rule_transfer
 from torchtop.monitor.diagnosis_flags import (
-    flag_dataloader_workers, flag_fragmentation, flag_memory_leak, flag_memory_pressure,
+    flag_dataloader_workers,
+    flag_fragmentation,
+    flag_memory_leak,
+    flag_memory_pressure,
 )
 from torchtop.monitor.judge import diagnose
 from torchtop.monitor.state import RunState

@@ -6,6 +6,7 @@ from .chooser import ChooserScreen
 from .gpu_panel import GpuPanel
 from .help_screen import HelpScreen
 from .host_panel import HostFigures
+from .log_tail import LogTail
 from .marks_panel import MarksPanel
 from .memory_panel import MemoryFigures
 from .memory_plot import MemoryPlot
@@ -17,7 +18,7 @@ from .verdict_panel import VerdictPanel
 from .worker_table import WorkerTable
 
 __all__ = [
-    "CaptureLine", "CapturesScreen", "ChooserScreen", "GpuPanel", "HelpScreen", "HostFigures", "MarksPanel",
+    "CaptureLine", "CapturesScreen", "ChooserScreen", "GpuPanel", "HelpScreen", "HostFigures", "LogTail", "MarksPanel",
     "MemoryFigures", "MemoryPlot", "PHASE_COLOURS", "PhasePanel", "RunHeader", "StatusLine", "StepPanel",
     "VerdictPanel", "WorkerTable", "phase_bar",
 ]
