@@ -26,8 +26,10 @@ from .sockets import AgentSockets
 from .telemetry import TelemetryCollector
 
 RATE_HZ = 10.0
-HISTORY_STEPS = 10_000
-SNAPSHOT_MAX = 10_000
+HISTORY_STEPS = 10_000  # every step, for late joiners
+SPARSE_STEPS = 6_000  # before those: one step per SPARSE_PERIOD_S, so at least 10 minutes at any rate
+SPARSE_PERIOD_S = 0.1
+SNAPSHOT_MAX = HISTORY_STEPS + SPARSE_STEPS
 
 
 class AgentLoop(threading.Thread):
@@ -59,6 +61,7 @@ class AgentLoop(threading.Thread):
         self.period = 1.0 / rate_hz
         self.seq = 0
         self.history: deque[wire.StepRecord] = deque(maxlen=HISTORY_STEPS)
+        self.sparse: deque[wire.StepRecord] = deque(maxlen=SPARSE_STEPS)  # downsampled, older
         self.bad_requests = 0
         self.errors = 0
         self.timer = DeviceTimer(None)
@@ -131,7 +134,7 @@ class AgentLoop(threading.Thread):
         for raw in self.buffer.drain():
             self.timer.submit(raw)
         steps = [self._to_record(raw, ms) for raw, ms in self.timer.poll()]
-        self.history.extend(steps)
+        self._keep(steps)
         if self.timer.pool is not None:
             self.rec.sample_every = self.timer.stride(self.rec.sample_every)
             self.timer.pool.top_up()
@@ -159,6 +162,16 @@ class AgentLoop(threading.Thread):
         except zmq.Again:
             pass
         self.seq += 1
+
+    def _keep(self, steps: list[wire.StepRecord]) -> None:
+        """Every step of the last HISTORY_STEPS; older ones thinned to one per SPARSE_PERIOD_S."""
+        history, sparse = self.history, self.sparse
+        for step in steps:
+            if len(history) == history.maxlen:
+                old = history[0]
+                if not sparse or old.t0 >= sparse[-1].t0 + SPARSE_PERIOD_S:
+                    sparse.append(old)
+            history.append(step)
 
     # -- requests ------------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -198,7 +211,7 @@ class AgentLoop(threading.Thread):
                 return wire.Reply(
                     v=v, id=req.id, ok=False, error=f"max_steps must be an integer in 1..{SNAPSHOT_MAX}"
                 )
-            steps = list(self.history)[-limit:]
+            steps = (list(self.sparse) + list(self.history))[-limit:]
             return wire.Reply(v=v, id=req.id, ok=True, steps=steps, seq=self.seq - 1)
         if req.cmd in ("capture-profile", "capture-memory", "capture-status") and self.captures is not None:
             return self._capture(req)

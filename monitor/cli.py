@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 
 EXIT_NO_AGENT = 2
+SNAPSHOT_MAX = 16_000  # the agent's retained history (agent/publisher.py)
 
 
 def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
@@ -45,8 +46,10 @@ def _remote_agents(args: argparse.Namespace) -> list:
     return ssh.remote_agents(ssh.parse(args.target), args.ssh_option)
 
 
-def collect(endpoint, seconds: float):  # type: ignore[no-untyped-def]
-    """Connect, say hello, then feed `seconds` of batches into a RunState."""
+def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no-untyped-def]
+    """Connect, say hello, (with `history`, take the agent's retained steps), then feed
+    `seconds` of batches into a RunState. Subscribed before the snapshot, so nothing falls
+    between; batches the snapshot already covers are dropped by sequence number."""
     from .client import AgentClient
     from .state import RunState
 
@@ -54,6 +57,10 @@ def collect(endpoint, seconds: float):  # type: ignore[no-untyped-def]
     state = RunState()
     try:
         state.apply_hello(client.hello())
+        if history:
+            reply = client.snapshot(max_steps=SNAPSHOT_MAX, timeout=10.0)
+            if reply.ok:
+                state.apply_snapshot(reply.steps, reply.seq)
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             for batch in client.recv_batches(min(left, 0.5)):
@@ -75,10 +82,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _fail("--seconds must be positive")
     try:
         with open_target(args.target, **target_options(args)) as endpoint:
-            state = collect(endpoint, args.seconds)
+            state = collect(endpoint, args.seconds, history=args.history)
     except (TargetError, AgentUnreachable) as exc:
         return _fail(str(exc))
-    print(json.dumps(build_report(state, args.seconds, str(endpoint)), indent=2 if args.pretty else None))
+    window = float("inf") if args.history else args.seconds
+    report = build_report(state, args.seconds, str(endpoint), window=window)
+    print(json.dumps(report, indent=2 if args.pretty else None))
     return 0
 
 
@@ -133,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_arguments(p)
     p.add_argument("--seconds", type=float, default=10.0, help="how long to collect (default 10)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
+    p.add_argument("--history", action="store_true",
+                   help="report over everything the agent retained (every step of the last 10,000, one per "
+                        "0.1 s for 6,000 before those), not only the steps of the last S seconds")
     p.set_defaults(func=cmd_report)
 
     from . import capture_cli

@@ -10,14 +10,18 @@ from .judge import diagnose
 from .state import RunState, breakdown, device_ms, phase_ms, retry_rate, step_stats
 
 
-def build_report(state: RunState, seconds: float, target: str = "") -> dict[str, Any]:
-    steps = state.window(seconds)
-    evals = state.window(seconds, kind="eval")
+def build_report(state: RunState, seconds: float, target: str = "", window: float | None = None) -> dict[str, Any]:
+    """`window` (default `seconds`) is how far back the figures reach on the agent's clock."""
+    window = seconds if window is None else window
+    steps = state.window(window)
+    evals = state.window(window, kind="eval")
     stats = step_stats(steps)
     hello = state.hello
     return {
         "target": target,
         "seconds": seconds,
+        "history": window != seconds,
+        "span_s": round((steps[-1].t0 + steps[-1].wall_ns / 1e9 - steps[0].t0), 3) if steps else 0.0,
         "run_id": state.run_id,
         "pid": hello.pid if hello else None,
         "hostname": hello.host if hello else None,

@@ -1,0 +1,218 @@
+"""On-demand captures on CPU: a real loop, a real profiler trace, and every refusal."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchtop.agent as ta
+from tests.agent_util import client_for
+from torchtop.agent.trace_summary import summarize
+
+
+@pytest.fixture
+def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TORCHTOP_DIR", str(tmp_path / "captures"))
+    started = ta.start()
+    assert started is not None
+    return started
+
+
+class Loop:
+    """A training loop on this (the training) thread, stepping until told to stop."""
+
+    def __init__(self) -> None:
+        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.x = torch.randn(32, 64)
+        self.steps = 0
+
+    def step(self) -> None:
+        self.model(self.x).sum().backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        self.steps += 1
+
+
+def _run_until(loop: Loop, cond, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        loop.step()
+        time.sleep(0.002)
+
+
+def test_profile_of_3_steps_has_exactly_3_profiler_steps_and_the_loop_never_stops(agent, tmp_path) -> None:
+    loop = Loop()
+    client = client_for(agent)
+    box: dict = {}
+
+    def ask() -> None:  # the monitor side, on its own thread, like the TUI's worker
+        box["reply"] = client.request("capture-profile", {"steps": 3}, timeout=5)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    _run_until(loop, lambda: "reply" in box)
+    asker.join()
+    assert box["reply"].ok, box["reply"].error
+    cap_id = box["reply"].capture.id
+    before = loop.steps
+    done: dict = {}
+
+    def poll() -> None:
+        while "cap" not in done:
+            status = client.request("capture-status", timeout=5)
+            found = next((c for c in status.captures if c.id == cap_id), None)
+            if found is not None and found.state in ("done", "failed"):
+                done["cap"] = found
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    _run_until(loop, lambda: "cap" in done)
+    poller.join()
+    client.close()
+    cap = done["cap"]
+    assert cap.state == "done", cap.error
+    assert loop.steps - before >= 4  # the loop kept going through start, 3 steps, stop and export
+    path = Path(cap.path)
+    assert path.parent == tmp_path / "captures" and path.name.endswith(".json.gz")
+    with gzip.open(path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    spans = [e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert len(spans) == 3, spans
+    assert cap.summary["steps"] == 3 and cap.summary["gpu_idle"] is None
+    assert cap.summary["buckets"]["CPU Exec"] > 0.1  # no GPU: host ops are the work
+    assert any("addmm" in r["name"] or "linear" in r["name"] for r in cap.summary["top_cpu"])
+
+
+@pytest.mark.parametrize(
+    ("cmd", "args", "reason"),
+    [
+        ("capture-profile", {"steps": 0}, "steps must be in 1..100"),
+        ("capture-profile", {"steps": 10**6}, "steps must be in 1..100"),
+        ("capture-profile", {"steps": "3"}, "wrong type"),
+        ("capture-profile", {"steps": True}, "not a boolean"),
+        ("capture-profile", {"path": "../../etc/passwd"}, "unknown argument 'path'"),
+        ("capture-profile", {"dir": "/tmp", "steps": 2}, "unknown argument 'dir'"),
+        ("capture-memory", {"steps": 3}, "need CUDA"),
+        ("capture-everything", {}, "unknown command"),
+    ],
+)
+def test_invalid_requests_are_refused_with_a_reason(agent, cmd: str, args: dict, reason: str) -> None:
+    client = client_for(agent)
+    try:
+        reply = client.request(cmd, args, timeout=5)
+    finally:
+        client.close()
+    assert not reply.ok and reason in reply.error, reply.error
+    assert agent.captures.current is None  # nothing was armed
+
+
+def test_garbage_on_the_request_socket_is_refused(agent) -> None:
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{agent.port}")
+    try:
+        sock.send(b"\x93\x01\xa7capture\xc0")
+        assert sock.poll(5000)
+        from torchtop.agent import wire
+
+        reply = wire.decode(sock.recv())
+        assert not reply.ok and "bad request" in reply.error
+    finally:
+        sock.close()
+    assert agent.captures.current is None
+
+
+def test_second_capture_while_one_runs_is_busy(agent) -> None:
+    client = client_for(agent)
+    try:
+        first = client.request("capture-profile", {"steps": 5}, timeout=5)
+        assert first.ok
+        second = client.request("capture-profile", {"steps": 2}, timeout=5)
+        assert not second.ok and second.error.startswith("busy: capture 1 (profile) is pending, 0/5 steps")
+    finally:
+        client.close()
+    loop = Loop()
+    _run_until(loop, lambda: agent.captures.current.state in ("done", "failed"))
+
+
+def test_unwritable_output_directory_is_refused(tmp_path, monkeypatch) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "captures").write_text("a file where the directory should be")
+    monkeypatch.setenv("TORCHTOP_DIR", str(locked / "captures"))
+    agent = ta.start()
+    client = client_for(agent)
+    try:
+        reply = client.request("capture-profile", {"steps": 2}, timeout=5)
+    finally:
+        client.close()
+    assert not reply.ok and "TORCHTOP_DIR" in reply.error
+
+
+def test_capture_cli_end_to_end(tmp_path) -> None:
+    """`torchtop capture PID --steps 2 --json` against a training process."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, time, torchtop.agent as ta\nta.start()\n"
+        "m = torch.nn.Linear(64, 64); o = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "end = time.time() + 60\nwhile time.time() < end:\n    m(torch.randn(32, 64)).sum().backward(); o.step(); time.sleep(0.01)\n"
+    )
+    env = dict(__import__("os").environ, TORCHTOP_DIR=str(tmp_path / "out"))
+    child = subprocess.Popen([sys.executable, str(script)], env=env)
+    try:
+        from torchtop.agent import discovery
+
+        deadline = time.monotonic() + 60
+        while not discovery.list_agents():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        out = subprocess.run([sys.executable, "-m", "torchtop.monitor.cli", "capture", str(child.pid), "--steps", "2",
+                              "--json"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        cap = json.loads(out.stdout)
+        assert cap["state"] == "done" and Path(cap["path"]).parent == tmp_path / "out"
+        assert cap["summary"]["steps"] == 2
+        bad = subprocess.run([sys.executable, "-m", "torchtop.monitor.cli", "capture", str(child.pid), "--memory"],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 1 and "need CUDA" in bad.stderr
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_summarize_buckets_by_priority() -> None:
+    events = [
+        {"ph": "X", "name": "ProfilerStep#0", "cat": "user_annotation", "ts": 0, "dur": 100},
+        {"ph": "X", "name": "ProfilerStep#0", "cat": "gpu_user_annotation", "ts": 0, "dur": 100},
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": 50},
+        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 10, "dur": 5},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 20, "dur": 60},
+        {"ph": "X", "name": "ncclAllReduce", "cat": "kernel", "ts": 70, "dur": 20},
+        {"ph": "X", "name": "Memcpy HtoD", "cat": "gpu_memcpy", "ts": 92, "dur": 4},
+        {"ph": "X", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "cat": "user_annotation",
+         "ts": 85, "dur": 10},
+    ]
+    s = summarize(events)
+    assert s["steps"] == 1 and s["step_ms"] == pytest.approx(0.1)
+    b = s["buckets"]
+    assert b["Kernel"] == pytest.approx(0.60)  # 20-80 (overlapping NCCL counts as Kernel first)
+    assert b["Communication"] == pytest.approx(0.10)  # 80-90
+    assert b["Memcpy"] == pytest.approx(0.04)
+    assert b["Runtime"] == pytest.approx(0.05)
+    assert b["DataLoader"] == pytest.approx(0.02)  # 90-92 and 96-... minus memcpy: 90-92 only...
+    assert sum(b.values()) == pytest.approx(1.0)
+    assert s["gpu_idle"] == pytest.approx(1 - 0.74)

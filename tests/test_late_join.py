@@ -1,0 +1,82 @@
+"""Late join and history: a monitor that attaches mid-run gets what the agent retained, then the
+live stream, stitched by sequence number, with no gap; several monitors are independent."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import torchtop.agent as ta
+from tests.agent_util import client_for
+from torchtop.agent import publisher
+from torchtop.monitor.report import build_report
+from torchtop.monitor.state import RunState
+
+
+def _train(n: int) -> None:
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8)
+    for _ in range(n):
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _join(agent) -> tuple[RunState, object]:
+    """What the TUI and `report --history` do: subscribe, hello, snapshot, then the stream."""
+    client = client_for(agent)
+    state = RunState()
+    state.apply_hello(client.hello())
+    reply = client.snapshot(max_steps=publisher.SNAPSHOT_MAX)
+    assert reply.ok, reply.error
+    state.apply_snapshot(reply.steps, reply.seq)
+    return state, client
+
+
+def _drain(state: RunState, client, until: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (not state.steps or state.steps[-1].i < until):
+        for batch in client.recv_batches(0.2):
+            state.apply_batch(batch, time.monotonic())
+
+
+def test_joining_after_1000_steps_gets_all_of_them_then_the_live_ones() -> None:
+    agent = ta.start()
+    assert agent is not None
+    _train(1000)
+    time.sleep(0.4)  # published
+    first, c1 = _join(agent)
+    second, c2 = _join(agent)  # a second monitor, independent of the first
+    try:
+        assert [s.i for s in first.steps] == list(range(1000))
+        _train(200)
+        _drain(first, c1, 1199)
+        _drain(second, c2, 1199)
+        for state in (first, second):
+            assert [s.i for s in state.steps] == list(range(1200))  # no gap, no duplicate
+            assert state.gaps == 0
+    finally:
+        c1.close()
+        c2.close()
+
+
+def test_history_is_downsampled_beyond_the_last_10000_steps(monkeypatch) -> None:
+    monkeypatch.setattr(publisher, "HISTORY_STEPS", 300)
+    monkeypatch.setattr(publisher, "SPARSE_PERIOD_S", 0.01)
+    agent = ta.start()
+    assert agent is not None
+    t0 = time.time()
+    _train(1500)
+    time.sleep(0.4)
+    state, client = _join(agent)
+    client.close()
+    idx = [s.i for s in state.steps]
+    assert idx[-300:] == list(range(1200, 1500))  # the last HISTORY_STEPS: every one
+    older = [s for s in state.steps if s.i < 1200]
+    assert older and older[0].i < 200  # and thinned ones reaching back to the start
+    gaps = [b.t0 - a.t0 for a, b in zip(older, older[1:])]
+    assert min(gaps) >= 0.01 - 1e-6  # at most one per SPARSE_PERIOD_S
+    report = build_report(state, 1.0, window=float("inf"))
+    assert report["history"] and report["steps"] == len(idx) and report["span_s"] <= time.time() - t0 + 1
