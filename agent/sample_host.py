@@ -8,11 +8,13 @@ Runs on the agent's slow sampler thread (~1 Hz): per-core CPU alone costs ~100 u
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from .wire import HostSample, WorkerSample
 
 MAX_WORKERS = 64
+CHILDREN_REFRESH_S = 5.0  # new child processes (workers of a new epoch) are seen within this
 
 
 class HostSampler:
@@ -24,33 +26,36 @@ class HostSampler:
         self.proc.cpu_percent(None)  # prime: the first call always says 0
         psutil.cpu_percent(percpu=True)
         self._children: dict[int, Any] = {}
+        self._new: set[int] = set()
+        self._children_due = 0.0
         self.cpu_count = psutil.cpu_count() or 1
 
     def _workers(self) -> list[WorkerSample]:
         psutil = self.psutil
-        try:
-            kids = self.proc.children(recursive=False)
-        except psutil.Error:
-            return []
-        seen: dict[int, Any] = {}
+        now = time.monotonic()
+        if now >= self._children_due:  # listing children scans all of /proc (~2 ms): not every time
+            self._children_due = now + CHILDREN_REFRESH_S
+            try:
+                kids = self.proc.children(recursive=False)[:MAX_WORKERS]
+            except psutil.Error:
+                kids = []
+            fresh = {k.pid: self._children.get(k.pid, k) for k in kids}
+            self._new = {pid for pid in fresh if pid not in self._children}
+            self._children = fresh
         out = []
-        for kid in kids[:MAX_WORKERS]:
-            proc = self._children.get(kid.pid, kid)
+        for pid, proc in list(self._children.items()):
             try:
                 with proc.oneshot():
-                    first = kid.pid not in self._children
                     cpu = proc.cpu_percent(None)
                     name = proc.name()
                     rss = proc.memory_info().rss
             except psutil.Error:
+                self._children.pop(pid, None)  # exited
                 continue
-            seen[kid.pid] = proc
-            if first:
+            if pid in self._new:
+                self._new.discard(pid)
                 continue  # its CPU % is meaningful from the next sample on
-            out.append(
-                WorkerSample(pid=kid.pid, cpu_percent=cpu, rss=rss, name=name, dataloader=name == "pt_data_worker")
-            )
-        self._children = seen
+            out.append(WorkerSample(pid=pid, cpu_percent=cpu, rss=rss, name=name, dataloader=name == "pt_data_worker"))
         return out
 
     def sample(self) -> HostSample:
