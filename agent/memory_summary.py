@@ -22,7 +22,7 @@ def _site(frames: list[dict[str, Any]]) -> str:
     for fr in frames:
         if str(fr.get("filename", "")).endswith(".py"):
             return f"{fr.get('filename')}:{fr.get('line', '?')} {fr.get('name', '')}".strip()
-    return "(no Python stack)"
+    return "(no Python frame: the autograd backward thread or torch internals)"
 
 
 def top_allocation_sites(snapshot: dict[str, Any], n: int = 10) -> list[dict[str, Any]]:

@@ -74,12 +74,19 @@ def bucket_of(event: dict[str, Any]) -> str | None:
 
 def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     """{"steps", "step_ms" (mean), "buckets" (share of step time each), "gpu_idle" (or None)}."""
-    steps = [  # host-side spans only: on CUDA each step also appears as a gpu_user_annotation
-        e for e in events
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
-        and str(e.get("cat", "")) in ("user_annotation", "cpu_op", "")
-    ]
-    spans = _union([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in steps])
+    # A step's time runs from its host-side span's start to the end of its GPU-side span: the
+    # GPU lags the host, so its kernels run after the host has moved on (as the profiler plugin).
+    host: dict[str, Interval] = {}
+    gpu: dict[str, Interval] = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("ph") != "X" or not name.startswith("ProfilerStep#"):
+            continue
+        span = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+        side = gpu if str(e.get("cat", "")) == "gpu_user_annotation" else host
+        side[name] = (min(span[0], side[name][0]), max(span[1], side[name][1])) if name in side else span
+    steps = sorted(host)
+    spans = _union([(host[n][0], max(host[n][1], gpu[n][1] if n in gpu else host[n][1])) for n in steps])
     total = _length(spans)
     by_bucket: dict[str, list[Interval]] = {b: [] for b in BUCKETS}
     any_gpu = False

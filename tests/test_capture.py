@@ -216,3 +216,16 @@ def test_summarize_buckets_by_priority() -> None:
     assert b["DataLoader"] == pytest.approx(0.02)  # 90-92 and 96-... minus memcpy: 90-92 only...
     assert sum(b.values()) == pytest.approx(1.0)
     assert s["gpu_idle"] == pytest.approx(1 - 0.74)
+
+
+def test_summarize_follows_the_gpu_behind_the_host() -> None:
+    """The host finished launching step 0 at 10 us; its kernels ran 20-50 us, inside the GPU-side span."""
+    events = [
+        {"ph": "X", "name": "ProfilerStep#0", "cat": "user_annotation", "ts": 0, "dur": 10},
+        {"ph": "X", "name": "ProfilerStep#0", "cat": "gpu_user_annotation", "ts": 5, "dur": 55},
+        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 2, "dur": 3},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 20, "dur": 30},
+    ]
+    s = summarize(events)
+    assert s["steps"] == 1 and s["step_ms"] == pytest.approx(0.06)
+    assert s["buckets"]["Kernel"] == pytest.approx(0.5) and s["gpu_idle"] == pytest.approx(0.5)

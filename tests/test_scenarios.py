@@ -37,7 +37,9 @@ def _scenario(name: str, device: str, warm_s: float, report_s: float) -> dict[st
             [sys.executable, "-m", "torchtop.monitor.cli", "report", str(child.pid), "--seconds", str(report_s)],
             capture_output=True, text=True, timeout=report_s + 60,
         )
-        assert out.returncode == 0, out.stderr
+        if out.returncode != 0:
+            child.terminate()
+            raise AssertionError(f"{out.stderr.strip()}\n{name}'s output:\n{child.communicate(timeout=30)[0][-3000:]}")
         report = json.loads(out.stdout)
         print(f"\n{name} on {device}: {report['steps']} steps, median {report['step_time_ms']['median']:.1f} ms, "
               f"breakdown {report['breakdown']}\n  verdict {report['verdict']}\n  flags {report['flag_details']}")
