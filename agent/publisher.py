@@ -30,6 +30,7 @@ HISTORY_STEPS = 10_000  # every step, for late joiners
 SPARSE_STEPS = 6_000  # before those: one step per SPARSE_PERIOD_S, so at least 10 minutes at any rate
 SPARSE_PERIOD_S = 0.1
 SNAPSHOT_MAX = HISTORY_STEPS + SPARSE_STEPS
+REQUESTS_PER_TICK = 50  # more are left queued (and dropped at the socket's HWM): bounded agent CPU
 
 
 class AgentLoop(threading.Thread):
@@ -63,6 +64,7 @@ class AgentLoop(threading.Thread):
         self.history: deque[wire.StepRecord] = deque(maxlen=HISTORY_STEPS)
         self.sparse: deque[wire.StepRecord] = deque(maxlen=SPARSE_STEPS)  # downsampled, older
         self.bad_requests = 0
+        self._budget = REQUESTS_PER_TICK
         self.errors = 0
         self.timer = DeviceTimer(None)
         self._stop_event = threading.Event()
@@ -81,10 +83,13 @@ class AgentLoop(threading.Thread):
         while not self._stop_event.is_set():
             try:
                 wait_ms = max(0.0, (next_tick - time.monotonic()) * 1000)
-                if dict(poller.poll(wait_ms)):
+                if self._budget <= 0:  # a flood of requests waits for the next tick: it must not
+                    self._stop_event.wait(wait_ms / 1000)  # take the training thread's GIL
+                elif dict(poller.poll(wait_ms)):
                     self._serve()
                 now = time.monotonic()
                 if now >= next_tick:
+                    self._budget = REQUESTS_PER_TICK
                     self._tick()
                     next_tick = max(next_tick + self.period, now)
             except Exception as exc:
@@ -176,7 +181,8 @@ class AgentLoop(threading.Thread):
     # -- requests ------------------------------------------------------------------------------
     def _serve(self) -> None:
         router = self.sockets.router
-        for _ in range(100):
+        while self._budget > 0:
+            self._budget -= 1
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

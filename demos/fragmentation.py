@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     device, stop = common.setup(args, cuda=common.Sizes(batch_size=1, width=2048, workers=2))
     total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, BUDGET / total), device)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, BUDGET / total), torch.cuda.current_device())
     loader = DataLoader(
         VariableLength(args.seed),
         batch_size=None,
