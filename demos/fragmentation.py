@@ -5,7 +5,7 @@ the caching allocator splits its segments into holes it cannot reuse.
 
     python -m torchtop.demos.fragmentation [--device auto|cuda] [--steps N] [--seconds S]
 
-A token MLP over variable-length batches, plus a rolling cache of 4-120 MiB tensors released in
+A token MLP over variable-length batches, plus a rolling cache of 4-240 MiB tensors released in
 random order (what KV caches and variable-resolution pipelines do), in a 4 GiB budget (as when
 a big model already fills the card: `set_per_process_memory_fraction`). The live set fits the
 budget, but the holes between live blocks do not serve new sizes, so the allocator keeps hitting
@@ -16,6 +16,7 @@ fragments like this: on CPU the demo says so.
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -27,22 +28,26 @@ from . import common
 
 MIB = 1 << 20
 BUDGET = 4 << 30  # the share of the card this job may use
+KEEP = int(os.environ.get("FRAG_KEEP", "20"))  # tensors the rolling cache holds (62-124 MiB each)
+GROW_STEPS = 1500
 
 
 class VariableLength(Dataset):
-    """Batches of (tokens x 512) features with a different token count each time."""
+    """Batches of (tokens x 512) features with a different token count each time (sliced from a
+    pool made once, so loading is cheap and the allocator is what this demo is about)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
+        g = torch.Generator().manual_seed(seed)
+        self.pool = torch.randn(8192, 512, generator=g)
+        self.labels = torch.randint(0, 10, (8192,), generator=g)
 
     def __len__(self) -> int:
         return 1_000_000
 
     def __getitem__(self, index: int) -> Any:
-        rng = random.Random(self.seed * 7919 + index)
-        tokens = rng.choice(range(512, 8192, 136))
-        g = torch.Generator().manual_seed(index)
-        return torch.randn(tokens, 512, generator=g), torch.randint(0, 10, (tokens,), generator=g)
+        tokens = random.Random(self.seed * 7919 + index).choice(range(512, 8192, 136))
+        return self.pool[:tokens], self.labels[:tokens]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,12 +81,21 @@ def main(argv: list[str] | None = None) -> int:
     cache: list[torch.Tensor] = []
 
     def after_step(step: int, loss: torch.Tensor) -> None:
-        size = rng.randint(4, 120) * MIB + rng.randint(1, 999) * 4096
+        # sizes drift up and start over every GROW_STEPS (a sequence-length curriculum, a growing
+        # cache): new sizes keep missing the holes the old ones left
+        scale = 1.0 + (step % GROW_STEPS) / GROW_STEPS
+        size = int(rng.randint(4, 120) * MIB * scale) + rng.randint(1, 999) * 4096
         try:
             cache.append(torch.empty(size, dtype=torch.uint8, device=device))
         except torch.OutOfMemoryError:
             del cache[: len(cache) // 2]  # what a cache does under pressure: evict
-        while len(cache) > 24:
+        if step % 100 == 0:
+            stats = torch.cuda.memory_stats(device)
+            print(f"step {step}: {len(cache)} cached tensors, reserved {stats['reserved_bytes.all.current'] >> 20} MiB, "
+                  f"allocator retries {stats['num_alloc_retries']}", flush=True)
+        if torch.cuda.memory_allocated(device) > 0.8 * BUDGET:
+            del cache[: len(cache) // 2]  # live data near the budget: shed load before the step OOMs
+        while len(cache) > KEEP:
             cache.pop(rng.randrange(len(cache)))  # released in random order: holes everywhere
 
     common.describe("fragmentation", model, loader, device)
