@@ -122,6 +122,13 @@ def pick_device(name: str) -> torch.device:
     raise DemoError(f"--device cuda: CUDA is not available ({why}); use --device cpu or auto", EXIT_NO_DEVICE)
 
 
+def require_cuda(device_name: str, name: str, why: str) -> None:
+    """For a scenario that only exists on a GPU: one line saying so (and what to try) when
+    --device does not give it one."""
+    if pick_device(device_name).type != "cuda":
+        raise DemoError(f"{name} needs CUDA: {why}", EXIT_NO_DEVICE)
+
+
 class StopFlag:
     """Set by SIGTERM (or the step/time limit) so the loop ends after the step it is in.
 

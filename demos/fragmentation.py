@@ -52,12 +52,11 @@ class VariableLength(Dataset):
 
 def main(argv: list[str] | None = None) -> int:
     args = common.build_parser(__doc__).parse_args(argv)
-    device = common.pick_device(args.device)
-    if device.type != "cuda":
-        raise common.DemoError(
-            "fragmentation needs CUDA: it is the CUDA caching allocator's problem (on CPU try --scenario memory-leak)",
-            common.EXIT_NO_DEVICE,
-        )
+    common.require_cuda(
+        args.device,
+        "fragmentation",
+        "it is the CUDA caching allocator's problem (on CPU try --scenario memory-leak)",
+    )
     device, stop = common.setup(args, cuda=common.Sizes(batch_size=1, width=2048, workers=2))
     total = torch.cuda.get_device_properties(device).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, BUDGET / total), torch.cuda.current_device())
@@ -91,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             del cache[: len(cache) // 2]  # what a cache does under pressure: evict
         if step % 100 == 0:
             stats = torch.cuda.memory_stats(device)
-            print(f"step {step}: {len(cache)} cached tensors, reserved {stats['reserved_bytes.all.current'] >> 20} MiB, "
-                  f"allocator retries {stats['num_alloc_retries']}", flush=True)
+            print(
+                f"step {step}: {len(cache)} cached tensors, reserved {stats['reserved_bytes.all.current'] >> 20} MiB, "
+                f"allocator retries {stats['num_alloc_retries']}",
+                flush=True,
+            )
         if torch.cuda.memory_allocated(device) > 0.8 * BUDGET:
             del cache[: len(cache) // 2]  # live data near the budget: shed load before the step OOMs
         while len(cache) > KEEP:

@@ -38,12 +38,11 @@ class Vectors(Dataset):
 
 def main(argv: list[str] | None = None) -> int:
     args = common.build_parser(__doc__).parse_args(argv)
-    device = common.pick_device(args.device)
-    if device.type != "cuda":
-        raise common.DemoError(
-            "host-overhead needs CUDA: it is the GPU waiting on the host (on CPU try --scenario compute-bound)",
-            common.EXIT_NO_DEVICE,
-        )
+    common.require_cuda(
+        args.device,
+        "host-overhead",
+        "it is the GPU waiting on the host (on CPU try --scenario compute-bound)",
+    )
     device, stop = common.setup(args, cuda=common.Sizes(batch_size=16, width=64, workers=0))
     layers: list[nn.Module] = []
     for _ in range(DEPTH):

@@ -45,13 +45,11 @@ def move_pageable(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch
 
 def main(argv: list[str] | None = None) -> int:
     args = common.build_parser(__doc__).parse_args(argv)
-    device = common.pick_device(args.device)
-    if device.type != "cuda":
-        raise common.DemoError(
-            "transfer-bound needs CUDA: host-to-device copies only exist with a GPU "
-            "(on CPU try --scenario data-bound)",
-            common.EXIT_NO_DEVICE,
-        )
+    common.require_cuda(
+        args.device,
+        "transfer-bound",
+        "host-to-device copies only exist with a GPU (on CPU try --scenario data-bound)",
+    )
     device, stop = common.setup(args, cuda=common.Sizes(batch_size=256, width=16, workers=0))
     loader = DataLoader(PrebuiltBatches(args.batch_size), batch_size=None, shuffle=False, num_workers=0)
     model = torch.nn.Sequential(
