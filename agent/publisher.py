@@ -29,7 +29,7 @@ RATE_HZ = 10.0
 HISTORY_STEPS = 10_000  # every step, for late joiners
 SPARSE_STEPS = 6_000  # before those: one step per SPARSE_PERIOD_S, so at least 10 minutes at any rate
 SPARSE_PERIOD_S = 0.1
-SNAPSHOT_MAX = HISTORY_STEPS + SPARSE_STEPS
+SNAPSHOT_MAX = wire.SNAPSHOT_MAX_STEPS  # = HISTORY_STEPS + SPARSE_STEPS
 REQUESTS_PER_TICK = 50  # more are left queued (and dropped at the socket's HWM): bounded agent CPU
 
 

@@ -13,6 +13,8 @@ import msgspec
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: Steps an agent retains for late joiners (a `snapshot` request returns at most this many).
+SNAPSHOT_MAX_STEPS = 16_000
 
 #: Phases measured on the training thread, in display order. `other` is the rest of the step.
 PHASES: tuple[str, ...] = ("data", "h2d", "forward", "backward", "optimizer", "other")

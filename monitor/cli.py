@@ -12,7 +12,6 @@ import time
 from collections.abc import Sequence
 
 EXIT_NO_AGENT = 2
-SNAPSHOT_MAX = 16_000  # the agent's retained history (agent/publisher.py)
 
 
 def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
@@ -58,7 +57,9 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
     try:
         state.apply_hello(client.hello())
         if history:
-            reply = client.snapshot(max_steps=SNAPSHOT_MAX, timeout=10.0)
+            from torchtop.agent.wire import SNAPSHOT_MAX_STEPS
+
+            reply = client.snapshot(max_steps=SNAPSHOT_MAX_STEPS, timeout=10.0)
             if reply.ok:
                 state.apply_snapshot(reply.steps, reply.seq)
         end = time.monotonic() + seconds
