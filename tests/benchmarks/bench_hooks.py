@@ -5,61 +5,86 @@ round, median of the per-round median step times.
     python tests/benchmarks/bench_hooks.py [ROUNDS]
 
 Not collected by pytest. On an H100 host (16 cores, torch 2.11) one run gave: threads alone -0.9%,
-full +19%, noproc +10%, without the h2d patches +6.7%, figures that disagree with
-bench_overhead.py's +2.4% on the same loop: the next thing to explain.
+full +19%, noproc +10%, without the h2d patches +6.7%: figures that disagree with
+bench_overhead.py's +2.4% on the same loop, which is the next thing to explain.
 """
-import cProfile
-import io
-import pstats
+
+from __future__ import annotations
+
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchtop.agent as ta
-from torchtop.agent import hooks as H
+from torchtop.agent import hooks, publisher
 
-torch.set_num_threads(1)
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(256, 320), torch.nn.ReLU(), torch.nn.Linear(320, 320), torch.nn.ReLU(), torch.nn.Linear(320, 10))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-crit = torch.nn.CrossEntropyLoss()
-ds = TensorDataset(torch.randn(64 * 400, 256), torch.randint(0, 10, (64 * 400,)))
-def block(n):
-    it = iter(DataLoader(ds, batch_size=64, shuffle=False))
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter_ns()
-        x, y = next(it)
-        loss = crit(model(x), y); opt.zero_grad(); loss.backward(); opt.step()
-        ts.append(time.perf_counter_ns() - t)
-    return statistics.median(ts) / 1000
-from torchtop.agent import publisher as P
+GROUPS = ("_patch_dataloader", "_hook_forward", "_patch_backward", "_patch_h2d", "_patch_grad_scaler", "_hook_optimizer")
+MODES = ("off", "threads", "full", "noproc", *(f"-{g}" for g in GROUPS if g != "_patch_grad_scaler"))
+ORIGINAL = {g: getattr(hooks.AutoHooks, g) for g in GROUPS}
+ORIGINAL_TICK = publisher.AgentLoop._tick
 
-orig_tick = P.AgentLoop._tick
-orig = {k: getattr(H.AutoHooks, k) for k in ("_patch_dataloader", "_hook_forward", "_patch_backward", "_patch_h2d", "_patch_grad_scaler", "_hook_optimizer")}
-def mode(name):
-    for k, v in orig.items():
-        setattr(H.AutoHooks, k, v)
-    P.AgentLoop._tick = orig_tick
-    if name == "noproc":  # hooks on, the agent thread only drains the buffer
-        P.AgentLoop._tick = lambda self, final=False: self.buffer.drain()
-    if name.startswith("-"):
-        setattr(H.AutoHooks, name[1:], lambda self: None)
-modes = ["off", "threads", "full", "noproc", "-_patch_dataloader", "-_hook_forward", "-_patch_backward", "-_patch_h2d", "-_hook_optimizer"]
-res = {m: [] for m in modes}
-for r in range(int(sys.argv[1]) if len(sys.argv) > 1 else 25):
-    for m in modes:
-        if m == "off":
-            block(10); res[m].append(block(80)); continue
-        mode(m)
-        ta.start(auto=(m != "threads")); block(10); res[m].append(block(80)); ta.stop()
-base = statistics.median(res["off"])
-for m in modes:
-    v = statistics.median(res[m]); print(f"{m:22s} {v:8.1f} us/step  delta {v - base:+6.1f} us ({(v - base) / base * 100:+.2f}%)")
-mode("full")
-ta.start(); block(20)
-pr = cProfile.Profile(); pr.enable(); block(200); pr.disable(); ta.stop()
-s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("ncalls").print_stats("torchtop|hooks|recorder|api", 25); print(s.getvalue()[-4000:])
+
+def loop() -> Any:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 320), torch.nn.ReLU(), torch.nn.Linear(320, 320), torch.nn.ReLU(), torch.nn.Linear(320, 10)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    crit = torch.nn.CrossEntropyLoss()
+    data = TensorDataset(torch.randn(64 * 400, 256), torch.randint(0, 10, (64 * 400,)))
+
+    def block(n: int) -> float:
+        it = iter(DataLoader(data, batch_size=64))
+        times = []
+        for _ in range(n):
+            t = time.perf_counter_ns()
+            x, y = next(it)
+            loss = crit(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            times.append(time.perf_counter_ns() - t)
+        return statistics.median(times) / 1000
+
+    return block
+
+
+def set_mode(name: str) -> None:
+    for group, fn in ORIGINAL.items():
+        setattr(hooks.AutoHooks, group, fn)
+    publisher.AgentLoop._tick = ORIGINAL_TICK
+    if name == "noproc":
+        publisher.AgentLoop._tick = lambda self, final=False: self.buffer.drain()
+    elif name.startswith("-"):
+        setattr(hooks.AutoHooks, name[1:], lambda self: None)
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 25
+    block = loop()
+    results: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(rounds):
+        for mode in MODES:
+            if mode == "off":
+                block(10)
+                results[mode].append(block(80))
+                continue
+            set_mode(mode)
+            ta.start(auto=mode != "threads")
+            block(10)
+            results[mode].append(block(80))
+            ta.stop()
+    set_mode("full")
+    base = statistics.median(results["off"])
+    for mode in MODES:
+        v = statistics.median(results[mode])
+        print(f"{mode:22s} {v:8.1f} us/step  delta {v - base:+7.1f} us ({(v - base) / base * 100:+.2f}%)")
+
+
+if __name__ == "__main__":
+    main()
