@@ -58,6 +58,21 @@ def _timed(rec: StepRecorder, phase: int, orig: Any) -> Any:
     return wrapper
 
 
+def _may_be_cuda(args: tuple, kwargs: dict) -> bool:
+    """Whether `Tensor.to(*args, **kwargs)` may target a GPU: a device, a device string or index, or
+    another tensor (whatever its device). A dtype alone never does."""
+    target = kwargs.get("device", args[0] if args else None)
+    if target is None:
+        return "other" in kwargs
+    if isinstance(target, str):
+        return target.startswith("cuda")
+    if isinstance(target, int):
+        return True  # a device index
+    if hasattr(target, "is_cuda"):
+        return bool(target.is_cuda)  # another tensor
+    return getattr(target, "type", None) == "cuda"  # a torch.device (a dtype has no .type)
+
+
 def _compiling(torch: Any) -> Any:
     fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     return fn if fn is not None else (lambda: False)
@@ -363,7 +378,8 @@ class AutoHooks:
         def to(self: Any, *args: Any, **kwargs: Any) -> Any:
             if compiling() or self.is_cuda or not rec.on_thread():
                 return orig_to(self, *args, **kwargs)
-            ev0 = begin()
+            # a CUDA event only where the target may be a GPU: `.to(dtype)` is most calls
+            ev0 = begin() if _may_be_cuda(args, kwargs) else None
             t = perf_counter_ns()
             out = orig_to(self, *args, **kwargs)
             settle(t, ev0, getattr(out, "is_cuda", False), self)

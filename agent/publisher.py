@@ -65,6 +65,7 @@ class AgentLoop(threading.Thread):
         self.sparse: deque[wire.StepRecord] = deque(maxlen=SPARSE_STEPS)  # downsampled, older
         self.bad_requests = 0
         self._budget = REQUESTS_PER_TICK
+        self._cuda_check_at = 0.0
         self.errors = 0
         self.timer = DeviceTimer(None)
         self._stop_event = threading.Event()
@@ -107,11 +108,18 @@ class AgentLoop(threading.Thread):
     # -- publishing ----------------------------------------------------------------------------
     def _maybe_enable_cuda(self) -> None:
         torch = self.torch
-        if self.timer.pool is not None or torch is None:
+        if self.timer.pool is not None or torch is None or time.monotonic() < self._cuda_check_at:
             return
+        self._cuda_check_at = time.monotonic() + 1.0
         try:
-            # only once the user's code initialised CUDA: never create a context ourselves
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            # only once the user's code initialised CUDA (never create a context ourselves) and
+            # holds memory on a GPU: torch.optim initialises CUDA on GPU machines even for a CPU
+            # loop, which must not pay for events it cannot use
+            if (
+                torch.cuda.is_available()
+                and torch.cuda.is_initialized()
+                and any(torch.cuda.memory_reserved(i) > 0 for i in range(torch.cuda.device_count()))
+            ):
                 pool = EventPool(torch)
                 self.timer.pool = pool
                 self.rec.pool = pool
