@@ -229,3 +229,19 @@ def test_summarize_follows_the_gpu_behind_the_host() -> None:
     s = summarize(events)
     assert s["steps"] == 1 and s["step_ms"] == pytest.approx(0.06)
     assert s["buckets"]["Kernel"] == pytest.approx(0.5) and s["gpu_idle"] == pytest.approx(0.5)
+
+
+def test_summarize_leaves_out_the_profilers_own_stop_sync() -> None:
+    """torch.profiler's stop drains the GPU inside the last step's span: that wait is not the step."""
+    events = [
+        {"ph": "X", "name": "ProfilerStep#0", "cat": "user_annotation", "ts": 0, "dur": 10},
+        {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 10, "dur": 290},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 5, "dur": 40},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 45, "dur": 40},
+        {"ph": "X", "name": "ProfilerStep#1", "cat": "gpu_user_annotation", "ts": 45, "dur": 40},
+        {"ph": "X", "name": "cudaDeviceSynchronize", "cat": "cuda_runtime", "ts": 20, "dur": 280},
+    ]
+    s = summarize(events)
+    assert s["buckets"]["Runtime"] == 0.0
+    assert s["step_ms"] == pytest.approx(0.085 / 2)  # 0-85 us: the kernels, not the 300 us wait
+    assert s["buckets"]["Kernel"] == pytest.approx(80 / 85, abs=1e-4)  # shares are rounded to 5 places

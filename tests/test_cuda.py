@@ -35,11 +35,13 @@ TOLERANCE = 0.05  # event timing vs torch.profiler's kernel time
 def agent(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     monkeypatch.setenv("TORCHTOP_QUIET", "1")
     monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(tmp_path / "run"))
-    torch.cuda.init()  # the agent enables CUDA events only once the user's code initialised CUDA
+    # the agent enables CUDA events once the user's code initialised CUDA and holds GPU memory
+    warm = torch.zeros(1, device="cuda")
     started = torchtop.agent.start()
     assert started is not None, "the agent did not start"
     try:
         _wait(lambda: started.recorder.pool is not None, 5.0, "the agent never enabled CUDA events")
+        del warm
         yield started
     finally:
         torchtop.agent.stop()
