@@ -52,12 +52,15 @@ def _length(intervals: list[Interval]) -> float:
     return sum(e - s for s, e in intervals)
 
 
-def _profiler_stop_sync(events: list[dict[str, Any]], last_end: float) -> dict[str, Any] | None:
+STOP_SYNC_SLACK_US = 1000.0  # the profiler's own bookkeeping after its drain, before the span closes
+
+
+def _profiler_stop_sync(events: list[dict[str, Any]], last: Interval) -> dict[str, Any] | None:
     """The cudaDeviceSynchronize torch.profiler runs when it stops (inside the last step's span,
     running to its end): it waits for the queued GPU work, which is accounted for by the kernels."""
     for e in reversed(events):
-        if (e.get("ph") == "X" and e.get("name") == "cudaDeviceSynchronize"
-                and float(e["ts"]) + float(e.get("dur", 0)) >= last_end - 1.0):
+        if (e.get("ph") == "X" and e.get("name") == "cudaDeviceSynchronize" and float(e["ts"]) >= last[0]
+                and float(e["ts"]) + float(e.get("dur", 0)) >= last[1] - STOP_SYNC_SLACK_US):
             return e
     return None
 
@@ -96,7 +99,7 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         side = gpu if str(e.get("cat", "")) == "gpu_user_annotation" else host
         side[name] = (min(span[0], side[name][0]), max(span[1], side[name][1])) if name in side else span
     steps = sorted(host, key=lambda n: host[n][0])
-    own_sync = _profiler_stop_sync(events, host[steps[-1]][1]) if steps else None
+    own_sync = _profiler_stop_sync(events, host[steps[-1]]) if steps else None
     if own_sync is not None:  # the profiler's own drain at stop: not the step's work
         last = steps[-1]
         host[last] = (host[last][0], min(host[last][1], float(own_sync["ts"])))
