@@ -101,7 +101,7 @@ class AgentLoop(threading.Thread):
                     return
                 time.sleep(self.period)
         try:
-            self._tick(final=True)
+            self._tick()  # the last steps before stop
         except Exception:
             pass
 
@@ -142,7 +142,7 @@ class AgentLoop(threading.Thread):
             record.marks = _marks(extra.get("marks", ()))
         return record
 
-    def _tick(self, final: bool = False) -> None:
+    def _tick(self) -> None:
         self._maybe_enable_cuda()
         for raw in self.buffer.drain():
             self.timer.submit(raw)

@@ -28,7 +28,6 @@ EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 
 
-DemoLaunchError = LaunchError
 
 
 # -- scenarios -----------------------------------------------------------------------------------
@@ -177,7 +176,7 @@ def run_demo(args: argparse.Namespace) -> int:
             return EXIT_FAILED
     try:
         log_path, log = open_log(args.scenario, args.log_dir)
-    except DemoLaunchError as exc:
+    except LaunchError as exc:
         print(f"torchtop: {exc}", file=sys.stderr)
         return EXIT_FAILED
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from tests.tui_util import TRAIN, wait_for
 from torchtop.agent import wire
 from torchtop.monitor import feed, fmt
 from torchtop.monitor.app import TorchtopApp
@@ -242,19 +243,6 @@ def test_feed_retries_hello_then_streams_and_stops_when_cancelled(monkeypatch) -
 
 
 # -- a real agent ---------------------------------------------------------------------------------
-TRAIN = """
-import sys, time, torch, torchtop.agent
-torchtop.agent.start()
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(256, 32)), batch_size=16)
-end = time.time() + float(sys.argv[1])
-while time.time() < end:
-    for (x,) in data:
-        loss = model(x).square().mean()
-        opt.zero_grad(); loss.backward(); opt.step()
-        time.sleep(0.002)
-"""
 
 
 def free_port_pair() -> int:
@@ -276,13 +264,6 @@ def start_training(tmp_path: Path, env: dict[str, str], port: int) -> subprocess
     return subprocess.Popen([sys.executable, str(script), "60"], env={**env, "TORCHTOP_PORT": str(port)})
 
 
-async def wait_for(pilot, condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        await pilot.pause(0.2)
-    return condition()
 
 
 async def test_real_agent_steps_then_gone_then_restarted(tmp_path: Path, subprocess_env) -> None:

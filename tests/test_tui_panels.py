@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tui_util import TRAIN, wait_for
 from torchtop.agent import wire
 from torchtop.monitor import feed, fmt
 from torchtop.monitor.app import TorchtopApp
@@ -418,29 +419,8 @@ async def test_small_terminal_still_shows_every_tab() -> None:
 
 
 # -- a real agent ---------------------------------------------------------------------------------
-TRAIN = """
-import sys, time, torch, torchtop.agent
-torchtop.agent.start()
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(256, 32)), batch_size=16)
-end = time.time() + float(sys.argv[1])
-while time.time() < end:
-    for (x,) in data:
-        loss = model(x).square().mean()
-        opt.zero_grad(); loss.backward(); opt.step()
-        torchtop.agent.mark("loss", loss)
-        time.sleep(0.005)
-"""
 
 
-async def wait_for(pilot, condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        await pilot.pause(0.2)
-    return condition()
 
 
 async def test_real_agent_profile_capture_and_memory_refusal(tmp_path: Path, subprocess_env) -> None:

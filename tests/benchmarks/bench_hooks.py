@@ -59,7 +59,7 @@ def set_mode(name: str) -> None:
         setattr(hooks.AutoHooks, group, fn)
     publisher.AgentLoop._tick = ORIGINAL_TICK
     if name == "noproc":
-        publisher.AgentLoop._tick = lambda self, final=False: self.buffer.drain()
+        publisher.AgentLoop._tick = lambda self: self.buffer.drain()
     elif name.startswith("-"):
         setattr(hooks.AutoHooks, name[1:], lambda self: None)
 
