@@ -29,24 +29,23 @@ class _Step:
         agent = core._agent
         if agent is None:
             return
-        rec = agent.recorder
+        probe = agent.probe
         try:
-            if rec.on_thread():
-                rec.explicit = True
-                rec.open_step()
+            if probe.on_thread():
+                probe.open_step()
         except Exception:
-            rec._fail()
+            probe.fail()
 
     def __exit__(self, *exc: Any) -> None:
         agent = core._agent
         if agent is None:
             return
-        rec = agent.recorder
+        probe = agent.probe
         try:
-            if rec.on_thread():
-                rec.boundary()
+            if probe.on_thread():
+                probe.cut()
         except Exception:
-            rec._fail()
+            probe.fail()
 
 
 class _Phase:
@@ -59,26 +58,26 @@ class _Phase:
         agent = core._agent
         if agent is None or self.index < 0:
             return
-        rec = agent.recorder
+        probe = agent.probe
         try:
-            if rec.on_thread():
+            if probe.on_thread():
                 if self.index == _FORWARD:  # a no-grad forward in a step of its own is evaluation
-                    rec.forward_start(-1, agent.torch.is_grad_enabled())
+                    probe.forward(0, agent.torch.is_grad_enabled())
                 else:
-                    rec.enter(self.index)
+                    probe.enter(self.index)
         except Exception:
-            rec._fail()
+            probe.fail()
 
     def __exit__(self, *exc: Any) -> None:
         agent = core._agent
         if agent is None or self.index < 0:
             return
-        rec = agent.recorder
+        probe = agent.probe
         try:
-            if rec.on_thread():
-                rec.exit(self.index)
+            if probe.on_thread():
+                probe.exit(self.index)
         except Exception:
-            rec._fail()
+            probe.fail()
 
 
 _STEP = _Step()
@@ -111,12 +110,12 @@ def mark(name: str, value: Any) -> None:
     agent = core._agent
     if agent is None:
         return
-    rec = agent.recorder
+    probe = agent.probe
     try:
-        if not rec.on_thread():
+        if not probe.on_thread():
             return
         if isinstance(value, (int, float)):
-            rec.add_mark(name, float(value))
+            probe.mark(name, float(value))
             return
         torch = agent.torch
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
@@ -130,11 +129,11 @@ def mark(name: str, value: Any) -> None:
             pinned.copy_(value.reshape(()), non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-            rec.add_mark(name, (pinned, done))
+            probe.mark(name, (pinned, done))
         else:
-            rec.add_mark(name, float(value))
+            probe.mark(name, float(value))
     except Exception:
-        rec._fail()
+        probe.fail()
 
 
 class _TimedIterable:

@@ -50,9 +50,9 @@ def _check_args(args: dict[str, Any], allowed: dict[str, Any]) -> None:
 
 
 class CaptureController:
-    def __init__(self, torch: Any, recorder: Any) -> None:
+    def __init__(self, torch: Any, probe: Any) -> None:
         self.torch = torch
-        self.rec = recorder
+        self.probe = probe
         self.dir = output_dir()
         self.host = socket.gethostname()
         self.current: CaptureInfo | None = None
@@ -78,7 +78,7 @@ class CaptureController:
             info.id, info.host, info.requested_at = self._ids, self.host, time.time()
             self._args = args
             self.current = info
-            self.rec.on_step = self.on_boundary  # armed: the training thread starts it
+            self.probe.on_step = self.on_boundary  # armed: the training thread starts it
             return info
 
     def _validate(self, cmd: str, args: dict[str, Any]) -> CaptureInfo:
@@ -117,11 +117,11 @@ class CaptureController:
             return
         now = time.time()
         if c.state == "pending" and now - c.requested_at > START_TIMEOUT_S:
-            self.rec.on_step = None
+            self.probe.on_step = None
             self._fail(c, f"no step boundary in {START_TIMEOUT_S:.0f} s: is the loop running? Steps end at "
                           "optimizer.step() or torchtop.agent.step()")
         elif c.kind == "memory" and c.state == "running" and c.seconds and now - c.started_at >= c.seconds:
-            self.rec.on_step = None
+            self.probe.on_step = None
             self._finish_memory(c)
 
     def status(self) -> list[CaptureInfo]:
@@ -129,7 +129,7 @@ class CaptureController:
 
     def close(self) -> None:
         """On agent stop: end a profiler or memory recording still running (never raises)."""
-        self.rec.on_step = None
+        self.probe.on_step = None
         c = self.current
         try:
             if self._prof is not None:
@@ -146,7 +146,7 @@ class CaptureController:
     def on_boundary(self) -> None:
         c = self.current
         if c is None:
-            self.rec.on_step = None
+            self.probe.on_step = None
             return
         with warnings.catch_warnings():  # the profiler's warnings are ours, not the run's
             warnings.simplefilter("ignore")
@@ -161,7 +161,7 @@ class CaptureController:
                 if c.kind == "profile":
                     self._prof.step()
                 if c.steps_total and c.steps_done >= c.steps_total:
-                    self.rec.on_step = None
+                    self.probe.on_step = None
                     if c.kind == "profile":
                         self._prof.stop()
                         self._spawn(self._write_profile, c, self._prof)
@@ -169,7 +169,7 @@ class CaptureController:
                     else:
                         self._finish_memory(c)
         except Exception as exc:
-            self.rec.on_step = None
+            self.probe.on_step = None
             self._fail(c, f"{type(exc).__name__}: {exc}")
 
     def _start(self, c: CaptureInfo) -> None:

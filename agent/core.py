@@ -16,7 +16,6 @@ import uuid
 from typing import Any
 
 from . import discovery, wire
-from .buffer import DropOldestBuffer
 
 VERSION = "0.1.0"
 _lock = threading.Lock()
@@ -39,10 +38,11 @@ def _env_int(name: str, default: int) -> int:
 
 
 class Agent:
-    """One running agent: recorder + hooks on the training thread, sockets + loop on its own."""
+    """One running agent: probe + hooks on the training thread; recorder, sockets and loop on its own."""
 
     def __init__(self, torch: Any, port: int | None, bind: str, auto: bool) -> None:
         from .hooks import AutoHooks
+        from .probe import Probe
         from .publisher import AgentLoop
         from .recorder import StepRecorder
         from .sockets import open_sockets
@@ -55,23 +55,23 @@ class Agent:
         self.world_size = _env_int("WORLD_SIZE", 1)
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.sockets = open_sockets(bind, port)  # BindError propagates to start()
-        self.buffer = DropOldestBuffer()
-        self.recorder = StepRecorder(self.buffer)
+        self.probe = Probe()
+        self.recorder = StepRecorder()
         self.hooks = None
         self.telemetry = None
         try:
             from .capture import CaptureController
 
-            self.captures = CaptureController(torch, self.recorder)
+            self.captures = CaptureController(torch, self.probe)
             from .telemetry import TelemetryCollector
 
             self.telemetry = TelemetryCollector(torch)
             self.telemetry.start()
             if auto:
-                self.hooks = AutoHooks(self.recorder, torch, h2d=torch.cuda.is_available())
+                self.hooks = AutoHooks(self.probe, torch, h2d=torch.cuda.is_available())
                 self.hooks.install()
             self.loop = AgentLoop(
-                self.recorder, self.buffer, self.sockets, self.hello, self.run_id, torch, self.rank,
+                self.probe, self.recorder, self.sockets, self.hello, self.run_id, torch, self.rank,
                 telemetry=self.telemetry,
                 captures=self.captures,
             )
@@ -129,7 +129,7 @@ class Agent:
             torch_version=str(getattr(self.torch, "__version__", "")),
             agent_version=VERSION,
             argv=list(sys.argv),
-            cuda_sample_every=self.recorder.sample_every if self.recorder.pool is not None else 0,
+            cuda_sample_every=self.probe.sample_every if self.probe.pool is not None else 0,
         )
 
     def _discovery_info(self) -> dict[str, Any]:
@@ -150,7 +150,7 @@ class Agent:
         }
 
     def _teardown(self) -> None:
-        self.recorder.active = False
+        self.probe.disable()
         if self.telemetry is not None:
             self.telemetry.stop()
         if self.hooks is not None:
@@ -158,7 +158,7 @@ class Agent:
         self.sockets.close()
 
     def stop(self) -> None:
-        self.recorder.active = False
+        self.probe.disable()
         if getattr(self, "captures", None) is not None:
             self.captures.close()
         if self.hooks is not None:
@@ -174,7 +174,7 @@ class Agent:
 
     def abandon_after_fork(self) -> None:
         """In a forked child: restore the patches, touch no socket or thread of the parent."""
-        self.recorder.active = False
+        self.probe.disable()
         if self.hooks is not None:
             self.hooks.uninstall()
 

@@ -65,6 +65,15 @@ class DeviceTimer:
     def submit(self, raw: Any) -> None:
         self._pending.append((time.monotonic(), raw))
 
+    def run(self, raws: list[Any]) -> list[tuple[Any, dict[str, float] | None]]:
+        """Submit `raws`, then return every step now ready, in order. Steps without events or
+        CUDA marks, with nothing pending ahead of them (every step on a CPU run), pass straight."""
+        if not self._pending and all(raw[6] is None and _marks_done(raw) for raw in raws):
+            return [(raw, None) for raw in raws]
+        for raw in raws:
+            self.submit(raw)
+        return self.poll()
+
     def poll(self) -> list[tuple[Any, dict[str, float] | None]]:
         """Raw steps whose events completed (or were abandoned), in order, with device times."""
         out = []
@@ -74,6 +83,7 @@ class DeviceTimer:
             events = raw[6]
             pairs = events[:-1] if events is not None else ()
             if all(_done(s) and _done(e) for _, s, e in pairs) and _marks_done(raw):
+                _read_marks(raw)
                 out.append(self._finish(raw, self._elapsed(pairs)) if events is not None else (raw, None))
             elif now - since > GIVE_UP_S or len(self._pending) > MAX_PENDING:
                 self.abandoned += 1
@@ -117,6 +127,13 @@ class DeviceTimer:
 
 def _done(ev: Any) -> bool:
     return ev is None or ev.query()
+
+
+def _read_marks(raw: Any) -> None:
+    """CUDA marks whose copy landed become floats: the pinned copies are not kept in history."""
+    extra = raw[7] if len(raw) > 7 else None
+    if extra and "marks" in extra:
+        extra["marks"] = [(name, float(v[0]) if isinstance(v, tuple) else v) for name, v in extra["marks"]]
 
 
 def _marks_done(raw: Any) -> bool:

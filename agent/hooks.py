@@ -1,4 +1,4 @@
-"""Zero-code instrumentation: the patches and hooks that feed the StepRecorder.
+"""Zero-code instrumentation: the patches and hooks that feed the probe on the training thread.
 
 - DataLoader wait: `_BaseDataLoaderIter.__next__` (shared by single- and multi-process iterators),
   counted only on the training thread.
@@ -10,7 +10,10 @@
 - optimizer: the global optimizer step pre/post hooks; a step ends after the last optimizer of
   an iteration has stepped.
 - h2d (only where CUDA exists): `Tensor.to`, `Tensor.cuda`, `Tensor.copy_` from a CPU tensor to a
-  CUDA one.
+  CUDA one (`hooks_h2d.py`).
+
+Each hook only logs timestamps into the `Probe` (see probe.py); the agent thread makes steps
+of them. Step ends are decided here, at the optimizer, because a capture must start there.
 
 No global full-backward hooks: they cost milliseconds a step and break `ReLU(inplace=True)`.
 `uninstall()` restores everything, so start/stop can alternate in one process.
@@ -24,53 +27,40 @@ import weakref
 from time import perf_counter_ns
 from typing import Any
 
-from .recorder import BACKWARD, DATA, FORWARD, OPTIMIZER, StepRecorder
+from .probe import EXIT, FORWARD_START, MAX_SLOT, SHIFT, SKIPPED, Probe
+from .recorder import BACKWARD, DATA, FORWARD, OPTIMIZER
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 
 
-def _timed(rec: StepRecorder, phase: int, orig: Any) -> Any:
+def _timed(probe: Probe, phase: int, orig: Any) -> Any:
     """`orig` wrapped so that its time on the training thread counts as `phase`.
 
-    The hottest code torchtop has: a thread check inline, no extra call layers. The recorder
-    guards itself; the try blocks here are the second line (free in CPython 3.11 until they
-    catch), so that nothing can raise into the user's code.
+    The hottest code torchtop has: a thread check, then one timestamped entry on each side
+    (`probe.put`), inline, with no call layer of ours in between. The try blocks are free in
+    CPython 3.11 until they catch; nothing can raise into the user's code.
     """
     get_ident = threading.get_ident
+    enter, leave = phase, EXIT | phase
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if rec.active and get_ident() == rec.thread_id:
+        if get_ident() != probe.tid:
+            return orig(*args, **kwargs)
+        try:
+            probe.put(perf_counter_ns() << SHIFT | enter)
+        except Exception:
+            probe.fail()
+        try:
+            return orig(*args, **kwargs)
+        finally:
             try:
-                rec.enter(phase)
+                probe.put(perf_counter_ns() << SHIFT | leave)
             except Exception:
-                rec._fail()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                try:
-                    rec.exit(phase)
-                except Exception:
-                    rec._fail()
-        return orig(*args, **kwargs)
+                probe.fail()
 
     return wrapper
-
-
-def _may_be_cuda(args: tuple, kwargs: dict) -> bool:
-    """Whether `Tensor.to(*args, **kwargs)` may target a GPU: a device, a device string or index, or
-    another tensor (whatever its device). A dtype alone never does."""
-    target = kwargs.get("device", args[0] if args else None)
-    if target is None:
-        return "other" in kwargs
-    if isinstance(target, str):
-        return target.startswith("cuda")
-    if isinstance(target, int):
-        return True  # a device index
-    if hasattr(target, "is_cuda"):
-        return bool(target.is_cuda)  # another tensor
-    return getattr(target, "type", None) == "cuda"  # a torch.device (a dtype has no .type)
 
 
 def _compiling(torch: Any) -> Any:
@@ -79,14 +69,15 @@ def _compiling(torch: Any) -> Any:
 
 
 class AutoHooks:
-    """Installs and removes every automatic hook for one recorder."""
+    """Installs and removes every automatic hook for one probe."""
 
-    def __init__(self, recorder: StepRecorder, torch: Any, h2d: bool) -> None:
-        self.rec = recorder
+    def __init__(self, probe: Probe, torch: Any, h2d: bool) -> None:
+        self.probe = probe
         self.torch = torch
         self.want_h2d = h2d
         self._undo: list[Any] = []
         self._roots: dict[int, Any] = {}  # id(module) -> weakref
+        self._slots: dict[int, int] = {}  # id(root module) -> its slot in the log's codes
         self._not_roots: set[int] = set()  # parameterless modules called on their own
         self._patched: set[type] = set()  # classes whose forward is wrapped
         self._once: list[Any] = []  # one-shot hooks timing a root's discovery call
@@ -107,7 +98,9 @@ class AutoHooks:
         self._hook_optimizer()
         self._patch_grad_scaler()
         if self.want_h2d:
-            self._patch_h2d()
+            from .hooks_h2d import patch_h2d
+
+            patch_h2d(self.probe, self.torch, self._setattr)
 
     def uninstall(self) -> None:
         while self._undo:
@@ -117,6 +110,7 @@ class AutoHooks:
             except Exception:
                 pass
         self._roots.clear()
+        self._slots.clear()
         self._not_roots.clear()
         self._patched.clear()
         self._once.clear()
@@ -142,11 +136,7 @@ class AutoHooks:
         from torch.utils.data import dataloader
 
         cls = dataloader._BaseDataLoaderIter
-        orig = cls.__next__
-        rec = self.rec
-
-        __next__ = _timed(rec, DATA, orig)
-        self._setattr(cls, "__next__", __next__)
+        self._setattr(cls, "__next__", _timed(self.probe, DATA, cls.__next__))
         self._patch_queue_get()
 
     def _patch_queue_get(self) -> None:
@@ -154,11 +144,7 @@ class AutoHooks:
         wait in `get()` is its data wait (the loader thread's own work is not counted)."""
         import queue
 
-        orig = queue.Queue.get
-        rec = self.rec
-
-        get = _timed(rec, DATA, orig)
-        self._setattr(queue.Queue, "get", get)
+        self._setattr(queue.Queue, "get", _timed(self.probe, DATA, queue.Queue.get))
 
     # -- forward -------------------------------------------------------------------------------
     def _hook_forward(self) -> None:
@@ -174,26 +160,30 @@ class AutoHooks:
     def _discover(self, module: Any, args: Any) -> None:
         if self._compiling():  # traced by dynamo: do nothing it would break a graph on
             return
-        rec = self.rec
+        probe = self.probe
         try:
             # the limit first: a loop whose roots are all known calls no new root, and the global
             # hook must still go (while it exists every module call takes nn.Module's slow path)
-            if rec.index >= DISCOVERY_STEPS or self._root_calls >= DISCOVERY_CALLS:
+            if probe.steps >= DISCOVERY_STEPS or self._root_calls >= DISCOVERY_CALLS or not probe.active:
                 self._end_discovery()
                 return
             key = id(module)
-            if not rec.on_thread() or self._depth > 0 or key in self._roots or key in self._not_roots:
+            if key in self._roots:
+                self._root_calls += 1
+                return
+            if not probe.on_thread() or self._depth > 0 or key in self._not_roots:
                 return
             if next(module.parameters(), None) is None:
                 self._not_roots.add(key)  # a loss function or activation called on its own: not a model
                 return
             self._roots[key] = weakref.ref(module)
+            self._slots[key] = 1 + (len(self._slots) % MAX_SLOT)  # slot 0 is phase("forward")
             self._adopt(module)
             # this call's forward was chosen before this hook ran: time it with a one-shot hook
             self._root_enter(module)
             self._once.append(module.register_forward_hook(self._once_post, always_call=True))
         except Exception:
-            rec._fail()
+            probe.fail()
 
     def _once_post(self, module: Any, args: Any, output: Any) -> None:
         try:
@@ -219,17 +209,31 @@ class AutoHooks:
             return
         self._patched.add(cls)
         orig = cls.forward
-        hooks, rec, roots, compiling = self, self.rec, self._roots, self._compiling
+        hooks, probe, slots, compiling = self, self.probe, self._slots, self._compiling
+        get_ident, grad_enabled = threading.get_ident, self._grad_enabled
+        leave = EXIT | FORWARD
 
         @functools.wraps(orig)
         def forward(this: Any, *args: Any, **kwargs: Any) -> Any:
-            if compiling() or id(this) not in roots or not rec.on_thread():
-                return orig(this, *args, **kwargs)
-            hooks._root_enter(this)
+            # compiling() first: under dynamo it is a constant and nothing else here is traced
+            if compiling() or hooks._depth or get_ident() != probe.tid:
+                return orig(this, *args, **kwargs)  # traced, nested in a root, or another thread
+            slot = slots.get(id(this))
+            if slot is None:
+                return orig(this, *args, **kwargs)  # the class of a root, but not a root
+            hooks._depth = 1
+            try:
+                probe.put(perf_counter_ns() << SHIFT | FORWARD_START + 2 * slot + grad_enabled())
+            except Exception:
+                probe.fail()
             try:
                 return orig(this, *args, **kwargs)
             finally:
-                hooks._root_leave(this)
+                hooks._depth = 0
+                try:
+                    probe.put(perf_counter_ns() << SHIFT | leave)
+                except Exception:
+                    probe.fail()
 
         self._setattr(cls, "forward", forward)
 
@@ -239,40 +243,37 @@ class AutoHooks:
             self._global_handle = None
 
     def _hook_pre(self, module: Any, args: Any) -> None:
-        if not self._compiling() and self.rec.on_thread():
+        if self.probe.on_thread() and not self._compiling():
             self._root_enter(module)
 
     def _hook_post(self, module: Any, args: Any, output: Any) -> None:
-        if not self._compiling() and self.rec.on_thread():
+        if self.probe.on_thread() and not self._compiling():
             self._root_leave(module)
 
     def _root_enter(self, module: Any) -> None:
         """On the training thread: the outermost root forward opens the FORWARD phase."""
         try:
             if self._depth == 0:
-                self._root_calls += 1
-                self.rec.forward_start(id(module), self._grad_enabled())
+                slot = self._slots.get(id(module), 0)
+                self.probe.put(perf_counter_ns() << SHIFT | FORWARD_START + 2 * slot + self._grad_enabled())
             self._depth += 1
         except Exception:
-            self.rec._fail()
+            self.probe.fail()
 
     def _root_leave(self, module: Any) -> None:
         try:
             if self._depth > 0:
                 self._depth -= 1
                 if self._depth == 0:
-                    self.rec.exit(FORWARD)
+                    self.probe.put(perf_counter_ns() << SHIFT | EXIT | FORWARD)
         except Exception:
-            self.rec._fail()
+            self.probe.fail()
 
     # -- backward ------------------------------------------------------------------------------
     def _patch_backward(self) -> None:
         autograd = self.torch.autograd
-        rec = self.rec
         for name in ("backward", "grad"):
-            orig = getattr(autograd, name)
-
-            self._setattr(autograd, name, _timed(rec, BACKWARD, orig))
+            self._setattr(autograd, name, _timed(self.probe, BACKWARD, getattr(autograd, name)))
 
     # -- optimizer -----------------------------------------------------------------------------
     def _hook_optimizer(self) -> None:
@@ -282,44 +283,45 @@ class AutoHooks:
         self._handle(optim_mod.register_optimizer_step_post_hook(self._opt_post))
 
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
-        rec = self.rec
-        if self._compiling() or not rec.on_thread():
+        probe = self.probe
+        if threading.get_ident() != probe.tid or self._compiling():
             return
         try:
             oid = id(opt)
-            if oid in self._stepped and not rec.explicit:
+            if oid in self._stepped and not probe.explicit:
                 # it stepped twice in one step: the cycle is only what stepped since the last cut
                 self._seen_opts = set(self._stepped)
                 self._stepped.clear()
-                rec.boundary()
+                probe.cut()
             self._seen_opts.add(oid)
+            probe.put(perf_counter_ns() << SHIFT | OPTIMIZER)
         except Exception:
-            rec._fail()
-        try:
-            rec.enter(OPTIMIZER)
-        except Exception:
-            rec._fail()
+            probe.fail()
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
-        rec = self.rec
-        if self._compiling() or not rec.on_thread():
+        probe = self.probe
+        if threading.get_ident() != probe.tid or self._compiling():
             return
         try:
-            rec.exit(OPTIMIZER)
+            probe.put(perf_counter_ns() << SHIFT | EXIT | OPTIMIZER)
             self._opt_ran = True
-            self._cycle_done(opt)
+            seen = self._seen_opts
+            if len(seen) == 1 and id(opt) in seen and not probe.explicit:
+                probe.cut()  # one optimizer: the common case, no set arithmetic
+            else:
+                self._cycle_done(opt)
         except Exception:
-            rec._fail()
+            probe.fail()
 
     def _cycle_done(self, opt: Any) -> None:
         """`opt` stepped (or was skipped): end the step once every optimizer of the cycle has."""
-        if self.rec.explicit:
+        if self.probe.explicit:
             return
         self._seen_opts.add(id(opt))
         self._stepped.add(id(opt))
         if self._stepped >= self._seen_opts:
             self._stepped.clear()
-            self.rec.boundary()
+            self.probe.cut()
 
     def _patch_grad_scaler(self) -> None:
         """A GradScaler step skipped for inf/NaN gradients never calls optimizer.step(): count
@@ -328,83 +330,20 @@ class AutoHooks:
         if scaler_cls is None or not hasattr(scaler_cls, "step"):
             return
         orig = scaler_cls.step
-        rec = self.rec
+        probe = self.probe
         hooks = self
 
         @functools.wraps(orig)
         def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            before = rec.index
+            before = probe.steps
             hooks._opt_ran = False
             out = orig(scaler, optimizer, *args, **kwargs)
             try:
-                if not hooks._opt_ran and rec.on_thread() and rec.index == before:
-                    rec.note_skipped()
+                if not hooks._opt_ran and probe.on_thread() and probe.steps == before:
+                    probe.stamp(SKIPPED)
                     hooks._cycle_done(optimizer)
             except Exception:
-                rec._fail()
+                probe.fail()
             return out
 
         self._setattr(scaler_cls, "step", step)
-
-    # -- host to device ------------------------------------------------------------------------
-    def _patch_h2d(self) -> None:
-        torch = self.torch
-        rec = self.rec
-        compiling = _compiling(torch)
-        Tensor = torch.Tensor
-
-        def begin() -> Any:
-            try:
-                return rec._record() if rec.h2d_events() else None
-            except Exception:
-                rec._fail()
-                return None
-
-        def settle(t: int, ev0: Any, was_h2d: bool, src: Any) -> None:
-            dt = perf_counter_ns() - t
-            try:
-                if was_h2d:
-                    rec.add_h2d(dt, src.nbytes, src.is_pinned())
-                    if ev0 is not None:
-                        rec.add_h2d_events(ev0, rec._record())
-                elif ev0 is not None:
-                    rec.pool.give(ev0)
-            except Exception:
-                rec._fail()
-
-        orig_to, orig_cuda, orig_copy = Tensor.to, Tensor.cuda, Tensor.copy_
-
-        @functools.wraps(orig_to)
-        def to(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if compiling() or self.is_cuda or not rec.on_thread():
-                return orig_to(self, *args, **kwargs)
-            # a CUDA event only where the target may be a GPU: `.to(dtype)` is most calls
-            ev0 = begin() if _may_be_cuda(args, kwargs) else None
-            t = perf_counter_ns()
-            out = orig_to(self, *args, **kwargs)
-            settle(t, ev0, getattr(out, "is_cuda", False), self)
-            return out
-
-        @functools.wraps(orig_cuda)
-        def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if compiling() or self.is_cuda or not rec.on_thread():
-                return orig_cuda(self, *args, **kwargs)
-            ev0 = begin()
-            t = perf_counter_ns()
-            out = orig_cuda(self, *args, **kwargs)
-            settle(t, ev0, True, self)
-            return out
-
-        @functools.wraps(orig_copy)
-        def copy_(self: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
-            if compiling() or not self.is_cuda or getattr(src, "is_cuda", True) or not rec.on_thread():
-                return orig_copy(self, src, *args, **kwargs)
-            ev0 = begin()
-            t = perf_counter_ns()
-            out = orig_copy(self, src, *args, **kwargs)
-            settle(t, ev0, True, src)
-            return out
-
-        self._setattr(Tensor, "to", to)
-        self._setattr(Tensor, "cuda", cuda)
-        self._setattr(Tensor, "copy_", copy_)

@@ -1,6 +1,7 @@
 """The agent's own thread: everything that must not run on the training thread.
 
-At a fixed rate it drains the step buffer, resolves CUDA events (by polling, never syncing),
+At a fixed rate it drains the probe's log and replays it into steps, resolves CUDA events (by
+polling, never syncing),
 keeps a bounded history for late joiners, encodes a Batch and publishes it with NOBLOCK (an
 empty batch is the heartbeat). In between it answers requests on the ROUTER socket. Bad frames
 are counted and answered with an error; nothing a client sends can stop this thread.
@@ -17,10 +18,10 @@ from typing import Any
 import zmq
 
 from . import wire
-from .buffer import DropOldestBuffer
 from .capture import CaptureController, CaptureError
 from .core import warn
 from .cuda_timing import DeviceTimer, EventPool
+from .probe import MAX_FAILURES, Probe
 from .recorder import StepRecorder
 from .sockets import AgentSockets
 from .telemetry import TelemetryCollector
@@ -28,7 +29,8 @@ from .telemetry import TelemetryCollector
 RATE_HZ = 10.0
 HISTORY_STEPS = 10_000  # every step, for late joiners
 SPARSE_STEPS = 6_000  # before those: one step per SPARSE_PERIOD_S, so at least 10 minutes at any rate
-SPARSE_PERIOD_S = 0.1
+SPARSE_PERIOD_NS = 100_000_000
+CATCH_UP_STEPS = 2_000  # re-sent when the first subscriber arrives: covers a snapshot taken before it
 SNAPSHOT_MAX = wire.SNAPSHOT_MAX_STEPS  # = HISTORY_STEPS + SPARSE_STEPS
 REQUESTS_PER_TICK = 50  # more are left queued (and dropped at the socket's HWM): bounded agent CPU
 
@@ -38,8 +40,8 @@ class AgentLoop(threading.Thread):
 
     def __init__(
         self,
+        probe: Probe,
         recorder: StepRecorder,
-        buffer: DropOldestBuffer,
         sockets: AgentSockets,
         hello: Callable[[], wire.Hello],
         run_id: str,
@@ -50,8 +52,8 @@ class AgentLoop(threading.Thread):
         rate_hz: float = RATE_HZ,
     ) -> None:
         super().__init__(name="torchtop-agent", daemon=True)
+        self.probe = probe
         self.rec = recorder
-        self.buffer = buffer
         self.sockets = sockets
         self.hello = hello
         self.run_id = run_id
@@ -61,8 +63,11 @@ class AgentLoop(threading.Thread):
         self.captures = captures
         self.period = 1.0 / rate_hz
         self.seq = 0
-        self.history: deque[wire.StepRecord] = deque(maxlen=HISTORY_STEPS)
-        self.sparse: deque[wire.StepRecord] = deque(maxlen=SPARSE_STEPS)  # downsampled, older
+        # steps as (raw, device ms): made into StepRecords only when someone asks or listens
+        self.history: deque[tuple[Any, Any]] = deque(maxlen=HISTORY_STEPS)
+        self.sparse: deque[tuple[Any, Any]] = deque(maxlen=SPARSE_STEPS)  # downsampled, older
+        self.subscribed = False  # anyone on the batch stream (XPUB tells first join, last leave)
+        self._catch_up = False
         self.bad_requests = 0
         self._budget = REQUESTS_PER_TICK
         self._cuda_check_at = 0.0
@@ -79,15 +84,21 @@ class AgentLoop(threading.Thread):
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
         poller = zmq.Poller()
-        poller.register(self.sockets.router, zmq.POLLIN)
+        router, pub = self.sockets.router, self.sockets.pub
+        poller.register(router, zmq.POLLIN)
+        poller.register(pub, zmq.POLLIN)
         next_tick = time.monotonic()
         while not self._stop_event.is_set():
             try:
                 wait_ms = max(0.0, (next_tick - time.monotonic()) * 1000)
                 if self._budget <= 0:  # a flood of requests waits for the next tick: it must not
                     self._stop_event.wait(wait_ms / 1000)  # take the training thread's GIL
-                elif dict(poller.poll(wait_ms)):
-                    self._serve()
+                else:
+                    ready = dict(poller.poll(wait_ms))
+                    if pub in ready:
+                        self._subscriptions()
+                    if router in ready:
+                        self._serve()
                 now = time.monotonic()
                 if now >= next_tick:
                     self._budget = REQUESTS_PER_TICK
@@ -122,10 +133,26 @@ class AgentLoop(threading.Thread):
             ):
                 pool = EventPool(torch)
                 self.timer.pool = pool
-                self.rec.pool = pool
-                self.rec.sample_every = 8
+                self.rec.give = pool.give
+                self.probe.sample_every = 8
+                self.probe.pool = pool
         except Exception:
             self.errors += 1
+
+    def _subscriptions(self) -> None:
+        """(Un)subscription messages: b"\\x01" when the first subscriber joins, b"\\x00" when
+        the last leaves. Anything else a peer sends is read and ignored."""
+        pub = self.sockets.pub
+        for _ in range(REQUESTS_PER_TICK):
+            try:
+                msg = pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if msg[:1] == b"\x01":
+                if not self.subscribed:
+                    self.subscribed, self._catch_up = True, True
+            elif msg[:1] == b"\x00":
+                self.subscribed = False
 
     def _to_record(self, raw: Any, device_ms: dict[str, float] | None) -> wire.StepRecord:
         index, kind, t0_ns, wall_ns, acc, micro, _events, extra = raw
@@ -144,12 +171,20 @@ class AgentLoop(threading.Thread):
 
     def _tick(self) -> None:
         self._maybe_enable_cuda()
-        for raw in self.buffer.drain():
-            self.timer.submit(raw)
-        steps = [self._to_record(raw, ms) for raw, ms in self.timer.poll()]
-        self._keep(steps)
+        probe, rec = self.probe, self.rec
+        ready = self.timer.run(rec.feed(probe.drain()))
+        if rec.failures >= MAX_FAILURES and probe.active:
+            probe.disable()  # the replay keeps failing: stop logging
+        self._keep(ready)
+        if self._catch_up:  # a first subscriber: what it may have missed between snapshot and now
+            self._catch_up = False
+            steps = [self._to_record(raw, ms) for raw, ms in list(self.history)[-CATCH_UP_STEPS:]]
+        elif self.subscribed:
+            steps = [self._to_record(raw, ms) for raw, ms in ready]
+        else:
+            steps = []  # nobody listens: a heartbeat; the steps wait in the history
         if self.timer.pool is not None:
-            self.rec.sample_every = self.timer.stride(self.rec.sample_every)
+            probe.sample_every = self.timer.stride(probe.sample_every)
             self.timer.pool.top_up()
         telemetry = None
         if self.telemetry is not None:
@@ -165,8 +200,8 @@ class AgentLoop(threading.Thread):
             seq=self.seq,
             time=time.time(),
             steps=steps,
-            dropped=self.buffer.dropped,
-            hook_errors=self.rec.failures,
+            dropped=probe.dropped,
+            hook_errors=probe.failures + rec.failures,
             telemetry=telemetry,
             capture=capture,
         )
@@ -176,13 +211,14 @@ class AgentLoop(threading.Thread):
             pass
         self.seq += 1
 
-    def _keep(self, steps: list[wire.StepRecord]) -> None:
-        """Every step of the last HISTORY_STEPS; older ones thinned to one per SPARSE_PERIOD_S."""
+    def _keep(self, steps: list[tuple[Any, Any]]) -> None:
+        """Every step of the last HISTORY_STEPS; older ones thinned to one per SPARSE_PERIOD_NS."""
         history, sparse = self.history, self.sparse
+        full = history.maxlen
         for step in steps:
-            if len(history) == history.maxlen:
+            if len(history) == full:
                 old = history[0]
-                if not sparse or old.t0 >= sparse[-1].t0 + SPARSE_PERIOD_S:
+                if not sparse or old[0][2] >= sparse[-1][0][2] + SPARSE_PERIOD_NS:
                     sparse.append(old)
             history.append(step)
 
@@ -225,7 +261,8 @@ class AgentLoop(threading.Thread):
                 return wire.Reply(
                     v=v, id=req.id, ok=False, error=f"max_steps must be an integer in 1..{SNAPSHOT_MAX}"
                 )
-            steps = (list(self.sparse) + list(self.history))[-limit:]
+            kept = (list(self.sparse) + list(self.history))[-limit:]
+            steps = [self._to_record(raw, ms) for raw, ms in kept]
             return wire.Reply(v=v, id=req.id, ok=True, steps=steps, seq=self.seq - 1)
         if req.cmd in ("capture-profile", "capture-memory", "capture-status") and self.captures is not None:
             return self._capture(req)
@@ -245,7 +282,7 @@ class AgentLoop(threading.Thread):
 
 
 def _marks(marks: Any) -> dict[str, float]:
-    """User marks as floats; CUDA ones arrive as (pinned copy, event) and are read once ready."""
+    """User marks as floats (CUDA ones were read by the timer once their copy landed)."""
     out: dict[str, float] = {}
     for name, value in marks:
         try:

@@ -1,4 +1,4 @@
-"""The agent's two ZeroMQ sockets: ROUTER for requests on `port`, PUB for batches on `port + 1`.
+"""The agent's two ZeroMQ sockets: ROUTER for requests on `port`, XPUB for batches on `port + 1`.
 
 Loopback by default. A non-loopback bind needs CURVE (agent/keys.py) and is refused without it:
 a training process must not take orders from whoever can reach its port. With CURVE both sockets
@@ -16,7 +16,6 @@ from typing import Any
 import zmq
 
 from . import keys
-from .wire import MAX_FRAME_BYTES
 
 PORT_RANGE = (20000, 60000)
 ZAP_DOMAIN = "torchtop"
@@ -100,7 +99,7 @@ def _secure(sock: Any, curve: keys.ServerCurve | None) -> None:
 
 
 def open_sockets(bind: str = "127.0.0.1", port: int | None = None) -> AgentSockets:
-    """Bind ROUTER on `port` and PUB on `port + 1`; with port None, a free pair is chosen.
+    """Bind ROUTER on `port` and XPUB on `port + 1`; with port None, a free pair is chosen.
 
     CURVE is on off loopback (refused with what to run when keys are missing) and on loopback
     when $TORCHTOP_SERVER_KEY or $TORCHTOP_CURVE=1 asks for it.
@@ -124,11 +123,13 @@ def open_sockets(bind: str = "127.0.0.1", port: int | None = None) -> AgentSocke
             router.setsockopt(zmq.SNDHWM, 1000)
             _secure(router, curve)
             router.bind(_endpoint(bind, p))
-            pub = ctx.socket(zmq.PUB)
+            # XPUB: a PUB that hears (un)subscriptions, so the agent knows when anyone listens
+            pub = ctx.socket(zmq.XPUB)
             pub.setsockopt(zmq.LINGER, 0)
             pub.setsockopt(zmq.IPV6, ipv6)
             pub.setsockopt(zmq.SNDHWM, 1000)
-            pub.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+            pub.setsockopt(zmq.RCVHWM, 100)
+            pub.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # inbound: subscriptions (and the CURVE handshake)
             _secure(pub, curve)
             pub.bind(_endpoint(bind, p + 1))
             return AgentSockets(ctx, router, pub, bind, p, curve, auth)

@@ -65,6 +65,28 @@ def _profiler_stop_sync(events: list[dict[str, Any]], last: Interval) -> dict[st
     return None
 
 
+QUEUED_US = 200.0  # a first kernel starting this long after its launch waited behind earlier work
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _backlog_end(events: list[dict[str, Any]], start: float) -> float | None:
+    """When work queued before the capture (not in the trace) kept the GPU busy as the first step
+    began: its first profiled GPU activity ran long after its launch. Returns when it ran."""
+    first: dict[str, Any] | None = None
+    for e in events:
+        if e.get("ph") == "X" and str(e.get("cat", "")) in GPU_CATS and float(e["ts"]) >= start:
+            if first is None or float(e["ts"]) < float(first["ts"]):
+                first = e
+    corr = (first or {}).get("args", {}).get("correlation")
+    if first is None or corr is None:
+        return None
+    for e in events:
+        if (e.get("ph") == "X" and str(e.get("cat", "")) in ("cuda_runtime", "cuda_driver")
+                and e.get("args", {}).get("correlation") == corr):
+            return float(first["ts"]) if float(first["ts"]) - float(e["ts"]) > QUEUED_US else None
+    return None
+
+
 def bucket_of(event: dict[str, Any]) -> str | None:
     cat = str(event.get("cat", "")).lower()
     name = str(event.get("name", ""))
@@ -99,12 +121,16 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
         side = gpu if str(e.get("cat", "")) == "gpu_user_annotation" else host
         side[name] = (min(span[0], side[name][0]), max(span[1], side[name][1])) if name in side else span
     steps = sorted(host, key=lambda n: host[n][0])
+    busy_until = _backlog_end(events, host[steps[0]][0]) if steps else None
+    if busy_until is not None:  # the GPU was not free for these steps before then: not idle
+        for n in steps:
+            host[n] = (max(host[n][0], busy_until), host[n][1])
     own_sync = _profiler_stop_sync(events, host[steps[-1]]) if steps else None
     if own_sync is not None:  # the profiler's own drain at stop: not the step's work
         last = steps[-1]
         host[last] = (host[last][0], min(host[last][1], float(own_sync["ts"])))
         events = [e for e in events if e is not own_sync]
-    spans = _union([(host[n][0], max(host[n][1], gpu[n][1] if n in gpu else host[n][1])) for n in steps])
+    spans = _union([(host[n][0], max(host[n][0], host[n][1], gpu[n][1] if n in gpu else host[n][1])) for n in steps])
     total = _length(spans)
     by_bucket: dict[str, list[Interval]] = {b: [] for b in BUCKETS}
     any_gpu = False

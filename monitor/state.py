@@ -84,7 +84,7 @@ class RunState:
         if batch.telemetry is not None:
             self.apply_telemetry(batch.telemetry)
         last_i = self.steps[-1].i if self.steps else -1
-        self.steps.extend(s for s in batch.steps if s.kind != "train" or s.i > last_i)
+        self.steps.extend(s for s in batch.steps if s.i > last_i)  # a catch-up batch repeats steps
 
     def apply_snapshot(self, steps: list[StepRecord], seq: int) -> None:
         """History from before we joined; batches up to `seq` are then ignored."""

@@ -21,8 +21,19 @@ from torch.utils.data import dataloader as dataloader_mod  # noqa: E402
 import torchtop.agent as ta  # noqa: E402
 from tests.agent_util import client_for, median, snapshot_steps  # noqa: E402
 from torchtop.agent import discovery, wire  # noqa: E402
-from torchtop.agent.buffer import DropOldestBuffer  # noqa: E402
-from torchtop.agent.recorder import BACKWARD, DATA, FORWARD, H2D, MAX_FAILURES, OPTIMIZER, StepRecorder  # noqa: E402
+from torchtop.agent import probe as probe_mod  # noqa: E402
+from torchtop.agent.probe import (  # noqa: E402
+    BOUNDARY,
+    EXIT,
+    FORWARD_START,
+    H2D_COPY,
+    MARK,
+    MAX_FAILURES,
+    RESET,
+    SHIFT,
+    Probe,
+)
+from torchtop.agent.recorder import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER, StepRecorder  # noqa: E402
 
 MS = 1_000_000
 
@@ -338,8 +349,15 @@ def test_discovery_file_describes_the_agent(runtime_dir) -> None:
 
 
 # -- never in the way ----------------------------------------------------------------------------
+def _wait_failures(agent, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and agent.probe.failures + agent.recorder.failures < n:
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("method", ["enter", "exit", "boundary"])
-def test_failing_hook_never_breaks_training(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failing_replay_never_breaks_training(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent thread's replay of the log fails on every entry: counted, then logging stops."""
     agent = ta.start()
     assert agent is not None
     rec = agent.recorder
@@ -349,20 +367,23 @@ def test_failing_hook_never_breaks_training(method: str, monkeypatch: pytest.Mon
         calls.append(method)
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(rec, method, boom)
+    monkeypatch.setattr(StepRecorder, method, boom)
     model = mlp()
     w0 = model[0].weight.detach().clone()
     n = train(model, tensor_loader(30))
-    # the explicit API is guarded too
-    for _ in range(3):
+    for _ in range(3):  # the explicit API too
         with ta.step(), ta.phase("forward"):
             pass
+    _wait_failures(agent, MAX_FAILURES)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and agent.probe.active:
+        time.sleep(0.05)
 
     assert n == 30  # every iteration ran
     assert not torch.equal(w0, model[0].weight)  # and trained
     assert calls, "the injected failure was never reached"
-    assert rec.failures == MAX_FAILURES  # counted, then the recorder switched itself off
-    assert rec.active is False
+    assert rec.failures == MAX_FAILURES  # counted, then the replay stopped
+    assert agent.probe.active is False and not agent.probe.log  # and the training thread logs nothing more
 
     # the monitor is told how many hook errors there were
     client = client_for(agent)
@@ -377,16 +398,16 @@ def test_failing_hook_never_breaks_training(method: str, monkeypatch: pytest.Mon
     assert seen == MAX_FAILURES
 
 
-@pytest.mark.parametrize("method", ["enter", "exit", "open_step", "boundary"])
-def test_failing_recorder_never_breaks_the_explicit_api(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("method", ["enter", "exit", "open_step", "cut", "forward"])
+def test_failing_probe_never_breaks_the_explicit_api(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
     agent = ta.start(auto=False)
     assert agent is not None
-    rec = agent.recorder
+    probe = agent.probe
 
     def boom(*args, **kwargs):
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(rec, method, boom)
+    monkeypatch.setattr(Probe, method, boom)
     done = 0
     for _ in range(2 * MAX_FAILURES):
         with ta.step():
@@ -395,7 +416,21 @@ def test_failing_recorder_never_breaks_the_explicit_api(method: str, monkeypatch
             with ta.phase("forward"):
                 done += 1
     assert done == 2 * MAX_FAILURES
-    assert rec.failures == MAX_FAILURES and rec.active is False
+    assert probe.failures == MAX_FAILURES and probe.active is False and probe.tid == 0
+
+
+def test_failing_hot_path_never_breaks_training() -> None:
+    """The training thread's own append fails (as under MemoryError): the wrappers swallow it."""
+    agent = ta.start()
+    assert agent is not None
+
+    def boom(entry):
+        raise MemoryError("injected")
+
+    agent.probe.put = boom
+    model = mlp()
+    assert train(model, tensor_loader(30)) == 30
+    assert agent.probe.failures == MAX_FAILURES and agent.probe.active is False
 
 
 def test_fork_workers_train_with_the_agent_on() -> None:
@@ -442,62 +477,86 @@ def test_fork_workers_train_with_the_agent_on() -> None:
     assert client_for(agent).hello().pid == agent.pid
 
 
-# -- buffers -------------------------------------------------------------------------------------
-def test_drop_oldest_buffer() -> None:
-    buf = DropOldestBuffer(capacity=3)
-    assert buf.drain() == [] and len(buf) == 0
-    for i in range(10):
-        buf.append(i)
-    assert len(buf) == 3 and buf.dropped == 7
-    assert buf.drain() == [7, 8, 9]
-    assert buf.drain() == [] and buf.dropped == 7
-    buf.append(10)
-    assert buf.drain() == [10] and buf.dropped == 7
+# -- the log and its replay ----------------------------------------------------------------------
+def _at(t: int, code: int) -> int:
+    return t << SHIFT | code
 
 
-def test_recorder_with_a_tiny_buffer_and_no_consumer() -> None:
-    buf = DropOldestBuffer(capacity=4)
-    rec = StepRecorder(buf)
-    rec.open_step()
-    for _ in range(10):
-        rec.enter(FORWARD)
-        rec.exit(FORWARD)
-        rec.boundary()
-    assert buf.dropped == 6 and len(buf) == 4
-    assert [raw[0] for raw in buf.drain()] == [6, 7, 8, 9]  # the newest survive
-    assert rec.index == 10 and rec.failures == 0
+def test_probe_log_is_bounded_when_nobody_drains_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stalled agent thread: the oldest half goes, its steps are counted as dropped, and the
+    replay is told (RESET) so it never stitches two halves of a step together."""
+    monkeypatch.setattr(probe_mod, "LOG_CAP", 40)
+    probe = Probe()
+    for _ in range(30):  # 3 entries a step
+        probe.enter(FORWARD)
+        probe.exit(FORWARD)
+        probe.cut()
+    log = probe.drain()
+    assert len(log) <= 40 and probe.dropped > 0
+    assert RESET in log
+    rec = StepRecorder()
+    steps = rec.feed(log)
+    assert len(steps) + probe.dropped == 30  # every step is either replayed whole or counted as dropped
+    assert all(s[4][FORWARD] > 0 and s[3] >= s[4][FORWARD] for s in steps)
+    assert probe.drain() == [] and rec.failures == 0
 
 
-def test_recorder_nesting_is_exclusive(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_nesting_is_exclusive() -> None:
     """Nested phases pause the outer one, h2d is carved out, a phase open at a boundary is split."""
-    import torchtop.agent.recorder as recorder_mod
-
-    now = [0]
-    monkeypatch.setattr(recorder_mod, "perf_counter_ns", lambda: 1000 + now[0])
-    buf = DropOldestBuffer()
-    rec = StepRecorder(buf)
-    script = [
-        (0, rec.enter, DATA),
-        (10, rec.exit, DATA),
-        (10, rec.enter, FORWARD),
-        (15, rec.add_h2d, 3),
-        (30, rec.exit, FORWARD),
-        (30, rec.enter, BACKWARD),
-        (35, rec.enter, BACKWARD),  # nested (a reentrant checkpoint)
-        (40, rec.exit, BACKWARD),
-        (50, rec.exit, BACKWARD),
-        (52, rec.enter, OPTIMIZER),
-        (55, rec.boundary, "train"),  # the optimizer phase is still open: split at the boundary
-        (60, rec.exit, OPTIMIZER),
-        (70, rec.boundary, "train"),
+    t0 = 1000
+    log = [
+        _at(t0 + 0, DATA),
+        _at(t0 + 10, EXIT | DATA),
+        _at(t0 + 10, FORWARD_START + 2 * 1 + 1),  # root slot 1, grad on
+        (_at(t0 + 12, H2D_COPY), 3, 4096, True, None, None),
+        _at(t0 + 30, EXIT | FORWARD),
+        _at(t0 + 30, BACKWARD),
+        _at(t0 + 35, BACKWARD),  # nested (a reentrant checkpoint)
+        _at(t0 + 40, EXIT | BACKWARD),
+        _at(t0 + 50, EXIT | BACKWARD),
+        _at(t0 + 52, OPTIMIZER),
+        _at(t0 + 55, BOUNDARY),  # the optimizer phase is still open: split at the boundary
+        (_at(t0 + 56, MARK), "loss", 0.5),  # right after the boundary: belongs to the step that ended
+        _at(t0 + 60, EXIT | OPTIMIZER),
+        _at(t0 + 70, BOUNDARY),
     ]
-    for t, call, arg in script:
-        now[0] = t
-        call(arg)
-
-    (i0, kind, t0, wall, acc, micro, events, _), (i1, _, t1, wall1, acc1, micro1, _, _) = buf.drain()
-    assert (i0, kind, t0, wall, micro, events) == (0, "train", 1000, 55, 1, None)
+    rec = StepRecorder()
+    (i0, kind, s0, wall, acc, micro, events, extra), (i1, _, s1, wall1, acc1, micro1, _, _) = rec.feed(log)
+    assert (i0, kind, s0, wall, micro, events) == (0, "train", 1000, 55, 1, None)
     assert acc[DATA] == 10 and acc[FORWARD] == 17 and acc[H2D] == 3 and acc[BACKWARD] == 20 and acc[OPTIMIZER] == 3
     assert sum(acc) == 53  # 2 ns between backward and optimizer are "other"
-    assert (i1, t1, wall1, micro1) == (1, 1055, 15, 0)
+    assert extra == {"pinned": 4096, "marks": [("loss", 0.5)]}
+    assert (i1, s1, wall1, micro1) == (1, 1055, 15, 0)
     assert acc1[OPTIMIZER] == 5 and sum(acc1) == 5
+    assert rec.failures == 0
+
+
+def test_replay_cuts_evaluation_iterations() -> None:
+    """No-grad forwards with no backward or optimizer: eval steps, cut at the next fetch or the
+    next forward of the same root."""
+    log = []
+    t = 1000
+    for _ in range(3):  # with a DataLoader
+        log += [_at(t, DATA), _at(t + 5, EXIT | DATA), _at(t + 5, FORWARD_START + 2 * 1), _at(t + 20, EXIT | FORWARD)]
+        t += 30
+    for _ in range(3):  # forwards only, no loader
+        log += [_at(t, FORWARD_START + 2 * 1), _at(t + 20, EXIT | FORWARD)]
+        t += 30
+    log += [_at(t, FORWARD_START + 2 * 1 + 1), _at(t + 10, EXIT | FORWARD), _at(t + 10, BACKWARD),
+            _at(t + 20, EXIT | BACKWARD), _at(t + 20, OPTIMIZER), _at(t + 25, EXIT | OPTIMIZER), _at(t + 25, BOUNDARY)]
+    steps = StepRecorder().feed(log)
+    assert [s[1] for s in steps] == ["eval"] * 5 + ["train"]
+    assert [s[4][DATA] for s in steps[:2]] == [5, 5] and all(s[4][FORWARD] == 15 for s in steps[:2])
+    assert steps[-1][4][BACKWARD] == 10 and steps[-1][5] == 1
+
+
+def test_replay_survives_garbage_entries() -> None:
+    """An entry the replay cannot use is counted and forgets the open step; later steps are fine."""
+    rec = StepRecorder()
+    log = [_at(100, FORWARD_START + 3), (_at(110, H2D_COPY), "not", "numbers"), _at(120, EXIT | FORWARD),
+           _at(130, FORWARD_START + 3), _at(140, EXIT | FORWARD), _at(150, BOUNDARY)]
+    steps = rec.feed(log)
+    assert rec.failures == 1
+    assert len(steps) == 1 and steps[0][2] == 130 and steps[0][4][FORWARD] == 10
+
+

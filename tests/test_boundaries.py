@@ -70,7 +70,7 @@ def test_agent_never_imports_textual() -> None:
         print(json.dumps({{"modules": names, "loaded": {loaded("textual")}}}))
         """
     )
-    for module in ("wire", "buffer", "recorder", "hooks", "publisher", "sockets", "discovery", "core", "api"):
+    for module in ("wire", "probe", "recorder", "hooks", "hooks_h2d", "publisher", "sockets", "discovery", "core", "api"):
         assert f"torchtop.agent.{module}" in out["modules"]
     assert out["loaded"] == {"textual": False}
 

@@ -245,3 +245,26 @@ def test_summarize_leaves_out_the_profilers_own_stop_sync() -> None:
     assert s["buckets"]["Runtime"] == 0.0
     assert s["step_ms"] == pytest.approx(0.085 / 2)  # 0-85 us: the kernels, not the 300 us wait
     assert s["buckets"]["Kernel"] == pytest.approx(80 / 85, abs=1e-4)  # shares are rounded to 5 places
+
+
+def test_summarize_does_not_call_a_backlog_before_the_capture_idle() -> None:
+    """The GPU still ran work queued before the profiler started (not in the trace): the first
+    step's kernel, launched at 2 us, ran at 500 us. Until then the GPU was busy, not idle."""
+    events = [
+        {"ph": "X", "name": "ProfilerStep#0", "cat": "user_annotation", "ts": 0, "dur": 10},
+        {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 10, "dur": 10},
+        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 2, "dur": 3, "args": {"correlation": 7}},
+        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 12, "dur": 3, "args": {"correlation": 8}},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 500, "dur": 30, "args": {"correlation": 7}},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 530, "dur": 30, "args": {"correlation": 8}},
+        {"ph": "X", "name": "ProfilerStep#0", "cat": "gpu_user_annotation", "ts": 500, "dur": 30},
+        {"ph": "X", "name": "ProfilerStep#1", "cat": "gpu_user_annotation", "ts": 530, "dur": 30},
+    ]
+    s = summarize(events)
+    assert s["step_ms"] == pytest.approx(0.03)
+    assert s["buckets"]["Kernel"] == pytest.approx(1.0) and s["gpu_idle"] == pytest.approx(0.0)
+    # a kernel that ran right after its launch: the window is the host's, idle time stays idle
+    events[4] = {**events[4], "ts": 40}
+    events[6] = {**events[6], "ts": 40}
+    s = summarize(events)
+    assert s["gpu_idle"] > 0.5

@@ -40,7 +40,7 @@ def agent(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     started = torchtop.agent.start()
     assert started is not None, "the agent did not start"
     try:
-        _wait(lambda: started.recorder.pool is not None, 5.0, "the agent never enabled CUDA events")
+        _wait(lambda: started.probe.pool is not None, 5.0, "the agent never enabled CUDA events")
         del warm
         yield started
     finally:
@@ -138,7 +138,7 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
         if sync:  # warm-up only: makes the host step time the GPU time, so the stride settles
             torch.cuda.synchronize()
 
-    rec = agent.recorder
+    probe = agent.probe
     history = agent.loop.history
     # Warm up (synchronised steps: the host step time is the GPU's) until enough sampled steps
     # resolved that the stride, a median over the last 64 samples, stays small through the
@@ -146,12 +146,12 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
     end = time.monotonic() + 30
     while time.monotonic() < end:
         step(sync=True)
-        if sum(1 for s in list(history) if s.device_ms) >= 40:
+        if sum(1 for _, ms in list(history) if ms) >= 40:
             break
     torch.cuda.synchronize()
 
     n = 61
-    i0 = rec.index  # the step now open is the first profiled one (steps are contiguous)
+    i0 = probe.steps  # the step now open is the first profiled one (steps are contiguous)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             step()
@@ -183,9 +183,9 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
     sampled = [s for s in window if s.device_ms]
     print(
         f"[cuda timing] window {i0 + 1}..{i0 + n - 1}: {len(window)} steps, {len(sampled)} sampled, "
-        f"stride {rec.sample_every}, pool misses {agent.loop.timer.pool.misses}"
+        f"stride {probe.sample_every}, pool misses {agent.loop.timer.pool.misses}"
     )
-    assert len(sampled) >= 3, f"only {len(sampled)} sampled steps in the window (stride {rec.sample_every})"
+    assert len(sampled) >= 3, f"only {len(sampled)} sampled steps in the window (stride {probe.sample_every})"
     assert all("forward" in s.device_ms for s in sampled), [s.device_ms for s in sampled]
 
     prof_fwd_ms = sum(fwd_us[s.i - i0] for s in sampled) / len(sampled) / 1000
@@ -215,8 +215,7 @@ def test_h2d_is_attributed(agent: Any, how: str) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     cpu_batch = torch.randn(1024, 512)  # 2 MiB, pageable
     buf = torch.empty(1024, 512, device="cuda")
-    rec = agent.recorder
-    i0 = rec.index
+    i0 = agent.probe.steps
     n = 0
     end = time.monotonic() + 2.0
     while time.monotonic() < end or n < 50:
@@ -244,7 +243,7 @@ def test_h2d_is_attributed(agent: Any, how: str) -> None:
     assert all(s.phases["h2d"] <= s.wall_ns for s in steps)
     assert sampled, "no sampled step"
     assert all(s.device_ms.get("h2d", 0) > 0 for s in sampled), [s.device_ms for s in sampled]
-    assert agent.recorder.failures == 0
+    assert agent.probe.failures == 0 and agent.recorder.failures == 0
 
 
 # -- (d) the report ------------------------------------------------------------------------------
@@ -336,9 +335,11 @@ def test_no_sync_on_training_thread(agent: Any) -> None:
     _ARMED.clear()
     assert ("device", me) in _SYNCS, f"the GPU trace missed torch.cuda.synchronize(): {_SYNCS}"
 
-    rec = agent.recorder
-    i0 = rec.index
-    failures0, errors0 = rec.failures, agent.loop.errors
+    def failures() -> int:
+        return agent.probe.failures + agent.recorder.failures
+
+    i0 = agent.probe.steps
+    failures0, errors0 = failures(), agent.loop.errors
     n = 0
     _SYNCS.clear()
     torch.cuda.set_sync_debug_mode("error")
@@ -361,10 +362,10 @@ def test_no_sync_on_training_thread(agent: Any) -> None:
     agent_thread = agent.loop.ident
     names = {t.ident: t.name for t in threading.enumerate()}
     print(f"\n[no sync] {n} steps; sync callbacks: {[(k, names.get(t, t)) for k, t in syncs]}; "
-          f"agent errors {agent.loop.errors - errors0}, hook failures {rec.failures - failures0}")
+          f"agent errors {agent.loop.errors - errors0}, hook failures {failures() - failures0}")
     assert not [s for s in syncs if s[1] == me], f"the training thread synchronised: {syncs}"
     assert not [s for s in syncs if s[1] == agent_thread], f"the agent thread synchronised: {syncs}"
-    assert rec.failures == failures0, "a hook failed under sync-debug mode"
+    assert failures() == failures0, "a hook failed under sync-debug mode"
     assert agent.loop.errors == errors0, "the agent thread raised under sync-debug mode"
 
     # the loop really was measured: sampled steps with device time, and h2d seen

@@ -64,7 +64,7 @@ def test_joining_after_1000_steps_gets_all_of_them_then_the_live_ones() -> None:
 
 def test_history_is_downsampled_beyond_the_last_10000_steps(monkeypatch) -> None:
     monkeypatch.setattr(publisher, "HISTORY_STEPS", 300)
-    monkeypatch.setattr(publisher, "SPARSE_PERIOD_S", 0.01)
+    monkeypatch.setattr(publisher, "SPARSE_PERIOD_NS", 10_000_000)
     agent = ta.start()
     assert agent is not None
     t0 = time.time()
@@ -77,6 +77,6 @@ def test_history_is_downsampled_beyond_the_last_10000_steps(monkeypatch) -> None
     older = [s for s in state.steps if s.i < 1200]
     assert older and older[0].i < 200  # and thinned ones reaching back to the start
     gaps = [b.t0 - a.t0 for a, b in zip(older, older[1:])]
-    assert min(gaps) >= 0.01 - 1e-6  # at most one per SPARSE_PERIOD_S
+    assert min(gaps) >= 0.01 - 1e-6  # at most one per SPARSE_PERIOD_NS
     report = build_report(state, 1.0, window=float("inf"))
     assert report["history"] and report["steps"] == len(idx) and report["span_s"] <= time.time() - t0 + 1

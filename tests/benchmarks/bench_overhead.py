@@ -11,7 +11,8 @@ median per-step times, with its IQR: robust to other processes preempting a few 
 ratio of block means (every cost counted: the agent thread's 10 Hz tick taking the GIL, garbage
 collection, but also any interference) is printed beside it. `--split` adds a third mode,
 `start(auto=False)` (the agent's threads and sockets, no hook), to tell the hooks' share from
-the threads'.
+the threads'. `--attached` keeps a subscriber process on the batch stream all along (the agent
+then builds and sends every step record; unattended, it keeps raw steps until someone asks).
 
 - cpu: an MLP of ~2 ms a step on one thread (hidden width calibrated to ~2 ms), fed by a
   DataLoader over an in-memory TensorDataset. Goal: overhead <= 0.5%.
@@ -197,8 +198,33 @@ def event_costs(n: int = 2000) -> dict[str, float]:
 
 
 # -- the alternation -------------------------------------------------------------------------------
+SUBSCRIBER = """
+import sys, zmq
+sub = zmq.Context().socket(zmq.SUB)
+sub.setsockopt(zmq.SUBSCRIBE, b"")
+sub.connect(f"tcp://127.0.0.1:{int(sys.argv[1]) + 1}")  # reconnects by itself across agent restarts
+while True:
+    sub.recv()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", 0))
+                port = a.getsockname()[1]
+                b.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise SystemExit("no free port pair")
+
+
 def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, steps: int,
-              warm: int, split: bool = False) -> dict[str, Any]:
+              warm: int, split: bool = False, port: int | None = None) -> dict[str, Any]:
     """Rounds of one block per mode, the order rotating each round. Modes: "off" (no agent),
     "on" (`start()`), and with `split` "thread" (`start(auto=False)`: the agent's threads and
     sockets without any hook), which tells the hooks' share from the threads'."""
@@ -206,7 +232,7 @@ def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, s
     means: dict[str, list[float]] = {m: [] for m in modes}  # block means (every cost counts)
     meds: dict[str, list[float]] = {m: [] for m in modes}  # block medians of per-step times
     strides: list[int] = []
-    misses = dropped = failures = 0
+    misses = dropped = failures = listened = 0
     for r in range(rounds):
         k = r % len(modes)
         order = modes[k:] + modes[:k]
@@ -216,7 +242,7 @@ def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, s
             gc.collect()
             agent = None
             if mode != "off":
-                agent = torchtop.agent.start(auto=mode == "on")
+                agent = torchtop.agent.start(port=port, auto=mode == "on")
                 if agent is None:
                     raise SystemExit("the agent did not start")
             for _ in range(warm):
@@ -226,11 +252,12 @@ def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, s
             meds[mode].append(statistics.median(times))
             if agent is not None:
                 if mode == "on":
-                    strides.append(agent.recorder.sample_every if agent.recorder.pool is not None else 0)
+                    strides.append(agent.probe.sample_every if agent.probe.pool is not None else 0)
                     pool = agent.loop.timer.pool
                     misses += pool.misses if pool is not None else 0
-                    dropped += agent.buffer.dropped
-                    failures += agent.recorder.failures
+                    dropped += agent.probe.dropped
+                    failures += agent.probe.failures + agent.recorder.failures
+                    listened += agent.loop.subscribed
                 torchtop.agent.stop()
     out: dict[str, Any] = {
         "step_ms_off": statistics.median(meds["off"]) * 1000,
@@ -242,6 +269,7 @@ def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, s
         "pool_misses": misses,
         "dropped": dropped,
         "hook_failures": failures,
+        "blocks_with_a_subscriber": listened,
     }
     for mode in modes:
         if mode == "off":
@@ -276,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-ms", type=float, default=2.0, help="step time the calibration aims at")
     p.add_argument("--split", action="store_true",
                    help="also time the agent without hooks (start(auto=False)): the threads' share")
+    p.add_argument("--attached", action="store_true",
+                   help="a subscriber process listens to the agent all along (as an open TUI does)")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
 
@@ -310,7 +340,18 @@ def main(argv: list[str] | None = None) -> int:
     warm = args.warm or (max(20, int(0.3 / per_step)) if cuda else 10)
     print(f"{args.device}: {desc}; {per_step * 1000:.3f} ms/step; {rounds} rounds x {steps} steps "
           f"(+{warm} warm-up steps a block)", flush=True)
-    res = alternate(step, sync, rounds, steps, warm, args.split)
+    port, listener = None, None
+    if args.attached:
+        import subprocess
+
+        port = _free_port()
+        listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(port)])
+    try:
+        res = alternate(step, sync, rounds, steps, warm, args.split, port)
+    finally:
+        if listener is not None:
+            listener.kill()
+    res["attached"] = args.attached
     res.update(extra, device=args.device, name=name, loop=desc, torch=torch.__version__)
     goal = GOALS[args.device]
     q1, q3 = res["overhead_iqr"]
@@ -319,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.device:5s} step {res['step_ms_off']:.3f} ms  overhead {res['overhead']:+.2%}  "
         f"(IQR {q1:+.2%} .. {q3:+.2%}; median per-step time, {rounds} rounds x {steps} steps)  "
-        f"goal <= {goal:.1%}: {verdict}  [{name}]"
+        f"goal <= {goal:.1%}: {verdict}  [{name}{', attached' if args.attached else ', unattended'}]"
     )
     print(
         f"      block means: step {res['block_mean_ms_off']:.3f} ms  overhead {res['overhead_mean']:+.2%}  "
@@ -329,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         t1, t3 = res["overhead_thread_iqr"]
         print(f"      agent threads alone (no hooks): overhead {res['overhead_thread']:+.2%}  "
               f"(IQR {t1:+.2%} .. {t3:+.2%}); block means {res['overhead_thread_mean']:+.2%}")
+    if args.attached:
+        print(f"      a subscriber listened at the end of {res['blocks_with_a_subscriber']} of {rounds} 'on' blocks")
     if args.device == "cuda":
         print(f"      sample stride seen {res['sample_every']}, pool misses {res['pool_misses']}, "
               f"dropped {res['dropped']}, hook failures {res['hook_failures']}")
