@@ -224,12 +224,14 @@ def _free_port() -> int:
 
 
 def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, steps: int,
-              warm: int, split: bool = False, port: int | None = None) -> dict[str, Any]:
+              warm: int, split: bool = False, port: int | None = None, pin: int | None = None) -> dict[str, Any]:
     """Rounds of one block per mode, the order rotating each round. Modes: "off" (no agent),
     "on" (`start()`), and with `split` "thread" (`start(auto=False)`: the agent's threads and
     sockets without any hook), which tells the hooks' share from the threads'."""
     modes = ["on", "off", "thread"] if split else ["on", "off"]
+    all_cores = os.sched_getaffinity(0)
     means: dict[str, list[float]] = {m: [] for m in modes}  # block means (every cost counts)
+    lows: dict[str, list[float]] = {m: [] for m in modes}  # block lower quartiles of per-step times
     meds: dict[str, list[float]] = {m: [] for m in modes}  # block medians of per-step times
     strides: list[int] = []
     misses = dropped = failures = listened = 0
@@ -241,15 +243,20 @@ def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, s
         for mode in order:
             gc.collect()
             agent = None
+            if pin is not None:  # the agent's threads start free to run anywhere...
+                os.sched_setaffinity(0, all_cores)
             if mode != "off":
                 agent = torchtop.agent.start(port=port, auto=mode == "on")
                 if agent is None:
                     raise SystemExit("the agent did not start")
+            if pin is not None:  # ...while this (training) thread stays on one core: no migrations
+                os.sched_setaffinity(0, {pin})
             for _ in range(warm):
                 step()
             times: list[float] = []
             means[mode].append(_time_steps(step, sync, steps, times))
             meds[mode].append(statistics.median(times))
+            lows[mode].append(statistics.quantiles(times, n=4)[0])
             if agent is not None:
                 if mode == "on":
                     strides.append(agent.probe.sample_every if agent.probe.pool is not None else 0)
@@ -277,12 +284,15 @@ def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, s
         suffix = "" if mode == "on" else f"_{mode}"
         q1, med, q3 = _quantiles([a / b - 1 for a, b in zip(meds[mode], meds["off"])])
         m1, mmed, m3 = _quantiles([a / b - 1 for a, b in zip(means[mode], means["off"])])
+        l1, lmed, l3 = _quantiles([a / b - 1 for a, b in zip(lows[mode], lows["off"])])
         out |= {
             f"step_ms{suffix or '_on'}": statistics.median(meds[mode]) * 1000,
             f"overhead{suffix}": med,  # median over rounds of the paired ratio of per-step medians
             f"overhead{suffix}_iqr": [q1, q3],
             f"overhead{suffix}_mean": mmed,  # the same on block means
             f"overhead{suffix}_mean_iqr": [m1, m3],
+            f"overhead{suffix}_p25": lmed,  # the same on the blocks' lower quartiles: preemption filtered out
+            f"overhead{suffix}_p25_iqr": [l1, l3],
         }
     for mode in modes:
         out[f"blocks_{mode}_ms"] = [round(x * 1000, 5) for x in means[mode]]
@@ -306,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also time the agent without hooks (start(auto=False)): the threads' share")
     p.add_argument("--attached", action="store_true",
                    help="a subscriber process listens to the agent all along (as an open TUI does)")
+    p.add_argument("--pin", type=int, default=-1,
+                   help="keep the training thread on this core (default: the last one, with >= 4 cores; "
+                        "-2: do not pin); the agent's threads stay free")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
 
@@ -347,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         port = _free_port()
         listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(port)])
     try:
-        res = alternate(step, sync, rounds, steps, warm, args.split, port)
+        cores = sorted(os.sched_getaffinity(0))
+        pin = None if args.pin == -2 or (args.pin == -1 and len(cores) < 4) else (cores[-1] if args.pin == -1 else args.pin)
+        res = alternate(step, sync, rounds, steps, warm, args.split, port, pin)
+        res["pinned_core"] = pin
     finally:
         if listener is not None:
             listener.kill()
@@ -366,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         f"      block means: step {res['block_mean_ms_off']:.3f} ms  overhead {res['overhead_mean']:+.2%}  "
         f"(IQR {m1:+.2%} .. {m3:+.2%}; every cost counted, also interference from other processes)"
     )
+    l1, l3 = res["overhead_p25_iqr"]
+    pinned = "" if res["pinned_core"] is None else f"; training thread on core {res['pinned_core']}"
+    print(f"      blocks' lower quartiles: overhead {res['overhead_p25']:+.2%}  (IQR {l1:+.2%} .. {l3:+.2%}; "
+          f"preemptions filtered out){pinned}")
     if args.split:
         t1, t3 = res["overhead_thread_iqr"]
         print(f"      agent threads alone (no hooks): overhead {res['overhead_thread']:+.2%}  "
