@@ -37,9 +37,6 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
-PHASE_PERIOD_MS = 50  # a step's phases are logged whole at most this often (probe.py)
-
-
 class Agent:
     """One running agent: probe + hooks on the training thread; recorder, sockets and loop on its own."""
 
@@ -58,7 +55,7 @@ class Agent:
         self.world_size = _env_int("WORLD_SIZE", 1)
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.sockets = open_sockets(bind, port)  # BindError propagates to start()
-        self.probe = Probe(period_ns=max(0, _env_int("TORCHTOP_PHASE_PERIOD_MS", PHASE_PERIOD_MS)) * 1_000_000)
+        self.probe = Probe()
         self.recorder = StepRecorder()
         self.hooks = None
         self.telemetry = None

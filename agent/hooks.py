@@ -14,8 +14,6 @@
 
 Each hook only logs timestamps into the `Probe` (see probe.py); the agent thread makes steps
 of them. Step ends are decided here, at the optimizer, because a capture must start there.
-The data, backward and h2d wrappers are in the call path only while a step is lit (`switch`);
-the root forward wrapper and the optimizer hooks stay, to cut steps and to see evaluation.
 
 No global full-backward hooks: they cost milliseconds a step and break `ReLU(inplace=True)`.
 `uninstall()` restores everything, so start/stop can alternate in one process.
@@ -78,8 +76,6 @@ class AutoHooks:
         self.torch = torch
         self.want_h2d = h2d
         self._undo: list[Any] = []
-        self._switchable: list[tuple[Any, str, Any, Any]] = []  # (owner, name, wrapper, original or None)
-        self._phases_on = True
         self._roots: dict[int, Any] = {}  # id(module) -> weakref
         self._slots: dict[int, int] = {}  # id(root module) -> its slot in the log's codes
         self._not_roots: set[int] = set()  # parameterless modules called on their own
@@ -104,32 +100,9 @@ class AutoHooks:
         if self.want_h2d:
             from .hooks_h2d import patch_h2d
 
-            patch_h2d(self.probe, self.torch, self._switch_in)
-        self.probe.switch = self.switch
-
-    def _switch_in(self, owner: Any, name: str, wrapper: Any) -> None:
-        """Install a phase wrapper that `switch` can take out of the call path and put back."""
-        self._switchable.append((owner, name, wrapper, owner.__dict__.get(name)))
-        self._setattr(owner, name, wrapper)
-
-    def switch(self, on: bool) -> None:
-        """Training thread, at a step boundary: phase wrappers in (a lit step) or out (dark)."""
-        if on == self._phases_on:
-            return
-        self._phases_on = on
-        for owner, name, wrapper, original in self._switchable:
-            if on:
-                setattr(owner, name, wrapper)
-            elif original is not None:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)  # inherited: uncover it
+            patch_h2d(self.probe, self.torch, self._setattr)
 
     def uninstall(self) -> None:
-        self.probe.switch = None
-        if not self._phases_on:  # put the wrappers back first: the undo list expects them there
-            self.switch(True)
-        self._switchable.clear()
         while self._undo:
             undo = self._undo.pop()
             try:
@@ -163,7 +136,7 @@ class AutoHooks:
         from torch.utils.data import dataloader
 
         cls = dataloader._BaseDataLoaderIter
-        self._switch_in(cls, "__next__", _timed(self.probe, DATA, cls.__next__))
+        self._setattr(cls, "__next__", _timed(self.probe, DATA, cls.__next__))
         self._patch_queue_get()
 
     def _patch_queue_get(self) -> None:
@@ -171,7 +144,7 @@ class AutoHooks:
         wait in `get()` is its data wait (the loader thread's own work is not counted)."""
         import queue
 
-        self._switch_in(queue.Queue, "get", _timed(self.probe, DATA, queue.Queue.get))
+        self._setattr(queue.Queue, "get", _timed(self.probe, DATA, queue.Queue.get))
 
     # -- forward -------------------------------------------------------------------------------
     def _hook_forward(self) -> None:
@@ -242,22 +215,14 @@ class AutoHooks:
 
         @functools.wraps(orig)
         def forward(this: Any, *args: Any, **kwargs: Any) -> Any:
-            # the common case first, a training forward on a dark step: two attribute reads and
-            # torch.is_grad_enabled(), all of which dynamo folds if it traces this
-            if hooks._depth or (not probe.tid and grad_enabled()):
-                return orig(this, *args, **kwargs)  # nested in a root, or not logged
-            if compiling():  # under dynamo a constant; nothing after it is traced
-                return orig(this, *args, **kwargs)
-            ident = get_ident()
-            if ident != probe.tid and (ident != probe.owner or grad_enabled()):
-                return orig(this, *args, **kwargs)  # another thread, or training on a dark step
+            # compiling() first: under dynamo it is a constant and nothing else here is traced
+            if compiling() or hooks._depth or get_ident() != probe.tid:
+                return orig(this, *args, **kwargs)  # traced, nested in a root, or another thread
             slot = slots.get(id(this))
             if slot is None:
                 return orig(this, *args, **kwargs)  # the class of a root, but not a root
             hooks._depth = 1
             try:
-                if ident != probe.tid:
-                    probe.light()  # an evaluation forward on a dark step: log its loop whole
                 probe.put(perf_counter_ns() << SHIFT | FORWARD_START + 2 * slot + grad_enabled())
             except Exception:
                 probe.fail()
@@ -290,10 +255,7 @@ class AutoHooks:
         try:
             if self._depth == 0:
                 slot = self._slots.get(id(module), 0)
-                grad = self._grad_enabled()
-                if not grad:
-                    self.probe.light()
-                self.probe.put(perf_counter_ns() << SHIFT | FORWARD_START + 2 * slot + grad)
+                self.probe.put(perf_counter_ns() << SHIFT | FORWARD_START + 2 * slot + self._grad_enabled())
             self._depth += 1
         except Exception:
             self.probe.fail()
@@ -311,7 +273,7 @@ class AutoHooks:
     def _patch_backward(self) -> None:
         autograd = self.torch.autograd
         for name in ("backward", "grad"):
-            self._switch_in(autograd, name, _timed(self.probe, BACKWARD, getattr(autograd, name)))
+            self._setattr(autograd, name, _timed(self.probe, BACKWARD, getattr(autograd, name)))
 
     # -- optimizer -----------------------------------------------------------------------------
     def _hook_optimizer(self) -> None:
@@ -322,7 +284,7 @@ class AutoHooks:
 
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         probe = self.probe
-        if threading.get_ident() != probe.owner or self._compiling():
+        if threading.get_ident() != probe.tid or self._compiling():
             return
         try:
             oid = id(opt)
@@ -332,18 +294,16 @@ class AutoHooks:
                 self._stepped.clear()
                 probe.cut()
             self._seen_opts.add(oid)
-            if probe.tid:
-                probe.put(perf_counter_ns() << SHIFT | OPTIMIZER)
+            probe.put(perf_counter_ns() << SHIFT | OPTIMIZER)
         except Exception:
             probe.fail()
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
         probe = self.probe
-        if threading.get_ident() != probe.owner or self._compiling():
+        if threading.get_ident() != probe.tid or self._compiling():
             return
         try:
-            if probe.tid:
-                probe.put(perf_counter_ns() << SHIFT | EXIT | OPTIMIZER)
+            probe.put(perf_counter_ns() << SHIFT | EXIT | OPTIMIZER)
             self._opt_ran = True
             seen = self._seen_opts
             if len(seen) == 1 and id(opt) in seen and not probe.explicit:

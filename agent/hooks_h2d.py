@@ -31,9 +31,8 @@ def _may_be_cuda(args: tuple, kwargs: dict) -> bool:
     return getattr(target, "type", None) == "cuda"  # a torch.device (a dtype has no .type)
 
 
-def patch_h2d(probe: Probe, torch: Any, install: Callable[[Any, str, Any], None]) -> None:
-    """Wrap the three copy methods of `torch.Tensor` through `install` (which keeps the undo and
-    takes them out of the call path on dark steps)."""
+def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None]) -> None:
+    """Wrap the three copy methods of `torch.Tensor` through `setattr_` (which keeps the undo)."""
     fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     compiling = fn if fn is not None else (lambda: False)
     get_ident = threading.get_ident
@@ -89,6 +88,6 @@ def patch_h2d(probe: Probe, torch: Any, install: Callable[[Any, str, Any], None]
         settle(t, ev0, True, src)
         return out
 
-    install(Tensor, "to", to)
-    install(Tensor, "cuda", cuda)
-    install(Tensor, "copy_", copy_)
+    setattr_(Tensor, "to", to)
+    setattr_(Tensor, "cuda", cuda)
+    setattr_(Tensor, "copy_", copy_)

@@ -10,12 +10,6 @@ CUDA sampling must act on the training thread at step boundaries.
 An entry is `perf_counter_ns() << SHIFT | code`, or a tuple whose first item is that int
 (a CUDA event, h2d bytes, a user mark). The log is bounded: when the agent thread stops
 draining it, the oldest half goes (counted), and a RESET entry tells the replay.
-
-Phases are sampled: a step is "lit" (every phase logged) at most once per `period_ns`; in
-between, the phase wrappers are taken out of the call path altogether (a wrapper that only
-passes through still costs microseconds a call with the caches cold) and the step is timed
-by its boundary alone. An evaluation forward (grad off) lights the log at once, so evaluation
-loops are always seen. With the explicit API, or a period of 0, every step is lit.
 """
 
 from __future__ import annotations
@@ -28,9 +22,7 @@ SHIFT = 8
 MASK = (1 << SHIFT) - 1
 EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
 OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
-BOUNDARY = 21  # a training step ends here and the next is lit: (stamp[, end event, record ns])
-BOUNDARY_DARK = 27  # ... and the next is not lit (its phases are not logged)
-LIGHT = 28  # logging turned on in the middle of a step (an evaluation forward)
+BOUNDARY = 21  # a training step ends here: (stamp[, end event, record ns])
 SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)
 STEP_EVENT = 23  # (stamp, start event) of a sampled step
 H2D_COPY = 24  # (stamp, dt_ns, nbytes, pinned, start event, end event) of one host-to-device copy
@@ -41,7 +33,6 @@ MAX_SLOT = (MASK - FORWARD_START) // 2  # root slots 0..MAX_SLOT; slot 0 is phas
 
 LOG_CAP = 1 << 18  # entries (~10 a step): a stalled agent thread costs at most ~10 MB
 MAX_FAILURES = 20
-PERIOD_NS = 50_000_000  # at most ~20 lit steps a second (TORCHTOP_PHASE_PERIOD_MS)
 
 
 def code_of(entry: Any) -> int:
@@ -49,27 +40,19 @@ def code_of(entry: Any) -> int:
 
 
 class Probe:
-    """What the hooks call on the training thread: `owner` is that thread (0: switched off),
-    `tid` is the owner while the step is lit and 0 while it is dark.
+    """What the hooks call on the training thread. `tid` is that thread (0: switched off).
 
     `put(stamp)` appends one entry; on a step sampled for CUDA timing it is swapped for a
     method that records an event with each entry, so the wrappers never test for sampling.
-    `switch(on)` (set by the automatic hooks) puts the phase wrappers in or takes them out.
     """
 
     __slots__ = (
-        "tid", "owner", "active", "log", "put", "_append", "lock", "steps", "explicit", "on_step", "failures",
-        "dropped", "pool", "sample_every", "sampled", "_stream", "_record_ns", "period_ns", "switch", "_lit_at",
-        "_lit_steps",
+        "tid", "active", "log", "put", "_append", "lock", "steps", "explicit", "on_step", "failures",
+        "dropped", "pool", "sample_every", "sampled", "_stream", "_record_ns",
     )
 
-    def __init__(self, thread_id: int | None = None, period_ns: int = PERIOD_NS) -> None:
-        self.owner = thread_id if thread_id is not None else threading.get_ident()
-        self.tid = self.owner  # the first step is lit
-        self.period_ns = period_ns
-        self.switch: Any = None
-        self._lit_at = 0
-        self._lit_steps = 0
+    def __init__(self, thread_id: int | None = None) -> None:
+        self.tid = thread_id if thread_id is not None else threading.get_ident()
         self.active = True
         self.log: list[Any] = []  # never replaced: the agent thread takes a prefix (drain)
         self._append = self.log.append
@@ -96,22 +79,11 @@ class Probe:
     def disable(self) -> None:
         """No more entries: every wrapper passes straight through (stop, fork, failures)."""
         self.active = False
-        self.tid = self.owner = 0  # no thread has ident 0
+        self.tid = 0  # no thread has ident 0
         self.on_step = None
 
     def on_thread(self) -> bool:
-        return threading.get_ident() == self.owner
-
-    def light(self) -> None:
-        """Log every phase from now on, until the next step boundary decides again."""
-        if self.tid == 0 and self.owner:
-            self._set_lit(True)
-            self._append(perf_counter_ns() << SHIFT | LIGHT)
-
-    def _set_lit(self, on: bool) -> None:
-        self.tid = self.owner if on else 0
-        if self.switch is not None:
-            self.switch(on)
+        return threading.get_ident() == self.tid
 
     # -- entries -------------------------------------------------------------------------------
     def stamp(self, code: int) -> None:
@@ -153,25 +125,16 @@ class Probe:
 
     # -- step boundaries -----------------------------------------------------------------------
     def cut(self) -> None:
-        """A training step ends now: log it, decide whether the next is lit (and sampled for
-        CUDA events), run a capture."""
+        """A training step ends now: log it, decide whether the next is sampled, run a capture."""
         try:
-            now = perf_counter_ns()
-            lit = self.explicit or self.switch is None or now - self._lit_at >= self.period_ns
-            code = BOUNDARY if lit else BOUNDARY_DARK
             if self.sampled:
                 end = self.record()
-                self._append((now << SHIFT | code, end, self._record_ns))
+                self._append((perf_counter_ns() << SHIFT | BOUNDARY, end, self._record_ns))
             else:
-                self._append(now << SHIFT | code)
+                self._append(perf_counter_ns() << SHIFT | BOUNDARY)
             self.steps += 1
-            if lit:
-                self._lit_at = now
-                self._lit_steps += 1
-            if lit != (self.tid != 0):
-                self._set_lit(lit)
             every = self.sample_every
-            if lit and self.pool is not None and every > 0 and self._lit_steps % every == 0:
+            if self.pool is not None and every > 0 and self.steps % every == 0:
                 self._stream = self.pool.current_stream()
                 self._record_ns = 0
                 self.sampled = True
@@ -195,14 +158,14 @@ class Probe:
         log = self.log
         with self.lock:
             n = len(log) // 2
-            while n > 1 and code_of(log[n - 1]) not in (BOUNDARY, BOUNDARY_DARK):
+            while n > 1 and code_of(log[n - 1]) != BOUNDARY:
                 n -= 1  # cut right after a step's end: the steps kept are whole
             if n <= 1:
                 n = len(log) // 2
             lost = log[:n]
             del log[:n]
             log.insert(0, RESET)
-        self.dropped += sum(1 for e in lost if code_of(e) in (BOUNDARY, BOUNDARY_DARK))
+        self.dropped += sum(1 for e in lost if code_of(e) == BOUNDARY)
 
     def drain(self) -> list[Any]:
         """Agent thread: everything logged so far, oldest first."""

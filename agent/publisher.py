@@ -156,14 +156,11 @@ class AgentLoop(threading.Thread):
 
     def _to_record(self, raw: Any, device_ms: dict[str, float] | None) -> wire.StepRecord:
         index, kind, t0_ns, wall_ns, acc, micro, _events, extra = raw
-        if acc is None:  # a dark step: its wall time only
-            phases = {}
-        else:
-            data, h2d, forward, backward, optimizer = acc
-            phases = {  # a literal, not zip(): this runs for every step, holding the GIL
-                "data": data, "h2d": h2d, "forward": forward, "backward": backward, "optimizer": optimizer,
-                "other": max(0, wall_ns - data - h2d - forward - backward - optimizer),
-            }
+        data, h2d, forward, backward, optimizer = acc
+        phases = {  # a literal, not zip(): this runs for every step, holding the GIL
+            "data": data, "h2d": h2d, "forward": forward, "backward": backward, "optimizer": optimizer,
+            "other": max(0, wall_ns - data - h2d - forward - backward - optimizer),
+        }
         record = wire.StepRecord(index, t0_ns / 1e9 + self._wall_offset, wall_ns, phases, kind, micro,
                                  device_ms or {}, self.rank)
         if extra:

@@ -4,8 +4,7 @@ The training thread only logs timestamps (`probe.Probe`); here, off its path, th
 steps with exclusive phase times: entering a phase pauses the one open (a `.to()` inside
 forward), so a step's phases add up to at most its wall time and `other` is the remainder.
 Steps are contiguous: a step runs from the previous boundary to this one, so the data wait
-before a step's forward belongs to that step. A step that was not lit from its start (see
-probe.py) is handed over with its wall time only (phases None). Evaluation iterations (no-grad forwards, no
+before a step's forward belongs to that step. Evaluation iterations (no-grad forwards, no
 backward, no optimizer) are cut here too, at the next data fetch or the next forward of the
 same root. A failure on an entry is counted and forgets the open step; it never stops the
 agent thread.
@@ -17,11 +16,9 @@ from typing import Any
 
 from .probe import (
     BOUNDARY,
-    BOUNDARY_DARK,
     EXIT,
     FORWARD_START,
     H2D_COPY,
-    LIGHT,
     MARK,
     MASK,
     MAX_FAILURES,
@@ -39,13 +36,13 @@ N_PHASES = 5
 
 class StepRecorder:
     """Turns log entries into raw steps, in `out`:
-    (index, kind, t0_ns, wall_ns, phases or None, micro, events, extra), `events` being None or
+    (index, kind, t0_ns, wall_ns, phases, micro, events, extra), `events` being None or
     [(phase, start event, end event), ..., record_ns] with phase -1 for the whole step.
     `give` returns CUDA events that pair with nothing to the pool."""
 
     __slots__ = (
         "give", "out", "failures", "explicit", "index", "_acc", "_cur", "_cur_t", "_stack", "_t0", "_micro",
-        "_events", "_has_train", "_eval_fwd", "_eval_root", "_extra", "_prev_extra", "_fresh", "_light", "_lit",
+        "_events", "_has_train", "_eval_fwd", "_eval_root", "_extra", "_prev_extra", "_fresh",
     )
 
     def __init__(self, give: Any = None) -> None:
@@ -69,8 +66,6 @@ class StepRecorder:
         self._extra: dict[str, Any] | None = None  # rare per-step extras: marks, skipped, h2d bytes
         self._prev_extra: dict[str, Any] | None = None  # the extras of the step just handed over
         self._fresh = False  # nothing happened since the last boundary
-        self._light = True  # phases are being logged now
-        self._lit = True  # ... and have been since the open step began
 
     # -- the log -------------------------------------------------------------------------------
     def feed(self, entries: list[Any]) -> list[tuple]:
@@ -91,10 +86,6 @@ class StepRecorder:
                         forward_start((code - FORWARD_START) >> 1, code & 1, e >> SHIFT)
                     elif code == BOUNDARY:
                         boundary("train", e >> SHIFT)
-                        self._light = self._lit = True
-                    elif code == BOUNDARY_DARK:
-                        boundary("train", e >> SHIFT)
-                        self._light = self._lit = False
                     else:
                         self._entry(code, e >> SHIFT, None)
                 else:
@@ -115,11 +106,8 @@ class StepRecorder:
             self.exit(code - EXIT, now, ev)
         elif code >= FORWARD_START:
             self.forward_start((code - FORWARD_START) >> 1, code & 1, now, ev)
-        elif code == BOUNDARY or code == BOUNDARY_DARK:
+        elif code == BOUNDARY:
             self.boundary("train", now, *(e[1:] if e is not None else ()))
-            self._light = self._lit = code == BOUNDARY
-        elif code == LIGHT:
-            self._light = True  # the open step stays unlit: it was not logged from its start
         elif code == STEP_EVENT:
             self.sample(ev)
         elif code == H2D_COPY:
@@ -253,7 +241,6 @@ class StepRecorder:
     def _open(self, now: int) -> None:
         self._t0 = now
         self._events = None
-        self._lit = self._light
 
     def sample(self, ev: Any) -> None:
         """The step just opened records CUDA events: `ev` marks its start on the GPU."""
@@ -285,8 +272,7 @@ class StepRecorder:
         if self._eval_fwd and not self._has_train:
             kind = "eval"
         extra = self._extra if self._extra is not None else {}
-        phases = tuple(self._acc) if self._lit else None
-        self.out.append((self.index, kind, self._t0, now - self._t0, phases, self._micro, events, extra))
+        self.out.append((self.index, kind, self._t0, now - self._t0, tuple(self._acc), self._micro, events, extra))
         self._prev_extra, self._fresh = extra, True
         self.index += 1
         self._acc = [0] * N_PHASES
@@ -296,9 +282,7 @@ class StepRecorder:
         self._open(now)
 
     def reset(self) -> None:
-        """Forget the open step (entries were lost, or an entry failed); until the next boundary
-        says otherwise, steps are not known to be lit."""
-        self._light = self._lit = False
+        """Forget the open step (entries were lost, or an entry failed)."""
         if self._events is not None:
             for _, s, e in self._events:
                 self._give(s)

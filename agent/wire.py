@@ -28,8 +28,7 @@ class WireError(ValueError):
 class StepRecord(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
     """One training (or eval) step as the training thread saw it.
 
-    `phases` holds host nanoseconds per phase, `other` included, so they add up to `wall_ns`; it
-    is empty on a step whose phases were not sampled (the agent logs ~20 steps a second whole).
+    `phases` holds host nanoseconds per phase, `other` included, so they add up to `wall_ns`.
     `device_ms` holds CUDA-event times of the phases that were sampled on this step (empty when
     the step was not sampled or the run is on CPU); `step` there is the stream time between
     this step's boundary events.

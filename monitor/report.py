@@ -14,7 +14,6 @@ def build_report(state: RunState, seconds: float, target: str = "", window: floa
     """`window` (default `seconds`) is how far back the figures reach on the agent's clock."""
     window = seconds if window is None else window
     steps = state.window(window)
-    lit = [s for s in steps if s.phases]
     evals = state.window(window, kind="eval")
     stats = step_stats(steps)
     hello = state.hello
@@ -31,8 +30,7 @@ def build_report(state: RunState, seconds: float, target: str = "", window: floa
         "ranks": sorted({s.rank for s in steps} or ({hello.rank} if hello else set())),
         "steps": len(steps),
         "eval_steps": len(evals),
-        "sampled_steps": len(lit),  # steps whose phases were logged: breakdown, phase_ms, micro_batches
-        "micro_batches": (sum(s.micro for s in lit) / len(lit)) if lit else 0.0,
+        "micro_batches": (sum(s.micro for s in steps) / len(steps)) if steps else 0.0,
         "step_time_ms": {k: round(stats[f"{k}_ms"], 4) for k in ("median", "p90", "mean")},
         "steps_per_s": round(stats["steps_per_s"], 3),
         "breakdown": {k: round(v, 5) for k, v in breakdown(steps).items()},

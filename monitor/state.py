@@ -167,13 +167,10 @@ def step_stats(steps: list[StepRecord]) -> dict[str, float]:
 
 
 def breakdown(steps: Iterable[StepRecord]) -> dict[str, float]:
-    """Each phase's share of total step wall time, over the steps whose phases were sampled;
-    the shares sum to 1 (0 with no such steps)."""
+    """Each phase's share of total step wall time; the shares sum to 1 (0 with no steps)."""
     totals = dict.fromkeys(PHASES, 0)
     wall = 0
     for s in steps:
-        if not s.phases:
-            continue
         wall += s.wall_ns
         for name in PHASES:
             totals[name] += s.phases.get(name, 0)
@@ -183,8 +180,7 @@ def breakdown(steps: Iterable[StepRecord]) -> dict[str, float]:
 
 
 def phase_ms(steps: list[StepRecord]) -> dict[str, float]:
-    """Mean host milliseconds per step in each phase, over the steps whose phases were sampled."""
-    steps = [s for s in steps if s.phases]
+    """Mean host milliseconds per step in each phase."""
     if not steps:
         return dict.fromkeys(PHASES, 0.0)
     return {name: sum(s.phases.get(name, 0) for s in steps) / len(steps) / 1e6 for name in PHASES}

@@ -42,9 +42,6 @@ def _isolated_agent(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     runtime = tmp_path_factory.mktemp("rt")
     monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(runtime))
     monkeypatch.setenv("TORCHTOP_QUIET", "1")
-    # every step's phases logged: tests check each step; test_phase_sampling and the scenario
-    # tests run with the default sampling
-    monkeypatch.setenv("TORCHTOP_PHASE_PERIOD_MS", "0")
     # the developer's own keys, ports, autostart and launcher variables stay out of the tests
     monkeypatch.setenv("TORCHTOP_CONFIG_DIR", str(tmp_path_factory.mktemp("cfg")))
     for name in (

@@ -19,12 +19,6 @@ from torchtop.agent import discovery
 SEVERE = ("warning", "critical")
 
 
-@pytest.fixture(autouse=True)
-def _default_phase_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As users run it: phases logged whole on ~20 steps a second, not on every step."""
-    monkeypatch.delenv("TORCHTOP_PHASE_PERIOD_MS", raising=False)
-
-
 def _scenario(name: str, device: str, warm_s: float, report_s: float) -> dict[str, Any]:
     """Run demos/<name>.py, let it pass warm-up, then return `torchtop report` on it."""
     child = subprocess.Popen(
@@ -47,7 +41,6 @@ def _scenario(name: str, device: str, warm_s: float, report_s: float) -> dict[st
             child.terminate()
             raise AssertionError(f"{out.stderr.strip()}\n{name}'s output:\n{child.communicate(timeout=30)[0][-3000:]}")
         report = json.loads(out.stdout)
-        assert 0 < report["sampled_steps"] <= report["steps"], report
         print(f"\n{name} on {device}: {report['steps']} steps, median {report['step_time_ms']['median']:.1f} ms, "
               f"breakdown {report['breakdown']}\n  verdict {report['verdict']}\n  flags {report['flag_details']}")
         return report
