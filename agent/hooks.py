@@ -27,14 +27,14 @@ import weakref
 from time import perf_counter_ns
 from typing import Any
 
-from .probe import EXIT, FORWARD_START, MAX_SLOT, SHIFT, SKIPPED, Probe
+from .probe import EXIT, FORWARD_START, GRAD, MAX_SLOT, SHIFT, SKIPPED, Probe
 from .recorder import BACKWARD, DATA, FORWARD, OPTIMIZER
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 
 
-def _timed(probe: Probe, phase: int, orig: Any) -> Any:
+def _timed(probe: Probe, phase: int, orig: Any, enter: int | None = None) -> Any:
     """`orig` wrapped so that its time on the training thread counts as `phase`.
 
     The hottest code torchtop has: a thread check, then one timestamped entry on each side
@@ -42,7 +42,7 @@ def _timed(probe: Probe, phase: int, orig: Any) -> Any:
     CPython 3.11 until they catch; nothing can raise into the user's code.
     """
     get_ident = threading.get_ident
-    enter, leave = phase, EXIT | phase
+    enter, leave = (phase if enter is None else enter), EXIT | phase
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -272,8 +272,9 @@ class AutoHooks:
     # -- backward ------------------------------------------------------------------------------
     def _patch_backward(self) -> None:
         autograd = self.torch.autograd
-        for name in ("backward", "grad"):
-            self._setattr(autograd, name, _timed(self.probe, BACKWARD, getattr(autograd, name)))
+        self._setattr(autograd, "backward", _timed(self.probe, BACKWARD, autograd.backward))
+        # a gradient penalty's autograd.grad is backward time, not another micro-batch
+        self._setattr(autograd, "grad", _timed(self.probe, BACKWARD, autograd.grad, enter=GRAD))
 
     # -- optimizer -----------------------------------------------------------------------------
     def _hook_optimizer(self) -> None:

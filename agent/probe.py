@@ -21,6 +21,7 @@ from typing import Any
 SHIFT = 8
 MASK = (1 << SHIFT) - 1
 EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
+GRAD = 5  # opens BACKWARD for torch.autograd.grad: backward time, but not a micro-batch
 OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
 BOUNDARY = 21  # a training step ends here: (stamp[, end event, record ns])
 SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)

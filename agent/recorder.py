@@ -18,6 +18,7 @@ from .probe import (
     BOUNDARY,
     EXIT,
     FORWARD_START,
+    GRAD,
     H2D_COPY,
     MARK,
     MASK,
@@ -78,8 +79,10 @@ class StepRecorder:
             try:
                 if type(e) is int:  # most entries: dispatched here, without a call layer
                     code = e & MASK
-                    if code < EXIT:
+                    if code < GRAD:
                         enter(code, e >> SHIFT)
+                    elif code == GRAD:
+                        enter(BACKWARD, e >> SHIFT, None, False)
                     elif code < 16:
                         exit_(code - EXIT, e >> SHIFT)
                     elif code >= FORWARD_START:
@@ -100,8 +103,10 @@ class StepRecorder:
     def _entry(self, code: int, now: int, e: tuple | None) -> None:
         """Any entry, tuples included (those carry CUDA events, bytes, marks)."""
         ev = e[1] if e is not None and len(e) == 2 else None
-        if code < EXIT:
+        if code < GRAD:
             self.enter(code, now, ev)
+        elif code == GRAD:
+            self.enter(BACKWARD, now, ev, False)
         elif code < 16:
             self.exit(code - EXIT, now, ev)
         elif code >= FORWARD_START:
@@ -136,7 +141,9 @@ class StepRecorder:
             self.give(ev)
 
     # -- phases --------------------------------------------------------------------------------
-    def enter(self, phase: int, now: int, ev: Any = None) -> None:
+    def enter(self, phase: int, now: int, ev: Any = None, micro: bool = True) -> None:
+        """Open `phase` at `now`; a BACKWARD with `micro` (loss.backward(), not autograd.grad)
+        that is not nested in another counts as a micro-batch."""
         if phase == DATA:
             if self._eval_fwd and not self._has_train and not self.explicit:
                 self.boundary("eval", now)  # an evaluation iteration ends where the next fetch starts
@@ -144,7 +151,7 @@ class StepRecorder:
             self._has_train = True
             # only an outermost backward is a micro-batch: a reentrant checkpoint (or an
             # explicit phase("backward") around loss.backward()) nests a second one
-            if phase == BACKWARD and self._cur != BACKWARD and BACKWARD not in self._stack:
+            if phase == BACKWARD and micro and self._cur != BACKWARD and BACKWARD not in self._stack:
                 self._micro += 1
         self._fresh = False
         if self._t0 == 0:

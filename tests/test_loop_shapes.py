@@ -241,3 +241,29 @@ def test_mark_lands_on_its_step(where: str) -> None:
             ta.mark("k", torch.tensor(float(k)))
     steps = snapshot_steps(ta.current(), 6)
     assert [s.marks.get("k") for s in steps] == [float(k) for k in range(6)]
+
+
+def test_gradient_penalty_is_backward_time_but_not_a_micro_batch() -> None:
+    """WGAN-GP: autograd.grad(create_graph=True) for the penalty, then loss.backward(). The
+    penalty's time is backward; the step still has one micro-batch (not two)."""
+    assert ta.start() is not None
+    critic = mlp()
+    opt = torch.optim.SGD(critic.parameters(), lr=0.01)
+
+    def slow_grad_hook(grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.004)  # a known cost inside the penalty's autograd.grad
+        return grad
+
+    for x, _ in batches(6):
+        x = x.requires_grad_(True)
+        out = critic(x).sum()
+        out.register_hook(slow_grad_hook)
+        (g,) = torch.autograd.grad(out, x, create_graph=True)
+        loss = out + ((g.norm(dim=1) - 1) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    steps = snapshot_steps(ta.current(), 6)
+    assert len(steps) == 6
+    assert all(s.micro == 1 for s in steps), [s.micro for s in steps]
+    assert all(s.phases["backward"] >= 4 * MS for s in steps)  # the penalty's sleep is backward time
