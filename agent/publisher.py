@@ -1,9 +1,9 @@
 """The agent's own thread: everything that must not run on the training thread.
 
 At a fixed rate it drains the probe's log and replays it into steps, resolves CUDA events (by
-polling, never syncing),
-keeps a bounded history for late joiners, encodes a Batch and publishes it with NOBLOCK (an
-empty batch is the heartbeat). In between it answers requests on the ROUTER socket. Bad frames
+polling, never syncing), keeps a bounded history for late joiners, and publishes a Batch with
+NOBLOCK: the new steps while anyone subscribes, telemetry always (an empty batch is the
+heartbeat). In between it answers requests on the ROUTER socket. Bad frames
 are counted and answered with an error; nothing a client sends can stop this thread.
 """
 
@@ -28,7 +28,7 @@ from .telemetry import TelemetryCollector
 
 RATE_HZ = 10.0
 HISTORY_STEPS = 10_000  # every step, for late joiners
-SPARSE_STEPS = 6_000  # before those: one step per SPARSE_PERIOD_S, so at least 10 minutes at any rate
+SPARSE_STEPS = 6_000  # before those: one step per SPARSE_PERIOD_NS, so at least 10 minutes at any rate
 SPARSE_PERIOD_NS = 100_000_000
 CATCH_UP_STEPS = 2_000  # re-sent when the first subscriber arrives: covers a snapshot taken before it
 SNAPSHOT_MAX = wire.SNAPSHOT_MAX_STEPS  # = HISTORY_STEPS + SPARSE_STEPS
