@@ -285,6 +285,9 @@ class AutoHooks:
 
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         probe = self.probe
+        # get_ident() first, unlike the forward and h2d wrappers: in an optimizer step compiled
+        # with torch.compile dynamo breaks the graph here (torch's step breaks it anyway; it
+        # cannot be compiled with fullgraph=True), so the hook still runs and the step still ends
         if threading.get_ident() != probe.tid or self._compiling():
             return
         try:

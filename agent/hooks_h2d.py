@@ -59,7 +59,9 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
 
     @functools.wraps(orig_to)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if get_ident() != probe.tid or self.is_cuda or compiling():
+        # compiling() first: dynamo traces a `.to()` inside a compiled forward, and cannot
+        # trace get_ident() (a graph break, an error under fullgraph=True)
+        if compiling() or self.is_cuda or get_ident() != probe.tid:
             return orig_to(self, *args, **kwargs)
         # a CUDA event only where the target may be a GPU: `.to(dtype)` is most calls
         ev0 = begin() if _may_be_cuda(args, kwargs) else None
@@ -70,7 +72,7 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
 
     @functools.wraps(orig_cuda)
     def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if get_ident() != probe.tid or self.is_cuda or compiling():
+        if compiling() or self.is_cuda or get_ident() != probe.tid:
             return orig_cuda(self, *args, **kwargs)
         ev0 = begin()
         t = perf_counter_ns()
@@ -80,7 +82,7 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
 
     @functools.wraps(orig_copy)
     def copy_(self: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
-        if get_ident() != probe.tid or not self.is_cuda or getattr(src, "is_cuda", True) or compiling():
+        if compiling() or not self.is_cuda or getattr(src, "is_cuda", True) or get_ident() != probe.tid:
             return orig_copy(self, src, *args, **kwargs)
         ev0 = begin()
         t = perf_counter_ns()

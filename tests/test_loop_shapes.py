@@ -267,3 +267,45 @@ def test_gradient_penalty_is_backward_time_but_not_a_micro_batch() -> None:
     assert len(steps) == 6
     assert all(s.micro == 1 for s in steps), [s.micro for s in steps]
     assert all(s.phases["backward"] >= 4 * MS for s in steps)  # the penalty's sleep is backward time
+
+
+def test_compiled_optimizer_step_still_ends_steps() -> None:
+    """The recipe of PyTorch's "compiling the optimizer" tutorial: the hooks run (dynamo breaks the
+    graph at them, as torch's own step does), so every iteration is still a step."""
+    assert ta.start() is not None
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    @torch.compile(backend="eager", fullgraph=False)
+    def opt_step() -> None:
+        opt.step()
+
+    for x, y in batches(6):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt_step()
+        opt.zero_grad()
+    steps = snapshot_steps(ta.current(), 6)
+    assert len(steps) == 6
+    assert all(s.phases["optimizer"] > 0 and s.phases["backward"] > 0 for s in steps[1:])
+
+
+def test_h2d_wrappers_stay_out_of_a_fullgraph_compile() -> None:
+    """`.to()` inside a function compiled with fullgraph=True still compiles with the h2d wrapper
+    on `torch.Tensor` (installed here on CPU as on a CUDA machine): a graph break there would be
+    an error in the user's code."""
+    from torchtop.agent.hooks import AutoHooks
+    from torchtop.agent.probe import Probe
+
+    hooks = AutoHooks(Probe(), torch, h2d=True)
+    hooks.install()
+    try:
+        assert torch.Tensor.to is not torch._C.TensorBase.to  # the wrapper is in place
+
+        @torch.compile(backend="eager", fullgraph=True)
+        def f(x: torch.Tensor) -> torch.Tensor:
+            return x.to(torch.float64) * 2
+
+        assert f(torch.ones(3)).dtype == torch.float64
+    finally:
+        hooks.uninstall()
+    assert "to" not in torch.Tensor.__dict__
