@@ -383,7 +383,10 @@ def test_failing_replay_never_breaks_training(method: str, monkeypatch: pytest.M
     assert not torch.equal(w0, model[0].weight)  # and trained
     assert calls, "the injected failure was never reached"
     assert rec.failures == MAX_FAILURES  # counted, then the replay stopped
-    assert agent.probe.active is False and not agent.probe.log  # and the training thread logs nothing more
+    assert agent.probe.active is False
+    logged = len(agent.probe.log)  # an entry in flight as it stopped may be there; no more come
+    assert train(model, tensor_loader(5)) == 5
+    assert len(agent.probe.log) == logged
 
     # the monitor is told how many hook errors there were
     client = client_for(agent)
