@@ -285,10 +285,11 @@ class AutoHooks:
 
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         probe = self.probe
-        # get_ident() first, unlike the forward and h2d wrappers: in an optimizer step compiled
-        # with torch.compile dynamo breaks the graph here (torch's step breaks it anyway; it
-        # cannot be compiled with fullgraph=True), so the hook still runs and the step still ends
-        if threading.get_ident() != probe.tid or self._compiling():
+        # no compiling() check, unlike the forward and h2d wrappers: in an optimizer step compiled
+        # with torch.compile, dynamo breaks the graph at get_ident() (torch's step breaks it
+        # anyway; it cannot be compiled with fullgraph=True), so this hook always runs eagerly
+        # and the step still ends
+        if threading.get_ident() != probe.tid:
             return
         try:
             oid = id(opt)
@@ -304,7 +305,7 @@ class AutoHooks:
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
         probe = self.probe
-        if threading.get_ident() != probe.tid or self._compiling():
+        if threading.get_ident() != probe.tid:  # as in _opt_pre: always eager
             return
         try:
             probe.put(perf_counter_ns() << SHIFT | EXIT | OPTIMIZER)
