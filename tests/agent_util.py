@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
 
 from torchtop.agent import wire
 from torchtop.monitor.client import AgentClient
 from torchtop.monitor.targets import Endpoint
+
+
+def free_port() -> int:
+    """A loopback port free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 both free right now (an agent's request and batch ports)."""
+    for _ in range(100):
+        port = free_port()
+        if port >= 65534:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair")
 
 
 def client_for(agent: Any) -> AgentClient:

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import torchtop.agent as ta  # noqa: E402
-from tests.agent_util import client_for, snapshot_steps  # noqa: E402
+from tests.agent_util import client_for, free_port_pair, snapshot_steps  # noqa: E402
 from torchtop.agent import discovery, wire  # noqa: E402
 from torchtop.agent.core import VERSION  # noqa: E402
 from torchtop.monitor.client import AgentClient, AgentUnreachable  # noqa: E402
@@ -31,23 +31,6 @@ from torchtop.monitor.targets import Endpoint  # noqa: E402
 
 V = wire.PROTOCOL_VERSION
 CLI = [sys.executable, "-m", "torchtop.monitor.cli"]
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 both free right now."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65534:
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 def train_steps(n: int) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent_util import free_port
 from torchtop.agent import discovery
 from torchtop.agent.autostart import is_launcher
 from torchtop.monitor.run import child_env, job_name
@@ -40,14 +41,6 @@ TRAIN = textwrap.dedent(
 def _torchtop(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torchtop.monitor.cli", *args], capture_output=True, text=True,
                           timeout=120, **kw)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_steps(agent: dict, n: int, timeout: float = 60) -> None:
@@ -159,7 +152,7 @@ def test_torchrun_ranks_get_agents_not_the_launcher(tmp_path: Path) -> None:
     ))
     job = subprocess.Popen([sys.executable, "-m", "torchtop.monitor.cli", "run", "--no-tui", "--",
                             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                            "--master_port", str(_free_port()), str(script)],
+                            "--master_port", str(free_port()), str(script)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         agents = _wait_agents(2)

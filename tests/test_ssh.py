@@ -21,17 +21,12 @@ from pathlib import Path
 import pytest
 from remote_util import training_agent
 
+from tests.agent_util import free_port
 from torchtop.monitor import ssh
 from torchtop.monitor.client import AgentClient
 from torchtop.monitor.targets import TargetError
 
 SSHD = shutil.which("sshd") or next((p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd") if os.path.exists(p)), None)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +38,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
     for name in ("host_key", "user_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
     shutil.copy(d / "user_key.pub", d / "authorized_keys")
-    port = _free_port()
+    port = free_port()
     (d / "sshd_config").write_text(
         f"ListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
         f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin yes\nStrictModes no\n"
@@ -164,7 +159,7 @@ def test_ssh_errors_say_what_to_do(ssh_env: dict[str, str], sshd, tmp_path: Path
     out = torchtop(missing, "ls", host)
     assert out.returncode == 2 and "is not installed on 127.0.0.1" in out.stderr and ssh.ENV_REMOTE_CMD in out.stderr
 
-    closed = f"ssh://127.0.0.1:{_free_port()}"
+    closed = f"ssh://127.0.0.1:{free_port()}"
     out = torchtop(ssh_env, "attach", closed)
     assert out.returncode == 2 and "ssh to 127.0.0.1 failed" in out.stderr, out.stderr
 

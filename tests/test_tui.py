@@ -7,7 +7,6 @@ other 5%) and known walls, so every number on screen has an exact expected value
 from __future__ import annotations
 
 import io
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from tests.agent_util import free_port_pair
 from tests.tui_util import TRAIN, wait_for
 from torchtop.agent import wire
 from torchtop.monitor import feed, fmt
@@ -243,19 +243,6 @@ def test_feed_retries_hello_then_streams_and_stops_when_cancelled(monkeypatch) -
 
 
 # -- a real agent ---------------------------------------------------------------------------------
-
-
-def free_port_pair() -> int:
-    for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            try:
-                a.bind(("127.0.0.1", 0))
-                port = a.getsockname()[1]
-                b.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port pair")
 
 
 def start_training(tmp_path: Path, env: dict[str, str], port: int) -> subprocess.Popen:

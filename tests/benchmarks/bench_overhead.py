@@ -208,21 +208,6 @@ while True:
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            try:
-                a.bind(("127.0.0.1", 0))
-                port = a.getsockname()[1]
-                b.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise SystemExit("no free port pair")
-
-
 def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, steps: int,
               warm: int, split: bool = False, port: int | None = None, pin: int | None = None) -> dict[str, Any]:
     """Rounds of one block per mode, the order rotating each round. Modes: "off" (no agent),
@@ -357,7 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.attached:
         import subprocess
 
-        port = _free_port()
+        agent = torchtop.agent.start(auto=False)  # a free port pair, kept for every block
+        if agent is None:
+            raise SystemExit("the agent did not start")
+        port = agent.port
+        torchtop.agent.stop()
         listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(port)])
     try:
         cores = sorted(os.sched_getaffinity(0))
