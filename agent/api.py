@@ -129,6 +129,7 @@ def mark(name: str, value: Any) -> None:
             pinned.copy_(value.reshape(()), non_blocking=True)
             done = torch.cuda.Event()
             done.record()
+            probe.cuda_marks = True  # the agent thread now looks for events to resolve
             probe.mark(name, (pinned, done))
         else:
             probe.mark(name, float(value))

@@ -38,13 +38,12 @@ def _env_int(name: str, default: int) -> int:
 
 
 class Agent:
-    """One running agent: probe + hooks on the training thread; recorder, sockets and loop on its own."""
+    """One running agent: probe + hooks on the training thread; sockets and loop on its own."""
 
     def __init__(self, torch: Any, port: int | None, bind: str, auto: bool) -> None:
         from .hooks import AutoHooks
         from .probe import Probe
         from .publisher import AgentLoop
-        from .recorder import StepRecorder
         from .sockets import open_sockets
 
         self.torch = torch
@@ -56,7 +55,6 @@ class Agent:
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.sockets = open_sockets(bind, port)  # BindError propagates to start()
         self.probe = Probe()
-        self.recorder = StepRecorder()
         self.hooks = None
         self.telemetry = None
         try:
@@ -71,7 +69,7 @@ class Agent:
                 self.hooks = AutoHooks(self.probe, torch, h2d=torch.cuda.is_available())
                 self.hooks.install()
             self.loop = AgentLoop(
-                self.probe, self.recorder, self.sockets, self.hello, self.run_id, torch, self.rank,
+                self.probe, self.sockets, self.hello, self.run_id, torch, self.rank,
                 telemetry=self.telemetry,
                 captures=self.captures,
             )

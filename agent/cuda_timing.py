@@ -2,7 +2,8 @@
 
 The training thread records events from a pool on sampled steps only; the agent thread polls
 `Event.query()` (never `synchronize`) and calls `elapsed_time` once both events of a pair have
-completed, then returns the events to the pool. The sampling stride keeps event recording under
+completed, writes the device times into the log in place of the events (the monitor replays
+it), then returns the events to the pool. The sampling stride keeps event recording under
 a budget of the step time, measured as it runs.
 """
 
@@ -13,7 +14,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .wire import TIMED_PHASES
+from .wire import BOUNDARY, H2D_COPY, MARK, MASK, SHIFT, STEP_EVENT
 
 BUDGET = 0.003  # event recording may take at most this share of step wall time
 MAX_PENDING = 4096  # sampled steps waiting for the GPU; beyond this, their device times are dropped
@@ -50,70 +51,109 @@ class EventPool:
             self._free.append(ev)
 
 
-class DeviceTimer:
-    """Keeps raw steps in order until their events (if any) completed, then yields device ms.
+class EventResolver:
+    """Replaces the CUDA events in drained log entries with device times, chunk by chunk, in
+    order: a chunk leaves once every event in it has completed (or after GIVE_UP_S).
 
-    Steps without events pass straight through, but never overtake an earlier sampled step.
+    A phase entry's event becomes its time in ms from the sampled step's STEP_EVENT (the monitor
+    subtracts pairs); an h2d copy's pair becomes its duration; a CUDA mark becomes its value.
+    Events go back to the pool once read. Chunks without tuples (every chunk of a CPU run, the
+    unsampled steps of a CUDA one) cost one scan.
     """
 
     def __init__(self, pool: EventPool | None) -> None:
         self.pool = pool
-        self._pending: deque[tuple[float, Any]] = deque()
+        self._pending: deque[tuple[float, list[Any], int, list[int]]] = deque()
+        self._ref: Any = None  # the STEP_EVENT event of the sampled step being read
+        self._ref_ns = 0
         self.abandoned = 0
+        self.sampled_steps = 0  # sampled steps whose device times were read
         self._record_cost: deque[tuple[int, int]] = deque(maxlen=64)  # (record_ns, wall_ns)
 
-    def submit(self, raw: Any) -> None:
-        self._pending.append((time.monotonic(), raw))
-
-    def run(self, raws: list[Any]) -> list[tuple[Any, dict[str, float] | None]]:
-        """Submit `raws`, then return every step now ready, in order. Steps without events or
-        CUDA marks, with nothing pending ahead of them (every step on a CPU run), pass straight."""
-        if not self._pending and all(raw[6] is None and _marks_done(raw) for raw in raws):
-            return [(raw, None) for raw in raws]
-        for raw in raws:
-            self.submit(raw)
+    def run(self, entries: list[Any], steps: int) -> list[tuple[list[Any], int]]:
+        """Submit one drained chunk; return every chunk now ready, in order."""
+        tuples = [k for k, e in enumerate(entries) if type(e) is tuple]
+        if not tuples and not self._pending:
+            return [(entries, steps)]
+        self._pending.append((time.monotonic(), entries, steps, tuples))
         return self.poll()
 
-    def poll(self) -> list[tuple[Any, dict[str, float] | None]]:
-        """Raw steps whose events completed (or were abandoned), in order, with device times."""
+    def poll(self) -> list[tuple[list[Any], int]]:
         out = []
         now = time.monotonic()
         while self._pending:
-            since, raw = self._pending[0]
-            events = raw[6]
-            pairs = events[:-1] if events is not None else ()
-            if all(_done(s) and _done(e) for _, s, e in pairs) and _marks_done(raw):
-                _read_marks(raw)
-                out.append(self._finish(raw, self._elapsed(pairs)) if events is not None else (raw, None))
-            elif now - since > GIVE_UP_S or len(self._pending) > MAX_PENDING:
-                self.abandoned += 1
-                out.append((raw, None))  # events stay out of the pool: they may never complete
-            else:
+            since, entries, steps, tuples = self._pending[0]
+            done = all(_done(entries[k]) for k in tuples)
+            if not done and now - since <= GIVE_UP_S and len(self._pending) <= MAX_PENDING:
                 break
+            if not done:
+                self.abandoned += 1  # its events stay out of the pool: they may never complete
+            self._convert(entries, tuples, done)
+            out.append((entries, steps))
             self._pending.popleft()
         return out
-
-    def _elapsed(self, pairs: list) -> dict[str, float]:
-        ms: dict[str, float] = {}
-        for phase, s, e in pairs:
-            if s is None or e is None:
-                continue
-            name = "step" if phase < 0 else TIMED_PHASES[phase]
-            ms[name] = ms.get(name, 0.0) + s.elapsed_time(e)
-        return ms
-
-    def _finish(self, raw: Any, ms: dict[str, float] | None) -> tuple[Any, dict[str, float] | None]:
-        events = raw[6]
-        self._record_cost.append((events[-1], raw[3]))
-        if self.pool is not None:
-            for _, s, e in events[:-1]:
-                self.pool.give(s)
-                self.pool.give(e)
-        return raw, ms
 
     def pending(self) -> int:
         return len(self._pending)
 
+    # -- one chunk -----------------------------------------------------------------------------
+    def _give(self, ev: Any, done: bool) -> None:
+        if done and ev is not None and self.pool is not None and ev is not self._ref:
+            self.pool.give(ev)
+
+    def _since_ref(self, ev: Any, done: bool) -> float | None:
+        if ev is None or self._ref is None or not done:
+            return None
+        try:
+            return self._ref.elapsed_time(ev)
+        except Exception:  # never recorded, another device: no device time, nothing else lost
+            return None
+
+    def _drop_ref(self, done: bool) -> None:
+        ref, self._ref = self._ref, None
+        self._give(ref, done)
+
+    def _convert(self, entries: list[Any], tuples: list[int], done: bool) -> None:
+        for k in tuples:
+            e = entries[k]
+            head = e[0]
+            code = head & MASK
+            if code == STEP_EVENT:
+                self._drop_ref(done)
+                self._ref, self._ref_ns = e[1], head >> SHIFT
+                entries[k] = (head, 0.0 if e[1] is not None and done else None)
+            elif code == BOUNDARY:
+                ms = self._since_ref(e[1], done)
+                if ms is not None:
+                    self.sampled_steps += 1
+                    self._record_cost.append((e[2], (head >> SHIFT) - self._ref_ns))
+                entries[k] = (head, ms, e[2])
+                self._give(e[1], done)
+                self._drop_ref(done)
+            elif code == H2D_COPY:
+                _, dt, nbytes, pinned, ev0, ev1 = e
+                ms = None
+                if done and ev0 is not None and ev1 is not None:
+                    try:
+                        ms = ev0.elapsed_time(ev1)
+                    except Exception:
+                        ms = None
+                entries[k] = (head, dt, nbytes, pinned, ms)
+                self._give(ev0, done)
+                self._give(ev1, done)
+            elif code == MARK:
+                value = e[2]
+                if type(value) is tuple:  # (pinned copy, event) of a CUDA tensor
+                    try:
+                        value = float(value[0]) if done else None
+                    except Exception:
+                        value = None
+                    entries[k] = (head, e[1], value)
+            elif len(e) == 2:  # a phase entry of a sampled step
+                entries[k] = (head, self._since_ref(e[1], done))
+                self._give(e[1], done)
+
+    # -- sampling stride -----------------------------------------------------------------------
     def stride(self, current: int) -> int:
         """Sample one step in k so that event recording stays under BUDGET of step time."""
         if not self._record_cost:
@@ -125,20 +165,15 @@ class DeviceTimer:
         return max(1, min(1000, math.ceil(rec / (BUDGET * wall))))
 
 
-def _done(ev: Any) -> bool:
-    return ev is None or ev.query()
-
-
-def _read_marks(raw: Any) -> None:
-    """CUDA marks whose copy landed become floats: the pinned copies are not kept in history."""
-    extra = raw[7] if len(raw) > 7 else None
-    if extra and "marks" in extra:
-        extra["marks"] = [(name, float(v[0]) if isinstance(v, tuple) else v) for name, v in extra["marks"]]
-
-
-def _marks_done(raw: Any) -> bool:
-    """User marks of CUDA tensors travel as (pinned copy, event): ready once the copy landed."""
-    extra = raw[7] if len(raw) > 7 else None
-    if not extra or "marks" not in extra:
-        return True
-    return all(not isinstance(v, tuple) or _done(v[1]) for _, v in extra["marks"])
+def _done(entry: tuple) -> bool:
+    """Every CUDA event in a log tuple has completed (query(): never synchronizes)."""
+    code = entry[0] & MASK
+    if code == MARK:
+        value = entry[2]
+        return type(value) is not tuple or value[1].query()
+    if code == H2D_COPY:
+        return all(ev is None or ev.query() for ev in entry[4:6])
+    if code in (STEP_EVENT, BOUNDARY) or len(entry) == 2:
+        ev = entry[1]
+        return ev is None or not hasattr(ev, "query") or ev.query()
+    return True

@@ -12,8 +12,8 @@
 - h2d (only where CUDA exists): `Tensor.to`, `Tensor.cuda`, `Tensor.copy_` from a CPU tensor to a
   CUDA one (`hooks_h2d.py`).
 
-Each hook only logs timestamps into the `Probe` (see probe.py); the agent thread makes steps
-of them. Step ends are decided here, at the optimizer, because a capture must start there.
+Each hook only logs timestamps into the `Probe` (see probe.py); the monitor makes steps of
+them. Step ends are decided here, at the optimizer, because a capture must start there.
 
 No global full-backward hooks: they cost milliseconds a step and break `ReLU(inplace=True)`.
 `uninstall()` restores everything, so start/stop can alternate in one process.
@@ -27,8 +27,8 @@ import weakref
 from time import perf_counter_ns
 from typing import Any
 
-from .probe import EXIT, FORWARD_START, GRAD, MAX_SLOT, SHIFT, SKIPPED, Probe
-from .recorder import BACKWARD, DATA, FORWARD, OPTIMIZER
+from .probe import Probe
+from .wire import BACKWARD, DATA, EXIT, FORWARD, FORWARD_START, GRAD, MAX_SLOT, OPTIMIZER, SHIFT, SKIPPED
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
@@ -61,6 +61,30 @@ def _timed(probe: Probe, phase: int, orig: Any, enter: int | None = None) -> Any
                 probe.fail()
 
     return wrapper
+
+
+def _timed_next(probe: Probe, orig: Any) -> Any:
+    """`_timed` for an iterator's `__next__(self)`: a plain signature, no argument packing."""
+    get_ident = threading.get_ident
+    enter, leave = DATA, EXIT | DATA
+
+    @functools.wraps(orig)
+    def __next__(self: Any) -> Any:
+        if get_ident() != probe.tid:
+            return orig(self)
+        try:
+            probe.put(perf_counter_ns() << SHIFT | enter)
+        except Exception:
+            probe.fail()
+        try:
+            return orig(self)
+        finally:
+            try:
+                probe.put(perf_counter_ns() << SHIFT | leave)
+            except Exception:
+                probe.fail()
+
+    return __next__
 
 
 def _compiling(torch: Any) -> Any:
@@ -136,7 +160,7 @@ class AutoHooks:
         from torch.utils.data import dataloader
 
         cls = dataloader._BaseDataLoaderIter
-        self._setattr(cls, "__next__", _timed(self.probe, DATA, cls.__next__))
+        self._setattr(cls, "__next__", _timed_next(self.probe, cls.__next__))
         self._patch_queue_get()
 
     def _patch_queue_get(self) -> None:

@@ -3,9 +3,9 @@
 This is all the work the training thread does for torchtop: `perf_counter_ns()`, a shift, one
 `list.append` of an int (ints are not tracked by the garbage collector), and on sampled steps
 a CUDA `Event.record()` from a pool. Everything else (nesting phases, cutting steps, telling
-training from evaluation) is done later by the agent thread, which replays the log
-(`recorder.StepRecorder`). Step ends are the one decision taken here, because captures and
-CUDA sampling must act on the training thread at step boundaries.
+training from evaluation) is done by the monitor, which replays the log (monitor/replay.py);
+the agent thread only ships it (publisher.py). Step ends are the one decision taken here,
+because captures and CUDA sampling must act on the training thread at step boundaries.
 
 An entry is `perf_counter_ns() << SHIFT | code`, or a tuple whose first item is that int
 (a CUDA event, h2d bytes, a user mark). The log is bounded: when the agent thread stops
@@ -18,26 +18,21 @@ import threading
 from time import perf_counter_ns
 from typing import Any
 
-SHIFT = 8
-MASK = (1 << SHIFT) - 1
-EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
-GRAD = 5  # opens BACKWARD for torch.autograd.grad: backward time, but not a micro-batch
-OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
-BOUNDARY = 21  # a training step ends here: (stamp[, end event, record ns])
-SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)
-STEP_EVENT = 23  # (stamp, start event) of a sampled step
-H2D_COPY = 24  # (stamp, dt_ns, nbytes, pinned, start event, end event) of one host-to-device copy
-MARK = 25  # (stamp, name, value) of a user scalar
-RESET = 26  # entries were lost before this one: forget the open step
-FORWARD_START = 32  # FORWARD_START + 2 * root slot + grad: a root module's forward begins
-MAX_SLOT = (MASK - FORWARD_START) // 2  # root slots 0..MAX_SLOT; slot 0 is phase("forward")
+from .wire import (  # the log's format is the wire's: the agent ships it as written
+    BOUNDARY,
+    EXIT,
+    FORWARD_START,
+    H2D_COPY,
+    MARK,
+    OPEN_STEP,
+    RESET,
+    SHIFT,
+    STEP_EVENT,
+    code_of,
+)
 
 LOG_CAP = 1 << 18  # entries (~10 a step): a stalled agent thread costs at most ~10 MB
 MAX_FAILURES = 20
-
-
-def code_of(entry: Any) -> int:
-    return (entry if type(entry) is int else entry[0]) & MASK
 
 
 class Probe:
@@ -49,7 +44,7 @@ class Probe:
 
     __slots__ = (
         "tid", "active", "log", "put", "_append", "lock", "steps", "explicit", "on_step", "failures",
-        "dropped", "pool", "sample_every", "sampled", "_stream", "_record_ns",
+        "dropped", "pool", "sample_every", "sampled", "_stream", "_record_ns", "cuda_marks",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
@@ -70,6 +65,7 @@ class Probe:
         self.sampled = False
         self._stream: Any = None
         self._record_ns = 0
+        self.cuda_marks = False  # a mark holds a CUDA event: the agent must resolve it
 
     # -- failure policy ------------------------------------------------------------------------
     def fail(self) -> None:
@@ -155,24 +151,29 @@ class Probe:
                 self.on_step = None
 
     def _shed(self) -> None:
-        """The agent thread is not draining: drop the oldest half, count its steps, say so."""
+        """The agent thread is not draining: drop the oldest half, count its steps, say so.
+
+        The cut falls on a step boundary, which stays (after RESET) to open the steps kept."""
         log = self.log
         with self.lock:
             n = len(log) // 2
             while n > 1 and code_of(log[n - 1]) != BOUNDARY:
-                n -= 1  # cut right after a step's end: the steps kept are whole
+                n -= 1
             if n <= 1:
-                n = len(log) // 2
-            lost = log[:n]
-            del log[:n]
+                n = len(log) // 2 + 1
+            lost = log[:n]  # the step the kept boundary closes is lost too
+            del log[: n - 1]
             log.insert(0, RESET)
-        self.dropped += sum(1 for e in lost if code_of(e) == BOUNDARY)
+        # an opening boundary kept by an earlier shed closed a step counted then
+        counted = lost[0] == RESET and len(lost) > 1 and code_of(lost[1]) == BOUNDARY
+        self.dropped += sum(1 for e in lost if code_of(e) == BOUNDARY) - counted
 
-    def drain(self) -> list[Any]:
-        """Agent thread: everything logged so far, oldest first."""
+    def drain(self) -> tuple[list[Any], int]:
+        """Agent thread: everything logged so far, oldest first, and the steps cut so far."""
         log = self.log
         with self.lock:
             n = len(log)
             out = log[:n]
             del log[:n]
-        return out
+            steps = self.steps
+        return out, steps

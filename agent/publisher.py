@@ -1,10 +1,12 @@
 """The agent's own thread: everything that must not run on the training thread.
 
-At a fixed rate it drains the probe's log and replays it into steps, resolves CUDA events (by
-polling, never syncing), keeps a bounded history for late joiners, and publishes a Batch with
-NOBLOCK: the new steps while anyone subscribes, telemetry always (an empty batch is the
-heartbeat). In between it answers requests on the ROUTER socket. Bad frames
-are counted and answered with an error; nothing a client sends can stop this thread.
+At a fixed rate it drains the probe's log, resolves the CUDA events in it (by polling, never
+syncing), keeps a bounded history of log chunks for late joiners, and publishes a Batch with
+NOBLOCK: the new chunks while anyone subscribes, telemetry always (an empty batch is the
+heartbeat). It does not make steps of the log: the monitor replays it (monitor/replay.py), so
+this thread, which shares the GIL with training, does a copy and an encode per tick and no
+Python work per step. In between it answers requests on the ROUTER socket. Bad frames are
+counted and answered with an error; nothing a client sends can stop this thread.
 """
 
 from __future__ import annotations
@@ -20,18 +22,17 @@ import zmq
 from . import wire
 from .capture import CaptureController, CaptureError
 from .core import warn
-from .cuda_timing import DeviceTimer, EventPool
-from .probe import MAX_FAILURES, Probe
-from .recorder import StepRecorder
+from .cuda_timing import EventPool, EventResolver
+from .probe import Probe
 from .sockets import AgentSockets
 from .telemetry import TelemetryCollector
 
 RATE_HZ = 10.0
-HISTORY_STEPS = 10_000  # every step, for late joiners
-SPARSE_STEPS = 6_000  # before those: one step per SPARSE_PERIOD_NS, so at least 10 minutes at any rate
-SPARSE_PERIOD_NS = 100_000_000
-CATCH_UP_STEPS = 2_000  # re-sent when the first subscriber arrives: covers a snapshot taken before it
-SNAPSHOT_MAX = wire.SNAPSHOT_MAX_STEPS  # = HISTORY_STEPS + SPARSE_STEPS
+HISTORY_ENTRIES = 150_000  # every entry of the last ~15k steps (~10 a step), for late joiners
+SPARSE_CHUNKS = 6_000  # before those: one step per chunk (~one per tick): 10 minutes at any rate
+CATCH_UP_CHUNKS = 30  # re-sent when the first subscriber arrives: covers a snapshot taken before it
+CATCH_UP_ENTRIES = 500_000  # ... and at most this many entries (~5 MB: a frame's limit is 16 MiB)
+SNAPSHOT_MAX = wire.SNAPSHOT_MAX_STEPS
 REQUESTS_PER_TICK = 50  # more are left queued (and dropped at the socket's HWM): bounded agent CPU
 
 
@@ -41,7 +42,6 @@ class AgentLoop(threading.Thread):
     def __init__(
         self,
         probe: Probe,
-        recorder: StepRecorder,
         sockets: AgentSockets,
         hello: Callable[[], wire.Hello],
         run_id: str,
@@ -53,7 +53,6 @@ class AgentLoop(threading.Thread):
     ) -> None:
         super().__init__(name="torchtop-agent", daemon=True)
         self.probe = probe
-        self.rec = recorder
         self.sockets = sockets
         self.hello = hello
         self.run_id = run_id
@@ -63,16 +62,17 @@ class AgentLoop(threading.Thread):
         self.captures = captures
         self.period = 1.0 / rate_hz
         self.seq = 0
-        # steps as (raw, device ms): made into StepRecords only when someone asks or listens
-        self.history: deque[tuple[Any, Any]] = deque(maxlen=HISTORY_STEPS)
-        self.sparse: deque[tuple[Any, Any]] = deque(maxlen=SPARSE_STEPS)  # downsampled, older
+        self.chunk_seq = 0
+        self.history: deque[wire.LogChunk] = deque()  # every entry, up to HISTORY_ENTRIES
+        self._history_entries = 0
+        self.sparse: deque[wire.LogChunk] = deque(maxlen=SPARSE_CHUNKS)  # older: a step per chunk
         self.subscribed = False  # anyone on the batch stream (XPUB tells first join, last leave)
         self._catch_up = False
         self.bad_requests = 0
         self._budget = REQUESTS_PER_TICK
         self._cuda_check_at = 0.0
         self.errors = 0
-        self.timer = DeviceTimer(None)
+        self.resolver = EventResolver(None)
         self._stop_event = threading.Event()
         self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
 
@@ -119,7 +119,7 @@ class AgentLoop(threading.Thread):
     # -- publishing ----------------------------------------------------------------------------
     def _maybe_enable_cuda(self) -> None:
         torch = self.torch
-        if self.timer.pool is not None or torch is None or time.monotonic() < self._cuda_check_at:
+        if self.resolver.pool is not None or torch is None or time.monotonic() < self._cuda_check_at:
             return
         self._cuda_check_at = time.monotonic() + 1.0
         try:
@@ -132,8 +132,7 @@ class AgentLoop(threading.Thread):
                 and any(torch.cuda.memory_reserved(i) > 0 for i in range(torch.cuda.device_count()))
             ):
                 pool = EventPool(torch)
-                self.timer.pool = pool
-                self.rec.give = pool.give
+                self.resolver.pool = pool
                 self.probe.sample_every = 8
                 self.probe.pool = pool
         except Exception:
@@ -154,38 +153,31 @@ class AgentLoop(threading.Thread):
             elif msg[:1] == b"\x00":
                 self.subscribed = False
 
-    def _to_record(self, raw: Any, device_ms: dict[str, float] | None) -> wire.StepRecord:
-        index, kind, t0_ns, wall_ns, acc, micro, _events, extra = raw
-        data, h2d, forward, backward, optimizer = acc
-        phases = {  # a literal, not zip(): this runs for every step, holding the GIL
-            "data": data, "h2d": h2d, "forward": forward, "backward": backward, "optimizer": optimizer,
-            "other": max(0, wall_ns - data - h2d - forward - backward - optimizer),
-        }
-        record = wire.StepRecord(index, t0_ns / 1e9 + self._wall_offset, wall_ns, phases, kind, micro,
-                                 device_ms or {}, self.rank)
-        if extra:
-            record.skipped = extra.get("skipped", 0)
-            record.h2d_bytes = {k: extra[k] for k in ("pinned", "pageable") if k in extra}
-            record.marks = _marks(extra.get("marks", ()))
-        return record
-
     def _tick(self) -> None:
         self._maybe_enable_cuda()
-        probe, rec = self.probe, self.rec
-        ready = self.timer.run(rec.feed(probe.drain()))
-        if rec.failures >= MAX_FAILURES and probe.active:
-            probe.disable()  # the replay keeps failing: stop logging
-        self._keep(ready)
+        probe, resolver = self.probe, self.resolver
+        entries, steps = probe.drain()
+        if resolver.pool is None and not probe.cuda_marks:
+            ready = [(entries, steps)]  # a CPU run: nothing to resolve, the chunk is ready as is
+        else:
+            ready = resolver.run(entries, steps)
+        new = []
+        for entries, steps in ready:
+            if entries:
+                new.append(wire.LogChunk(self.chunk_seq, steps, entries))
+                self.chunk_seq += 1
+        for chunk in new:
+            self._keep(chunk)
         if self._catch_up:  # a first subscriber: what it may have missed between snapshot and now
             self._catch_up = False
-            steps = [self._to_record(raw, ms) for raw, ms in list(self.history)[-CATCH_UP_STEPS:]]
+            log = self._recent(CATCH_UP_CHUNKS, CATCH_UP_ENTRIES)
         elif self.subscribed:
-            steps = [self._to_record(raw, ms) for raw, ms in ready]
+            log = new
         else:
-            steps = []  # nobody listens: a heartbeat; the steps wait in the history
-        if self.timer.pool is not None:
-            probe.sample_every = self.timer.stride(probe.sample_every)
-            self.timer.pool.top_up()
+            log = []  # nobody listens: a heartbeat; the chunks wait in the history
+        if resolver.pool is not None:
+            probe.sample_every = resolver.stride(probe.sample_every)
+            resolver.pool.top_up()
         telemetry = None
         if self.telemetry is not None:
             self.telemetry.fast()
@@ -199,9 +191,11 @@ class AgentLoop(threading.Thread):
             run_id=self.run_id,
             seq=self.seq,
             time=time.time(),
-            steps=steps,
+            log=log,
+            wall_offset=self._wall_offset,
+            rank=self.rank,
             dropped=probe.dropped,
-            hook_errors=probe.failures + rec.failures,
+            hook_errors=probe.failures,
             telemetry=telemetry,
             capture=capture,
         )
@@ -211,16 +205,37 @@ class AgentLoop(threading.Thread):
             pass
         self.seq += 1
 
-    def _keep(self, steps: list[tuple[Any, Any]]) -> None:
-        """Every step of the last HISTORY_STEPS; older ones thinned to one per SPARSE_PERIOD_NS."""
-        history, sparse = self.history, self.sparse
-        full = history.maxlen
-        for step in steps:
-            if len(history) == full:
-                old = history[0]
-                if not sparse or old[0][2] >= sparse[-1][0][2] + SPARSE_PERIOD_NS:
-                    sparse.append(old)
-            history.append(step)
+    def _keep(self, chunk: wire.LogChunk) -> None:
+        """Every entry of the last HISTORY_ENTRIES; older chunks thinned to their last step."""
+        history = self.history
+        history.append(chunk)
+        self._history_entries += len(chunk.entries)
+        while self._history_entries > HISTORY_ENTRIES and len(history) > 1:
+            old = history.popleft()
+            self._history_entries -= len(old.entries)
+            tail = _last_step(old.entries)
+            if tail is not None:
+                self.sparse.append(wire.LogChunk(old.seq, old.steps, tail))
+
+    def _recent(self, chunks: int, entries: int) -> list[wire.LogChunk]:
+        out: list[wire.LogChunk] = []
+        for chunk in reversed(self.history):
+            entries -= len(chunk.entries)
+            if len(out) == chunks or (out and entries < 0):
+                break
+            out.append(chunk)
+        return out[::-1]
+
+    def _snapshot(self, limit: int) -> list[wire.LogChunk]:
+        """The newest chunks holding at least `limit` training steps (or all of them), oldest first."""
+        chunks = list(self.sparse) + list(self.history)
+        if not chunks:
+            return []
+        newest = chunks[-1].steps
+        k = len(chunks)
+        while k > 0 and newest - chunks[k - 1].steps < limit:
+            k -= 1
+        return chunks[max(0, k - 1):]
 
     # -- requests ------------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -261,9 +276,10 @@ class AgentLoop(threading.Thread):
                 return wire.Reply(
                     v=v, id=req.id, ok=False, error=f"max_steps must be an integer in 1..{SNAPSHOT_MAX}"
                 )
-            kept = (list(self.sparse) + list(self.history))[-limit:]
-            steps = [self._to_record(raw, ms) for raw, ms in kept]
-            return wire.Reply(v=v, id=req.id, ok=True, steps=steps, seq=self.seq - 1)
+            return wire.Reply(
+                v=v, id=req.id, ok=True, run_id=self.run_id, log=self._snapshot(limit),
+                wall_offset=self._wall_offset, rank=self.rank, seq=self.seq - 1,
+            )
         if req.cmd in ("capture-profile", "capture-memory", "capture-status") and self.captures is not None:
             return self._capture(req)
         self.bad_requests += 1
@@ -281,12 +297,14 @@ class AgentLoop(threading.Thread):
         return wire.Reply(v=v, id=req.id, ok=True, capture=info)
 
 
-def _marks(marks: Any) -> dict[str, float]:
-    """User marks as floats (CUDA ones were read by the timer once their copy landed)."""
-    out: dict[str, float] = {}
-    for name, value in marks:
-        try:
-            out[str(name)] = float(value[0]) if isinstance(value, tuple) else float(value)
-        except Exception:
-            continue
-    return out
+def _last_step(entries: list[Any]) -> list[Any] | None:
+    """A chunk thinned for the sparse history: RESET, then its entries from its second-to-last
+    step boundary on (one whole step, and the start of the next, which the following chunk
+    continues). None when the chunk does not hold a whole training step."""
+    end = None
+    for k in range(len(entries) - 1, -1, -1):
+        if wire.code_of(entries[k]) == wire.BOUNDARY:
+            if end is not None:
+                return [wire.RESET, *entries[k:]]
+            end = k
+    return None

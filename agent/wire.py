@@ -11,14 +11,40 @@ from typing import Any, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 16 * 1024 * 1024
-#: Steps an agent retains for late joiners (a `snapshot` request returns at most this many).
+#: The most steps a `snapshot` request may ask for.
 SNAPSHOT_MAX_STEPS = 16_000
 
 #: Phases measured on the training thread, in display order. `other` is the rest of the step.
 PHASES: tuple[str, ...] = ("data", "h2d", "forward", "backward", "optimizer", "other")
 TIMED_PHASES: tuple[str, ...] = PHASES[:-1]
+DATA, H2D, FORWARD, BACKWARD, OPTIMIZER = range(5)  # indices into TIMED_PHASES
+
+# -- the probe's log ------------------------------------------------------------------------------
+# The agent ships the training thread's log as it was written (LogChunk), and the monitor
+# replays it into steps (monitor/replay.py): the training process spends nothing on it but a
+# copy and an encode. An entry is `perf_counter_ns() << SHIFT | code`, or a tuple whose first
+# item is that int: (stamp, device ms) on steps sampled for CUDA timing, the device time being
+# from the step's STEP_EVENT (None when unknown); (stamp, device ms, record ns) for BOUNDARY;
+# (stamp, host ns, bytes, pinned, device ms) for H2D_COPY; (stamp, name, value) for MARK.
+SHIFT = 8
+MASK = (1 << SHIFT) - 1
+EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
+GRAD = 5  # opens BACKWARD for torch.autograd.grad: backward time, but not a micro-batch
+OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
+BOUNDARY = 21  # a training step ends here
+SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)
+STEP_EVENT = 23  # a step sampled for CUDA timing starts here
+H2D_COPY = 24  # one host-to-device copy
+MARK = 25  # a user scalar
+RESET = 26  # entries were lost before this one: forget the open step
+FORWARD_START = 32  # FORWARD_START + 2 * root slot + grad: a root module's forward begins
+MAX_SLOT = (MASK - FORWARD_START) // 2  # root slots 0..MAX_SLOT; slot 0 is phase("forward")
+
+
+def code_of(entry: Any) -> int:
+    return (entry if type(entry) is int else entry[0]) & MASK
 
 
 class WireError(ValueError):
@@ -150,6 +176,19 @@ class CaptureInfo(msgspec.Struct, omit_defaults=True):
     summary: dict[str, Any] = {}
 
 
+class LogChunk(msgspec.Struct, array_like=True):
+    """The probe's log entries drained at one agent tick, in order.
+
+    `seq` counts the agent's chunks (consecutive: a gap means chunks were not received, and the
+    replay forgets the open step). `steps` is the number of training steps the probe had cut when
+    it was drained: a replay starting here numbers its steps from it.
+    """
+
+    seq: int
+    steps: int
+    entries: list[Union[int, tuple[Any, ...]]]
+
+
 class Hello(msgspec.Struct, tag="hello", omit_defaults=True):
     """Who the agent is; the reply to a `hello` request."""
 
@@ -178,8 +217,11 @@ class Batch(msgspec.Struct, tag="batch", omit_defaults=True):
     run_id: str
     seq: int
     time: float
-    steps: list[StepRecord] = []
-    dropped: int = 0  # cumulative step records the agent's buffer dropped
+    log: list[LogChunk] = []  # new log chunks while anyone subscribes (recent ones again for a new one)
+    wall_offset: float = 0.0  # unix time - perf_counter time on the agent: stamps to wall clock
+    rank: int = 0
+    steps: list[StepRecord] = []  # not sent: the monitor's replay of `log` (client.AgentClient)
+    dropped: int = 0  # cumulative steps the probe's bounded log dropped
     hook_errors: int = 0  # cumulative guarded failures inside hooks
     telemetry: Telemetry | None = None  # memory / GPU / host samples taken since last batch
     capture: CaptureInfo | None = None  # the capture in progress, or the last one
@@ -202,7 +244,11 @@ class Reply(msgspec.Struct, tag="reply", omit_defaults=True):
     ok: bool
     error: str = ""
     hello: Hello | None = None
-    steps: list[StepRecord] = []
+    run_id: str = ""
+    log: list[LogChunk] = []  # a snapshot's history, oldest first
+    wall_offset: float = 0.0
+    rank: int = 0
+    steps: list[StepRecord] = []  # not sent: the monitor's replay of `log`
     seq: int = -1  # the last published batch sequence number when the reply was built
     data: dict[str, Any] = {}
     capture: Union[CaptureInfo, None] = None

@@ -144,8 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=10.0, help="how long to collect (default 10)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.add_argument("--history", action="store_true",
-                   help="report over everything the agent retained (every step of the last 10,000, one per "
-                        "0.1 s for 6,000 before those), not only the steps of the last S seconds")
+                   help="report over everything the agent retained (every step of roughly the last 15,000, "
+                        "one per 0.1 s for 10 minutes before those), not only the steps of the last S seconds")
     p.set_defaults(func=cmd_report)
 
     from . import capture_cli

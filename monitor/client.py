@@ -1,6 +1,8 @@
 """The monitor's connection to one agent: a DEALER for requests, a SUB for the batch stream.
 
 Every frame is validated (wire.decode); a bad one is counted with its reason and dropped.
+Agents ship their probe's log; the client replays it (replay.LogReplay) and hands batches and
+snapshot replies up with their `steps` filled in, so everything above it sees steps.
 Synchronous on purpose: the TUI runs it in a worker thread, `report` runs it directly.
 """
 
@@ -14,6 +16,7 @@ import zmq
 
 from torchtop.agent import wire
 
+from .replay import LogReplay
 from .targets import Endpoint
 
 
@@ -27,6 +30,7 @@ class AgentClient:
         self._ids = itertools.count(1)
         self.bad_frames = 0
         self.last_error = ""
+        self.replay = LogReplay()
         self.dealer: Any = None
         self._ipv6 = int(":" in endpoint.host)  # zmq sockets are IPv4-only unless told otherwise
         self.sub = self.ctx.socket(zmq.SUB)
@@ -116,7 +120,22 @@ class AgentClient:
         return reply.hello
 
     def snapshot(self, max_steps: int = 10_000, timeout: float = 5.0) -> wire.Reply:
-        return self.request("snapshot", {"max_steps": max_steps}, timeout=timeout)
+        """The agent's recent history, replayed afresh: `reply.steps` holds the last `max_steps`
+        steps. The stream's replay then continues from the snapshot's last chunk (batches it
+        covers are skipped), so a snapshot is current even after a gap in the stream."""
+        reply = self.request("snapshot", {"max_steps": max_steps}, timeout=timeout)
+        if reply.ok:
+            replay = LogReplay(reply.run_id)
+            reply.steps = replay.feed(reply.log, reply.wall_offset, reply.rank)[-max_steps:]
+            if reply.log:
+                replay.rec.failures += self.replay.failures if self.replay.run_id == reply.run_id else 0
+                self.replay = replay
+        return reply
+
+    def _replay(self, run_id: str, log: list[wire.LogChunk], wall_offset: float, rank: int) -> list[wire.StepRecord]:
+        if run_id != self.replay.run_id:  # another run on this endpoint: its chunks count from 0
+            self.replay = LogReplay(run_id)
+        return self.replay.feed(log, wall_offset, rank)
 
     # -- stream --------------------------------------------------------------------------------
     def recv_batches(self, timeout: float) -> list[wire.Batch]:
@@ -135,6 +154,8 @@ class AgentClient:
                 self._bad(str(exc))
                 continue
             if isinstance(msg, wire.Batch):
+                msg.steps = self._replay(msg.run_id, msg.log, msg.wall_offset, msg.rank)
+                msg.hook_errors += self.replay.failures  # malformed log entries, skipped
                 out.append(msg)
             else:
                 self._bad(f"expected a batch on the stream, got {type(msg).__name__}")

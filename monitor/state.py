@@ -83,14 +83,17 @@ class RunState:
         self.gone = False
         if batch.telemetry is not None:
             self.apply_telemetry(batch.telemetry)
-        last_i = self.steps[-1].i if self.steps else -1
-        self.steps.extend(s for s in batch.steps if s.i > last_i)  # a catch-up batch repeats steps
+        last_t0 = self.steps[-1].t0 if self.steps else float("-inf")
+        self.steps.extend(s for s in batch.steps if s.t0 > last_t0)  # steps are in order, once
 
     def apply_snapshot(self, steps: list[StepRecord], seq: int) -> None:
-        """History from before we joined; batches up to `seq` are then ignored."""
-        known = {s.i for s in self.steps}
-        merged = [s for s in steps if s.i not in known] + list(self.steps)
-        merged.sort(key=lambda s: s.t0)
+        """History from before we joined; batches up to `seq` are then ignored. Where it
+        overlaps steps already held, the snapshot's are kept."""
+        if steps:
+            first, last = steps[0].t0, steps[-1].t0
+            merged = [s for s in self.steps if s.t0 < first] + list(steps) + [s for s in self.steps if s.t0 > last]
+        else:
+            merged = list(self.steps)
         self.steps = deque(merged, maxlen=HISTORY)
         if merged:  # the window is measured on the agent's clock: a snapshot advances it too
             self.agent_time = max(self.agent_time, merged[-1].t0 + merged[-1].wall_ns / 1e9)

@@ -4,7 +4,7 @@
 - the agent never imports textual; importing `torchtop.agent` imports neither torch nor zmq
   (`start()` does);
 - the wire schema imports neither torch, zmq nor textual;
-- the monitor's pure modules (state, report, diagnosis and their helpers) import neither textual,
+- the monitor's pure modules (state, replay, report, diagnosis and their helpers) import neither textual,
   zmq nor torch.
 """
 
@@ -70,7 +70,7 @@ def test_agent_never_imports_textual() -> None:
         print(json.dumps({{"modules": names, "loaded": {loaded("textual")}}}))
         """
     )
-    for module in ("wire", "probe", "recorder", "hooks", "hooks_h2d", "publisher", "sockets", "discovery", "core", "api"):
+    for module in ("wire", "probe", "cuda_timing", "hooks", "hooks_h2d", "publisher", "sockets", "discovery", "core", "api"):
         assert f"torchtop.agent.{module}" in out["modules"]
     assert out["loaded"] == {"textual": False}
 
@@ -98,7 +98,7 @@ def test_wire_imports_only_msgspec() -> None:
     assert out == {"torch": False, "zmq": False, "textual": False, "msgspec": True}
 
 
-@pytest.mark.parametrize("module", ["state", "report", "targets", "diagnosis", "diagnosis_flags", "judge", "fmt"])
+@pytest.mark.parametrize("module", ["state", "replay", "report", "targets", "diagnosis", "diagnosis_flags", "judge", "fmt"])
 def test_monitor_pure_modules(module: str) -> None:
     import importlib.util
 
