@@ -59,9 +59,10 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
 
     @functools.wraps(orig_to)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # compiling() first: dynamo traces a `.to()` inside a compiled forward, and cannot
-        # trace get_ident() (a graph break, an error under fullgraph=True)
-        if compiling() or self.is_cuda or get_ident() != probe.tid:
+        # is_cuda first: most calls are a model's `.to(dtype)` on GPU tensors, and dynamo
+        # traces it; then compiling(): dynamo traces a `.to()` inside a compiled forward and
+        # cannot trace get_ident() (a graph break, an error under fullgraph=True)
+        if self.is_cuda or compiling() or get_ident() != probe.tid:
             return orig_to(self, *args, **kwargs)
         # a CUDA event only where the target may be a GPU: `.to(dtype)` is most calls
         ev0 = begin() if _may_be_cuda(args, kwargs) else None
@@ -72,7 +73,7 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
 
     @functools.wraps(orig_cuda)
     def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if compiling() or self.is_cuda or get_ident() != probe.tid:
+        if self.is_cuda or compiling() or get_ident() != probe.tid:
             return orig_cuda(self, *args, **kwargs)
         ev0 = begin()
         t = perf_counter_ns()
@@ -82,7 +83,7 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
 
     @functools.wraps(orig_copy)
     def copy_(self: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
-        if compiling() or not self.is_cuda or getattr(src, "is_cuda", True) or get_ident() != probe.tid:
+        if not self.is_cuda or compiling() or getattr(src, "is_cuda", True) or get_ident() != probe.tid:
             return orig_copy(self, src, *args, **kwargs)
         ev0 = begin()
         t = perf_counter_ns()

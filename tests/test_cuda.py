@@ -247,6 +247,22 @@ def test_h2d_is_attributed(agent: Any, how: str) -> None:
     assert agent.probe.failures == 0
 
 
+@pytest.mark.cuda
+def test_h2d_wrappers_stay_out_of_a_fullgraph_compile_on_gpu(agent: Any) -> None:
+    """A model's `.to(dtype)` and GPU-to-GPU `copy_` inside a fullgraph compile, with the h2d
+    wrappers in place: they must trace without a graph break (an error under fullgraph=True)."""
+    assert torch.Tensor.to is not torch._C.TensorBase.to
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(x: Any, buf: Any) -> Any:
+        buf.copy_(x)
+        return x.to(torch.float16).float() * 2 + buf + x.cuda()
+
+    x = torch.ones(8, device="cuda")
+    assert f(x, torch.zeros(8, device="cuda")).tolist() == [4.0] * 8
+    assert agent.probe.failures == 0
+
+
 # -- (d) the report ------------------------------------------------------------------------------
 @pytest.mark.cuda
 def test_report_says_cuda(agent: Any) -> None:

@@ -302,10 +302,11 @@ def test_h2d_wrappers_stay_out_of_a_fullgraph_compile() -> None:
         assert torch.Tensor.to is not torch._C.TensorBase.to  # the wrapper is in place
 
         @torch.compile(backend="eager", fullgraph=True)
-        def f(x: torch.Tensor) -> torch.Tensor:
-            return x.to(torch.float64) * 2
+        def f(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+            buf.copy_(x)
+            return x.to(torch.float64) * 2 + buf
 
-        assert f(torch.ones(3)).dtype == torch.float64
+        assert f(torch.ones(3), torch.zeros(3, dtype=torch.float64)).tolist() == [3.0, 3.0, 3.0]
     finally:
         hooks.uninstall()
     assert "to" not in torch.Tensor.__dict__
