@@ -227,15 +227,19 @@ class AgentLoop(threading.Thread):
         return out[::-1]
 
     def _snapshot(self, limit: int) -> list[wire.LogChunk]:
-        """The newest chunks holding at least `limit` training steps (or all of them), oldest first."""
-        chunks = list(self.sparse) + list(self.history)
-        if not chunks:
-            return []
-        newest = chunks[-1].steps
-        k = len(chunks)
-        while k > 0 and newest - chunks[k - 1].steps < limit:
+        """Chunks holding at least `limit` steps (or all there are), oldest first: the newest
+        full chunks, then thinned ones (a step each) before them."""
+        history = list(self.history)
+        if not history:
+            return list(self.sparse)[-limit:]
+        newest = history[-1].steps
+        k = len(history)
+        while k > 0 and newest - history[k - 1].steps < limit:
             k -= 1
-        return chunks[max(0, k - 1):]
+        if k > 0:  # one chunk more: it holds the boundary the first step starts at
+            return history[k - 1:]
+        more = limit - (newest - history[0].steps)
+        return (list(self.sparse)[-more:] if more > 0 else []) + history
 
     # -- requests ------------------------------------------------------------------------------
     def _serve(self) -> None:

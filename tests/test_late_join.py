@@ -93,3 +93,14 @@ def test_history_is_downsampled_beyond_its_last_entries(monkeypatch) -> None:
     assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 for s in older)  # whole steps
     report = build_report(state, 1.0, window=float("inf"))
     assert report["history"] and report["steps"] == len(idx) and report["span_s"] <= time.time() - t0 + 1
+
+    # a limit reaching past the full history takes that many thinned steps before it
+    client = client_for(agent)
+    try:
+        client.hello()
+        reply = client.snapshot(max_steps=len(recent) + 3)
+        assert [s.i for s in reply.steps] == [s.i for s in older[-3:]] + [s.i for s in recent]
+        reply = client.snapshot(max_steps=100)
+        assert [s.i for s in reply.steps] == list(range(1400, 1500))
+    finally:
+        client.close()
