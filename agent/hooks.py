@@ -11,6 +11,7 @@
   an iteration has stepped.
 - h2d (only where CUDA exists): `Tensor.to`, `Tensor.cuda`, `Tensor.copy_` from a CPU tensor to a
   CUDA one (`hooks_h2d.py`).
+- `model.compile()` in place: the compiled call is timed as a root forward (`hooks_compile.py`).
 
 Each hook only logs timestamps into the `Probe` (see probe.py); the monitor makes steps of
 them. Step ends are decided here, at the optimizer, because a capture must start there.
@@ -121,6 +122,9 @@ class AutoHooks:
         self._patch_backward()
         self._hook_optimizer()
         self._patch_grad_scaler()
+        from .hooks_compile import patch_module_compile
+
+        patch_module_compile(self, self.torch, self._setattr, self._undo.append)
         if self.want_h2d:
             from .hooks_h2d import patch_h2d
 
@@ -200,14 +204,20 @@ class AutoHooks:
             if next(module.parameters(), None) is None:
                 self._not_roots.add(key)  # a loss function or activation called on its own: not a model
                 return
-            self._roots[key] = weakref.ref(module)
-            self._slots[key] = 1 + (len(self._slots) % MAX_SLOT)  # slot 0 is phase("forward")
+            self.add_root(module)
             self._adopt(module)
             # this call's forward was chosen before this hook ran: time it with a one-shot hook
             self._root_enter(module)
             self._once.append(module.register_forward_hook(self._once_post, always_call=True))
         except Exception:
             probe.fail()
+
+    def add_root(self, module: Any) -> None:
+        """Count `module` as a root: its forwards, outside any other root's, are the forward phase."""
+        key = id(module)
+        if key not in self._roots:
+            self._roots[key] = weakref.ref(module)
+            self._slots[key] = 1 + (len(self._slots) % MAX_SLOT)  # slot 0 is phase("forward")
 
     def _once_post(self, module: Any, args: Any, output: Any) -> None:
         try:
@@ -260,6 +270,12 @@ class AutoHooks:
                     probe.fail()
 
         self._setattr(cls, "forward", forward)
+
+    discovery_steps = DISCOVERY_STEPS
+
+    @property
+    def discovering(self) -> bool:
+        return self._global_handle is not None
 
     def _end_discovery(self) -> None:
         if self._global_handle is not None:

@@ -81,6 +81,33 @@ def test_torch_compile_model() -> None:
     assert steps[0].phases["forward"] > 5 * median([s.phases["forward"] for s in steps[2:]])  # compiling
 
 
+def test_model_compiled_in_place() -> None:
+    """`model.compile()` (in place, after start()): dynamo traces the module's whole call, so the
+    forward is timed around the compiled call instead; stop() puts the compiled call back."""
+    agent = ta.start()
+    assert agent is not None
+    model = mlp()
+    model.compile(backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in batches(6):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    steps = snapshot_steps(agent, 6)
+    assert len(steps) == 6
+    assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 for s in steps)
+    # the forward is not left in `other`: the first step compiles, inside the forward
+    assert steps[0].phases["forward"] > 5 * median([s.phases["forward"] for s in steps[2:]])
+    from torch.nn.modules import module as module_mod
+
+    assert not module_mod._global_forward_pre_hooks  # discovery ended, though it only ran compiled
+    timed = model._compiled_call_impl
+    ta.stop()
+    assert model._compiled_call_impl is not timed and model._compiled_call_impl is not None
+    assert torch.nn.Module.compile.__module__ == "torch.nn.modules.module"
+    assert model(torch.randn(2, 32)).shape == (2, 4)  # still compiled, still works
+
+
 def test_two_optimizers_one_step_per_iteration() -> None:
     """A GAN-style loop: D and G each step once per iteration -> one step per iteration."""
     assert ta.start() is not None

@@ -1,0 +1,71 @@
+"""`model.compile()` in place: the module's compiled call timed as a root forward.
+
+`nn.Module.compile()` compiles the module's whole `_call_impl` and stores it on the instance
+(`_compiled_call_impl`). Dynamo then traces everything a forward runs, the global discovery hook
+and the forward wrapper included, as no-ops (they ask `compiling()` first), so such a module is
+never found as a root and its forward would land in `other`. `Module.compile` is wrapped so
+that, once it has compiled, the compiled call is wrapped in turn: eagerly, outside the compiled
+code, timed like any root forward (the outermost root open wins, so a block compiled in place
+inside an eager model adds nothing). Modules compiled before `start()` are not seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+
+def patch_module_compile(
+    hooks: Any, torch: Any, setattr_: Callable[[Any, str, Any], None], undo: Callable[[Callable[[], None]], None]
+) -> None:
+    """Wrap `torch.nn.Module.compile` through `setattr_` (which keeps its undo); `undo` takes
+    what restores the modules compiled meanwhile."""
+    module_cls = torch.nn.Module
+    orig = module_cls.compile
+    wrapped: list[tuple[Any, Any, Any]] = []  # (weakref to module, our call, the compiled call)
+
+    @functools.wraps(orig)
+    def compile(module: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(module, *args, **kwargs)
+        try:
+            _time_compiled_call(hooks, module, wrapped)
+        except Exception:
+            hooks.probe.fail()
+        return out
+
+    setattr_(module_cls, "compile", compile)
+
+    def unwrap() -> None:
+        for ref, ours, inner in wrapped:
+            module = ref()
+            if module is not None and module.__dict__.get("_compiled_call_impl") is ours:
+                module._compiled_call_impl = inner
+        wrapped.clear()
+
+    undo(unwrap)
+
+
+def _time_compiled_call(hooks: Any, module: Any, wrapped: list[tuple[Any, Any, Any]]) -> None:
+    inner = module.__dict__.get("_compiled_call_impl")
+    if inner is None:
+        return
+    hooks.add_root(module)
+    probe, compiling, get_ident = hooks.probe, hooks._compiling, threading.get_ident
+
+    def call(*args: Any, **kwargs: Any) -> Any:  # no functools.wraps: dynamo's marks stay on inner
+        # compiling() first: a compiled function that calls this module traces this too
+        if compiling() or get_ident() != probe.tid:
+            return inner(*args, **kwargs)
+        if hooks.discovering and probe.steps >= hooks.discovery_steps:
+            hooks._end_discovery()  # the discovery hook only runs compiled here: it never ends itself
+        hooks._root_enter(module)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            hooks._root_leave(module)
+
+    module._compiled_call_impl = call
+    wrapped.append((weakref.ref(module), call, inner))
