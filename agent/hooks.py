@@ -271,12 +271,6 @@ class AutoHooks:
 
         self._setattr(cls, "forward", forward)
 
-    discovery_steps = DISCOVERY_STEPS
-
-    @property
-    def discovering(self) -> bool:
-        return self._global_handle is not None
-
     def _end_discovery(self) -> None:
         if self._global_handle is not None:
             self._global_handle.remove()

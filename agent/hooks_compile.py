@@ -17,6 +17,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .hooks import DISCOVERY_STEPS  # hooks imports this module only inside install()
+
 
 def patch_module_compile(
     hooks: Any, torch: Any, setattr_: Callable[[Any, str, Any], None], undo: Callable[[Callable[[], None]], None]
@@ -59,7 +61,7 @@ def _time_compiled_call(hooks: Any, module: Any, wrapped: list[tuple[Any, Any, A
         # compiling() first: a compiled function that calls this module traces this too
         if compiling() or get_ident() != probe.tid:
             return inner(*args, **kwargs)
-        if hooks.discovering and probe.steps >= hooks.discovery_steps:
+        if hooks._global_handle is not None and probe.steps >= DISCOVERY_STEPS:
             hooks._end_discovery()  # the discovery hook only runs compiled here: it never ends itself
         hooks._root_enter(module)
         try:
