@@ -80,6 +80,7 @@ class CudaMemorySampler:
             free, total = cuda.mem_get_info(device)
         except Exception:
             free, total = 0, 0
+        fraction = self._fraction(device)
         return MemorySample(
             device=device,
             allocated=current,
@@ -92,9 +93,20 @@ class CudaMemorySampler:
             window_peak=window_peak,
             alloc_retries=int(g("num_alloc_retries", 0)),
             ooms=int(g("num_ooms", 0)),
-            device_total=int(total),
+            device_total=int(total * fraction),
             device_free=int(free),
+            limit_fraction=fraction,
         )
+
+    def _fraction(self, device: int) -> float:
+        """The allocator's cap from set_per_process_memory_fraction (1.0 without one, or on a
+        torch too old to say): pressure is judged against what the process may use."""
+        get = getattr(self.torch.cuda, "get_per_process_memory_fraction", None)
+        try:
+            fraction = float(get(device)) if get is not None else 1.0
+        except Exception:
+            return 1.0
+        return fraction if 0.0 < fraction < 1.0 else 1.0
 
     def snapshot_due(self, now: float | None = None) -> bool:
         return (now if now is not None else time.monotonic()) >= self._next_snapshot

@@ -87,8 +87,11 @@ class MemorySample(msgspec.Struct, omit_defaults=True):
     window_peak: int  # highest allocated seen since the previous sample
     alloc_retries: int  # cudaMalloc failed, cache flushed, retried: a slowdown
     ooms: int
-    device_total: int = 0  # from mem_get_info
-    device_free: int = 0
+    # what this process may use: the device's memory from mem_get_info, or the share of it that
+    # torch.cuda.set_per_process_memory_fraction allows (then limit_fraction < 1)
+    device_total: int = 0
+    device_free: int = 0  # free on the device, for every process
+    limit_fraction: float = 1.0
 
 
 class FragSample(msgspec.Struct, omit_defaults=True):

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import torchtop.agent as ta
 from tests.agent_util import client_for
-from torchtop.agent.sample_cuda_memory import fragmentation
+from torchtop.agent.sample_cuda_memory import CudaMemorySampler, fragmentation
 from torchtop.agent.sample_host import HostSampler
 from torchtop.agent.sample_nvml import NvmlSampler, visible_devices
 from torchtop.agent.telemetry import TelemetryCollector
@@ -105,6 +105,45 @@ def test_fragmentation_figures_from_snapshot_segments() -> None:
     assert f.expandable is False
     assert fragmentation([seg(2 * MIB, [(2 * MIB, "inactive")], expandable=True)], 0).expandable
     assert fragmentation([], 0).external == 0.0
+
+
+def test_memory_capped_by_set_per_process_memory_fraction() -> None:
+    """A process capped at half an 80 GiB device is judged against 40 GiB: its 38 GiB reserved is
+    memory pressure, and the panel says the total is a cap. (Fake allocator figures: no GPU here.)"""
+    from types import SimpleNamespace
+
+    from torchtop.monitor.diagnosis import Facts
+    from torchtop.monitor.diagnosis_flags import flag_memory_pressure
+    from torchtop.monitor.widgets.memory_panel import device_lines
+
+    gib = 2**30
+    stats = {"allocated_bytes.all.current": 30 * gib, "allocated_bytes.all.peak": 36 * gib,
+             "reserved_bytes.all.current": 38 * gib, "reserved_bytes.all.peak": 38 * gib}
+    fraction = {"value": 0.5}
+
+    def get_fraction(device: int) -> float:
+        if fraction["value"] is None:
+            raise RuntimeError("not supported")
+        return fraction["value"]
+
+    cuda = SimpleNamespace(memory_stats=lambda d: stats, mem_get_info=lambda d: (20 * gib, 80 * gib),
+                           get_per_process_memory_fraction=get_fraction)
+    sampler = CudaMemorySampler(SimpleNamespace(cuda=cuda))
+    m = sampler.stats(0)
+    assert (m.device_total, m.limit_fraction, m.device_free) == (40 * gib, 0.5, 20 * gib)
+    def facts(m):  # noqa: ANN001, ANN202
+        return Facts(steps=50, step_ms=10.0, shares={}, ms={}, mem_total=m.device_total, reserved=m.reserved,
+                     allocated=m.allocated)
+
+    assert flag_memory_pressure(facts(m)) is not None  # 38 of 40 GiB
+    text = " ".join(line.plain for line in device_lines(m, None, m.window_peak, 0.0, 120))
+    assert "of 40.0 GiB (capped at 50.0% of the device)" in text
+
+    fraction["value"] = None  # a torch that cannot say: the device's memory
+    m = sampler.stats(0)
+    assert (m.device_total, m.limit_fraction) == (80 * gib, 1.0)
+    assert flag_memory_pressure(facts(m)) is None  # 38 of 80 GiB
+    assert "capped" not in " ".join(line.plain for line in device_lines(m, None, m.window_peak, 0.0, 120))
 
 
 def test_report_has_memory_gpu_host_sections(tmp_path) -> None:

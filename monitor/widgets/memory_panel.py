@@ -32,6 +32,8 @@ def device_lines(m: MemorySample, frag: FragSample | None, window_peak: int, ret
     total = m.device_total
     bar_w = max(8, min(40, width - 48))
     of = f" of {fmt.size(total)}" if total else ""
+    if total and m.limit_fraction < 1.0:  # set_per_process_memory_fraction: the cap, not the device
+        of += f" (capped at {fmt.pct(m.limit_fraction)} of the device)"
     lines = []
     for label, value, extra in (
         ("allocated", m.allocated, of),
