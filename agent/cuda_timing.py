@@ -102,12 +102,7 @@ class EventResolver:
             self.pool.give(ev)
 
     def _since_ref(self, ev: Any, done: bool) -> float | None:
-        if ev is None or self._ref is None or not done:
-            return None
-        try:
-            return self._ref.elapsed_time(ev)
-        except Exception:  # never recorded, another device: no device time, nothing else lost
-            return None
+        return _elapsed(self._ref, ev) if done else None
 
     def _drop_ref(self, done: bool) -> None:
         ref, self._ref = self._ref, None
@@ -132,13 +127,7 @@ class EventResolver:
                 self._drop_ref(done)
             elif code == H2D_COPY:
                 _, dt, nbytes, pinned, ev0, ev1 = e
-                ms = None
-                if done and ev0 is not None and ev1 is not None:
-                    try:
-                        ms = ev0.elapsed_time(ev1)
-                    except Exception:
-                        ms = None
-                entries[k] = (head, dt, nbytes, pinned, ms)
+                entries[k] = (head, dt, nbytes, pinned, _elapsed(ev0, ev1) if done else None)
                 self._give(ev0, done)
                 self._give(ev1, done)
             elif code == MARK:
@@ -163,6 +152,17 @@ class EventResolver:
         if wall <= 0:
             return current
         return max(1, min(1000, math.ceil(rec / (BUDGET * wall))))
+
+
+def _elapsed(start: Any, end: Any) -> float | None:
+    """ms between two completed events; None when either is missing or cannot be read (never
+    recorded, another device): no device time, nothing else lost."""
+    if start is None or end is None:
+        return None
+    try:
+        return start.elapsed_time(end)
+    except Exception:
+        return None
 
 
 def _done(entry: tuple) -> bool:
