@@ -13,7 +13,7 @@ from typing import Any
 
 from . import core
 from .core import warn
-from .wire import TIMED_PHASES
+from .wire import FORWARD_START, TIMED_PHASES
 
 _PHASE_INDEX = {name: i for i, name in enumerate(TIMED_PHASES)}
 _FORWARD = _PHASE_INDEX["forward"]
@@ -62,7 +62,7 @@ class _Phase:
         try:
             if probe.on_thread():
                 if self.index == _FORWARD:  # a no-grad forward in a step of its own is evaluation
-                    probe.forward(0, agent.torch.is_grad_enabled())
+                    probe.forward(FORWARD_START + agent.torch.is_grad_enabled())  # root slot 0
                 else:
                     probe.enter(self.index)
         except Exception:

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .wire import BOUNDARY, H2D_COPY, MARK, MASK, SHIFT, STEP_EVENT
+from .wire import BOUNDARY, H2D_COPY, MARK, MASK, SHIFT, STEP_END, STEP_EVENT
 
 BUDGET = 0.003  # event recording may take at most this share of step wall time
 MAX_PENDING = 4096  # sampled steps waiting for the GPU; beyond this, their device times are dropped
@@ -117,7 +117,7 @@ class EventResolver:
                 self._drop_ref(done)
                 self._ref, self._ref_ns = e[1], head >> SHIFT
                 entries[k] = (head, 0.0 if e[1] is not None and done else None)
-            elif code == BOUNDARY:
+            elif code == BOUNDARY or code == STEP_END:
                 ms = self._since_ref(e[1], done)
                 if ms is not None:
                     self.sampled_steps += 1
@@ -173,7 +173,7 @@ def _done(entry: tuple) -> bool:
         return type(value) is not tuple or value[1].query()
     if code == H2D_COPY:
         return all(ev is None or ev.query() for ev in entry[4:6])
-    if code in (STEP_EVENT, BOUNDARY) or len(entry) == 2:
+    if code in (STEP_EVENT, BOUNDARY, STEP_END) or len(entry) == 2:
         ev = entry[1]
         return ev is None or not hasattr(ev, "query") or ev.query()
     return True

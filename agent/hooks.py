@@ -23,69 +23,94 @@ No global full-backward hooks: they cost milliseconds a step and break `ReLU(inp
 from __future__ import annotations
 
 import functools
-import threading
 import weakref
 from time import perf_counter_ns
 from typing import Any
 
-from .probe import Probe
-from .wire import BACKWARD, DATA, EXIT, FORWARD, FORWARD_START, GRAD, MAX_SLOT, OPTIMIZER, SHIFT, SKIPPED
+from .probe import DEAD_REF, Probe, current
+from .wire import BACKWARD, DATA, EXIT, FORWARD, FORWARD_START, GRAD, MAX_SLOT, OPTIMIZER, SKIPPED, STEP_END
+from .wrap import signature_wrapper
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 
 
+_TIMED = """
+def {name}({params}):
+    if _tt_current() is not _tt_probe and _tt_probe.adopt() is None:
+        return _tt_orig({call})
+    try:  # free in CPython 3.11+ until it catches
+        _tt_put = _tt_probe.put
+        _tt_put(_tt_pc())
+        _tt_put(_tt_enter)
+    except Exception:
+        _tt_probe.fail()
+    try:
+        return _tt_orig({call})
+    finally:
+        try:
+            _tt_put = _tt_probe.put
+            _tt_put(_tt_pc())
+            _tt_put(_tt_leave)
+        except Exception:
+            _tt_probe.fail()
+"""
+
+
 def _timed(probe: Probe, phase: int, orig: Any, enter: int | None = None) -> Any:
     """`orig` wrapped so that its time on the training thread counts as `phase`.
 
-    The hottest code torchtop has: a thread check, then one timestamped entry on each side
-    (`probe.put`), inline, with no call layer of ours in between. The try blocks are free in
-    CPython 3.11 until they catch; nothing can raise into the user's code.
+    The hottest code torchtop has: a context-variable check that this is the training thread,
+    then a time and a code on each side (`probe.put`), with orig's own signature and no call
+    layer of ours in between (wrap.py). The try blocks are free in CPython 3.11 until they
+    catch; nothing can raise into the user's code.
     """
-    get_ident = threading.get_ident
-    enter, leave = (phase if enter is None else enter), EXIT | phase
+    names = {
+        "_tt_current": current, "_tt_probe": probe, "_tt_pc": perf_counter_ns,
+        "_tt_enter": phase if enter is None else enter, "_tt_leave": EXIT | phase,
+    }
+    return signature_wrapper(orig, _TIMED, names, getattr(orig, "__name__", "wrapper"))
 
-    @functools.wraps(orig)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if get_ident() != probe.tid:
-            return orig(*args, **kwargs)
+
+_FORWARD = """
+def {name}({params}):
+    if _tt_dynamo():  # first: under dynamo it is a constant and nothing else here is traced
+        return _tt_orig({call})
+    if {first} is _tt_root[0]():
+        _tt_code = _tt_root[1]
+    else:  # another root of this class (rare), or not a root
+        _tt_code = _tt_others.get(_tt_id({first}))
+        if _tt_code is None:
+            return _tt_orig({call})
+    _tt_p = _tt_probe
+    if _tt_p.depth or (_tt_current() is not _tt_p and _tt_p.adopt() is None):
+        return _tt_orig({call})  # nested in a root, or another thread
+    _tt_p.depth = 1
+    try:
+        _tt_put = _tt_p.put
+        _tt_put(_tt_pc())
+        _tt_put(_tt_code + _tt_grad())
+    except Exception:
+        _tt_p.fail()
+    try:
+        return _tt_orig({call})
+    finally:
+        _tt_p.depth = 0
         try:
-            probe.put(perf_counter_ns() << SHIFT | enter)
+            _tt_put = _tt_p.put
+            _tt_put(_tt_pc())
+            _tt_put(_tt_leave)
         except Exception:
-            probe.fail()
-        try:
-            return orig(*args, **kwargs)
-        finally:
-            try:
-                probe.put(perf_counter_ns() << SHIFT | leave)
-            except Exception:
-                probe.fail()
-
-    return wrapper
+            _tt_p.fail()
+"""
 
 
-def _timed_next(probe: Probe, orig: Any) -> Any:
-    """`_timed` for an iterator's `__next__(self)`: a plain signature, no argument packing."""
-    get_ident = threading.get_ident
-    enter, leave = DATA, EXIT | DATA
-
-    @functools.wraps(orig)
-    def __next__(self: Any) -> Any:
-        if get_ident() != probe.tid:
-            return orig(self)
-        try:
-            probe.put(perf_counter_ns() << SHIFT | enter)
-        except Exception:
-            probe.fail()
-        try:
-            return orig(self)
-        finally:
-            try:
-                probe.put(perf_counter_ns() << SHIFT | leave)
-            except Exception:
-                probe.fail()
-
-    return __next__
+def _dynamo_check(torch: Any) -> Any:
+    """A check that is True while dynamo traces: `is_dynamo_compiling` (one frame that returns
+    False, folded to True by dynamo) where torch has it, else `is_compiling` (two frames)."""
+    compiler = getattr(torch, "compiler", None)
+    fn = getattr(compiler, "is_dynamo_compiling", None) or getattr(compiler, "is_compiling", None)
+    return fn if fn is not None else (lambda: False)
 
 
 def _compiling(torch: Any) -> Any:
@@ -104,16 +129,15 @@ class AutoHooks:
         self._roots: dict[int, Any] = {}  # id(module) -> weakref
         self._slots: dict[int, int] = {}  # id(root module) -> its slot in the log's codes
         self._not_roots: set[int] = set()  # parameterless modules called on their own
-        self._patched: set[type] = set()  # classes whose forward is wrapped
+        self._patched: dict[type, tuple[list[Any], dict[int, int]]] = {}  # class -> its wrapper's roots
         self._once: list[Any] = []  # one-shot hooks timing a root's discovery call
-        self._depth = 0
         self._root_calls = 0
         self._global_handle: Any = None
         self._seen_opts: set[int] = set()
         self._stepped: set[int] = set()
-        self._opt_ran = False
         self._grad_enabled = torch.is_grad_enabled
         self._compiling = _compiling(torch)
+        self._dynamo = _dynamo_check(torch)
 
     # -- install / uninstall -------------------------------------------------------------------
     def install(self) -> None:
@@ -142,7 +166,7 @@ class AutoHooks:
         self._not_roots.clear()
         self._patched.clear()
         self._once.clear()
-        self._depth = 0
+        self.probe.depth = 0
 
     def _setattr(self, owner: Any, name: str, value: Any) -> None:
         if name in owner.__dict__:
@@ -164,7 +188,7 @@ class AutoHooks:
         from torch.utils.data import dataloader
 
         cls = dataloader._BaseDataLoaderIter
-        self._setattr(cls, "__next__", _timed_next(self.probe, cls.__next__))
+        self._setattr(cls, "__next__", _timed(self.probe, DATA, cls.__next__))
         self._patch_queue_get()
 
     def _patch_queue_get(self) -> None:
@@ -199,7 +223,7 @@ class AutoHooks:
             if key in self._roots:
                 self._root_calls += 1
                 return
-            if not probe.on_thread() or self._depth > 0 or key in self._not_roots:
+            if not probe.on_thread() or probe.depth > 0 or key in self._not_roots:
                 return
             if next(module.parameters(), None) is None:
                 self._not_roots.add(key)  # a loss function or activation called on its own: not a model
@@ -239,37 +263,22 @@ class AutoHooks:
             self._handle(module.register_forward_pre_hook(self._hook_pre))
             self._handle(module.register_forward_hook(self._hook_post, always_call=True))
             return
-        if cls in self._patched:
+        code = FORWARD_START + 2 * self._slots[id(module)]
+        if cls in self._patched:  # another root of a class already wrapped
+            root, others = self._patched[cls]
+            if root[0]() is None:
+                root[:] = [weakref.ref(module), code]
+            else:
+                others[id(module)] = code
             return
-        self._patched.add(cls)
-        orig = cls.forward
-        hooks, probe, slots, compiling = self, self.probe, self._slots, self._compiling
-        get_ident, grad_enabled = threading.get_ident, self._grad_enabled
-        leave = EXIT | FORWARD
-
-        @functools.wraps(orig)
-        def forward(this: Any, *args: Any, **kwargs: Any) -> Any:
-            # compiling() first: under dynamo it is a constant and nothing else here is traced
-            if compiling() or hooks._depth or get_ident() != probe.tid:
-                return orig(this, *args, **kwargs)  # traced, nested in a root, or another thread
-            slot = slots.get(id(this))
-            if slot is None:
-                return orig(this, *args, **kwargs)  # the class of a root, but not a root
-            hooks._depth = 1
-            try:
-                probe.put(perf_counter_ns() << SHIFT | FORWARD_START + 2 * slot + grad_enabled())
-            except Exception:
-                probe.fail()
-            try:
-                return orig(this, *args, **kwargs)
-            finally:
-                hooks._depth = 0
-                try:
-                    probe.put(perf_counter_ns() << SHIFT | leave)
-                except Exception:
-                    probe.fail()
-
-        self._setattr(cls, "forward", forward)
+        root, others = [weakref.ref(module), code], {}
+        self._patched[cls] = (root, others)
+        names = {
+            "_tt_dynamo": self._dynamo, "_tt_root": root, "_tt_others": others, "_tt_id": id,
+            "_tt_probe": self.probe, "_tt_current": current, "_tt_pc": perf_counter_ns,
+            "_tt_grad": self._grad_enabled, "_tt_leave": EXIT | FORWARD,
+        }
+        self._setattr(cls, "forward", signature_wrapper(cls.forward, _FORWARD, names, "forward"))
 
     def _end_discovery(self) -> None:
         if self._global_handle is not None:
@@ -277,31 +286,32 @@ class AutoHooks:
             self._global_handle = None
 
     def _hook_pre(self, module: Any, args: Any) -> None:
-        if self.probe.on_thread() and not self._compiling():
+        if not self._compiling() and self.probe.on_thread():
             self._root_enter(module)
 
     def _hook_post(self, module: Any, args: Any, output: Any) -> None:
-        if self.probe.on_thread() and not self._compiling():
+        if not self._compiling() and self.probe.on_thread():
             self._root_leave(module)
 
     def _root_enter(self, module: Any) -> None:
         """On the training thread: the outermost root forward opens the FORWARD phase."""
+        probe = self.probe
         try:
-            if self._depth == 0:
-                slot = self._slots.get(id(module), 0)
-                self.probe.put(perf_counter_ns() << SHIFT | FORWARD_START + 2 * slot + self._grad_enabled())
-            self._depth += 1
+            if probe.depth == 0:
+                probe.forward(FORWARD_START + 2 * self._slots.get(id(module), 0) + self._grad_enabled())
+            probe.depth += 1
         except Exception:
-            self.probe.fail()
+            probe.fail()
 
     def _root_leave(self, module: Any) -> None:
+        probe = self.probe
         try:
-            if self._depth > 0:
-                self._depth -= 1
-                if self._depth == 0:
-                    self.probe.put(perf_counter_ns() << SHIFT | EXIT | FORWARD)
+            if probe.depth > 0:
+                probe.depth -= 1
+                if probe.depth == 0:
+                    probe.exit(FORWARD)
         except Exception:
-            self.probe.fail()
+            probe.fail()
 
     # -- backward ------------------------------------------------------------------------------
     def _patch_backward(self) -> None:
@@ -312,42 +322,80 @@ class AutoHooks:
 
     # -- optimizer -----------------------------------------------------------------------------
     def _hook_optimizer(self) -> None:
+        """The global optimizer step hooks. With one optimizer (`probe.single_opt`, a weakref:
+        the common case) each is a context-variable check, an identity test and one entry: the
+        post hook's STEP_END closes the optimizer phase and the step at once. Several
+        optimizers, or explicit steps, take the general path (`_opt_pre_any`, `_opt_post_any`).
+
+        No compiling() check, unlike the forward and h2d wrappers: in an optimizer step compiled
+        with torch.compile, dynamo breaks the graph at the context-variable read (torch's step
+        breaks it anyway; it cannot be compiled with fullgraph=True), so these hooks always run
+        eagerly and the step still ends.
+        """
         from torch.optim import optimizer as optim_mod
 
-        self._handle(optim_mod.register_optimizer_step_pre_hook(self._opt_pre))
-        self._handle(optim_mod.register_optimizer_step_post_hook(self._opt_post))
+        probe, pc = self.probe, perf_counter_ns
+        pre_any, post_any = self._opt_pre_any, self._opt_post_any
 
-    def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+            if current() is not probe and probe.adopt() is None:
+                return
+            if opt is not probe.single_opt():
+                pre_any(opt)
+                return
+            try:
+                put = probe.put
+                put(pc())
+                put(OPTIMIZER)
+            except Exception:
+                probe.fail()
+
+        def post(opt: Any, args: Any, kwargs: Any) -> None:
+            if current() is not probe and probe.adopt() is None:
+                return
+            probe.opt_ran = True
+            if opt is not probe.single_opt():
+                post_any(opt)
+                return
+            try:
+                put = probe.put
+                put(pc())
+                put(STEP_END)
+                probe.left -= 1
+                if probe.left <= 0 or probe.on_step is not None:
+                    probe.housekeep()
+            except Exception:
+                probe.fail()
+
+        self._handle(optim_mod.register_optimizer_step_pre_hook(pre))
+        self._handle(optim_mod.register_optimizer_step_post_hook(post))
+
+    def _opt_pre_any(self, opt: Any) -> None:
         probe = self.probe
-        # no compiling() check, unlike the forward and h2d wrappers: in an optimizer step compiled
-        # with torch.compile, dynamo breaks the graph at get_ident() (torch's step breaks it
-        # anyway; it cannot be compiled with fullgraph=True), so this hook always runs eagerly
-        # and the step still ends
-        if threading.get_ident() != probe.tid:
-            return
         try:
             oid = id(opt)
+            if not self._seen_opts and not probe.explicit:
+                probe.single_opt = weakref.ref(opt)  # the first optimizer: the fast path from now
+            elif probe.single_opt() is not None:
+                probe.single_opt = DEAD_REF  # a second one: the general path from now
             if oid in self._stepped and not probe.explicit:
                 # it stepped twice in one step: the cycle is only what stepped since the last cut
                 self._seen_opts = set(self._stepped)
                 self._stepped.clear()
                 probe.cut()
             self._seen_opts.add(oid)
-            probe.put(perf_counter_ns() << SHIFT | OPTIMIZER)
+            probe.enter(OPTIMIZER)
         except Exception:
             probe.fail()
 
-    def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
+    def _opt_post_any(self, opt: Any) -> None:
         probe = self.probe
-        if threading.get_ident() != probe.tid:  # as in _opt_pre: always eager
-            return
         try:
-            probe.put(perf_counter_ns() << SHIFT | EXIT | OPTIMIZER)
-            self._opt_ran = True
             seen = self._seen_opts
             if len(seen) == 1 and id(opt) in seen and not probe.explicit:
-                probe.cut()  # one optimizer: the common case, no set arithmetic
+                probe.cut(STEP_END)  # one optimizer, before the fast path took over
             else:
+                probe.exit(OPTIMIZER)
                 self._cycle_done(opt)
         except Exception:
             probe.fail()
@@ -375,10 +423,10 @@ class AutoHooks:
         @functools.wraps(orig)
         def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             before = probe.steps
-            hooks._opt_ran = False
+            probe.opt_ran = False
             out = orig(scaler, optimizer, *args, **kwargs)
             try:
-                if not hooks._opt_ran and probe.on_thread() and probe.steps == before:
+                if not probe.opt_ran and probe.on_thread() and probe.steps == before:
                     probe.stamp(SKIPPED)
                     hooks._cycle_done(optimizer)
             except Exception:

@@ -12,7 +12,6 @@ inside an eager model adds nothing). Modules compiled before `start()` are not s
 from __future__ import annotations
 
 import functools
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -55,11 +54,11 @@ def _time_compiled_call(hooks: Any, module: Any, wrapped: list[tuple[Any, Any, A
     if inner is None:
         return
     hooks.add_root(module)
-    probe, compiling, get_ident = hooks.probe, hooks._compiling, threading.get_ident
+    probe, compiling = hooks.probe, hooks._compiling
 
     def call(*args: Any, **kwargs: Any) -> Any:  # no functools.wraps: dynamo's marks stay on inner
         # compiling() first: a compiled function that calls this module traces this too
-        if compiling() or get_ident() != probe.tid:
+        if compiling() or not probe.on_thread():
             return inner(*args, **kwargs)
         if hooks._global_handle is not None and probe.steps >= DISCOVERY_STEPS:
             hooks._end_discovery()  # the discovery hook only runs compiled here: it never ends itself

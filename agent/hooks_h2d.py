@@ -8,12 +8,11 @@ pageable, and on a step sampled for CUDA timing a pair of events brackets it on 
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
-from .probe import Probe
+from .probe import Probe, current
 
 
 def _may_be_cuda(args: tuple, kwargs: dict) -> bool:
@@ -35,7 +34,6 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
     """Wrap the three copy methods of `torch.Tensor` through `setattr_` (which keeps the undo)."""
     fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     compiling = fn if fn is not None else (lambda: False)
-    get_ident = threading.get_ident
     Tensor = torch.Tensor
 
     def begin() -> Any:
@@ -61,8 +59,8 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         # is_cuda first: most calls are a model's `.to(dtype)` on GPU tensors, and dynamo
         # traces it; then compiling(): dynamo traces a `.to()` inside a compiled forward and
-        # cannot trace get_ident() (a graph break, an error under fullgraph=True)
-        if self.is_cuda or compiling() or get_ident() != probe.tid:
+        # cannot trace the context-variable read (a graph break, an error under fullgraph=True)
+        if self.is_cuda or compiling() or (current() is not probe and probe.adopt() is None):
             return orig_to(self, *args, **kwargs)
         # a CUDA event only where the target may be a GPU: `.to(dtype)` is most calls
         ev0 = begin() if _may_be_cuda(args, kwargs) else None
@@ -73,7 +71,7 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
 
     @functools.wraps(orig_cuda)
     def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.is_cuda or compiling() or get_ident() != probe.tid:
+        if self.is_cuda or compiling() or (current() is not probe and probe.adopt() is None):
             return orig_cuda(self, *args, **kwargs)
         ev0 = begin()
         t = perf_counter_ns()
@@ -83,7 +81,10 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
 
     @functools.wraps(orig_copy)
     def copy_(self: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
-        if not self.is_cuda or compiling() or getattr(src, "is_cuda", True) or get_ident() != probe.tid:
+        if (
+            not self.is_cuda or compiling() or getattr(src, "is_cuda", True)
+            or (current() is not probe and probe.adopt() is None)
+        ):
             return orig_copy(self, src, *args, **kwargs)
         ev0 = begin()
         t = perf_counter_ns()

@@ -1,50 +1,66 @@
 """The training thread's side: a timestamp and a code per event, appended to a flat log.
 
-This is all the work the training thread does for torchtop: `perf_counter_ns()`, a shift, one
-`list.append` of an int (ints are not tracked by the garbage collector), and on sampled steps
-a CUDA `Event.record()` from a pool. Everything else (nesting phases, cutting steps, telling
-training from evaluation) is done by the monitor, which replays the log (monitor/replay.py);
-the agent thread only ships it (publisher.py). Step ends are the one decision taken here,
+This is all the work the training thread does for torchtop: `perf_counter_ns()` and two
+`list.append`s (the time, then a small-int code: no big-int arithmetic, which costs more than
+the appends on a cold cache), and on sampled steps a CUDA `Event.record()` from a pool.
+Everything else (nesting phases, cutting steps, telling training from evaluation) is done by
+the monitor, which replays the log (monitor/replay.py); the agent thread only converts it to
+the wire's entries and ships it (publisher.py). Step ends are the one decision taken here,
 because captures and CUDA sampling must act on the training thread at step boundaries.
 
-An entry is `perf_counter_ns() << SHIFT | code`, or a tuple whose first item is that int
-(a CUDA event, h2d bytes, a user mark). The log is bounded: when the agent thread stops
-draining it, the oldest half goes (counted), and a RESET entry tells the replay.
+The log holds pairs: a time item (an int, or `(ns, event)` on a sampled step) and a code item
+(an int < 256, or `(code, *payload)`). It is bounded: when the agent thread stops draining
+it, the oldest half goes (counted), and a RESET entry tells the replay.
+
+Which thread is the training thread is a context variable (`current()`), set where `start()`
+was called: reading it costs a fraction of `threading.get_ident()` and allocates nothing. A
+context that lost it (a notebook cell run in a copied context) gets it back through `adopt()`.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from collections import deque
+from contextvars import ContextVar
+from itertools import repeat
+from operator import lshift, or_
 from time import perf_counter_ns
 from typing import Any
 
-from .wire import (  # the log's format is the wire's: the agent ships it as written
-    BOUNDARY,
-    EXIT,
-    FORWARD_START,
-    H2D_COPY,
-    MARK,
-    OPEN_STEP,
-    RESET,
-    SHIFT,
-    STEP_EVENT,
-    code_of,
-)
+from .wire import BOUNDARY, H2D_COPY, MARK, MASK, OPEN_STEP, RESET, SHIFT, STEP_END, STEP_EVENT
 
-LOG_CAP = 1 << 18  # entries (~10 a step): a stalled agent thread costs at most ~10 MB
+LOG_CAP = 1 << 19  # items (two an entry, ~20 a step): a stalled agent thread costs at most ~10 MB
 MAX_FAILURES = 20
+PERIOD = 64  # steps between the boundary's housekeeping (sampling, shedding) when nothing is due
+FIRST_STEPS = 8  # steps with housekeeping at every boundary (discovery counts them)
+_CUTS = (BOUNDARY, STEP_END)
+
+_current: ContextVar[Probe | None] = ContextVar("torchtop_probe", default=None)
+current = _current.get  # the wrappers' check that they run on the training thread
+
+
+class _Gone:
+    pass
+
+
+DEAD_REF = weakref.ref(_Gone())  # a weak reference that answers None (CPython frees at once)
+_discard = deque(maxlen=0).append  # `put` of a disabled probe: takes an item, keeps nothing
 
 
 class Probe:
     """What the hooks call on the training thread. `tid` is that thread (0: switched off).
 
-    `put(stamp)` appends one entry; on a step sampled for CUDA timing it is swapped for a
-    method that records an event with each entry, so the wrappers never test for sampling.
+    `put(item)` appends one item; on a step sampled for CUDA timing it is swapped for a method
+    that records an event with each time item, so the wrappers never test for sampling.
+    `left` counts the boundaries until the next housekeeping (`housekeep`), so an ordinary
+    boundary costs a decrement and a test.
     """
 
     __slots__ = (
-        "tid", "active", "log", "put", "_append", "lock", "steps", "explicit", "on_step", "failures",
-        "dropped", "pool", "sample_every", "sampled", "_stream", "_record_ns", "cuda_marks",
+        "tid", "active", "log", "put", "_append", "lock", "depth", "left", "_batch", "_steps",
+        "explicit", "on_step", "failures", "dropped", "single_opt", "opt_ran", "_drained",
+        "_shed_cuts", "pool", "sample_every", "sampled", "_stream", "_record_ns", "cuda_marks",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
@@ -54,11 +70,17 @@ class Probe:
         self._append = self.log.append
         self.put = self._append
         self.lock = threading.Lock()  # drain vs shedding the oldest entries
-        self.steps = 0  # training steps cut here
+        self.depth = 0  # root forwards open (only the outermost is logged)
+        self.left = self._batch = 1  # boundaries until housekeeping, of a batch of that many
+        self._steps = 0  # training steps cut here, as of the last housekeeping
         self.explicit = False  # step() was used: the hooks stop cutting steps
         self.on_step: Any = None  # set while a capture is armed: called at each boundary
         self.failures = 0
         self.dropped = 0  # steps lost to the log's bound
+        self.single_opt: Any = DEAD_REF  # weakref to the one optimizer seen (the fast path)
+        self.opt_ran = False  # an optimizer stepped (GradScaler's skipped steps do not)
+        self._drained = 0  # step ends the agent thread has drained (or lost to shedding)
+        self._shed_cuts = 0
         # CUDA sampling, driven by the agent thread: `pool` stays None off CUDA
         self.pool: Any = None
         self.sample_every = 0
@@ -66,8 +88,15 @@ class Probe:
         self._stream: Any = None
         self._record_ns = 0
         self.cuda_marks = False  # a mark holds a CUDA event: the agent must resolve it
+        if thread_id is None:
+            _current.set(self)
 
-    # -- failure policy ------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Training steps cut so far (exact on the training thread)."""
+        return self._steps + self._batch - self.left
+
+    # -- failure policy, threads -----------------------------------------------------------------
     def fail(self) -> None:
         self.failures += 1
         if self.failures >= MAX_FAILURES:
@@ -78,34 +107,59 @@ class Probe:
         self.active = False
         self.tid = 0  # no thread has ident 0
         self.on_step = None
+        self.sampled = False
+        self.put = _discard
+        self.left = self._batch = 1 << 30
+
+    def adopt(self) -> Probe | None:
+        """The calling context does not name this probe: if this is the training thread, it
+        does from now on (a context copied before start(), a notebook cell); else None."""
+        if threading.get_ident() != self.tid:
+            return None
+        _current.set(self)
+        return self
 
     def on_thread(self) -> bool:
-        return threading.get_ident() == self.tid
+        """On the training thread, and not switched off (the explicit API asks this)."""
+        return self.active and (current() is self or self.adopt() is not None)
 
     # -- entries -------------------------------------------------------------------------------
     def stamp(self, code: int) -> None:
-        """An entry with no payload; phases go through `put` (and get events when sampled)."""
-        self._append(perf_counter_ns() << SHIFT | code)
+        """An entry with no payload and no CUDA event."""
+        a = self._append
+        a(perf_counter_ns())
+        a(code)
 
     def enter(self, phase: int) -> None:
-        self.put(perf_counter_ns() << SHIFT | phase)
+        put = self.put
+        put(perf_counter_ns())
+        put(phase)
 
     def exit(self, phase: int) -> None:
-        self.put(perf_counter_ns() << SHIFT | EXIT | phase)
+        put = self.put
+        put(perf_counter_ns())
+        put(8 | phase)  # EXIT | phase
 
-    def forward(self, slot: int, grad: bool) -> None:
-        self.put(perf_counter_ns() << SHIFT | FORWARD_START + 2 * slot + grad)
+    def forward(self, code: int) -> None:
+        put = self.put
+        put(perf_counter_ns())
+        put(code)
 
     def open_step(self) -> None:
-        """`with step():` entered."""
+        """`with step():` entered: boundaries are the user's from now on."""
         self.explicit = True
-        self._append(perf_counter_ns() << SHIFT | OPEN_STEP)
+        self.single_opt = DEAD_REF  # the optimizer hooks' fast path cuts steps
+        self.stamp(OPEN_STEP)
 
     def mark(self, name: str, value: Any) -> None:
-        self._append((perf_counter_ns() << SHIFT | MARK, name, value))
+        a = self._append
+        a(perf_counter_ns())
+        a((MARK, name, value))
 
     def h2d(self, start_ns: int, dt_ns: int, nbytes: int, pinned: bool, ev0: Any, ev1: Any) -> None:
-        self._append((start_ns << SHIFT | H2D_COPY, dt_ns, nbytes, pinned, ev0, ev1))
+        a = self._append
+        a(start_ns)
+        a((H2D_COPY, dt_ns, nbytes, pinned, ev0, ev1))
 
     # -- CUDA events ---------------------------------------------------------------------------
     def record(self) -> Any:
@@ -117,32 +171,61 @@ class Probe:
         self._record_ns += perf_counter_ns() - t
         return ev
 
-    def _put_event(self, entry: int) -> None:
-        self._append((entry, self.record()))
+    def _put_sampled(self, item: int) -> None:
+        """`put` on a sampled step: a time item gets an event; a step end, the recording cost."""
+        try:
+            if item > MASK:
+                self._append((item, self.record()))
+            elif item == STEP_END or item == BOUNDARY:
+                self._append((item, self._record_ns))
+            else:
+                self._append(item)
+        except Exception:
+            self._append(item)
+            self.fail()
 
     # -- step boundaries -----------------------------------------------------------------------
-    def cut(self) -> None:
-        """A training step ends now: log it, decide whether the next is sampled, run a capture."""
+    def cut(self, code: int = BOUNDARY) -> None:
+        """A training step ends now (BOUNDARY; STEP_END also closes the optimizer phase)."""
+        put = self.put
+        put(perf_counter_ns())
+        put(code)
+        self.left -= 1
+        if self.left <= 0 or self.on_step is not None:
+            self.housekeep()
+
+    def housekeep(self) -> None:
+        """At a boundary, every `_batch` steps (each while something is due): end or start a
+        sampled step, bound the log, run an armed capture."""
         try:
+            self._steps += self._batch - self.left
+            if not self.active:
+                self.left = self._batch = 1 << 30
+                return
             if self.sampled:
-                end = self.record()
-                self._append((perf_counter_ns() << SHIFT | BOUNDARY, end, self._record_ns))
-            else:
-                self._append(perf_counter_ns() << SHIFT | BOUNDARY)
-            self.steps += 1
-            every = self.sample_every
-            if self.pool is not None and every > 0 and self.steps % every == 0:
-                self._stream = self.pool.current_stream()
-                self._record_ns = 0
-                self.sampled = True
-                self.put = self._put_event
-                self._append((perf_counter_ns() << SHIFT | STEP_EVENT, self.record()))
-            elif self.sampled:
                 self.sampled = False
                 self.put = self._append
-            if len(self.log) > LOG_CAP:
+            steps, batch, every = self._steps, PERIOD, self.sample_every
+            if self.pool is not None and every > 0:
+                r = steps % every
+                if r == 0:
+                    self._stream = self.pool.current_stream()
+                    self._record_ns = 0
+                    self.sampled = True
+                    self.put = self._put_sampled
+                    self._append((perf_counter_ns(), self.record()))
+                    self._append(STEP_EVENT)
+                    batch = 1
+                else:
+                    batch = min(batch, every - r)
+            n = len(self.log)
+            if steps < FIRST_STEPS or n > LOG_CAP // 2:
+                batch = 1
+            self.left = self._batch = batch
+            if n > LOG_CAP:
                 self._shed()
         except Exception:
+            self.left = self._batch = 1
             self.fail()
         if self.on_step is not None:
             try:
@@ -153,27 +236,65 @@ class Probe:
     def _shed(self) -> None:
         """The agent thread is not draining: drop the oldest half, count its steps, say so.
 
-        The cut falls on a step boundary, which stays (after RESET) to open the steps kept."""
+        The cut falls after a step end, which stays (after RESET) to open the steps kept."""
         log = self.log
         with self.lock:
-            n = len(log) // 2
-            while n > 1 and code_of(log[n - 1]) != BOUNDARY:
-                n -= 1
-            if n <= 1:
-                n = len(log) // 2 + 1
+            half = len(log) // 2 & ~1
+            n = half  # items: the pair ending at n - 1 is the step end kept
+            while n > 2 and _code(log[n - 1]) not in _CUTS:
+                n -= 2
+            kept_cut = n > 2
+            if not kept_cut:
+                n = half + 2
             lost = log[:n]  # the step the kept boundary closes is lost too
-            del log[: n - 1]
-            log.insert(0, RESET)
-        # an opening boundary kept by an earlier shed closed a step counted then
-        counted = lost[0] == RESET and len(lost) > 1 and code_of(lost[1]) == BOUNDARY
-        self.dropped += sum(1 for e in lost if code_of(e) == BOUNDARY) - counted
+            del log[: n - 2]
+            log[0:0] = [0, RESET]
+            codes = [_code(c) for c in lost[1::2]]
+            cuts = sum(c in _CUTS for c in codes)
+            # an opening boundary kept by an earlier shed closed a step counted then
+            counted = codes[0] == RESET and len(codes) > 1 and codes[1] in _CUTS
+            self.dropped += cuts - counted
+            self._shed_cuts += cuts - kept_cut  # the agent thread will not see these end
 
     def drain(self) -> tuple[list[Any], int]:
-        """Agent thread: everything logged so far, oldest first, and the steps cut so far."""
+        """Agent thread: everything logged so far as wire entries, oldest first, and the steps
+        cut so far (those drained and those shed)."""
         log = self.log
         with self.lock:
-            n = len(log)
-            out = log[:n]
+            n = len(log) & ~1  # a pair the training thread is half-way through stays
+            raw = log[:n]
             del log[:n]
-            steps = self.steps
-        return out, steps
+            self._drained += self._shed_cuts
+            self._shed_cuts = 0
+        entries, cuts = to_entries(raw)
+        self._drained += cuts
+        return entries, self._drained
+
+
+def _code(item: Any) -> int:
+    return item if type(item) is int else item[0]
+
+
+def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
+    """Log pairs to the wire's entries (`ns << SHIFT | code`, or a tuple headed by one), and the
+    step ends among them. Pairs of plain ints (most chunks) convert at C speed."""
+    times, codes = raw[0::2], raw[1::2]
+    try:
+        return list(map(or_, map(lshift, times, repeat(SHIFT)), codes)), codes.count(STEP_END) + codes.count(BOUNDARY)
+    except TypeError:
+        pass
+    out: list[Any] = []
+    cuts = 0
+    for t, c in zip(times, codes):
+        if type(c) is int:
+            code, extra = c, ()
+        else:
+            code, extra = c[0], c[1:]
+        cuts += code == STEP_END or code == BOUNDARY
+        if type(t) is int:
+            head = t << SHIFT | code
+        else:
+            head = t[0] << SHIFT | code
+            extra = (*t[1:], *extra)
+        out.append((head, *extra) if extra else head)
+    return out, cuts

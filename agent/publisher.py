@@ -307,7 +307,7 @@ def _last_step(entries: list[Any]) -> list[Any] | None:
     continues). None when the chunk does not hold a whole training step."""
     end = None
     for k in range(len(entries) - 1, -1, -1):
-        if wire.code_of(entries[k]) == wire.BOUNDARY:
+        if wire.is_step_end(entries[k]):
             if end is not None:
                 return [wire.RESET, *entries[k:]]
             end = k

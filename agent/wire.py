@@ -11,7 +11,7 @@ from typing import Any, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: The most steps a `snapshot` request may ask for.
 SNAPSHOT_MAX_STEPS = 16_000
@@ -24,10 +24,11 @@ DATA, H2D, FORWARD, BACKWARD, OPTIMIZER = range(5)  # indices into TIMED_PHASES
 # -- the probe's log ------------------------------------------------------------------------------
 # The agent ships the training thread's log as it was written (LogChunk), and the monitor
 # replays it into steps (monitor/replay.py): the training process spends nothing on it but a
-# copy and an encode. An entry is `perf_counter_ns() << SHIFT | code`, or a tuple whose first
-# item is that int: (stamp, device ms) on steps sampled for CUDA timing, the device time being
-# from the step's STEP_EVENT (None when unknown); (stamp, device ms, record ns) for BOUNDARY;
-# (stamp, host ns, bytes, pinned, device ms) for H2D_COPY; (stamp, name, value) for MARK.
+# conversion, a copy and an encode. An entry is `perf_counter_ns() << SHIFT | code`, or a tuple
+# whose first item is that int: (stamp, device ms) on steps sampled for CUDA timing, the device
+# time being from the step's STEP_EVENT (None when unknown); (stamp, device ms, record ns) for
+# BOUNDARY and STEP_END; (stamp, host ns, bytes, pinned, device ms) for H2D_COPY; (stamp, name,
+# value) for MARK. (The training thread writes each entry as two items, probe.py.)
 SHIFT = 8
 MASK = (1 << SHIFT) - 1
 EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
@@ -39,12 +40,17 @@ STEP_EVENT = 23  # a step sampled for CUDA timing starts here
 H2D_COPY = 24  # one host-to-device copy
 MARK = 25  # a user scalar
 RESET = 26  # entries were lost before this one: forget the open step
+STEP_END = 27  # the optimizer phase closes and a training step ends here (EXIT | OPTIMIZER, BOUNDARY)
 FORWARD_START = 32  # FORWARD_START + 2 * root slot + grad: a root module's forward begins
 MAX_SLOT = (MASK - FORWARD_START) // 2  # root slots 0..MAX_SLOT; slot 0 is phase("forward")
 
 
 def code_of(entry: Any) -> int:
     return (entry if type(entry) is int else entry[0]) & MASK
+
+
+def is_step_end(entry: Any) -> bool:
+    return code_of(entry) in (BOUNDARY, STEP_END)
 
 
 class WireError(ValueError):

@@ -34,6 +34,7 @@ from torchtop.agent.wire import (
     RESET,
     SHIFT,
     SKIPPED,
+    STEP_END,
     STEP_EVENT,
     TIMED_PHASES,
     LogChunk,
@@ -43,6 +44,7 @@ from torchtop.agent.wire import (
 
 __all__ = ["BACKWARD", "DATA", "FORWARD", "H2D", "OPTIMIZER", "LogReplay", "StepRecorder", "to_record"]
 N_PHASES = len(TIMED_PHASES)
+_STEP_ENDS = (BOUNDARY, STEP_END)
 
 
 class StepRecorder:
@@ -96,6 +98,9 @@ class StepRecorder:
                         exit_(code - EXIT, e >> SHIFT)
                     elif code >= FORWARD_START:
                         forward_start((code - FORWARD_START) >> 1, code & 1, e >> SHIFT)
+                    elif code == STEP_END:
+                        exit_(OPTIMIZER, e >> SHIFT)
+                        boundary("train", e >> SHIFT)
                     elif code == BOUNDARY:
                         boundary("train", e >> SHIFT)
                     else:
@@ -123,6 +128,10 @@ class StepRecorder:
             self.forward_start((code - FORWARD_START) >> 1, code & 1, now, ms)
         elif code == BOUNDARY:
             self.boundary("train", now, _ms(e[1]) if e is not None else None)
+        elif code == STEP_END:  # the optimizer's end and the step's: one time, one event
+            ms = _ms(e[1]) if e is not None else None
+            self.exit(OPTIMIZER, now, ms)
+            self.boundary("train", now, ms)
         elif code == STEP_EVENT:
             self.sample(ms)
         elif code == H2D_COPY:
@@ -361,12 +370,12 @@ def _closing_boundaries(entries: list[Any]) -> int:
     n = 0
     for e in entries:
         try:
-            n += code_of(e) == BOUNDARY
+            n += code_of(e) in _STEP_ENDS
         except Exception:
             pass
     if len(entries) > 1 and entries[0] == RESET and n:
         try:
-            n -= code_of(entries[1]) == BOUNDARY
+            n -= code_of(entries[1]) in _STEP_ENDS
         except Exception:
             pass
     return n

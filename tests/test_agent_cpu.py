@@ -22,17 +22,8 @@ import torchtop.agent as ta  # noqa: E402
 from tests.agent_util import client_for, median, snapshot_steps  # noqa: E402
 from torchtop.agent import discovery, wire  # noqa: E402
 from torchtop.agent import probe as probe_mod  # noqa: E402
-from torchtop.agent.probe import (  # noqa: E402
-    BOUNDARY,
-    EXIT,
-    FORWARD_START,
-    H2D_COPY,
-    MARK,
-    MAX_FAILURES,
-    RESET,
-    SHIFT,
-    Probe,
-)
+from torchtop.agent.probe import MAX_FAILURES, Probe  # noqa: E402
+from torchtop.agent.wire import BOUNDARY, EXIT, FORWARD_START, H2D_COPY, MARK, RESET, SHIFT  # noqa: E402
 from torchtop.monitor.replay import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER, StepRecorder  # noqa: E402
 
 MS = 1_000_000

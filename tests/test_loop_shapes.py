@@ -337,3 +337,29 @@ def test_h2d_wrappers_stay_out_of_a_fullgraph_compile() -> None:
     finally:
         hooks.uninstall()
     assert "to" not in torch.Tensor.__dict__
+
+
+def test_loop_in_a_fresh_context_is_still_the_training_thread() -> None:
+    """The hooks know the training thread by a context variable set in start(); a loop run in
+    another context on that thread (a notebook cell, `contextvars.Context().run`) adopts it,
+    while another thread running the same model is never counted."""
+    import contextvars
+
+    assert ta.start() is not None
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train(n: int) -> None:
+        for x, y in batches(n):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+    contextvars.Context().run(train, 10)  # empty: the probe is not in it
+    other = threading.Thread(target=lambda: [model(x) for x, _ in batches(20)])  # forwards only
+    other.start()
+    other.join()
+    steps = snapshot_steps(ta.current(), 10, kind=None)
+    assert len(steps) == 10 and all(s.kind == "train" for s in steps)  # no eval steps from the thread
+    assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 and s.phases["optimizer"] > 0 for s in steps)
+    assert ta.current().probe.steps == 10

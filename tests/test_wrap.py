@@ -1,0 +1,73 @@
+"""Wrappers that take the wrapped function's own parameters (agent/wrap.py)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+
+from torchtop.agent.wrap import mirror, signature_wrapper
+
+_LOG = """
+def {name}({params}):
+    _tt_calls.append({first})
+    return _tt_orig({call})
+"""
+
+
+def _wrap(fn):
+    calls: list = []
+    return signature_wrapper(fn, _LOG, {"_tt_calls": calls}, "w"), calls
+
+
+def test_every_kind_of_parameter_passes_through_unchanged() -> None:
+    sentinel = object()
+
+    def fn(a, b=sentinel, /, c=2, *rest, d, e=sentinel, **kw):
+        return a, b, c, rest, d, e, kw
+
+    w, calls = _wrap(fn)
+    assert w(1, d=4) == fn(1, d=4)
+    assert w(1, 2, 3, 9, 9, d=4, e=5, z=6) == fn(1, 2, 3, 9, 9, d=4, e=5, z=6)
+    assert w(1, d=4)[1] is sentinel and w(1, d=4)[5] is sentinel  # the defaults are the same objects
+    assert calls == [1, 1, 1, 1]
+    with pytest.raises(TypeError):
+        w(1)  # d is required, as it is for fn
+    assert w(1, b=2, d=4) == fn(1, b=2, d=4)  # a positional-only name passed by keyword lands in **kw
+    assert w.__name__ == "fn" and w.__wrapped__ is fn  # functools.wraps
+
+
+def test_parameters_named_like_the_template_or_unreadable_fall_back_to_packing() -> None:
+    def fn(_tt_orig, x=1):
+        return _tt_orig + x
+
+    assert mirror(fn) is None
+    w, calls = _wrap(fn)
+    assert w(1, x=2) == 3 and calls == [1]
+    assert mirror(math.hypot) is None or mirror(math.hypot)[2]  # a builtin: packing, or its own signature
+    w, calls = _wrap(math.hypot)
+    assert w(3, 4) == 5.0 and calls == [3]
+
+
+def test_a_method_keeps_binding_and_its_self() -> None:
+    class Box:
+        def __init__(self) -> None:
+            self.v = 7
+
+        def get(self, add=0):
+            return self.v + add
+
+    orig = Box.get
+    w, calls = _wrap(orig)
+    Box.get = w
+    box = Box()
+    assert box.get() == 7 and box.get(add=1) == 8 and calls == [box, box]
+
+
+def test_a_partial_or_a_callable_object_is_wrapped_too() -> None:
+    def add(a, b):
+        return a + b
+
+    w, calls = _wrap(functools.partial(add, 1))
+    assert w(2) == 3 and calls == [2]
