@@ -14,11 +14,15 @@ it, the oldest half goes (counted), and a RESET entry tells the replay.
 
 Which thread is the training thread is a context variable (`current()`), set where `start()`
 was called: reading it costs a fraction of `threading.get_ident()` and allocates nothing. A
-context that lost it (a notebook cell run in a copied context) gets it back through `adopt()`.
+context that lost it (a notebook cell run in a copied context) gets it back through `adopt()`,
+which checks the thread id. Threads do not inherit contexts (where they do, Python 3.14's
+free-threaded build, the thread id is checked every time); a context copied into another thread
+on purpose (`asyncio.to_thread`) would count that thread's hooked calls as training.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections import deque
@@ -38,6 +42,8 @@ _CUTS = (BOUNDARY, STEP_END)
 
 _current: ContextVar[Probe | None] = ContextVar("torchtop_probe", default=None)
 current = _current.get  # the wrappers' check that they run on the training thread
+if getattr(sys.flags, "thread_inherit_context", 0):  # new threads copy the context (3.14t): ask
+    current = _current.__class__("torchtop_none", default=None).get  # the thread id every time
 
 
 class _Gone:
