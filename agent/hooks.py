@@ -27,12 +27,13 @@ import weakref
 from time import perf_counter_ns
 from typing import Any
 
-from .probe import DEAD_REF, Probe, current
+from .probe import Probe, current
 from .wire import BACKWARD, DATA, EXIT, FORWARD, FORWARD_START, GRAD, MAX_SLOT, OPTIMIZER, SKIPPED, STEP_END
 from .wrap import signature_wrapper
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
+_MARK = "_torchtop_probe"  # on the one optimizer: the probe whose fast path it takes
 
 
 _TIMED = """
@@ -135,6 +136,7 @@ class AutoHooks:
         self._global_handle: Any = None
         self._seen_opts: set[int] = set()
         self._stepped: set[int] = set()
+        self._marked: list[Any] = []  # weakrefs to optimizers that carry _MARK
         self._grad_enabled = torch.is_grad_enabled
         self._compiling = _compiling(torch)
         self._dynamo = _dynamo_check(torch)
@@ -167,6 +169,12 @@ class AutoHooks:
         self._patched.clear()
         self._once.clear()
         self.probe.depth = 0
+        self.probe.opt_fast = False
+        for ref in self._marked:
+            opt = ref()
+            if opt is not None and opt.__dict__.get(_MARK) is self.probe:
+                del opt.__dict__[_MARK]
+        self._marked.clear()
 
     def _setattr(self, owner: Any, name: str, value: Any) -> None:
         if name in owner.__dict__:
@@ -322,10 +330,11 @@ class AutoHooks:
 
     # -- optimizer -----------------------------------------------------------------------------
     def _hook_optimizer(self) -> None:
-        """The global optimizer step hooks. With one optimizer (`probe.single_opt`, a weakref:
-        the common case) each is a context-variable check, an identity test and one entry: the
-        post hook's STEP_END closes the optimizer phase and the step at once. Several
-        optimizers, or explicit steps, take the general path (`_opt_pre_any`, `_opt_post_any`).
+        """The global optimizer step hooks. With one optimizer (`probe.opt_fast`: the common
+        case) each is a context-variable check, a flag and one entry; the post hook knows that
+        optimizer by an attribute set on it (a weakref call costs ~1.5 us in a loop) and its
+        STEP_END closes the optimizer phase and the step at once. Several optimizers, or
+        explicit steps, take the general path (`_opt_pre_any`, `_opt_post_any`).
 
         No compiling() check, unlike the forward and h2d wrappers: in an optimizer step compiled
         with torch.compile, dynamo breaks the graph at the context-variable read (torch's step
@@ -336,11 +345,12 @@ class AutoHooks:
 
         probe, pc = self.probe, perf_counter_ns
         pre_any, post_any = self._opt_pre_any, self._opt_post_any
+        self._setattr(optim_mod.Optimizer, _MARK, None)  # unmarked optimizers read None
 
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
             if current() is not probe and probe.adopt() is None:
                 return
-            if opt is not probe.single_opt():
+            if not probe.opt_fast:
                 pre_any(opt)
                 return
             try:
@@ -354,7 +364,7 @@ class AutoHooks:
             if current() is not probe and probe.adopt() is None:
                 return
             probe.opt_ran = True
-            if opt is not probe.single_opt():
+            if opt._torchtop_probe is not probe or not probe.opt_fast:
                 post_any(opt)
                 return
             try:
@@ -374,15 +384,13 @@ class AutoHooks:
         probe = self.probe
         try:
             oid = id(opt)
-            if not self._seen_opts and not probe.explicit:
-                probe.single_opt = weakref.ref(opt)  # the first optimizer: the fast path from now
-            elif probe.single_opt() is not None:
-                probe.single_opt = DEAD_REF  # a second one: the general path from now
             if oid in self._stepped and not probe.explicit:
                 # it stepped twice in one step: the cycle is only what stepped since the last cut
                 self._seen_opts = set(self._stepped)
                 self._stepped.clear()
                 probe.cut()
+            if not probe.explicit and (not self._seen_opts or self._seen_opts == {oid}):
+                self._go_fast(opt)  # the one optimizer (again): the fast path from now
             self._seen_opts.add(oid)
             probe.enter(OPTIMIZER)
         except Exception:
@@ -391,14 +399,23 @@ class AutoHooks:
     def _opt_post_any(self, opt: Any) -> None:
         probe = self.probe
         try:
+            probe.opt_fast = False  # another optimizer stepped (or steps are explicit)
             seen = self._seen_opts
             if len(seen) == 1 and id(opt) in seen and not probe.explicit:
-                probe.cut(STEP_END)  # one optimizer, before the fast path took over
+                probe.cut(STEP_END)
             else:
                 probe.exit(OPTIMIZER)
                 self._cycle_done(opt)
         except Exception:
             probe.fail()
+
+    def _go_fast(self, opt: Any) -> None:
+        try:
+            setattr(opt, _MARK, self.probe)
+        except Exception:
+            return  # an optimizer that takes no attribute stays on the general path
+        self._marked.append(weakref.ref(opt))
+        self.probe.opt_fast = True
 
     def _cycle_done(self, opt: Any) -> None:
         """`opt` stepped (or was skipped): end the step once every optimizer of the cycle has."""

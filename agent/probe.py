@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import weakref
 from collections import deque
 from contextvars import ContextVar
 from itertools import repeat
@@ -46,11 +45,6 @@ if getattr(sys.flags, "thread_inherit_context", 0):  # new threads copy the cont
     current = _current.__class__("torchtop_none", default=None).get  # the thread id every time
 
 
-class _Gone:
-    pass
-
-
-DEAD_REF = weakref.ref(_Gone())  # a weak reference that answers None (CPython frees at once)
 _discard = deque(maxlen=0).append  # `put` of a disabled probe: takes an item, keeps nothing
 
 
@@ -65,7 +59,7 @@ class Probe:
 
     __slots__ = (
         "tid", "active", "log", "put", "_append", "lock", "depth", "left", "_batch", "_steps",
-        "explicit", "on_step", "failures", "dropped", "single_opt", "opt_ran", "_drained",
+        "explicit", "on_step", "failures", "dropped", "opt_fast", "opt_ran", "_drained",
         "_shed_cuts", "pool", "sample_every", "sampled", "_stream", "_record_ns", "cuda_marks",
     )
 
@@ -83,7 +77,7 @@ class Probe:
         self.on_step: Any = None  # set while a capture is armed: called at each boundary
         self.failures = 0
         self.dropped = 0  # steps lost to the log's bound
-        self.single_opt: Any = DEAD_REF  # weakref to the one optimizer seen (the fast path)
+        self.opt_fast = False  # one optimizer, marked: the optimizer hooks' fast path
         self.opt_ran = False  # an optimizer stepped (GradScaler's skipped steps do not)
         self._drained = 0  # step ends the agent thread has drained (or lost to shedding)
         self._shed_cuts = 0
@@ -154,7 +148,7 @@ class Probe:
     def open_step(self) -> None:
         """`with step():` entered: boundaries are the user's from now on."""
         self.explicit = True
-        self.single_opt = DEAD_REF  # the optimizer hooks' fast path cuts steps
+        self.opt_fast = False  # the optimizer hooks' fast path cuts steps
         self.stamp(OPEN_STEP)
 
     def mark(self, name: str, value: Any) -> None:
