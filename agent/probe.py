@@ -26,12 +26,10 @@ import sys
 import threading
 from collections import deque
 from contextvars import ContextVar
-from itertools import repeat
-from operator import lshift, or_
 from time import perf_counter_ns
 from typing import Any
 
-from .wire import BOUNDARY, H2D_COPY, MARK, MASK, OPEN_STEP, RESET, SHIFT, STEP_END, STEP_EVENT
+from .wire import BOUNDARY, H2D_COPY, MARK, MASK, OPEN_STEP, RESET, STEP_END, STEP_EVENT, to_entries
 
 LOG_CAP = 1 << 19  # items (two an entry, ~20 a step): a stalled agent thread costs at most ~10 MB
 MAX_FAILURES = 20
@@ -256,9 +254,9 @@ class Probe:
             self.dropped += cuts - counted
             self._shed_cuts += cuts - kept_cut  # the agent thread will not see these end
 
-    def drain(self) -> tuple[list[Any], int]:
-        """Agent thread: everything logged so far as wire entries, oldest first, and the steps
-        cut so far (those drained and those shed)."""
+    def drain_pairs(self) -> tuple[list[Any], int]:
+        """Agent thread: everything logged so far as it was written (pairs), oldest first, and
+        the steps cut so far (those drained and those shed). A CPU run ships this as is."""
         log = self.log
         with self.lock:
             n = len(log) & ~1  # a pair the training thread is half-way through stays
@@ -266,35 +264,18 @@ class Probe:
             del log[:n]
             self._drained += self._shed_cuts
             self._shed_cuts = 0
-        entries, cuts = to_entries(raw)
-        self._drained += cuts
-        return entries, self._drained
+        codes = raw[1::2]
+        self._drained += codes.count(STEP_END) + codes.count(BOUNDARY)
+        # a sampled step end's code is a tuple (the recording cost): counted here (CUDA runs)
+        if self.pool is not None:
+            self._drained += sum(1 for c in codes if type(c) is tuple and c[0] in _CUTS)
+        return raw, self._drained
+
+    def drain(self) -> tuple[list[Any], int]:
+        """`drain_pairs` as wire entries (for the CUDA event resolver, which works on those)."""
+        raw, steps = self.drain_pairs()
+        return to_entries(raw)[0], steps
 
 
 def _code(item: Any) -> int:
     return item if type(item) is int else item[0]
-
-
-def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
-    """Log pairs to the wire's entries (`ns << SHIFT | code`, or a tuple headed by one), and the
-    step ends among them. Pairs of plain ints (most chunks) convert at C speed."""
-    times, codes = raw[0::2], raw[1::2]
-    try:
-        return list(map(or_, map(lshift, times, repeat(SHIFT)), codes)), codes.count(STEP_END) + codes.count(BOUNDARY)
-    except TypeError:
-        pass
-    out: list[Any] = []
-    cuts = 0
-    for t, c in zip(times, codes):
-        if type(c) is int:
-            code, extra = c, ()
-        else:
-            code, extra = c[0], c[1:]
-        cuts += code == STEP_END or code == BOUNDARY
-        if type(t) is int:
-            head = t << SHIFT | code
-        else:
-            head = t[0] << SHIFT | code
-            extra = (*t[1:], *extra)
-        out.append((head, *extra) if extra else head)
-    return out, cuts

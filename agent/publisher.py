@@ -156,15 +156,16 @@ class AgentLoop(threading.Thread):
     def _tick(self) -> None:
         self._maybe_enable_cuda()
         probe, resolver = self.probe, self.resolver
-        entries, steps = probe.drain()
+        raw, steps = probe.drain_pairs()
         if resolver.pool is None and not probe.cuda_marks:
-            ready = [(entries, steps)]  # a CPU run: nothing to resolve, the chunk is ready as is
+            # a CPU run: nothing to resolve; the monitor converts the pairs (wire.to_entries)
+            ready, pairs = [(raw, steps)], True
         else:
-            ready = resolver.run(entries, steps)
+            ready, pairs = resolver.run(wire.to_entries(raw)[0], steps), False
         new = []
         for entries, steps in ready:
             if entries:
-                new.append(wire.LogChunk(self.chunk_seq, steps, entries))
+                new.append(wire.LogChunk(self.chunk_seq, steps, entries, pairs))
                 self.chunk_seq += 1
         for chunk in new:
             self._keep(chunk)
@@ -209,18 +210,18 @@ class AgentLoop(threading.Thread):
         """Every entry of the last HISTORY_ENTRIES; older chunks thinned to their last step."""
         history = self.history
         history.append(chunk)
-        self._history_entries += len(chunk.entries)
+        self._history_entries += _size(chunk)
         while self._history_entries > HISTORY_ENTRIES and len(history) > 1:
             old = history.popleft()
-            self._history_entries -= len(old.entries)
-            tail = _last_step(old.entries)
+            self._history_entries -= _size(old)
+            tail = _last_step_pairs(old.entries) if old.pairs else _last_step(old.entries)
             if tail is not None:
-                self.sparse.append(wire.LogChunk(old.seq, old.steps, tail))
+                self.sparse.append(wire.LogChunk(old.seq, old.steps, tail, old.pairs))
 
     def _recent(self, chunks: int, entries: int) -> list[wire.LogChunk]:
         out: list[wire.LogChunk] = []
         for chunk in reversed(self.history):
-            entries -= len(chunk.entries)
+            entries -= _size(chunk)
             if len(out) == chunks or (out and entries < 0):
                 break
             out.append(chunk)
@@ -312,3 +313,20 @@ def _last_step(entries: list[Any]) -> list[Any] | None:
                 return [wire.RESET, *entries[k:]]
             end = k
     return None
+
+
+def _last_step_pairs(items: list[Any]) -> list[Any] | None:
+    """`_last_step` for a chunk of (time, code) pairs."""
+    end = None
+    for k in range(len(items) - 1, 0, -2):
+        code = items[k]
+        if (code if type(code) is int else code[0]) in (wire.BOUNDARY, wire.STEP_END):
+            if end is not None:
+                return [0, wire.RESET, *items[k - 1:]]
+            end = k
+    return None
+
+
+def _size(chunk: wire.LogChunk) -> int:
+    """Entries in a chunk (a pair is one)."""
+    return len(chunk.entries) // 2 if chunk.pairs else len(chunk.entries)

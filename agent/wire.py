@@ -7,6 +7,8 @@ use it without sockets. Nothing is ever pickled; every frame is validated on dec
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import lshift, or_
 from typing import Any, Union
 
 import msgspec
@@ -51,6 +53,34 @@ def code_of(entry: Any) -> int:
 
 def is_step_end(entry: Any) -> bool:
     return code_of(entry) in (BOUNDARY, STEP_END)
+
+
+def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
+    """The training thread's log pairs (agent/probe.py) as entries (`ns << SHIFT | code`, or a
+    tuple headed by one), and the step ends among them. The monitor does this for a CPU run's
+    chunks (~80 ns an entry: not the agent's business); the agent, before it resolves CUDA
+    events. Pairs of plain ints convert at C speed. Malformed pairs raise."""
+    times, codes = raw[0::2], raw[1::2]
+    try:
+        entries = list(map(or_, map(lshift, times, repeat(SHIFT)), codes))
+        return entries, codes.count(STEP_END) + codes.count(BOUNDARY)
+    except TypeError:
+        pass
+    out: list[Any] = []
+    cuts = 0
+    for t, c in zip(times, codes):
+        if type(c) is int:
+            code, extra = c, ()
+        else:
+            code, extra = c[0], c[1:]
+        cuts += code == STEP_END or code == BOUNDARY
+        if type(t) is int:
+            head = t << SHIFT | code
+        else:
+            head = t[0] << SHIFT | code
+            extra = (*t[1:], *extra)
+        out.append((head, *extra) if extra else head)
+    return out, cuts
 
 
 class WireError(ValueError):
@@ -196,6 +226,7 @@ class LogChunk(msgspec.Struct, array_like=True):
     seq: int
     steps: int
     entries: list[Union[int, tuple[Any, ...]]]
+    pairs: bool = False  # entries as the training thread wrote them (time, code): see to_entries
 
 
 class Hello(msgspec.Struct, tag="hello", omit_defaults=True):

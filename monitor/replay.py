@@ -40,6 +40,7 @@ from torchtop.agent.wire import (
     LogChunk,
     StepRecord,
     code_of,
+    to_entries,
 )
 
 __all__ = ["BACKWARD", "DATA", "FORWARD", "H2D", "OPTIMIZER", "LogReplay", "StepRecorder", "to_record"]
@@ -358,8 +359,17 @@ class LogReplay:
                 rec.partial = chunk.seq != 0  # joined late: the first step's start is not here
             elif chunk.seq != self.next_seq:
                 rec.reset()
-            rec.index = max(rec.index, chunk.steps - _closing_boundaries(chunk.entries))
-            out.extend(to_record(raw, wall_offset, rank) for raw in rec.feed(chunk.entries))
+            entries = chunk.entries
+            if chunk.pairs:  # as the training thread wrote them: converted here, not in training
+                try:
+                    entries = to_entries(entries)[0]
+                except Exception:
+                    rec.failures += 1
+                    rec.reset()
+                    self.next_seq = chunk.seq + 1
+                    continue
+            rec.index = max(rec.index, chunk.steps - _closing_boundaries(entries))
+            out.extend(to_record(raw, wall_offset, rank) for raw in rec.feed(entries))
             self.next_seq = chunk.seq + 1
         return out
 

@@ -246,3 +246,31 @@ def test_corrupted_valid_frames_only_raise_wire_error(frame: bytes, data: st.Dat
     cut = data.draw(st.integers(0, len(frame)))
     _decode_or_wire_error(frame[:pos] + bytes([byte]) + frame[pos + 1 :])
     _decode_or_wire_error(frame[:cut])
+
+
+def test_pair_chunks_replay_like_entries_and_bad_pairs_are_counted() -> None:
+    """A CPU run ships the training thread's (time, code) pairs; the monitor converts them. The
+    same steps come out as from entries; a chunk whose pairs do not convert is counted and its
+    open step forgotten, and the next chunk replays."""
+    from torchtop.monitor.replay import LogReplay
+
+    ms = 1_000_000
+    pairs = [0 * ms, wire.DATA, 1 * ms, wire.EXIT | wire.DATA, 1 * ms, wire.FORWARD_START + 3,
+             4 * ms, wire.EXIT | wire.FORWARD, 5 * ms, wire.OPTIMIZER, 6 * ms, wire.STEP_END]
+    entries, cuts = wire.to_entries(pairs)
+    assert cuts == 1 and entries[-1] == 6 * ms << wire.SHIFT | wire.STEP_END
+    one = wire.decode(wire.encode(wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=0, time=0.0,
+                                              log=[wire.LogChunk(0, 1, pairs, True)])))
+    assert one.log[0].pairs is True
+    a, b = LogReplay(), LogReplay()
+    steps_a = a.feed([wire.LogChunk(0, 1, entries)], 0.0, 0)
+    steps_b = b.feed(one.log, 0.0, 0)
+    assert steps_a == steps_b and len(steps_b) == 1
+    assert steps_b[0].phases["optimizer"] == 1 * ms and steps_b[0].phases["forward"] == 3 * ms
+    def later(k: int) -> list[int]:
+        return [p + k * 10 * ms if i % 2 == 0 else p for i, p in enumerate(pairs)]
+
+    got = b.feed([wire.LogChunk(1, 2, [(), 5, 7], True), wire.LogChunk(2, 3, later(1), True)], 0.0, 0)
+    assert b.failures == 1 and got == []  # nothing made up: the step after the gap started unseen
+    got = b.feed([wire.LogChunk(3, 4, later(2), True)], 0.0, 0)
+    assert [s.phases["forward"] for s in got] == [3 * ms] and b.failures == 1
