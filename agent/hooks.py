@@ -28,95 +28,12 @@ from time import perf_counter_ns
 from typing import Any
 
 from .probe import Probe, current
-from .wire import BACKWARD, DATA, EXIT, FORWARD, FORWARD_START, GRAD, MAX_SLOT, OPTIMIZER, SKIPPED, STEP_END
-from .wrap import signature_wrapper
+from .timed import compiling_check, dynamo_check, timed, timed_forward
+from .wire import BACKWARD, DATA, FORWARD, FORWARD_START, GRAD, MAX_SLOT, OPTIMIZER, SKIPPED, STEP_END
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 _MARK = "_torchtop_probe"  # on the one optimizer: the probe whose fast path it takes
-
-
-_TIMED = """
-def {name}({params}):
-    if _tt_current() is not _tt_probe and _tt_probe.adopt() is None:
-        return _tt_orig({call})
-    try:  # free in CPython 3.11+ until it catches
-        _tt_put = _tt_probe.put
-        _tt_put(_tt_pc())
-        _tt_put(_tt_enter)
-    except Exception:
-        _tt_probe.fail()
-    try:
-        return _tt_orig({call})
-    finally:
-        try:
-            _tt_put = _tt_probe.put
-            _tt_put(_tt_pc())
-            _tt_put(_tt_leave)
-        except Exception:
-            _tt_probe.fail()
-"""
-
-
-def _timed(probe: Probe, phase: int, orig: Any, enter: int | None = None) -> Any:
-    """`orig` wrapped so that its time on the training thread counts as `phase`.
-
-    The hottest code torchtop has: a context-variable check that this is the training thread,
-    then a time and a code on each side (`probe.put`), with orig's own signature and no call
-    layer of ours in between (wrap.py). The try blocks are free in CPython 3.11 until they
-    catch; nothing can raise into the user's code.
-    """
-    names = {
-        "_tt_current": current, "_tt_probe": probe, "_tt_pc": perf_counter_ns,
-        "_tt_enter": phase if enter is None else enter, "_tt_leave": EXIT | phase,
-    }
-    return signature_wrapper(orig, _TIMED, names, getattr(orig, "__name__", "wrapper"))
-
-
-_FORWARD = """
-def {name}({params}):
-    if _tt_dynamo():  # first: under dynamo it is a constant and nothing else here is traced
-        return _tt_orig({call})
-    if {first} is _tt_root[0]():
-        _tt_code = _tt_root[1]
-    else:  # another root of this class (rare), or not a root
-        _tt_code = _tt_others.get(_tt_id({first}))
-        if _tt_code is None:
-            return _tt_orig({call})
-    _tt_p = _tt_probe
-    if _tt_p.depth or (_tt_current() is not _tt_p and _tt_p.adopt() is None):
-        return _tt_orig({call})  # nested in a root, or another thread
-    _tt_p.depth = 1
-    try:
-        _tt_put = _tt_p.put
-        _tt_put(_tt_pc())
-        _tt_put(_tt_code + _tt_grad())
-    except Exception:
-        _tt_p.fail()
-    try:
-        return _tt_orig({call})
-    finally:
-        _tt_p.depth = 0
-        try:
-            _tt_put = _tt_p.put
-            _tt_put(_tt_pc())
-            _tt_put(_tt_leave)
-        except Exception:
-            _tt_p.fail()
-"""
-
-
-def _dynamo_check(torch: Any) -> Any:
-    """A check that is True while dynamo traces: `is_dynamo_compiling` (one frame that returns
-    False, folded to True by dynamo) where torch has it, else `is_compiling` (two frames)."""
-    compiler = getattr(torch, "compiler", None)
-    fn = getattr(compiler, "is_dynamo_compiling", None) or getattr(compiler, "is_compiling", None)
-    return fn if fn is not None else (lambda: False)
-
-
-def _compiling(torch: Any) -> Any:
-    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return fn if fn is not None else (lambda: False)
 
 
 class AutoHooks:
@@ -138,8 +55,8 @@ class AutoHooks:
         self._stepped: set[int] = set()
         self._marked: list[Any] = []  # weakrefs to optimizers that carry _MARK
         self._grad_enabled = torch.is_grad_enabled
-        self._compiling = _compiling(torch)
-        self._dynamo = _dynamo_check(torch)
+        self._compiling = compiling_check(torch)
+        self._dynamo = dynamo_check(torch)
 
     # -- install / uninstall -------------------------------------------------------------------
     def install(self) -> None:
@@ -196,7 +113,7 @@ class AutoHooks:
         from torch.utils.data import dataloader
 
         cls = dataloader._BaseDataLoaderIter
-        self._setattr(cls, "__next__", _timed(self.probe, DATA, cls.__next__))
+        self._setattr(cls, "__next__", timed(self.probe, DATA, cls.__next__))
         self._patch_queue_get()
 
     def _patch_queue_get(self) -> None:
@@ -204,7 +121,7 @@ class AutoHooks:
         wait in `get()` is its data wait (the loader thread's own work is not counted)."""
         import queue
 
-        self._setattr(queue.Queue, "get", _timed(self.probe, DATA, queue.Queue.get))
+        self._setattr(queue.Queue, "get", timed(self.probe, DATA, queue.Queue.get))
 
     # -- forward -------------------------------------------------------------------------------
     def _hook_forward(self) -> None:
@@ -281,12 +198,7 @@ class AutoHooks:
             return
         root, others = [weakref.ref(module), code], {}
         self._patched[cls] = (root, others)
-        names = {
-            "_tt_dynamo": self._dynamo, "_tt_root": root, "_tt_others": others, "_tt_id": id,
-            "_tt_probe": self.probe, "_tt_current": current, "_tt_pc": perf_counter_ns,
-            "_tt_grad": self._grad_enabled, "_tt_leave": EXIT | FORWARD,
-        }
-        self._setattr(cls, "forward", signature_wrapper(cls.forward, _FORWARD, names, "forward"))
+        self._setattr(cls, "forward", timed_forward(self.probe, cls.forward, root, others, self._dynamo, self._grad_enabled))
 
     def _end_discovery(self) -> None:
         if self._global_handle is not None:
@@ -324,9 +236,9 @@ class AutoHooks:
     # -- backward ------------------------------------------------------------------------------
     def _patch_backward(self) -> None:
         autograd = self.torch.autograd
-        self._setattr(autograd, "backward", _timed(self.probe, BACKWARD, autograd.backward))
+        self._setattr(autograd, "backward", timed(self.probe, BACKWARD, autograd.backward))
         # a gradient penalty's autograd.grad is backward time, not another micro-batch
-        self._setattr(autograd, "grad", _timed(self.probe, BACKWARD, autograd.grad, enter=GRAD))
+        self._setattr(autograd, "grad", timed(self.probe, BACKWARD, autograd.grad, enter=GRAD))
 
     # -- optimizer -----------------------------------------------------------------------------
     def _hook_optimizer(self) -> None:
@@ -367,7 +279,7 @@ class AutoHooks:
             if opt._torchtop_probe is not probe or not probe.opt_fast:
                 post_any(opt)
                 return
-            try:
+            try:  # probe.cut(STEP_END), inlined: a Python frame less at every step
                 put = probe.put
                 put(pc())
                 put(STEP_END)

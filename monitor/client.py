@@ -126,7 +126,7 @@ class AgentClient:
         reply = self.request("snapshot", {"max_steps": max_steps}, timeout=timeout)
         if reply.ok:
             replay = LogReplay(reply.run_id)
-            reply.steps = replay.feed(reply.log, reply.wall_offset, reply.rank)[-max_steps:]
+            reply.steps = replay.feed(reply.log, reply.wall_offset, reply.rank, flush=True)[-max_steps:]
             if reply.log:
                 replay.rec.failures += self.replay.failures if self.replay.run_id == reply.run_id else 0
                 self.replay = replay

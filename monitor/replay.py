@@ -285,6 +285,11 @@ class StepRecorder:
         self._extra = None
         self._open(now)
 
+    @property
+    def fresh(self) -> bool:
+        """Nothing happened since the last step ended (its extras may still come)."""
+        return self._fresh
+
     def reset(self) -> None:
         """Forget the open step (entries were lost, or an entry was malformed)."""
         self.partial = True
@@ -344,13 +349,18 @@ class LogReplay:
         self.run_id = run_id
         self.rec = StepRecorder()
         self.next_seq: int | None = None
+        self._held: tuple | None = None  # a step that ended just before its chunk did
 
     @property
     def failures(self) -> int:
         return self.rec.failures
 
-    def feed(self, chunks: list[LogChunk], wall_offset: float, rank: int) -> list[StepRecord]:
-        out: list[StepRecord] = []
+    def feed(self, chunks: list[LogChunk], wall_offset: float, rank: int, flush: bool = False) -> list[StepRecord]:
+        """The steps these chunks complete. A step that ended at the very end of the chunks is
+        held until the next call (or `flush`): a mark logged right after `optimizer.step()`
+        belongs to it and may come in the next chunk, the agent having drained in between."""
+        out: list[tuple] = [] if self._held is None else [self._held]
+        self._held = None
         rec = self.rec
         for chunk in chunks:
             if self.next_seq is not None and chunk.seq < self.next_seq:
@@ -369,9 +379,11 @@ class LogReplay:
                     self.next_seq = chunk.seq + 1
                     continue
             rec.index = max(rec.index, chunk.steps - _closing_boundaries(entries))
-            out.extend(to_record(raw, wall_offset, rank) for raw in rec.feed(entries))
+            out.extend(rec.feed(entries))
             self.next_seq = chunk.seq + 1
-        return out
+        if out and rec.fresh and not flush:
+            self._held = out.pop()
+        return [to_record(raw, wall_offset, rank) for raw in out]
 
 
 def _closing_boundaries(entries: list[Any]) -> int:

@@ -263,14 +263,31 @@ def test_pair_chunks_replay_like_entries_and_bad_pairs_are_counted() -> None:
                                               log=[wire.LogChunk(0, 1, pairs, True)])))
     assert one.log[0].pairs is True
     a, b = LogReplay(), LogReplay()
-    steps_a = a.feed([wire.LogChunk(0, 1, entries)], 0.0, 0)
-    steps_b = b.feed(one.log, 0.0, 0)
+    steps_a = a.feed([wire.LogChunk(0, 1, entries)], 0.0, 0, flush=True)
+    steps_b = b.feed(one.log, 0.0, 0, flush=True)
     assert steps_a == steps_b and len(steps_b) == 1
     assert steps_b[0].phases["optimizer"] == 1 * ms and steps_b[0].phases["forward"] == 3 * ms
     def later(k: int) -> list[int]:
         return [p + k * 10 * ms if i % 2 == 0 else p for i, p in enumerate(pairs)]
 
-    got = b.feed([wire.LogChunk(1, 2, [(), 5, 7], True), wire.LogChunk(2, 3, later(1), True)], 0.0, 0)
+    got = b.feed([wire.LogChunk(1, 2, [(), 5, 7], True), wire.LogChunk(2, 3, later(1), True)], 0.0, 0, flush=True)
     assert b.failures == 1 and got == []  # nothing made up: the step after the gap started unseen
-    got = b.feed([wire.LogChunk(3, 4, later(2), True)], 0.0, 0)
+    got = b.feed([wire.LogChunk(3, 4, later(2), True)], 0.0, 0, flush=True)
     assert [s.phases["forward"] for s in got] == [3 * ms] and b.failures == 1
+
+
+def test_a_mark_after_the_step_end_in_the_next_chunk_still_lands_on_that_step() -> None:
+    """The agent may drain between optimizer.step() and the loss mark logged right after it:
+    the step that ended a chunk is held for the next one (or a flush), not sent without it."""
+    from torchtop.monitor.replay import LogReplay
+
+    ms = 1_000_000
+    step = [0 * ms, wire.FORWARD_START + 3, 2 * ms, wire.EXIT | wire.FORWARD, 3 * ms, wire.OPTIMIZER,
+            4 * ms, wire.STEP_END]
+    replay = LogReplay()
+    assert replay.feed([wire.LogChunk(0, 1, [0, wire.BOUNDARY, *step], True)], 0.0, 0) == []
+    after = [5 * ms, (wire.MARK, "loss", 0.5), 6 * ms, wire.FORWARD_START + 3]
+    got = replay.feed([wire.LogChunk(1, 1, after, True)], 0.0, 0)
+    assert [(s.i, s.marks) for s in got] == [(0, {"loss": 0.5})]
+    flushed = LogReplay().feed([wire.LogChunk(0, 1, [0, wire.BOUNDARY, *step], True)], 0.0, 0, flush=True)
+    assert len(flushed) == 1 and flushed[0].marks == {}
