@@ -357,10 +357,11 @@ class LogReplay:
 
     def feed(self, chunks: list[LogChunk], wall_offset: float, rank: int, flush: bool = False) -> list[StepRecord]:
         """The steps these chunks complete. A step that ended at the very end of the chunks is
-        held until the next call (or `flush`): a mark logged right after `optimizer.step()`
-        belongs to it and may come in the next chunk, the agent having drained in between."""
-        out: list[tuple] = [] if self._held is None else [self._held]
-        self._held = None
+        held until the next call (a batch or a heartbeat, ~0.1 s later) unless `flush`: a mark
+        logged right after `optimizer.step()` belongs to it and may come in the next chunk, the
+        agent having drained in between."""
+        held, self._held = self._held, None
+        out: list[tuple] = []
         rec = self.rec
         for chunk in chunks:
             if self.next_seq is not None and chunk.seq < self.next_seq:
@@ -382,7 +383,9 @@ class LogReplay:
             out.extend(rec.feed(entries))
             self.next_seq = chunk.seq + 1
         if out and rec.fresh and not flush:
-            self._held = out.pop()
+            self._held = out.pop()  # released by the next call, whatever it brings (a heartbeat)
+        if held is not None:
+            out.insert(0, held)
         return [to_record(raw, wall_offset, rank) for raw in out]
 
 

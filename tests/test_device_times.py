@@ -125,7 +125,7 @@ def test_device_times_wait_for_the_gpu_then_reach_the_monitor() -> None:
     assert len(pool.free) == pool.size - 1
     assert resolver.sampled_steps == 3  # steps 2, 4, 6 sampled (8's sampling starts the next one)
 
-    records = LogReplay().feed(_ship(ready), wall_offset=0.0, rank=0)
+    records = LogReplay().feed(_ship(ready), wall_offset=0.0, rank=0, flush=True)
     assert len(records) == 8
     sampled = [r for r in records if r.device_ms]
     assert [r.i for r in sampled] == [2, 4, 6]
@@ -155,7 +155,7 @@ def test_a_sampled_step_split_across_chunks_keeps_its_device_times() -> None:
     gpu.done_ms = gpu.queued_ms
     ready = resolver.run(*first) + resolver.run(*second)
     assert len(ready) == 2 and len(pool.free) == pool.size
-    records = LogReplay().feed(_ship(ready), 0.0, 0)
+    records = LogReplay().feed(_ship(ready), 0.0, 0, flush=True)
     assert [r.i for r in records] == [0, 1, 2]
     assert records[2].device_ms == {"forward": 2.0, "backward": 3.0, "step": 5.0}
 
@@ -172,7 +172,7 @@ def test_events_that_never_complete_are_given_up_not_waited_on(monkeypatch: Any)
     monkeypatch.setattr(cuda_timing, "GIVE_UP_S", -1.0)
     ready = resolver.poll()
     assert len(ready) == 1 and resolver.abandoned == 1
-    records = LogReplay().feed(_ship(ready), 0.0, 0)
+    records = LogReplay().feed(_ship(ready), 0.0, 0, flush=True)
     assert len(records) == 4 and not any(r.device_ms for r in records)
     assert len(pool.free) < pool.size
 
@@ -197,7 +197,7 @@ def test_cuda_marks_are_read_once_their_copy_landed() -> None:
     assert resolver.run(*probe.drain()) == []
     gpu.done_ms = 1.0
     ready = resolver.poll()
-    records = LogReplay().feed(_ship(ready), 0.0, 0)
+    records = LogReplay().feed(_ship(ready), 0.0, 0, flush=True)
     assert records[0].marks == {"loss": 0.25, "lr": 0.1}  # right after the step's end: its marks
 
 
@@ -216,12 +216,12 @@ def test_replay_joins_late_and_skips_what_it_has() -> None:
         probe.exit(FORWARD)
     log = _ship(chunks)
     replay = LogReplay()
-    first = replay.feed(log[1:2], 0.0, 0)  # joins at chunk 1
+    first = replay.feed(log[1:2], 0.0, 0, flush=True)  # joins at chunk 1
     assert [r.i for r in first] == [4, 5]  # numbered as the agent counts; step 3 began unseen
-    again = replay.feed(log[1:3], 0.0, 0)  # chunk 1 again (a catch-up), then 2
+    again = replay.feed(log[1:3], 0.0, 0, flush=True)  # chunk 1 again (a catch-up), then 2
     assert [r.i for r in again] == [6, 7, 8]
-    assert [r.i for r in replay.feed(log[3:], 0.0, 0)] == [9, 10, 11]
+    assert [r.i for r in replay.feed(log[3:], 0.0, 0, flush=True)] == [9, 10, 11]
     replay2 = LogReplay()
-    replay2.feed(log[:1], 0.0, 0)
-    gapped = replay2.feed(log[2:3], 0.0, 0)  # chunk 1 never came
+    replay2.feed(log[:1], 0.0, 0, flush=True)
+    gapped = replay2.feed(log[2:3], 0.0, 0, flush=True)  # chunk 1 never came
     assert [r.i for r in gapped] == [7, 8]  # the step open across the gap is not reported

@@ -291,3 +291,14 @@ def test_a_mark_after_the_step_end_in_the_next_chunk_still_lands_on_that_step() 
     assert [(s.i, s.marks) for s in got] == [(0, {"loss": 0.5})]
     flushed = LogReplay().feed([wire.LogChunk(0, 1, [0, wire.BOUNDARY, *step], True)], 0.0, 0, flush=True)
     assert len(flushed) == 1 and flushed[0].marks == {}
+
+
+def test_a_held_step_goes_out_with_the_next_batch_even_an_empty_one() -> None:
+    from torchtop.monitor.replay import LogReplay
+
+    ms = 1_000_000
+    replay = LogReplay()
+    step = [0, wire.BOUNDARY, 1 * ms, wire.FORWARD_START + 3, 2 * ms, wire.EXIT | wire.FORWARD, 3 * ms, wire.BOUNDARY]
+    assert replay.feed([wire.LogChunk(0, 1, step, True)], 0.0, 0) == []
+    assert [s.i for s in replay.feed([], 0.0, 0)] == [0]  # a heartbeat: no mark came in a tick
+    assert replay.feed([], 0.0, 0) == []
