@@ -29,7 +29,7 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any
 
-from .wire import BOUNDARY, H2D_COPY, MARK, MASK, OPEN_STEP, RESET, STEP_END, STEP_EVENT, to_entries
+from .wire import BOUNDARY, EXIT, H2D_COPY, MARK, MASK, OPEN_STEP, RESET, STEP_END, STEP_EVENT, to_entries
 
 LOG_CAP = 1 << 19  # items (two an entry, ~20 a step): a stalled agent thread costs at most ~10 MB
 MAX_FAILURES = 20
@@ -136,7 +136,7 @@ class Probe:
     def exit(self, phase: int) -> None:
         put = self.put
         put(perf_counter_ns())
-        put(8 | phase)  # EXIT | phase
+        put(EXIT | phase)
 
     def forward(self, code: int) -> None:
         put = self.put
@@ -254,9 +254,8 @@ class Probe:
             self.dropped += cuts - counted
             self._shed_cuts += cuts - kept_cut  # the agent thread will not see these end
 
-    def drain_pairs(self) -> tuple[list[Any], int]:
-        """Agent thread: everything logged so far as it was written (pairs), oldest first, and
-        the steps cut so far (those drained and those shed). A CPU run ships this as is."""
+    def _take(self) -> list[Any]:
+        """Agent thread: the log's whole pairs so far, oldest first; counts the shed step ends."""
         log = self.log
         with self.lock:
             n = len(log) & ~1  # a pair the training thread is half-way through stays
@@ -264,17 +263,23 @@ class Probe:
             del log[:n]
             self._drained += self._shed_cuts
             self._shed_cuts = 0
+        return raw
+
+    def drain_pairs(self) -> tuple[list[Any], int]:
+        """Agent thread, a run without CUDA sampling: the log as it was written (pairs), and the
+        steps cut so far (drained and shed). A CPU run ships this as is. (A sampled step's end
+        is a tuple, which only `drain` counts.)"""
+        raw = self._take()
         codes = raw[1::2]
         self._drained += codes.count(STEP_END) + codes.count(BOUNDARY)
-        # a sampled step end's code is a tuple (the recording cost): counted here (CUDA runs)
-        if self.pool is not None:
-            self._drained += sum(1 for c in codes if type(c) is tuple and c[0] in _CUTS)
         return raw, self._drained
 
     def drain(self) -> tuple[list[Any], int]:
-        """`drain_pairs` as wire entries (for the CUDA event resolver, which works on those)."""
-        raw, steps = self.drain_pairs()
-        return to_entries(raw)[0], steps
+        """The log as wire entries (for the CUDA event resolver, which works on those), and the
+        steps cut so far."""
+        entries, cuts = to_entries(self._take())
+        self._drained += cuts
+        return entries, self._drained
 
 
 def _code(item: Any) -> int:

@@ -156,12 +156,15 @@ class AgentLoop(threading.Thread):
     def _tick(self) -> None:
         self._maybe_enable_cuda()
         probe, resolver = self.probe, self.resolver
-        raw, steps = probe.drain_pairs()
         if resolver.pool is None and not probe.cuda_marks:
-            # a CPU run: nothing to resolve; the monitor converts the pairs (wire.to_entries)
-            ready, pairs = [(raw, steps)], True
+            raw, steps = probe.drain_pairs()
+            if not probe.cuda_marks:  # set before a CUDA mark is logged: none is in `raw`
+                # a CPU run: nothing to resolve; the monitor converts the pairs (wire.to_entries)
+                ready, pairs = [(raw, steps)], True
+            else:  # the run's first CUDA mark came meanwhile: its event is read here
+                ready, pairs = resolver.run(wire.to_entries(raw)[0], steps), False
         else:
-            ready, pairs = resolver.run(wire.to_entries(raw)[0], steps), False
+            ready, pairs = resolver.run(*probe.drain()), False
         new = []
         for entries, steps in ready:
             if entries:
