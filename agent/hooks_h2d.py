@@ -13,6 +13,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from .probe import Probe, current
+from .timed import compiling_check
 
 
 def _may_be_cuda(args: tuple, kwargs: dict) -> bool:
@@ -32,8 +33,7 @@ def _may_be_cuda(args: tuple, kwargs: dict) -> bool:
 
 def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None]) -> None:
     """Wrap the three copy methods of `torch.Tensor` through `setattr_` (which keeps the undo)."""
-    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    compiling = fn if fn is not None else (lambda: False)
+    compiling = compiling_check(torch)
     Tensor = torch.Tensor
 
     def begin() -> Any:

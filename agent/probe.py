@@ -138,10 +138,7 @@ class Probe:
         put(perf_counter_ns())
         put(EXIT | phase)
 
-    def forward(self, code: int) -> None:
-        put = self.put
-        put(perf_counter_ns())
-        put(code)
+    forward = enter  # with a root forward's code: FORWARD_START + 2 * slot + grad
 
     def open_step(self) -> None:
         """`with step():` entered: boundaries are the user's from now on."""
