@@ -4,7 +4,8 @@
 does the work; we add `-o BatchMode=yes` (never prompt inside a TUI) and, for the tunnel,
 `-o ExitOnForwardFailure=yes`. With no pid/port, `torchtop ls --json` runs on the host to find the
 agent; then `ssh -N -L lp:127.0.0.1:rp -L lp+1:127.0.0.1:rp+1` forwards two free local ports to
-the agent's request and stream ports, and the monitor talks to 127.0.0.1:lp as if local.
+the agent's request and stream ports, and the monitor talks to 127.0.0.1:lp as if local. A tunnel that dies while in use is rebuilt on
+the same local ports, so the monitor's ZeroMQ sockets reconnect by themselves.
 
 Extra ssh options: $TORCHTOP_SSH_OPTS (shell words, e.g. "-F ~/.ssh/lab_config") and `--ssh-option`
 (each becomes `-o OPTION`). The remote command is $TORCHTOP_REMOTE_CMD (default `torchtop`), e.g.
@@ -20,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -33,6 +35,7 @@ ENV_OPTS = "TORCHTOP_SSH_OPTS"
 ENV_REMOTE_CMD = "TORCHTOP_REMOTE_CMD"
 LIST_TIMEOUT_S = 30.0
 TUNNEL_TIMEOUT_S = 20.0
+RESTART_MIN_S, RESTART_MAX_S = 0.5, 8.0  # backoff between attempts to rebuild a dead tunnel
 
 
 class SshError(TargetError):
@@ -189,38 +192,98 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def _launch(cmd: list[str], err: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _wait_up(proc: subprocess.Popen[bytes], lport: int, timeout: float) -> bool:
+    """True once both forwarded ports accept; False if ssh exited or the time ran out."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if _accepts(lport) and _accepts(lport + 1):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class _Keeper:
+    """Brings a tunnel that died (network drop, sshd restart, laptop sleep) back up on the same
+    local ports, with backoff, for as long as it is in use. ZeroMQ reconnects by itself, so
+    the monitor's sockets carry on once the ports forward again."""
+
+    def __init__(self, cmd: list[str], proc: subprocess.Popen[bytes], lport: int) -> None:
+        self.cmd, self.proc, self.lport = cmd, proc, lport
+        self.restarts = 0
+        self.last_error = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="torchtop-ssh-keeper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        delay = RESTART_MIN_S
+        while not self._stop.is_set():
+            if self.proc.poll() is None:
+                try:
+                    self.proc.wait(0.5)
+                except subprocess.TimeoutExpired:
+                    continue
+            if self._stop.wait(delay):
+                return
+            with tempfile.TemporaryFile() as err:
+                proc = _launch(self.cmd, err)
+                self.proc = proc
+                if self._stop.is_set():
+                    return  # close() may have stopped the old one while this one started
+                if _wait_up(proc, self.lport, TUNNEL_TIMEOUT_S):
+                    self.restarts += 1
+                    delay = RESTART_MIN_S
+                    continue
+                _stop(proc)
+                err.seek(0)
+                self.last_error = _last_line(err.read().decode(errors="replace")) or f"exit {proc.returncode}"
+            delay = min(delay * 2, RESTART_MAX_S)
+
+    def close(self) -> None:
+        self._stop.set()
+        _stop(self.proc)
+        self._thread.join(5)
+        _stop(self.proc)  # one the keeper launched just as it was told to stop
+
+
 @contextmanager
 def tunnel(target: SshTarget, info: dict[str, Any], options: Sequence[str] = ()) -> Iterator[Endpoint]:
-    """Forward two free local ports to the agent's ports on the host; an Endpoint while it lasts."""
+    """Forward two free local ports to the agent's ports on the host; an Endpoint while it lasts.
+    A tunnel that dies meanwhile is rebuilt on the same ports (`_Keeper`)."""
     rport, rhost = int(info["port"]), _remote_host(info)
     last_error = ""
     for _attempt in range(3):  # a local port may be taken between choosing and ssh binding it
         lport = _free_port_pair()
         forwards = ["-L", f"{lport}:{rhost}:{rport}", "-L", f"{lport + 1}:{rhost}:{rport + 1}"]
         cmd = [*ssh_base(target, options), "-N", "-o", "ExitOnForwardFailure=yes",
-               "-o", "ServerAliveInterval=15", *forwards, target.destination]
+               "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=2", *forwards, target.destination]
         with tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+            proc = _launch(cmd, err)
             try:
-                deadline = time.monotonic() + TUNNEL_TIMEOUT_S
-                while proc.poll() is None and time.monotonic() < deadline:
-                    if _accepts(lport) and _accepts(lport + 1):
-                        break
-                    time.sleep(0.05)
-                if proc.poll() is None and time.monotonic() >= deadline:
+                up = _wait_up(proc, lport, TUNNEL_TIMEOUT_S)
+                if not up and proc.poll() is None:
                     raise SshError(f"the ssh tunnel to {target.destination} was not up within {TUNNEL_TIMEOUT_S:g}s")
-                if proc.poll() is not None:
+                if not up:
                     err.seek(0)
                     last_error = _last_line(err.read().decode(errors="replace")) or f"exit {proc.returncode}"
                     if "forward" in last_error.lower() and _attempt < 2:
                         continue
                     raise SshError(f"ssh tunnel to {target.destination} failed: {last_error}")
-                pid = info.get("pid")
-                label = f"{target}/{pid or rport} (" + (f"pid {pid}, " if pid else "") + f"port {rport} via 127.0.0.1:{lport})"
-                yield Endpoint("127.0.0.1", lport, pid, label, curve=local_curve(info))
-                return
-            finally:
+            except BaseException:
                 _stop(proc)
+                raise
+        keeper = _Keeper(cmd, proc, lport)
+        try:
+            pid = info.get("pid")
+            label = f"{target}/{pid or rport} (" + (f"pid {pid}, " if pid else "") + f"port {rport} via 127.0.0.1:{lport})"
+            yield Endpoint("127.0.0.1", lport, pid, label, curve=local_curve(info))
+        finally:
+            keeper.close()
+        return
     raise SshError(f"ssh tunnel to {target.destination} failed: {last_error}")
 
 

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from remote_util import training_agent
 
@@ -148,6 +149,43 @@ def test_open_ssh_tunnel_lasts_while_used(ssh_env: dict[str, str], sshd, tmp_pat
             finally:
                 client.close()
         assert not _accepts(endpoint.port) and not _accepts(endpoint.port + 1)
+
+
+def _tunnel_ssh(port: int) -> list[psutil.Process]:
+    """This process's ssh children that forward local `port`."""
+    return [c for c in psutil.Process().children(recursive=True)
+            if any(arg.startswith(f"{port}:") for arg in c.cmdline())]
+
+
+def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(ssh_env: dict[str, str], sshd, tmp_path: Path) -> None:
+    with training_agent(tmp_path, ssh_env) as (proc, _info):
+        with ssh.open_ssh(f"{sshd['host']}/{proc.pid}") as endpoint:
+            client = AgentClient(endpoint)
+            try:
+                assert client.hello(timeout=10).pid == proc.pid
+                before = client.recv_batches(5.0)
+                assert before
+                (first,) = _tunnel_ssh(endpoint.port)
+                first.kill()  # what a dropped connection does to ssh: it exits
+                first.wait(5)
+                while batches := client.recv_batches(0.1):  # what was on its way before the drop
+                    before += batches
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline and not _tunnel_ssh(endpoint.port):
+                    time.sleep(0.1)
+                (second,) = _tunnel_ssh(endpoint.port)
+                assert second.pid != first.pid
+                after: list = []
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and not after:
+                    after = client.recv_batches(1.0)  # the same sockets: ZeroMQ reconnects through the new tunnel
+                assert after, "no batch came through the rebuilt tunnel"
+                assert after[0].seq > before[-1].seq
+                assert client.hello(timeout=10).pid == proc.pid
+            finally:
+                client.close()
+        assert not _tunnel_ssh(endpoint.port), "the keeper left an ssh behind"
+        assert not _accepts(endpoint.port)
 
 
 def test_ssh_errors_say_what_to_do(ssh_env: dict[str, str], sshd, tmp_path: Path) -> None:
