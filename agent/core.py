@@ -72,6 +72,7 @@ class Agent:
                 self.probe, self.sockets, self.hello, self.run_id, torch, self.rank,
                 telemetry=self.telemetry,
                 captures=self.captures,
+                chores=self.hooks.agent_tick if self.hooks is not None else None,
             )
             self.loop.start()
         except BaseException:

@@ -11,7 +11,8 @@
   an iteration has stepped.
 - h2d (only where CUDA exists): `Tensor.to`, `Tensor.cuda`, `Tensor.copy_` from a CPU tensor to a
   CUDA one (`hooks_h2d.py`).
-- `model.compile()` in place: the compiled call is timed as a root forward (`hooks_compile.py`).
+- `model.compile()` in place: the compiled call is timed as a root forward (`hooks_compile.py`);
+  one compiled before `start()` is found by the agent thread after the first steps.
 
 Each hook only logs timestamps into the `Probe` (see probe.py); the monitor makes steps of
 them. Step ends are decided here, at the optimizer, because a capture must start there.
@@ -23,6 +24,7 @@ No global full-backward hooks: they cost milliseconds a step and break `ReLU(inp
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from time import perf_counter_ns
 from typing import Any
@@ -55,6 +57,8 @@ class AutoHooks:
         self._stepped: set[int] = set()
         self._marked: list[Any] = []  # weakrefs to optimizers that carry _MARK
         self._grad_enabled = torch.is_grad_enabled
+        self.scan_compiled: Any = None  # set by hooks_compile: finds modules compiled before start()
+        self._scanned = False
         self._compiling = compiling_check(torch)
         self._dynamo = dynamo_check(torch)
 
@@ -85,6 +89,7 @@ class AutoHooks:
         self._not_roots.clear()
         self._patched.clear()
         self._once.clear()
+        self.scan_compiled = None
         self.probe.depth = 0
         self.probe.opt_fast = False
         for ref in self._marked:
@@ -92,6 +97,17 @@ class AutoHooks:
             if opt is not None and opt.__dict__.get(_MARK) is self.probe:
                 del opt.__dict__[_MARK]
         self._marked.clear()
+
+    def agent_tick(self) -> None:
+        """Agent thread, each tick: if the first steps went by and no root forward was seen,
+        look for modules compiled in place before start() (no hook of ours runs in their calls)
+        and time them from then on. Only then: the walk over the garbage collector's objects
+        holds the GIL for tens of milliseconds (~50 ms at 300k objects)."""
+        if self._scanned or self.probe.steps < DISCOVERY_STEPS:
+            return
+        self._scanned = True
+        if not self._roots and self.scan_compiled is not None and "torch._dynamo" in sys.modules:
+            self.scan_compiled()
 
     def _setattr(self, owner: Any, name: str, value: Any) -> None:
         if name in owner.__dict__:

@@ -6,7 +6,10 @@ and the forward wrapper included, as no-ops (they ask `compiling()` first), so s
 never found as a root and its forward would land in `other`. `Module.compile` is wrapped so
 that, once it has compiled, the compiled call is wrapped in turn: eagerly, outside the compiled
 code, timed like any root forward (the outermost root open wins, so a block compiled in place
-inside an eager model adds nothing). Modules compiled before `start()` are not seen.
+inside an eager model adds nothing). Modules compiled in place before `start()` are looked for
+once, on the agent thread, when the first steps went by without any root forward
+(`AutoHooks.agent_tick`, `scan`: a walk over the garbage collector's objects), and timed the same
+way from then on.
 """
 
 from __future__ import annotations
@@ -47,6 +50,24 @@ def patch_module_compile(
         wrapped.clear()
 
     undo(unwrap)
+
+    def scan() -> int:
+        """Agent thread: time the calls of modules compiled in place before start(); how many."""
+        import gc
+
+        ours = {id(call) for _, call, _ in wrapped}
+        found = []
+        for obj in gc.get_objects():
+            # type(), not isinstance(): no __class__ property of some proxy gets to run (or raise)
+            if issubclass(type(obj), module_cls):
+                impl = obj.__dict__.get("_compiled_call_impl")
+                if impl is not None and id(impl) not in ours:
+                    found.append(obj)
+        for module in found:
+            _time_compiled_call(hooks, module, wrapped)
+        return len(found)
+
+    hooks.scan_compiled = scan
 
 
 def _time_compiled_call(hooks: Any, module: Any, wrapped: list[tuple[Any, Any, Any]]) -> None:

@@ -50,6 +50,7 @@ class AgentLoop(threading.Thread):
         telemetry: TelemetryCollector | None = None,
         captures: CaptureController | None = None,
         rate_hz: float = RATE_HZ,
+        chores: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="torchtop-agent", daemon=True)
         self.probe = probe
@@ -60,6 +61,7 @@ class AgentLoop(threading.Thread):
         self.rank = rank
         self.telemetry = telemetry
         self.captures = captures
+        self.chores = chores  # the hooks' work for this thread (AutoHooks.agent_tick)
         self.period = 1.0 / rate_hz
         self.seq = 0
         self.chunk_seq = 0
@@ -155,6 +157,11 @@ class AgentLoop(threading.Thread):
 
     def _tick(self) -> None:
         self._maybe_enable_cuda()
+        if self.chores is not None:
+            try:
+                self.chores()
+            except Exception:
+                self.errors += 1
         probe, resolver = self.probe, self.resolver
         if resolver.pool is None and not probe.cuda_marks:
             raw, steps = probe.drain_pairs()

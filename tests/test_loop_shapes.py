@@ -108,6 +108,35 @@ def test_model_compiled_in_place() -> None:
     assert model(torch.randn(2, 32)).shape == (2, 4)  # still compiled, still works
 
 
+def test_model_compiled_in_place_before_start() -> None:
+    """`model.compile()` before start(): no hook of ours runs in its call, so the agent thread
+    finds it once the first steps are done, and its forward is timed from then on."""
+    model = mlp()
+    model.compile(backend="eager")
+    compiled = model._compiled_call_impl
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    agent = ta.start()
+    assert agent is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and model._compiled_call_impl is compiled:
+        for x, y in batches(2):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        time.sleep(0.02)  # the agent thread looks after the first steps
+    assert model._compiled_call_impl is not compiled, "the agent never found the compiled module"
+    for x, y in batches(6):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    steps = snapshot_steps(agent, 6)
+    assert steps[0].phases["forward"] == 0  # before the agent found it: what stayed unseen
+    assert all(s.phases["forward"] > 0 and s.micro == 1 for s in steps[-6:])
+    ta.stop()
+    assert model._compiled_call_impl is compiled  # stop() puts the compiled call back
+    assert model(torch.randn(2, 32)).shape == (2, 4)
+
+
 def test_two_optimizers_one_step_per_iteration() -> None:
     """A GAN-style loop: D and G each step once per iteration -> one step per iteration."""
     assert ta.start() is not None
