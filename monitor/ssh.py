@@ -213,8 +213,6 @@ class _Keeper:
 
     def __init__(self, cmd: list[str], proc: subprocess.Popen[bytes], lport: int) -> None:
         self.cmd, self.proc, self.lport = cmd, proc, lport
-        self.restarts = 0
-        self.last_error = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchtop-ssh-keeper", daemon=True)
         self._thread.start()
@@ -229,18 +227,14 @@ class _Keeper:
                     continue
             if self._stop.wait(delay):
                 return
-            with tempfile.TemporaryFile() as err:
-                proc = _launch(self.cmd, err)
-                self.proc = proc
-                if self._stop.is_set():
-                    return  # close() may have stopped the old one while this one started
-                if _wait_up(proc, self.lport, TUNNEL_TIMEOUT_S):
-                    self.restarts += 1
-                    delay = RESTART_MIN_S
-                    continue
-                _stop(proc)
-                err.seek(0)
-                self.last_error = _last_line(err.read().decode(errors="replace")) or f"exit {proc.returncode}"
+            proc = _launch(self.cmd, subprocess.DEVNULL)
+            self.proc = proc
+            if self._stop.is_set():
+                return  # close() may have stopped the old one while this one started
+            if _wait_up(proc, self.lport, TUNNEL_TIMEOUT_S):
+                delay = RESTART_MIN_S
+                continue
+            _stop(proc)  # the host is still out of reach: try again later
             delay = min(delay * 2, RESTART_MAX_S)
 
     def close(self) -> None:
