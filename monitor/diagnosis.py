@@ -2,7 +2,8 @@
 
 One primary verdict (`data-loading`, `transfer`, `compute`, `host-overhead`; `unknown` while
 there are too few steps) with a severity, and independent flags (`memory-pressure`,
-`fragmentation`, `dataloader-workers`, `memory-leak`; `straggler` once several ranks report).
+`fragmentation`, `dataloader-workers`, `memory-leak`). A monitor follows one agent, so one rank:
+there is no straggler flag (it would need every rank's steps side by side).
 Every threshold is in THRESHOLDS below and in the README; each rule is a function of `Facts`, so
 each is tested at its thresholds without sockets or a UI.
 

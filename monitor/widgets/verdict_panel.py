@@ -33,7 +33,6 @@ FLAG_WORDS = {
     "fragmentation": "allocator fragmentation",
     "dataloader-workers": "DataLoader workers",
     "memory-leak": "memory keeps growing",
-    "straggler": "straggler rank",
 }
 
 
