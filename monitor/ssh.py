@@ -4,8 +4,9 @@
 does the work; we add `-o BatchMode=yes` (never prompt inside a TUI) and, for the tunnel,
 `-o ExitOnForwardFailure=yes`. With no pid/port, `torchtop ls --json` runs on the host to find the
 agent; then `ssh -N -L lp:127.0.0.1:rp -L lp+1:127.0.0.1:rp+1` forwards two free local ports to
-the agent's request and stream ports, and the monitor talks to 127.0.0.1:lp as if local. A tunnel that dies while in use is rebuilt on
-the same local ports, so the monitor's ZeroMQ sockets reconnect by themselves.
+the agent's request and stream ports, and the monitor talks to 127.0.0.1:lp as if local. A
+tunnel that dies while in use is rebuilt on the same local ports, so the monitor's ZeroMQ
+sockets reconnect by themselves.
 
 Extra ssh options: $TORCHTOP_SSH_OPTS (shell words, e.g. "-F ~/.ssh/lab_config") and `--ssh-option`
 (each becomes `-o OPTION`). The remote command is $TORCHTOP_REMOTE_CMD (default `torchtop`), e.g.
