@@ -294,6 +294,9 @@ class TorchtopApp(App[int]):
         state = self.state
         status = self.status_line
         status.connection = state.connection(self.clock()) if self.endpoint else "choose an agent"
+        trouble = self.endpoint.link_trouble() if self.endpoint else ""
+        if trouble:
+            status.connection = f"{trouble} · {status.connection}"
         status.batches = state.batches
         status.gaps = state.gaps
         status.dropped = state.dropped

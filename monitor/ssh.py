@@ -212,8 +212,10 @@ class _Keeper:
     local ports, with backoff, for as long as it is in use. ZeroMQ reconnects by itself, so
     the monitor's sockets carry on once the ports forward again."""
 
-    def __init__(self, cmd: list[str], proc: subprocess.Popen[bytes], lport: int) -> None:
-        self.cmd, self.proc, self.lport = cmd, proc, lport
+    def __init__(self, cmd: list[str], proc: subprocess.Popen[bytes], lport: int, host: str) -> None:
+        self.cmd, self.proc, self.lport, self.host = cmd, proc, lport, host
+        self.down_since: float | None = None  # monotonic time the tunnel went down; None while up
+        self.attempts = 0  # rebuilds tried since then
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchtop-ssh-keeper", daemon=True)
         self._thread.start()
@@ -226,17 +228,29 @@ class _Keeper:
                     self.proc.wait(0.5)
                 except subprocess.TimeoutExpired:
                     continue
+            if self.down_since is None:
+                self.down_since = time.monotonic()
             if self._stop.wait(delay):
                 return
+            self.attempts += 1
             proc = _launch(self.cmd, subprocess.DEVNULL)
             self.proc = proc
             if self._stop.is_set():
                 return  # close() may have stopped the old one while this one started
             if _wait_up(proc, self.lport, TUNNEL_TIMEOUT_S):
                 delay = RESTART_MIN_S
+                self.down_since, self.attempts = None, 0
                 continue
             _stop(proc)  # the host is still out of reach: try again later
             delay = min(delay * 2, RESTART_MAX_S)
+
+    def trouble(self) -> str:
+        """What the monitor shows while the tunnel is down ("" while it is up)."""
+        since = self.down_since
+        if since is None:
+            return ""
+        tried = f", {self.attempts} attempt{'s' if self.attempts != 1 else ''}" if self.attempts else ""
+        return f"ssh tunnel to {self.host} down {time.monotonic() - since:.0f}s, rebuilding{tried}"
 
     def close(self) -> None:
         self._stop.set()
@@ -271,11 +285,11 @@ def tunnel(target: SshTarget, info: dict[str, Any], options: Sequence[str] = ())
             except BaseException:
                 _stop(proc)
                 raise
-        keeper = _Keeper(cmd, proc, lport)
+        keeper = _Keeper(cmd, proc, lport, target.destination)
         try:
             pid = info.get("pid")
             label = f"{target}/{pid or rport} (" + (f"pid {pid}, " if pid else "") + f"port {rport} via 127.0.0.1:{lport})"
-            yield Endpoint("127.0.0.1", lport, pid, label, curve=local_curve(info))
+            yield Endpoint("127.0.0.1", lport, pid, label, curve=local_curve(info), link=keeper.trouble)
         finally:
             keeper.close()
         return

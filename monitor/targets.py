@@ -6,6 +6,7 @@ Pure apart from reading the discovery files; no zmq, no textual.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,11 @@ class Endpoint:
     pid: int | None = None
     label: str = ""
     curve: keys.ClientCurve | None = field(default=None, compare=False, repr=False)  # CURVE agent
+    # what is wrong with the way there ("" while fine): an ssh tunnel being rebuilt
+    link: Callable[[], str] | None = field(default=None, compare=False, repr=False)
+
+    def link_trouble(self) -> str:
+        return self.link() if self.link is not None else ""
 
     def address(self, port: int | None = None) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host

@@ -166,8 +166,14 @@ def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(ssh_env: dict[str, str]
                 before = client.recv_batches(5.0)
                 assert before
                 (first,) = _tunnel_ssh(endpoint.port)
+                assert endpoint.link_trouble() == ""
                 first.kill()  # what a dropped connection does to ssh: it exits
                 first.wait(5)
+                deadline = time.monotonic() + 5  # the monitor is told, for its status line
+                while time.monotonic() < deadline and not endpoint.link_trouble():
+                    time.sleep(0.05)
+                trouble = endpoint.link_trouble()
+                assert trouble.startswith("ssh tunnel to ") and "127.0.0.1 down" in trouble and "rebuilding" in trouble
                 while batches := client.recv_batches(0.1):  # what was on its way before the drop
                     before += batches
                 deadline = time.monotonic() + 20
@@ -181,6 +187,10 @@ def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(ssh_env: dict[str, str]
                     after = client.recv_batches(1.0)  # the same sockets: ZeroMQ reconnects through the new tunnel
                 assert after, "no batch came through the rebuilt tunnel"
                 assert after[0].seq > before[-1].seq
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and endpoint.link_trouble():
+                    time.sleep(0.05)
+                assert endpoint.link_trouble() == ""  # up again: nothing to report
                 assert client.hello(timeout=10).pid == proc.pid
             finally:
                 client.close()

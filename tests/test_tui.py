@@ -147,6 +147,20 @@ async def test_snapshot_history_and_agent_gone() -> None:
 
 
 # -- keys -----------------------------------------------------------------------------------------
+async def test_status_line_says_when_the_ssh_tunnel_is_being_rebuilt() -> None:
+    trouble = ["ssh tunnel to gpu-box down 12s, rebuilding, 3 attempts"]
+    endpoint = Endpoint("127.0.0.1", 5555, label="ssh://gpu-box/1", link=lambda: trouble[0])
+    app = TorchtopApp(endpoint=endpoint, feed=False, clock=lambda: 50.0)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await fed_app(pilot)
+        app._refresh_status()
+        assert app.status_line.connection == "ssh tunnel to gpu-box down 12s, rebuilding, 3 attempts · waiting"
+        assert "rebuilding" in app.status_line.plain()
+        trouble[0] = ""  # back up
+        app._refresh_status()
+        assert app.status_line.connection == "waiting"
+
+
 async def test_help_opens_and_closes_and_q_quits() -> None:
     app = app_without_feed()
     async with app.run_test() as pilot:

@@ -19,7 +19,7 @@ def _connection_style(connection: str) -> str:
         return "bold green"
     if connection.startswith("agent gone"):
         return "bold red"
-    return "bold yellow"  # waiting, stale
+    return "bold yellow"  # waiting, stale, a tunnel being rebuilt
 
 
 def status_text(
