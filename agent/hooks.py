@@ -7,8 +7,8 @@
   roots' class `forward` is wrapped (nn.Module keeps its fast call path). Global hooks on every
   module would cost ~1.7 us per module call; instance hooks force the slow path on the root.
 - backward: wraps `torch.autograd.backward` (which `Tensor.backward` calls) and `autograd.grad`.
-- optimizer: the global optimizer step pre/post hooks; a step ends after the last optimizer of
-  an iteration has stepped.
+- optimizer: a wrapper inside torch's own step wrapper, between the step hooks
+  (`hooks_optimizer.py`); a step ends after the last optimizer of an iteration has stepped.
 - h2d (only where CUDA exists): `Tensor.to`, `Tensor.cuda`, `Tensor.copy_` from a CPU tensor to a
   CUDA one (`hooks_h2d.py`).
 - `model.compile()` in place: the compiled call is timed as a root forward (`hooks_compile.py`);
@@ -26,16 +26,15 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-from time import perf_counter_ns
 from typing import Any
 
-from .probe import Probe, current
+from .hooks_optimizer import OptimizerSteps
+from .probe import Probe
 from .timed import compiling_check, dynamo_check, timed, timed_forward
-from .wire import BACKWARD, DATA, FORWARD, FORWARD_START, GRAD, MAX_SLOT, OPTIMIZER, SKIPPED, STEP_END
+from .wire import BACKWARD, DATA, FORWARD, FORWARD_START, GRAD, MAX_SLOT, SKIPPED
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
-_MARK = "_torchtop_probe"  # on the one optimizer: the probe whose fast path it takes
 
 
 class AutoHooks:
@@ -53,9 +52,7 @@ class AutoHooks:
         self._once: list[Any] = []  # one-shot hooks timing a root's discovery call
         self._root_calls = 0
         self._global_handle: Any = None
-        self._seen_opts: set[int] = set()
-        self._stepped: set[int] = set()
-        self._marked: list[Any] = []  # weakrefs to optimizers that carry _MARK
+        self.optimizers = OptimizerSteps(probe, torch)
         self._grad_enabled = torch.is_grad_enabled
         self.scan_compiled: Any = None  # set by hooks_compile: finds modules compiled before start()
         self._scanned = False
@@ -67,7 +64,7 @@ class AutoHooks:
         self._patch_dataloader()
         self._hook_forward()
         self._patch_backward()
-        self._hook_optimizer()
+        self.optimizers.install(self._setattr, self._undo.append)
         self._patch_grad_scaler()
         from .hooks_compile import patch_module_compile
 
@@ -91,12 +88,7 @@ class AutoHooks:
         self._once.clear()
         self.scan_compiled = None
         self.probe.depth = 0
-        self.probe.opt_fast = False
-        for ref in self._marked:
-            opt = ref()
-            if opt is not None and opt.__dict__.get(_MARK) is self.probe:
-                del opt.__dict__[_MARK]
-        self._marked.clear()
+        self.optimizers.uninstall()
 
     def agent_tick(self) -> None:
         """Agent thread, each tick: if the first steps went by and no root forward was seen,
@@ -256,105 +248,6 @@ class AutoHooks:
         # a gradient penalty's autograd.grad is backward time, not another micro-batch
         self._setattr(autograd, "grad", timed(self.probe, BACKWARD, autograd.grad, enter=GRAD))
 
-    # -- optimizer -----------------------------------------------------------------------------
-    def _hook_optimizer(self) -> None:
-        """The global optimizer step hooks. With one optimizer (`probe.opt_fast`: the common
-        case) each is a context-variable check, a flag and one entry; the post hook knows that
-        optimizer by an attribute set on it (a weakref call costs ~1.5 us in a loop) and its
-        STEP_END closes the optimizer phase and the step at once. Several optimizers, or
-        explicit steps, take the general path (`_opt_pre_any`, `_opt_post_any`).
-
-        No compiling() check, unlike the forward and h2d wrappers: in an optimizer step compiled
-        with torch.compile, dynamo breaks the graph at the context-variable read (torch's step
-        breaks it anyway; it cannot be compiled with fullgraph=True), so these hooks always run
-        eagerly and the step still ends.
-        """
-        from torch.optim import optimizer as optim_mod
-
-        probe, pc = self.probe, perf_counter_ns
-        pre_any, post_any = self._opt_pre_any, self._opt_post_any
-        self._setattr(optim_mod.Optimizer, _MARK, None)  # unmarked optimizers read None
-
-        def pre(opt: Any, args: Any, kwargs: Any) -> None:
-            if current() is not probe and probe.adopt() is None:
-                return
-            if not probe.opt_fast:
-                pre_any(opt)
-                return
-            try:
-                put = probe.put
-                put(pc())
-                put(OPTIMIZER)
-            except Exception:
-                probe.fail()
-
-        def post(opt: Any, args: Any, kwargs: Any) -> None:
-            if current() is not probe and probe.adopt() is None:
-                return
-            probe.opt_ran = True
-            if opt._torchtop_probe is not probe or not probe.opt_fast:
-                post_any(opt)
-                return
-            try:  # probe.cut(STEP_END), inlined: a Python frame less at every step
-                put = probe.put
-                put(pc())
-                put(STEP_END)
-                probe.left -= 1
-                if probe.left <= 0 or probe.on_step is not None:
-                    probe.housekeep()
-            except Exception:
-                probe.fail()
-
-        self._handle(optim_mod.register_optimizer_step_pre_hook(pre))
-        self._handle(optim_mod.register_optimizer_step_post_hook(post))
-
-    def _opt_pre_any(self, opt: Any) -> None:
-        probe = self.probe
-        try:
-            oid = id(opt)
-            if oid in self._stepped and not probe.explicit:
-                # it stepped twice in one step: the cycle is only what stepped since the last cut
-                self._seen_opts = set(self._stepped)
-                self._stepped.clear()
-                probe.cut()
-            if not probe.explicit and (not self._seen_opts or self._seen_opts == {oid}):
-                self._go_fast(opt)  # the one optimizer (again): the fast path from now
-            self._seen_opts.add(oid)
-            probe.enter(OPTIMIZER)
-        except Exception:
-            probe.fail()
-
-    def _opt_post_any(self, opt: Any) -> None:
-        probe = self.probe
-        try:
-            probe.opt_fast = False  # another optimizer stepped (or steps are explicit)
-            seen = self._seen_opts
-            if len(seen) == 1 and id(opt) in seen and not probe.explicit:
-                probe.cut(STEP_END)
-            else:
-                probe.exit(OPTIMIZER)
-                self._cycle_done(opt)
-        except Exception:
-            probe.fail()
-
-    def _go_fast(self, opt: Any) -> None:
-        try:
-            setattr(opt, _MARK, self.probe)
-        except Exception:
-            return  # an optimizer that takes no attribute stays on the general path
-        self._marked.append(weakref.ref(opt))
-        self.probe.opt_fast = True
-
-    def _cycle_done(self, opt: Any) -> None:
-        """`opt` stepped (or was skipped): end the step once every optimizer of the cycle has."""
-        if self.probe.explicit:
-            return
-        self._seen_opts.add(id(opt))
-        self._stepped.add(id(opt))
-        if self._stepped >= self._seen_opts:
-            self._stepped.clear()
-            self.probe.cut()
-
     def _patch_grad_scaler(self) -> None:
         """A GradScaler step skipped for inf/NaN gradients never calls optimizer.step(): count
         it as that optimizer's step (marked skipped) so the step still ends there."""
@@ -373,7 +266,7 @@ class AutoHooks:
             try:
                 if not probe.opt_ran and probe.on_thread() and probe.steps == before:
                     probe.stamp(SKIPPED)
-                    hooks._cycle_done(optimizer)
+                    hooks.optimizers.cycle_done(optimizer)
             except Exception:
                 probe.fail()
             return out

@@ -57,7 +57,7 @@ class Probe:
 
     __slots__ = (
         "tid", "active", "log", "put", "_append", "lock", "depth", "left", "_batch", "_steps",
-        "explicit", "on_step", "failures", "dropped", "opt_fast", "opt_ran", "_drained",
+        "explicit", "on_step", "failures", "dropped", "opt_fast", "opt_ran", "opt_depth", "_drained",
         "_shed_cuts", "pool", "sample_every", "sampled", "_stream", "_record_ns", "cuda_marks",
     )
 
@@ -77,6 +77,7 @@ class Probe:
         self.dropped = 0  # steps lost to the log's bound
         self.opt_fast = False  # one optimizer, marked: the optimizer hooks' fast path
         self.opt_ran = False  # an optimizer stepped (GradScaler's skipped steps do not)
+        self.opt_depth = 0  # optimizer steps open (a subclass's super().step() is not another)
         self._drained = 0  # step ends the agent thread has drained (or lost to shedding)
         self._shed_cuts = 0
         # CUDA sampling, driven by the agent thread: `pool` stays None off CUDA

@@ -14,13 +14,19 @@ import functools
 import inspect
 from typing import Any
 
+_VAR_POS, _VAR_KW = inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD
 _PREFIX = "_tt_"  # the template's own names start with this; a parameter that does is not mirrored
 
 
-def mirror(fn: Any) -> tuple[str, str, str, dict[str, Any]] | None:
-    """(parameters, call arguments, first parameter, defaults) reproducing `fn`'s signature."""
+def mirror(fn: Any, follow_wrapped: bool = False) -> tuple[str, str, str, dict[str, Any]] | None:
+    """(parameters, call arguments, first parameter, defaults) reproducing `fn`'s signature.
+
+    `follow_wrapped`: where `fn`'s own signature is `(*args, **kwargs)` and it wraps another
+    function (functools.wraps), mirror that one's: `fn` takes whatever it takes."""
     try:
         sig = inspect.signature(fn, follow_wrapped=False)
+        if follow_wrapped and [p.kind for p in sig.parameters.values()] == [_VAR_POS, _VAR_KW]:
+            sig = inspect.signature(fn, follow_wrapped=True)
     except (TypeError, ValueError):
         return None
     params: list[str] = []
@@ -66,11 +72,13 @@ def mirror(fn: Any) -> tuple[str, str, str, dict[str, Any]] | None:
     return ", ".join(params), ", ".join(call), call[0], defaults
 
 
-def signature_wrapper(orig: Any, template: str, names: dict[str, Any], name: str = "wrapper") -> Any:
+def signature_wrapper(
+    orig: Any, template: str, names: dict[str, Any], name: str = "wrapper", follow_wrapped: bool = False,
+) -> Any:
     """`template` compiled as a function wrapping `orig`: `{params}` are orig's parameters,
     `{call}` the arguments that pass them on, `{first}` the first one; `names` are its globals
     (`_tt_orig` is orig). The result carries orig's metadata (functools.wraps)."""
-    parts = mirror(orig)
+    parts = mirror(orig, follow_wrapped)
     if parts is None:
         params, call, first, defaults = f"{_PREFIX}self, *{_PREFIX}a, **{_PREFIX}k", \
             f"{_PREFIX}self, *{_PREFIX}a, **{_PREFIX}k", f"{_PREFIX}self", {}

@@ -85,8 +85,12 @@ def test_phases_add_up_on_an_mlp_loop() -> None:
     assert n == 30
     assert [s.i for s in steps] == list(range(30))  # one record per optimizer step, in order
     check_records(steps)
+    # no CUDA timing for a CPU loop: unless this process holds GPU memory (on a GPU machine, an
+    # earlier test's), which is what turns the event sampling on
+    gpu_in_use = torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.memory_reserved() > 0
     for s in steps:
-        assert s.kind == "train" and s.micro == 1 and s.rank == 0 and s.device_ms == {}
+        assert s.kind == "train" and s.micro == 1 and s.rank == 0
+        assert s.device_ms == {} or gpu_in_use
         assert s.phases["forward"] > 0 and s.phases["backward"] > 0 and s.phases["optimizer"] > 0
         assert s.phases["data"] > 0
         assert s.phases["h2d"] == 0  # CPU: nothing crosses to a device
@@ -268,6 +272,12 @@ def patched_state() -> dict[str, object]:
     return state
 
 
+def sgd_inner_step() -> object:
+    """What torch's step wrapper of SGD calls (its closure cell `func`)."""
+    wrapper = torch.optim.SGD.step
+    return wrapper.__closure__[wrapper.__code__.co_freevars.index("func")].cell_contents
+
+
 def module_hooks(model: nn.Module) -> int:
     return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
 
@@ -285,7 +295,9 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
         during = patched_state()
         assert during["base_iter"]["__next__"] != before["base_iter"]["__next__"]
         assert during["autograd"]["backward"] != before["autograd"]["backward"]
-        assert during["_global_forward_pre_hooks"] == 1 and during["opt_pre"] == 1 and during["opt_post"] == 1
+        assert during["_global_forward_pre_hooks"] == 1
+        # the optimizer is timed inside torch's step wrapper, not by global step hooks
+        assert during["opt_pre"] == during["opt_post"] == 0
         assert during["_global_backward_hooks"] == 0  # never global full-backward hooks
         assert [a["pid"] for a in discovery.list_agents()] == [agent.pid]
 
@@ -295,6 +307,7 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
         # the root's class forward is wrapped (no instance hooks: nn.Module keeps its fast path)
         assert module_hooks(model) == 0
         assert nn.Sequential.forward is not original_forward
+        assert getattr(sgd_inner_step(), "_torchtop_step", False)
 
         port = agent.port
         ta.stop()
@@ -302,6 +315,8 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
         assert patched_state() == before
         assert module_hooks(model) == 0
         assert nn.Sequential.forward is original_forward
+        assert not getattr(sgd_inner_step(), "_torchtop_step", False)
+        assert sgd_inner_step() is torch.optim.SGD.step.__wrapped__  # torch's own step again
         assert list(runtime_dir.glob("agent-*.json")) == []
         # its sockets are closed: the port can be bound again at once
         import zmq
