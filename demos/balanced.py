@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from . import common
+from . import common, data
 
 
 def main(argv: list[str] | None = None) -> int:
     args = common.build_parser(__doc__).parse_args(argv)
     device, stop = common.setup(args)
-    dataset = common.SyntheticImages(seed=args.seed)
-    loader = common.make_loader(dataset, args.batch_size, args.workers, device)
+    dataset = data.SyntheticImages(seed=args.seed)
+    loader = data.make_loader(dataset, args.batch_size, args.workers, device)
     model = common.SmallCNN(num_classes=dataset.num_classes, width=args.width).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
     common.describe("balanced", model, loader, device)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import common
+from . import common, data
 
 CPU = common.Sizes(batch_size=64, width=48, worker_cap=1)
 CUDA = common.Sizes(batch_size=512, width=512, worker_cap=8)
@@ -20,8 +20,8 @@ CUDA = common.Sizes(batch_size=512, width=512, worker_cap=8)
 def main(argv: list[str] | None = None) -> int:
     args = common.build_parser(__doc__).parse_args(argv)
     device, stop = common.setup(args, CPU, CUDA)
-    dataset = common.SyntheticImages(seed=args.seed)
-    loader = common.make_loader(dataset, args.batch_size, args.workers, device, prefetch_factor=4)
+    dataset = data.SyntheticImages(seed=args.seed)
+    loader = data.make_loader(dataset, args.batch_size, args.workers, device, prefetch_factor=4)
     model = common.SmallCNN(num_classes=dataset.num_classes, width=args.width).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     common.describe("compute-bound", model, loader, device)

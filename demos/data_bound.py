@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from . import common
+from . import common, data
 
 CPU = common.Sizes(batch_size=64, width=16, workers=1)
 CUDA = common.Sizes(batch_size=128, width=32, workers=1)
@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     device, stop = common.setup(args, CPU, CUDA)
     if device.type == "cpu":  # leave the worker its core: oversubscribed cores would hide the wait
         torch.set_num_threads(max(1, (os.cpu_count() or 1) - args.workers))
-    dataset = common.SyntheticImages(seed=args.seed, augment_passes=40)
-    loader = common.make_loader(dataset, args.batch_size, args.workers, device)
+    dataset = data.SyntheticImages(seed=args.seed, augment_passes=40)
+    loader = data.make_loader(dataset, args.batch_size, args.workers, device)
     model = common.SmallCNN(num_classes=dataset.num_classes, width=args.width).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
     common.describe("data-bound", model, loader, device)

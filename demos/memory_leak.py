@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import common
+from . import common, data
 
 KEEP_BYTES = 1 << 20  # what the loop forgets to let go of, every step
 
@@ -21,8 +21,8 @@ KEEP_BYTES = 1 << 20  # what the loop forgets to let go of, every step
 def main(argv: list[str] | None = None) -> int:
     args = common.build_parser(__doc__).parse_args(argv)
     device, stop = common.setup(args)
-    dataset = common.SyntheticImages(seed=args.seed)
-    loader = common.make_loader(dataset, args.batch_size, args.workers, device)
+    dataset = data.SyntheticImages(seed=args.seed)
+    loader = data.make_loader(dataset, args.batch_size, args.workers, device)
     model = common.SmallCNN(num_classes=dataset.num_classes, width=args.width).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
     kept: list[Any] = []
