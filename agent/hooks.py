@@ -52,7 +52,7 @@ class AutoHooks:
         self._once: list[Any] = []  # one-shot hooks timing a root's discovery call
         self._root_calls = 0
         self._global_handle: Any = None
-        self.optimizers = OptimizerSteps(probe, torch)
+        self.optimizers = OptimizerSteps(probe)
         self._grad_enabled = torch.is_grad_enabled
         self.scan_compiled: Any = None  # set by hooks_compile: finds modules compiled before start()
         self._scanned = False

@@ -4,15 +4,16 @@ torch wraps every optimizer class's `step` once (`Optimizer.profile_hook_step`, 
 that wrapper runs the global and per-instance step hooks around the real `step`, which it holds
 in a closure cell. torchtop puts its timing wrapper in that cell, so it runs wherever torch's
 wrapper runs (through the class, or a bound method captured earlier, as an LR scheduler does),
-between the hooks, at the cost of one Python frame: two global step hooks cost two frames and
-torch's iteration over them, ~1.5 us a step more. Classes wrapped by torch after start() get
-it through `Optimizer._patch_step_function`. Where torch's wrapper has no such cell (another
-torch version), the global step pre/post hooks do the same work.
+between the hooks, and once for a subclass's `super().step()` into another wrapped step (global
+step hooks fired twice there). Classes wrapped by torch after start() get it through
+`Optimizer._patch_step_function`. Where torch's wrapper has no such cell (another torch
+version), the global step pre/post hooks do the same work. (One frame instead of two hooks
+measured the same in a training loop: README, "What it costs".)
 
 With one optimizer (`probe.opt_fast`: the common case) a step is a context-variable check, a
 flag and two entries; the optimizer carries an attribute naming the probe (a weakref call costs
 ~1.5 us in a loop), and its STEP_END closes the optimizer phase and the step at once. Several
-optimizers, or explicit steps, take the general path (`pre_any`, `post_any`).
+optimizers, or explicit steps, take the general path (`pre_any`, `post`).
 
 No compiling() check, unlike the forward and h2d wrappers: in an optimizer step compiled with
 torch.compile, dynamo breaks the graph at the context-variable read (torch's step breaks it
@@ -67,9 +68,8 @@ def {name}({params}):
 class OptimizerSteps:
     """Times optimizer steps for one probe and cuts training steps after them."""
 
-    def __init__(self, probe: Probe, torch: Any) -> None:
+    def __init__(self, probe: Probe) -> None:
         self.probe = probe
-        self.torch = torch
         self._seen: set[int] = set()  # optimizers of the current cycle (several optimizers)
         self._stepped: set[int] = set()
         self._marked: list[Any] = []  # weakrefs to optimizers that carry MARK
