@@ -276,7 +276,9 @@ def test_dataloader_workers_pin_memory_persistent() -> None:
         opt.zero_grad()
     steps = snapshot_steps(ta.current(), 12)
     assert len(steps) == 12
-    assert sum(waits) >= 100 * MS  # 2 workers x 40 ms a batch vs ~1 ms of compute: it waited
+    # a real wait to compare: the first batch costs a worker 8 x 5 ms (later ones may be ready
+    # when a loaded machine slows the training thread, as a concurrent test run does)
+    assert max(waits) >= 30 * MS
     for s, waited in zip(steps, waits):
         assert abs(s.phases["data"] - waited) <= 1 * MS, (s.phases["data"] / MS, waited / MS)
 
