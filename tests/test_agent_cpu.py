@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
 from torch.utils.data import dataloader as dataloader_mod  # noqa: E402
 
 import torchtop.agent as ta  # noqa: E402
-from tests.agent_util import client_for, median, snapshot_steps  # noqa: E402
+from tests.agent_util import client_for, inner_step, median, snapshot_steps  # noqa: E402
 from torchtop.agent import discovery, wire  # noqa: E402
 from torchtop.agent import probe as probe_mod  # noqa: E402
 from torchtop.agent.probe import MAX_FAILURES, Probe  # noqa: E402
@@ -272,12 +272,6 @@ def patched_state() -> dict[str, object]:
     return state
 
 
-def sgd_inner_step() -> object:
-    """What torch's step wrapper of SGD calls (its closure cell `func`)."""
-    wrapper = torch.optim.SGD.step
-    return wrapper.__closure__[wrapper.__code__.co_freevars.index("func")].cell_contents
-
-
 def module_hooks(model: nn.Module) -> int:
     return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
 
@@ -307,7 +301,7 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
         # the root's class forward is wrapped (no instance hooks: nn.Module keeps its fast path)
         assert module_hooks(model) == 0
         assert nn.Sequential.forward is not original_forward
-        assert getattr(sgd_inner_step(), "_torchtop_step", False)
+        assert getattr(inner_step(torch.optim.SGD), "_torchtop_step", False)
 
         port = agent.port
         ta.stop()
@@ -315,8 +309,8 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
         assert patched_state() == before
         assert module_hooks(model) == 0
         assert nn.Sequential.forward is original_forward
-        assert not getattr(sgd_inner_step(), "_torchtop_step", False)
-        assert sgd_inner_step() is torch.optim.SGD.step.__wrapped__  # torch's own step again
+        assert not getattr(inner_step(torch.optim.SGD), "_torchtop_step", False)
+        assert inner_step(torch.optim.SGD) is torch.optim.SGD.step.__wrapped__  # torch's own step again
         assert list(runtime_dir.glob("agent-*.json")) == []
         # its sockets are closed: the port can be bound again at once
         import zmq

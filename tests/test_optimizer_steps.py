@@ -8,7 +8,7 @@ from torch import nn
 from torch.optim import optimizer as optim_mod
 
 import torchtop.agent as ta
-from tests.agent_util import snapshot_steps
+from tests.agent_util import inner_step, snapshot_steps
 from torchtop.agent import hooks_optimizer
 
 
@@ -57,12 +57,6 @@ class ClippedSGD(torch.optim.SGD):
         for group in self.param_groups:
             torch.nn.utils.clip_grad_norm_(group["params"], 1.0)
         return super().step(closure)
-
-
-def inner_step(cls: type) -> object:
-    """What torch's step wrapper of `cls` calls (its closure cell `func`)."""
-    wrapper = cls.__dict__["step"]
-    return wrapper.__closure__[wrapper.__code__.co_freevars.index("func")].cell_contents
 
 
 def test_optimizer_class_first_built_after_start_is_timed() -> None:
