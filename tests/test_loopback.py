@@ -139,6 +139,31 @@ def test_batches_arrive_in_order_and_carry_every_step_once(agent, client) -> Non
     assert span > 0 and 3 <= (len(batches) - 1) / span <= 30
 
 
+def test_the_agent_thread_wakes_about_once_a_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every wake of the agent thread takes the GIL from training. zmq's poll counts whole
+    milliseconds and may return a little early: the loop once waited out the rest of each tick
+    in 0 ms polls, ~35 wakes a tick, and cost a 2 ms step +1%."""
+    polls = [0]
+    real = zmq.Poller.poll
+
+    def counted(self: zmq.Poller, timeout: float | None = None) -> list:
+        polls[0] += 1
+        return real(self, timeout)
+
+    monkeypatch.setattr(zmq.Poller, "poll", counted)
+    a = ta.start()
+    assert a is not None
+    try:
+        time.sleep(0.3)
+        seq0, polls0 = a.loop.seq, polls[0]
+        time.sleep(1.5)
+        ticks, wakes = a.loop.seq - seq0, polls[0] - polls0
+    finally:
+        ta.stop()
+    assert 10 <= ticks <= 20  # 10 Hz
+    assert wakes <= ticks + 3, (wakes, ticks)
+
+
 def test_closed_port_is_unreachable_quickly() -> None:
     c = AgentClient(Endpoint("127.0.0.1", free_port_pair()))
     try:
