@@ -40,7 +40,7 @@ def _env_int(name: str, default: int) -> int:
 class Agent:
     """One running agent: probe + hooks on the training thread; sockets and loop on its own."""
 
-    def __init__(self, torch: Any, port: int | None, bind: str, auto: bool) -> None:
+    def __init__(self, torch: Any, port: int | None, bind: str, auto: bool, phase_every: int = 0) -> None:
         from .hooks import AutoHooks
         from .probe import Probe
         from .publisher import AgentLoop
@@ -55,6 +55,7 @@ class Agent:
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.sockets = open_sockets(bind, port)  # BindError propagates to start()
         self.probe = Probe()
+        self.probe.phase_every = max(0, phase_every)
         self.hooks = None
         self.telemetry = None
         try:
@@ -178,11 +179,15 @@ class Agent:
             self.hooks.uninstall()
 
 
-def start(port: int | None = None, bind: str | None = None, auto: bool = True) -> Agent | None:
+def start(port: int | None = None, bind: str | None = None, auto: bool = True,
+          phase_every: int | None = None) -> Agent | None:
     """Start the agent in this process (once). Returns at once; never raises into training.
 
     port: the request port (batches go out on port + 1); default $TORCHTOP_PORT or a free pair.
     bind: default $TORCHTOP_BIND or 127.0.0.1. auto: install the zero-code hooks.
+    phase_every: time the phases of every step (1), of about 1 step in N (N), or by step time
+    (0, the default, or $TORCHTOP_PHASE_EVERY): every step of 10 ms or more, a random sample of
+    faster ones. Every step's end and wall time is logged whatever this says.
     """
     global _agent
     try:
@@ -200,7 +205,9 @@ def start(port: int | None = None, bind: str | None = None, auto: bool = True) -
             from .sockets import BindError
 
             try:
-                _agent = Agent(torch, port, bind, auto)
+                if phase_every is None:
+                    phase_every = _env_int("TORCHTOP_PHASE_EVERY", 0)
+                _agent = Agent(torch, port, bind, auto, phase_every)
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")
                 return None

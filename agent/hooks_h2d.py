@@ -60,7 +60,7 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
         # is_cuda first: most calls are a model's `.to(dtype)` on GPU tensors, and dynamo
         # traces it; then compiling(): dynamo traces a `.to()` inside a compiled forward and
         # cannot trace the context-variable read (a graph break, an error under fullgraph=True)
-        if self.is_cuda or compiling() or (current() is not probe and probe.adopt() is None):
+        if self.is_cuda or probe.light or compiling() or (current() is not probe and probe.adopt() is None):
             return orig_to(self, *args, **kwargs)
         # a CUDA event only where the target may be a GPU: `.to(dtype)` is most calls
         ev0 = begin() if _may_be_cuda(args, kwargs) else None
@@ -71,7 +71,7 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
 
     @functools.wraps(orig_cuda)
     def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.is_cuda or compiling() or (current() is not probe and probe.adopt() is None):
+        if self.is_cuda or probe.light or compiling() or (current() is not probe and probe.adopt() is None):
             return orig_cuda(self, *args, **kwargs)
         ev0 = begin()
         t = perf_counter_ns()
@@ -82,7 +82,7 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
     @functools.wraps(orig_copy)
     def copy_(self: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
         if (
-            not self.is_cuda or compiling() or getattr(src, "is_cuda", True)
+            not self.is_cuda or probe.light or compiling() or getattr(src, "is_cuda", True)
             or (current() is not probe and probe.adopt() is None)
         ):
             return orig_copy(self, src, *args, **kwargs)

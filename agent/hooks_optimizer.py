@@ -27,7 +27,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from .probe import Probe, current
-from .wire import OPTIMIZER, STEP_END
+from .wire import LIGHT_END, OPTIMIZER, STEP_END
 from .wrap import signature_wrapper
 
 MARK = "_torchtop_probe"  # on the one optimizer: the probe whose fast path it takes
@@ -41,12 +41,13 @@ def {name}({params}):
     if {first}._torchtop_probe is not _tt_p or not _tt_p.opt_fast:
         return _tt_any(_tt_orig, {call})
     _tt_p.opt_depth = 1
-    try:
-        _tt_put = _tt_p.put
-        _tt_put(_tt_pc())
-        _tt_put(_tt_enter)
-    except Exception:
-        _tt_p.fail()
+    if not _tt_p.light:  # an untimed step (phase sampling) logs only its end
+        try:
+            _tt_put = _tt_p.put
+            _tt_put(_tt_pc())
+            _tt_put(_tt_enter)
+        except Exception:
+            _tt_p.fail()
     try:
         _tt_out = _tt_orig({call})
     finally:
@@ -55,10 +56,12 @@ def {name}({params}):
     try:  # probe.cut(STEP_END), inlined: a Python frame less at every step
         _tt_put = _tt_p.put
         _tt_put(_tt_pc())
-        _tt_put(_tt_end)
+        _tt_put(_tt_light_end if _tt_p.light else _tt_end)
         _tt_p.left -= 1
         if _tt_p.left <= 0 or _tt_p.on_step is not None:
             _tt_p.housekeep()
+        else:
+            _tt_p.light = _tt_p.plan[_tt_p.left]
     except Exception:
         _tt_p.fail()
     return _tt_out
@@ -120,7 +123,7 @@ class OptimizerSteps:
     def _names(self) -> dict[str, Any]:
         return {
             "_tt_probe": self.probe, "_tt_current": current, "_tt_pc": perf_counter_ns,
-            "_tt_enter": OPTIMIZER, "_tt_end": STEP_END, "_tt_any": self._step_any,
+            "_tt_enter": OPTIMIZER, "_tt_end": STEP_END, "_tt_light_end": LIGHT_END, "_tt_any": self._step_any,
         }
 
     def _restore_cells(self) -> None:

@@ -22,6 +22,7 @@ on purpose (`asyncio.to_thread`) would count that thread's hooked calls as train
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 from collections import deque
@@ -29,13 +30,46 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import Any
 
-from .wire import BOUNDARY, EXIT, H2D_COPY, MARK, MASK, OPEN_STEP, RESET, STEP_END, STEP_EVENT, to_entries
+from .wire import (
+    BOUNDARY,
+    EXIT,
+    H2D_COPY,
+    LIGHT_END,
+    LIGHT_OFF,
+    MARK,
+    MASK,
+    OPEN_STEP,
+    RESET,
+    STEP_END,
+    STEP_ENDS,
+    STEP_EVENT,
+    to_entries,
+)
 
 LOG_CAP = 1 << 19  # items (two an entry, ~20 a step): a stalled agent thread costs at most ~10 MB
 MAX_FAILURES = 20
 PERIOD = 64  # steps between the boundary's housekeeping (sampling, shedding) when nothing is due
 FIRST_STEPS = 8  # steps with housekeeping at every boundary (discovery counts them)
-_CUTS = (BOUNDARY, STEP_END)
+_CUTS = STEP_ENDS
+# Phase sampling. Timing a step's phases costs ~10 us of cold-cache work on the training thread
+# (README, "What it costs"); ending a step costs a fraction of that. On steps shorter than
+# FULL_STEP_NS only a random sample of steps have their phases timed, about one in
+# FULL_STEP_NS / step time, so that timing them costs ~0.1% of the run; every step's end and
+# wall time are still logged.
+FULL_STEP_NS = 10_000_000  # steps at least this long: every one timed (1 in 2 at 5 ms, 1 in 5 at 2 ms)
+MAX_ONE_IN = 64  # 1 step in 64 timed at least (steps of 0.16 ms or less)
+UNTIMED, WAKE = 2, 1  # values of `light` (0: timed); WAKE: time again from the next root forward
+_rand = random.Random().random  # our own generator: the user's seeded one is theirs
+_ALL_TIMED = [0] * (PERIOD + 1)  # `plan` while every step is timed
+
+
+class _NoneTimed:
+    """`plan` of a disabled probe, whose `left` is huge: any step, 0 (the wrappers do nothing)."""
+
+    def __getitem__(self, index: int) -> int:
+        return 0
+
+
 
 _current: ContextVar[Probe | None] = ContextVar("torchtop_probe", default=None)
 current = _current.get  # the wrappers' check that they run on the training thread
@@ -52,13 +86,18 @@ class Probe:
     `put(item)` appends one item; on a step sampled for CUDA timing it is swapped for a method
     that records an event with each time item, so the wrappers never test for sampling.
     `left` counts the boundaries until the next housekeeping (`housekeep`), so an ordinary
-    boundary costs a decrement and a test.
+    boundary costs a decrement, a test and `light = plan[left]`. `light` is non-zero on a step
+    whose phases are not timed (phase sampling): the wrappers pass straight through and its end
+    is a LIGHT_END. Housekeeping draws which of the next `left` steps are timed (`plan`).
+    (The agent thread sets it to WAKE when no step ended for a second: the next root forward
+    calls `wake()`, which times again.)
     """
 
     __slots__ = (
         "tid", "active", "log", "put", "_append", "lock", "depth", "left", "_batch", "_steps",
         "explicit", "on_step", "failures", "dropped", "opt_fast", "opt_ran", "opt_depth", "_drained",
         "_shed_cuts", "pool", "sample_every", "sampled", "_stream", "_record_ns", "cuda_marks",
+        "light", "plan", "phase_every", "_hk_ns", "_hk_steps",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
@@ -87,6 +126,14 @@ class Probe:
         self._stream: Any = None
         self._record_ns = 0
         self.cuda_marks = False  # a mark holds a CUDA event: the agent must resolve it
+        # phase sampling, decided at boundaries (housekeep): `light` is 0 on a timed step,
+        # UNTIMED or WAKE on another; `phase_every` is 1 for every step timed, 0 for automatic
+        # (by step time), N for about 1 step in N
+        self.light = 0
+        self.plan: list[int] = _ALL_TIMED  # `light` of the step after the boundary that leaves `left`
+        self.phase_every = 0
+        self._hk_ns = 0
+        self._hk_steps = 0
         if thread_id is None:
             _current.set(self)
 
@@ -108,6 +155,8 @@ class Probe:
         self.on_step = None
         self.sampled = False
         self.put = _discard
+        self.light = 0
+        self.plan = _NoneTimed()  # type: ignore[assignment]
         self.left = self._batch = 1 << 30
 
     def adopt(self) -> Probe | None:
@@ -182,19 +231,58 @@ class Probe:
 
     # -- step boundaries -----------------------------------------------------------------------
     def cut(self, code: int = BOUNDARY) -> None:
-        """A training step ends now (BOUNDARY; STEP_END also closes the optimizer phase)."""
+        """A training step ends now (BOUNDARY; STEP_END also closes the optimizer phase;
+        LIGHT_END on a step whose phases were not timed)."""
         put = self.put
         put(perf_counter_ns())
-        put(code)
+        put(LIGHT_END if self.light else code)
         self.left -= 1
         if self.left <= 0 or self.on_step is not None:
             self.housekeep()
+        else:
+            self.light = self.plan[self.left]
+
+    def wake(self) -> None:
+        """A root forward in an untimed stretch that no step end has closed for a second (the
+        agent thread set WAKE): an evaluation loop, or a pause. Phases are timed from now on
+        (LIGHT_OFF: the open step keeps its wall time only). Not on another thread's forward."""
+        if not self.on_thread():
+            return
+        self.light = 0
+        try:
+            a = self._append
+            a(perf_counter_ns())
+            a(LIGHT_OFF)
+        except Exception:
+            self.fail()
+
+    def _sample_every(self, steps: int) -> int:
+        """About 1 step in how many to time, from the mean step time since the last
+        housekeeping (or as `phase_every` says)."""
+        now = perf_counter_ns()
+        n, last = steps - self._hk_steps, self._hk_ns
+        self._hk_ns, self._hk_steps = now, steps
+        if self.phase_every or n <= 0 or not last:
+            return self.phase_every or 1
+        return min(MAX_ONE_IN, -(-FULL_STEP_NS * n // max(1, now - last)))
+
+    def _plan(self, one_in: int, batch: int) -> None:
+        """Which of the next `batch` steps are timed: each with chance 1 / `one_in`, drawn
+        independently (a loader's periodic stall does not alias with it); the first now."""
+        if one_in <= 1 or self.explicit or not self.opt_fast or self.on_step is not None:
+            self.plan = _ALL_TIMED
+            return
+        p = 1.0 / one_in
+        self.plan = plan = [0 if _rand() < p else UNTIMED for _ in range(batch)]
+        self.light = plan[0]  # then plan[batch - 1] .. plan[1], as `left` counts down
 
     def housekeep(self) -> None:
         """At a boundary, every `_batch` steps (each while something is due): end or start a
-        sampled step, bound the log, run an armed capture."""
+        sampled step, draw which of the next steps have their phases timed, bound the log, run
+        an armed capture."""
         try:
             self._steps += self._batch - self.left
+            self.light = 0
             if not self.active:
                 self.left = self._batch = 1 << 30
                 return
@@ -217,6 +305,10 @@ class Probe:
             n = len(self.log)
             if steps < FIRST_STEPS or n > LOG_CAP // 2:
                 batch = 1
+            one_in = self._sample_every(steps)
+            if self.sampled or steps < FIRST_STEPS:
+                one_in = 1
+            self._plan(one_in, batch)
             self.left = self._batch = batch
             if n > LOG_CAP:
                 self._shed()
@@ -269,7 +361,7 @@ class Probe:
         is a tuple, which only `drain` counts.)"""
         raw = self._take()
         codes = raw[1::2]
-        self._drained += codes.count(STEP_END) + codes.count(BOUNDARY)
+        self._drained += codes.count(STEP_END) + codes.count(BOUNDARY) + codes.count(LIGHT_END)
         return raw, self._drained
 
     def drain(self) -> tuple[list[Any], int]:

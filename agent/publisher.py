@@ -24,7 +24,7 @@ from . import wire
 from .capture import CaptureController, CaptureError
 from .core import warn
 from .cuda_timing import EventPool, EventResolver
-from .probe import Probe
+from .probe import UNTIMED, WAKE, Probe
 from .sockets import AgentSockets
 from .telemetry import TelemetryCollector
 
@@ -39,6 +39,7 @@ REQUESTS_PER_TICK = 50  # more are left queued (and dropped at the socket's HWM)
 # and may return a little early: waiting out the rest in 0 ms polls spun this thread ~35 times a
 # tick, and every spin took the GIL from the training thread (+1% on a 2 ms step).
 TICK_EARLY_S = 0.002
+LIGHT_IDLE_S = 1.0  # no step ended this long in an untimed stretch: an eval loop? time it again
 
 
 class AgentLoop(threading.Thread):
@@ -82,6 +83,7 @@ class AgentLoop(threading.Thread):
         self.resolver = EventResolver(None)
         self._stop_event = threading.Event()
         self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
+        self._light_seen = (-1, 0.0)  # (training steps, when that count was first seen)
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop_event.set()
@@ -160,8 +162,20 @@ class AgentLoop(threading.Thread):
             elif msg[:1] == b"\x00":
                 self.subscribed = False
 
+    def _watch_light(self) -> None:
+        """An untimed stretch (phase sampling) ends at a training step's end. When none has
+        ended for LIGHT_IDLE_S (an evaluation loop, a pause), the next root forward times
+        again (probe.wake, on the training thread): only the budget is written from here."""
+        probe, now = self.probe, time.monotonic()
+        steps = probe.steps
+        if steps != self._light_seen[0]:
+            self._light_seen = (steps, now)
+        elif probe.light == UNTIMED and now - self._light_seen[1] > LIGHT_IDLE_S:
+            probe.light = WAKE
+
     def _tick(self) -> None:
         self._maybe_enable_cuda()
+        self._watch_light()
         if self.chores is not None:
             try:
                 self.chores()
@@ -335,7 +349,7 @@ def _last_step_pairs(items: list[Any]) -> list[Any] | None:
     end = None
     for k in range(len(items) - 1, 0, -2):
         code = items[k]
-        if (code if type(code) is int else code[0]) in (wire.BOUNDARY, wire.STEP_END):
+        if (code if type(code) is int else code[0]) in wire.STEP_ENDS:
             if end is not None:
                 return [0, wire.RESET, *items[k - 1:]]
             end = k

@@ -1,8 +1,9 @@
 """The wrappers that time a call on the training thread: the hottest code torchtop has.
 
 Each is generated with the wrapped function's own signature (wrap.py) from a template: a
-context-variable check that this is the training thread, then a time and a code on each side
-(`probe.put`), with no call layer of ours in between. Every operation here was chosen by timing
+check that this step is timed (`probe.light`: phase sampling) and that this is the training
+thread (a context variable), then a time and a code on each side (`probe.put`), with no call
+layer of ours in between. Every operation here was chosen by timing
 it right after a matmul, as it runs in a training loop (README: "How the step model works").
 """
 
@@ -17,8 +18,8 @@ from .wrap import signature_wrapper
 
 _TIMED = """
 def {name}({params}):
-    if _tt_current() is not _tt_probe and _tt_probe.adopt() is None:
-        return _tt_orig({call})
+    if _tt_probe.light or (_tt_current() is not _tt_probe and _tt_probe.adopt() is None):
+        return _tt_orig({call})  # a step whose phases are not timed, or another thread
     try:  # free in CPython 3.11+ until it catches
         _tt_put = _tt_probe.put
         _tt_put(_tt_pc())
@@ -63,6 +64,10 @@ def {name}({params}):
         if _tt_code is None:
             return _tt_orig({call})
     _tt_p = _tt_probe
+    if _tt_p.light:
+        if _tt_p.light != 1:  # a step whose phases are not timed (phase sampling)
+            return _tt_orig({call})
+        _tt_p.wake()  # no step ended for a second (an eval loop?): timed from here
     if _tt_p.depth or (_tt_current() is not _tt_p and _tt_p.adopt() is None):
         return _tt_orig({call})  # nested in a root, or another thread
     _tt_p.depth = 1

@@ -13,7 +13,7 @@ from typing import Any, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: The most steps a `snapshot` request may ask for.
 SNAPSHOT_MAX_STEPS = 16_000
@@ -43,6 +43,9 @@ H2D_COPY = 24  # one host-to-device copy
 MARK = 25  # a user scalar
 RESET = 26  # entries were lost before this one: forget the open step
 STEP_END = 27  # the optimizer phase closes and a training step ends here (EXIT | OPTIMIZER, BOUNDARY)
+LIGHT_END = 28  # a training step ends here; its phases were not timed (phase sampling: probe.py)
+LIGHT_OFF = 29  # phases are timed from here: the open step's earlier phases were not
+STEP_ENDS = (BOUNDARY, STEP_END, LIGHT_END)
 FORWARD_START = 32  # FORWARD_START + 2 * root slot + grad: a root module's forward begins
 MAX_SLOT = (MASK - FORWARD_START) // 2  # root slots 0..MAX_SLOT; slot 0 is phase("forward")
 
@@ -52,7 +55,7 @@ def code_of(entry: Any) -> int:
 
 
 def is_step_end(entry: Any) -> bool:
-    return code_of(entry) in (BOUNDARY, STEP_END)
+    return code_of(entry) in STEP_ENDS
 
 
 def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
@@ -63,7 +66,7 @@ def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
     times, codes = raw[0::2], raw[1::2]
     try:
         entries = list(map(or_, map(lshift, times, repeat(SHIFT)), codes))
-        return entries, codes.count(STEP_END) + codes.count(BOUNDARY)
+        return entries, codes.count(STEP_END) + codes.count(BOUNDARY) + codes.count(LIGHT_END)
     except TypeError:
         pass
     out: list[Any] = []
@@ -73,7 +76,7 @@ def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
             code, extra = c, ()
         else:
             code, extra = c[0], c[1:]
-        cuts += code == STEP_END or code == BOUNDARY
+        cuts += code in STEP_ENDS
         if type(t) is int:
             head = t << SHIFT | code
         else:
@@ -90,7 +93,8 @@ class WireError(ValueError):
 class StepRecord(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
     """One training (or eval) step as the training thread saw it.
 
-    `phases` holds host nanoseconds per phase, `other` included, so they add up to `wall_ns`.
+    `phases` holds host nanoseconds per phase, `other` included, so they add up to `wall_ns`;
+    it is empty on a step whose phases were not timed (phase sampling on fast steps).
     `device_ms` holds CUDA-event times of the phases that were sampled on this step (empty when
     the step was not sampled or the run is on CPU); `step` there is the stream time between
     this step's boundary events.

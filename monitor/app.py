@@ -248,6 +248,7 @@ class TorchtopApp(App[int]):
         self.phase_panel.device = device_ms(steps)
         self.phase_panel.step_ms = stats["mean_ms"]
         self.phase_panel.sample_every = hello.cuda_sample_every if hello else 0
+        self.phase_panel.timed = sum(1 for s in steps if s.phases)
         self.phase_panel.count = len(steps)
 
         skipped, evals = step_counts(steps, state.window(WINDOW_S, kind="eval"))

@@ -8,6 +8,9 @@ Steps are contiguous: a step runs from the previous boundary to this one, so the
 before a step's forward belongs to that step. Evaluation iterations (no-grad forwards, no
 backward, no optimizer) are cut here too, at the next data fetch or the next forward of the
 same root. A malformed entry is counted and forgets the open step; it never stops the replay.
+A step whose phases were not timed (phase sampling on fast steps: agent/probe.py) ends with
+LIGHT_END and keeps its wall time only (empty `phases`, `micro` 0); so does the step in which
+LIGHT_OFF says timing resumed.
 Device times arrive resolved: on a sampled step each entry carries its CUDA event's time in ms
 from the step's start event (agent/cuda_timing.py), so a phase's device time is a difference.
 """
@@ -27,6 +30,8 @@ from torchtop.agent.wire import (
     GRAD,
     H2D,
     H2D_COPY,
+    LIGHT_END,
+    LIGHT_OFF,
     MARK,
     MASK,
     OPEN_STEP,
@@ -35,6 +40,7 @@ from torchtop.agent.wire import (
     SHIFT,
     SKIPPED,
     STEP_END,
+    STEP_ENDS,
     STEP_EVENT,
     TIMED_PHASES,
     LogChunk,
@@ -45,7 +51,7 @@ from torchtop.agent.wire import (
 
 __all__ = ["BACKWARD", "DATA", "FORWARD", "H2D", "OPTIMIZER", "LogReplay", "StepRecorder", "to_record"]
 N_PHASES = len(TIMED_PHASES)
-_STEP_ENDS = (BOUNDARY, STEP_END)
+_STEP_ENDS = STEP_ENDS
 
 
 class StepRecorder:
@@ -56,6 +62,7 @@ class StepRecorder:
     __slots__ = (
         "out", "failures", "explicit", "index", "_acc", "_cur", "_cur_t", "_stack", "_t0", "_micro",
         "_events", "_has_train", "_eval_fwd", "_eval_root", "_extra", "_prev_extra", "_fresh", "partial",
+        "_untimed",
     )
 
     def __init__(self) -> None:
@@ -82,6 +89,7 @@ class StepRecorder:
         self._extra: dict[str, Any] | None = None  # rare per-step extras: marks, skipped, h2d bytes
         self._prev_extra: dict[str, Any] | None = None  # the extras of the step just handed over
         self._fresh = False  # nothing happened since the last boundary
+        self._untimed = False  # the open step's phases were not all timed (LIGHT_OFF in it)
 
     # -- the log -------------------------------------------------------------------------------
     def feed(self, entries: list[Any]) -> list[tuple]:
@@ -104,6 +112,8 @@ class StepRecorder:
                         boundary("train", e >> SHIFT)
                     elif code == BOUNDARY:
                         boundary("train", e >> SHIFT)
+                    elif code == LIGHT_END:
+                        boundary("train", e >> SHIFT, None, False)
                     else:
                         self._entry(code, e >> SHIFT, None)
                 else:
@@ -133,6 +143,10 @@ class StepRecorder:
             ms = _ms(e[1]) if e is not None else None
             self.exit(OPTIMIZER, now, ms)
             self.boundary("train", now, ms)
+        elif code == LIGHT_END:
+            self.boundary("train", now, None, False)
+        elif code == LIGHT_OFF:
+            self._untimed = True
         elif code == STEP_EVENT:
             self.sample(ms)
         elif code == H2D_COPY:
@@ -256,9 +270,10 @@ class StepRecorder:
         if self._t0 != 0 and self._events is None and ms is not None:
             self._events = [(-1, ms, None)]
 
-    def boundary(self, kind: str, now: int, end_ms: float | None = None) -> None:
+    def boundary(self, kind: str, now: int, end_ms: float | None = None, timed: bool = True) -> None:
         """End the open step at `now` and open the next one at once (steps are contiguous).
-        With no step open (the log starts here, or after a RESET) it only opens one."""
+        With no step open (the log starts here, or after a RESET) it only opens one. A step
+        whose phases were not timed (`timed` False: LIGHT_END) keeps its wall time only."""
         if self._t0 == 0:
             self._open(now)
             self.partial = False
@@ -276,12 +291,13 @@ class StepRecorder:
         if self.partial:  # its start was not seen: its times would be wrong
             self.partial = False
         else:
-            self.out.append((self.index, kind, self._t0, now - self._t0, tuple(self._acc), self._micro, device_ms, extra))
+            acc = tuple(self._acc) if timed and not self._untimed else None
+            self.out.append((self.index, kind, self._t0, now - self._t0, acc, self._micro, device_ms, extra))
         self._prev_extra, self._fresh = extra, True
         self.index += 1
         self._acc = [0] * N_PHASES
         self._micro = 0
-        self._has_train = self._eval_fwd = False
+        self._has_train = self._eval_fwd = self._untimed = False
         self._extra = None
         self._open(now)
 
@@ -299,7 +315,7 @@ class StepRecorder:
         self._acc = [0] * N_PHASES
         self._micro = 0
         self._events = None
-        self._has_train = self._eval_fwd = False
+        self._has_train = self._eval_fwd = self._untimed = False
         self._extra = None
 
 
@@ -324,11 +340,15 @@ def _device_ms(events: list[tuple[int, float, float | None]]) -> dict[str, float
 def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
     """A replayed step as the monitor keeps it; `other` is the step's unaccounted rest."""
     index, kind, t0_ns, wall_ns, acc, micro, device_ms, extra = raw
-    data, h2d, forward, backward, optimizer = acc
-    phases = {
-        "data": data, "h2d": h2d, "forward": forward, "backward": backward, "optimizer": optimizer,
-        "other": max(0, wall_ns - data - h2d - forward - backward - optimizer),
-    }
+    if acc is None:  # not timed (phase sampling): its wall time only
+        phases: dict[str, int] = {}
+        micro = 0
+    else:
+        data, h2d, forward, backward, optimizer = acc
+        phases = {
+            "data": data, "h2d": h2d, "forward": forward, "backward": backward, "optimizer": optimizer,
+            "other": max(0, wall_ns - data - h2d - forward - backward - optimizer),
+        }
     record = StepRecord(index, t0_ns / 1e9 + wall_offset, wall_ns, phases, kind, micro, device_ms or {}, rank)
     if extra:
         record.skipped = extra.get("skipped", 0)

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 from .judge import diagnose
-from .state import RunState, breakdown, device_ms, phase_ms, retry_rate, step_stats
+from .state import RunState, breakdown, device_ms, phase_ms, retry_rate, step_stats, timed
 
 
 def build_report(state: RunState, seconds: float, target: str = "", window: float | None = None) -> dict[str, Any]:
@@ -16,6 +16,7 @@ def build_report(state: RunState, seconds: float, target: str = "", window: floa
     steps = state.window(window)
     evals = state.window(window, kind="eval")
     stats = step_stats(steps)
+    timed_steps = timed(steps)
     hello = state.hello
     return {
         "target": target,
@@ -30,7 +31,10 @@ def build_report(state: RunState, seconds: float, target: str = "", window: floa
         "ranks": sorted({s.rank for s in steps} or ({hello.rank} if hello else set())),
         "steps": len(steps),
         "eval_steps": len(evals),
-        "micro_batches": (sum(s.micro for s in steps) / len(steps)) if steps else 0.0,
+        # phases (and micro-batches) are timed on every step of 10 ms or more, on a random
+        # sample of faster ones: `timed_steps` of `steps`
+        "timed_steps": len(timed_steps),
+        "micro_batches": (sum(s.micro for s in timed_steps) / len(timed_steps)) if timed_steps else 0.0,
         "step_time_ms": {k: round(stats[f"{k}_ms"], 4) for k in ("median", "p90", "mean")},
         "steps_per_s": round(stats["steps_per_s"], 3),
         "breakdown": {k: round(v, 5) for k, v in breakdown(steps).items()},

@@ -169,11 +169,18 @@ def step_stats(steps: list[StepRecord]) -> dict[str, float]:
     }
 
 
+def timed(steps: Iterable[StepRecord]) -> list[StepRecord]:
+    """The steps whose phases were timed (on fast steps the agent times a random sample)."""
+    return [s for s in steps if s.phases]
+
+
 def breakdown(steps: Iterable[StepRecord]) -> dict[str, float]:
-    """Each phase's share of total step wall time; the shares sum to 1 (0 with no steps)."""
+    """Each phase's share of the timed steps' wall time; the shares sum to 1 (0 with no steps)."""
     totals = dict.fromkeys(PHASES, 0)
     wall = 0
     for s in steps:
+        if not s.phases:
+            continue  # not timed: its wall time alone says nothing of where it went
         wall += s.wall_ns
         for name in PHASES:
             totals[name] += s.phases.get(name, 0)
@@ -183,7 +190,8 @@ def breakdown(steps: Iterable[StepRecord]) -> dict[str, float]:
 
 
 def phase_ms(steps: list[StepRecord]) -> dict[str, float]:
-    """Mean host milliseconds per step in each phase."""
+    """Mean host milliseconds per step in each phase, over the timed steps."""
+    steps = timed(steps)
     if not steps:
         return dict.fromkeys(PHASES, 0.0)
     return {name: sum(s.phases.get(name, 0) for s in steps) / len(steps) / 1e6 for name in PHASES}

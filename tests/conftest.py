@@ -33,7 +33,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_agent(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+def _isolated_agent(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+                    request: pytest.FixtureRequest):
     """A private runtime dir and a quiet agent per test; any in-process agent stopped afterwards.
 
     The runtime directory is outside `tmp_path`, so tests that list `tmp_path` see only their own
@@ -54,8 +55,14 @@ def _isolated_agent(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
         "RANK",
         "WORLD_SIZE",
         "LOCAL_RANK",
+        "TORCHTOP_PHASE_EVERY",
     ):
         monkeypatch.delenv(name, raising=False)
+    # Tests of the step model check every step's phases: they time every step. Phase sampling
+    # (the default on steps under 10 ms) runs in the tests marked `sampled_phases`: its own
+    # tests and the end-to-end ones (scenarios, demo, `torchtop run`, tmux).
+    if request.node.get_closest_marker("sampled_phases") is None:
+        monkeypatch.setenv("TORCHTOP_PHASE_EVERY", "1")
     yield runtime
     if "torchtop.agent" in sys.modules:
         import torchtop.agent

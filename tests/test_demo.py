@@ -22,6 +22,8 @@ import pytest
 from torchtop.agent.wire import PHASES
 from torchtop.monitor import demo
 
+pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
+
 CLI = [sys.executable, "-m", "torchtop.monitor.cli"]
 START_TIMEOUT_S = 90.0
 

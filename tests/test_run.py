@@ -18,6 +18,8 @@ from torchtop.agent import discovery
 from torchtop.agent.autostart import is_launcher
 from torchtop.monitor.run import child_env, job_name
 
+pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
+
 TRAIN = textwrap.dedent(
     """
     import sys, time, torch

@@ -16,6 +16,8 @@ import pytest
 
 from torchtop.agent import discovery
 
+pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
+
 SEVERE = ("warning", "critical")
 
 

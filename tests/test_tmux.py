@@ -24,7 +24,7 @@ import pytest
 
 from torchtop.agent import discovery
 
-pytestmark = pytest.mark.tmux
+pytestmark = [pytest.mark.tmux, pytest.mark.sampled_phases]
 
 COLS, ROWS = 120, 40
 SCREEN_TIMEOUT_S = 90.0

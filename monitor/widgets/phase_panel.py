@@ -93,11 +93,21 @@ class PhasePanel(Widget):
     step_ms: reactive[float] = reactive(0.0)
     sample_every: reactive[int] = reactive(0)
     count: reactive[int] = reactive(0)
+    timed: reactive[int] = reactive(0)  # steps whose phases were timed (a sample of fast steps)
 
     def on_mount(self) -> None:
-        self.border_title = "phases · host time per step"
+        self._title()
+
+    def _title(self) -> None:
+        sampled = 0 < self.timed < self.count
+        self.border_title = "phases · host time per step" + (
+            f" · timed on {self.timed} of {self.count} steps" if sampled else "")
+
+    def watch_timed(self) -> None:
+        self._title()
 
     def watch_count(self, old: int, new: int) -> None:
+        self._title()
         if (old == 0) != (new == 0):
             self.refresh(layout=True)  # one placeholder line <-> bar and table
 

@@ -1,0 +1,188 @@
+"""Phase sampling: on fast steps the agent times the phases of a random sample of steps, and
+every step's end.
+
+Timing a step's phases costs the training thread ~10 us (cold caches: README, "What it
+costs"), 0.5% of a 2 ms step. So on steps under 10 ms only about 10 ms / step time of them
+are timed (1 in 5 at 2 ms), in random runs, and the others log their end alone (LIGHT_END).
+These tests run real CPU loops with the default policy and check what a user relies on: every
+step is counted with its wall time, the breakdown of the timed ones is the run's, an
+evaluation loop that starts in an untimed stretch is still seen as evaluation.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torchtop.agent as ta  # noqa: E402
+from tests.agent_util import snapshot_steps  # noqa: E402
+from torchtop.agent import probe as probe_mod  # noqa: E402
+from torchtop.agent import wire  # noqa: E402
+from torchtop.monitor.state import breakdown  # noqa: E402
+
+pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
+
+
+@pytest.fixture
+def stopped():
+    yield
+    ta.stop()
+
+
+def _mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, batches, waits: list[int] | None = None) -> None:
+    it = iter(batches)
+    while True:
+        t = time.perf_counter_ns()
+        try:
+            x, y = next(it)
+        except StopIteration:
+            return
+        if waits is not None:
+            waits.append(time.perf_counter_ns() - t)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+class _Sleepy(torch.utils.data.Dataset):
+    """A batch of 8 rows per item; every `every`-th item sleeps `ms` (a loader's periodic stall)."""
+
+    def __init__(self, n: int, every: int, ms: float) -> None:
+        self.n, self.every, self.ms = n, every, ms
+        self.x, self.y = torch.randn(8, 32), torch.randint(0, 4, (8,))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i % self.every == 0:
+            time.sleep(self.ms / 1000)
+        return self.x, self.y
+
+
+def _loader(n: int, every: int, ms: float) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(_Sleepy(n, every, ms), batch_size=None, shuffle=False)
+
+
+def test_fast_steps_are_all_counted_and_a_sample_is_timed(stopped) -> None:
+    agent = ta.start()
+    assert agent is not None
+    model, opt = _mlp()
+    _train(model, opt, _loader(3000, 10**9, 0))  # ~0.3 ms steps, no sleeps
+    steps = snapshot_steps(agent, 3000)
+    assert [s.i for s in steps] == list(range(3000))  # every step, in order, none lost
+    assert all(s.wall_ns > 0 for s in steps)
+    timed = [s for s in steps if s.phases]
+    untimed = [s for s in steps if not s.phases]
+    assert all(s.phases for s in steps[:probe_mod.FIRST_STEPS])  # the start is timed in full
+    # ~0.3 ms steps: about 1 in 33 timed (1 in ~64 at most, as the policy caps a run)
+    assert 0.01 * len(steps) <= len(timed) <= 0.25 * len(steps), len(timed)
+    for s in timed:
+        assert s.phases["forward"] > 0 and s.phases["backward"] > 0 and s.phases["optimizer"] > 0
+        assert sum(s.phases.values()) == s.wall_ns  # they add up, `other` the rest
+        assert s.micro == 1
+    assert all(s.micro == 0 and not s.device_ms for s in untimed)
+    # untimed runs are random: not one stride
+    runs, n = set(), 0
+    for s in steps[probe_mod.FIRST_STEPS:]:
+        if s.phases:
+            if n:
+                runs.add(n)
+            n = 0
+        else:
+            n += 1
+    assert len(runs) >= 5, runs
+
+
+def test_every_step_is_timed_on_request_or_when_steps_are_long(stopped) -> None:
+    agent = ta.start(phase_every=1)
+    assert agent is not None
+    model, opt = _mlp()
+    _train(model, opt, _loader(400, 10**9, 0))
+    steps = snapshot_steps(agent, 400)
+    assert len(steps) == 400 and all(s.phases for s in steps)
+    ta.stop()
+    agent = ta.start()
+    assert agent is not None
+    _train(model, opt, _loader(120, 1, 11))  # 11 ms steps: longer than FULL_STEP_NS
+    steps = snapshot_steps(agent, 120)
+    assert len(steps) == 120 and all(s.phases for s in steps)
+
+
+def test_the_sampled_breakdown_is_the_runs_own_with_periodic_stalls(stopped) -> None:
+    """A loader that stalls on every 4th batch (as 4 workers would) and 1 timed step in ~4:
+    a fixed stride of 4 would see every stall or none; random runs see a quarter of them."""
+    agent = ta.start(phase_every=4)
+    assert agent is not None
+    model, opt = _mlp()
+    waits: list[int] = []
+    t0 = time.perf_counter_ns()
+    _train(model, opt, _loader(2400, 4, 3.0), waits)
+    total = time.perf_counter_ns() - t0
+    steps = snapshot_steps(agent, 2400)
+    assert len(steps) == 2400
+    timed = [s for s in steps if s.phases]
+    assert 0.15 * len(steps) <= len(timed) <= 0.4 * len(steps), len(timed)
+    true_share = sum(waits) / total  # the data wait of every step, timed by this test
+    got = breakdown(steps)["data"]
+    assert true_share > 0.3
+    assert abs(got - true_share) <= 0.25 * true_share, (got, true_share)
+    stalled = sum(1 for s in timed if s.phases["data"] > 2_000_000)
+    assert 0.12 * len(timed) <= stalled <= 0.4 * len(timed), (stalled, len(timed))
+
+
+def test_an_eval_loop_that_starts_untimed_is_seen_as_eval(stopped) -> None:
+    agent = ta.start(phase_every=64)  # long untimed stretches: the loop below starts in one
+    assert agent is not None
+    model, opt = _mlp()
+    _train(model, opt, _loader(300, 10**9, 0))
+    assert agent.probe.light, "the training loop should have ended in an untimed stretch"
+    model.eval()
+    deadline = time.monotonic() + 2.5  # past LIGHT_IDLE_S: the agent thread ends the stretch
+    n = 0
+    with torch.no_grad():
+        while time.monotonic() < deadline:
+            for x, _ in _loader(50, 1, 1.0):
+                model(x)
+                n += 1
+    model.train()
+    _train(model, opt, _loader(20, 10**9, 0))
+    evals = snapshot_steps(agent, 100, kind="eval")
+    train = snapshot_steps(agent, 320)
+    assert len(train) == 320  # the training steps around it are all counted
+    assert len(evals) >= n // 3, (len(evals), n)  # most of the eval iterations, once timed again
+    timed = [s for s in evals if s.phases]
+    assert len(timed) >= n // 3
+    assert all(0.5e6 < s.wall_ns < 50e6 for s in timed[1:-1])  # one ~1 ms iteration each
+
+
+def test_the_replay_keeps_wall_time_and_drops_phases_of_untimed_steps() -> None:
+    from torchtop.monitor.replay import StepRecorder, to_record
+
+    t = 1_000_000
+    e = lambda code, dt: (t + dt) << wire.SHIFT | code  # noqa: E731
+    rec = StepRecorder()
+    out = rec.feed([
+        e(wire.BOUNDARY, 0),
+        e(wire.FORWARD_START + 1, 100), e(wire.EXIT | wire.FORWARD, 300),  # a stray entry
+        e(wire.LIGHT_END, 1000),  # untimed: wall 1000, no phases
+        e(wire.DATA, 1100), e(wire.EXIT | wire.DATA, 1400), e(wire.LIGHT_OFF, 1500),
+        e(wire.BACKWARD, 1600), e(wire.EXIT | wire.BACKWARD, 1700),
+        e(wire.STEP_END, 2000),  # timing resumed inside it: untimed too
+        e(wire.DATA, 2100), e(wire.EXIT | wire.DATA, 2500), e(wire.STEP_END, 3000),  # timed
+    ])
+    records = [to_record(r, 0.0, 0) for r in out]
+    assert [(r.i, r.wall_ns) for r in records] == [(0, 1000), (1, 1000), (2, 1000)]
+    assert records[0].phases == {} and records[1].phases == {} and records[0].micro == 0
+    assert records[2].phases["data"] == 400 and sum(records[2].phases.values()) == 1000
+    assert breakdown(records)["data"] == pytest.approx(0.4)
