@@ -9,4 +9,4 @@ This package's `__init__` imports nothing: the monitor lists scenarios without i
 
 #: Modules of this package that are shared code, not scenarios. A literal: the monitor reads it
 #: with `ast` (in an editable install this package is a namespace and this file never runs).
-HELPERS = ("common",)
+HELPERS = ("common", "data")

@@ -207,7 +207,11 @@ def test_scenarios_are_listed_without_importing_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     found, torch_loaded = json.loads(proc.stdout)
-    assert "balanced" in found and "common" not in found
+    assert "balanced" in found and "common" not in found and "data" not in found
+    # every module listed is a script to run: none of the shared helpers
+    demos_dir = Path(__file__).resolve().parent.parent / "demos"
+    for name in found:
+        assert "__main__" in (demos_dir / f"{demo.module_name(name)}.py").read_text(), name
     assert found["balanced"]  # a description from the module's docstring
     assert torch_loaded is False
 
