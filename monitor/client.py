@@ -1,7 +1,7 @@
 """The monitor's connection to one agent: a DEALER for requests, a SUB for the batch stream.
 
 Every frame is validated (wire.decode); a bad one is counted with its reason and dropped.
-Agents ship their probe's log; the client replays it (replay.LogReplay) and hands batches and
+Agents ship their probe's log; the client replays it (log_replay.LogReplay) and hands batches and
 snapshot replies up with their `steps` filled in, so everything above it sees steps.
 Synchronous on purpose: the TUI runs it in a worker thread, `report` runs it directly.
 """
@@ -16,7 +16,7 @@ import zmq
 
 from torchtop.agent import wire
 
-from .replay import LogReplay
+from .log_replay import LogReplay
 from .targets import Endpoint
 
 

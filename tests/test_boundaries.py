@@ -98,7 +98,7 @@ def test_wire_imports_only_msgspec() -> None:
     assert out == {"torch": False, "zmq": False, "textual": False, "msgspec": True}
 
 
-@pytest.mark.parametrize("module", ["state", "replay", "report", "targets", "diagnosis", "diagnosis_flags", "judge", "fmt"])
+@pytest.mark.parametrize("module", ["state", "replay", "log_replay", "report", "targets", "diagnosis", "diagnosis_flags", "judge", "fmt"])
 def test_monitor_pure_modules(module: str) -> None:
     import importlib.util
 

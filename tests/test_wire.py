@@ -252,7 +252,7 @@ def test_pair_chunks_replay_like_entries_and_bad_pairs_are_counted() -> None:
     """A CPU run ships the training thread's (time, code) pairs; the monitor converts them. The
     same steps come out as from entries; a chunk whose pairs do not convert is counted and its
     open step forgotten, and the next chunk replays."""
-    from torchtop.monitor.replay import LogReplay
+    from torchtop.monitor.log_replay import LogReplay
 
     ms = 1_000_000
     pairs = [0 * ms, wire.DATA, 1 * ms, wire.EXIT | wire.DATA, 1 * ms, wire.FORWARD_START + 3,
@@ -279,7 +279,7 @@ def test_pair_chunks_replay_like_entries_and_bad_pairs_are_counted() -> None:
 def test_a_mark_after_the_step_end_in_the_next_chunk_still_lands_on_that_step() -> None:
     """The agent may drain between optimizer.step() and the loss mark logged right after it:
     the step that ended a chunk is held for the next one (or a flush), not sent without it."""
-    from torchtop.monitor.replay import LogReplay
+    from torchtop.monitor.log_replay import LogReplay
 
     ms = 1_000_000
     step = [0 * ms, wire.FORWARD_START + 3, 2 * ms, wire.EXIT | wire.FORWARD, 3 * ms, wire.OPTIMIZER,
@@ -294,7 +294,7 @@ def test_a_mark_after_the_step_end_in_the_next_chunk_still_lands_on_that_step() 
 
 
 def test_a_held_step_goes_out_with_the_next_batch_even_an_empty_one() -> None:
-    from torchtop.monitor.replay import LogReplay
+    from torchtop.monitor.log_replay import LogReplay
 
     ms = 1_000_000
     replay = LogReplay()
