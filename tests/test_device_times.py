@@ -13,7 +13,7 @@ from typing import Any
 from torchtop.agent import wire
 from torchtop.agent.cuda_timing import EventResolver
 from torchtop.agent.probe import Probe
-from torchtop.monitor.replay import LogReplay
+from torchtop.monitor.log_replay import LogReplay
 
 BACKWARD, FORWARD, OPTIMIZER = wire.BACKWARD, wire.FORWARD, wire.OPTIMIZER
 
