@@ -250,9 +250,7 @@ class Probe:
             return
         self.light = 0
         try:
-            a = self._append
-            a(perf_counter_ns())
-            a(LIGHT_OFF)
+            self.stamp(LIGHT_OFF)
         except Exception:
             self.fail()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from torchtop.agent import wire
@@ -70,3 +71,16 @@ def inner_step(cls: type) -> object:
     """What torch's step wrapper of optimizer class `cls` calls (its closure cell `func`)."""
     wrapper = cls.__dict__["step"]
     return wrapper.__closure__[wrapper.__code__.co_freevars.index("func")].cell_contents
+
+
+def waited(items: Iterable[Any], waits: list[int]) -> Iterator[Any]:
+    """`items`, appending to `waits` the ns each `next()` took: the training thread's own wait."""
+    it = iter(items)
+    while True:
+        t = time.perf_counter_ns()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        waits.append(time.perf_counter_ns() - t)
+        yield item

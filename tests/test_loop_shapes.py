@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 import torchtop.agent as ta
-from tests.agent_util import median, snapshot_steps
+from tests.agent_util import median, snapshot_steps, waited
 
 MS = 1_000_000
 
@@ -250,8 +250,8 @@ def test_thread_prefetching_loader_counts_only_the_training_threads_wait() -> No
     steps = snapshot_steps(ta.current(), 12)
     assert len(steps) == 12
     assert sum(waits[:12]) >= 60 * MS  # the training thread did wait for the slower loader
-    for s, waited in zip(steps, waits):
-        assert abs(s.phases["data"] - waited) <= 1 * MS, (s.phases["data"] / MS, waited / MS)
+    for s, wait in zip(steps, waits):
+        assert abs(s.phases["data"] - wait) <= 1 * MS, (s.phases["data"] / MS, wait / MS)
         assert s.phases["data"] < s.wall_ns
 
 
@@ -262,15 +262,8 @@ def test_dataloader_workers_pin_memory_persistent() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     dl = DataLoader(SleepyItems(96, 5.0), batch_size=8, num_workers=2, persistent_workers=True,
                     pin_memory=torch.cuda.is_available())
-    waits = []
-    it = iter(dl)
-    while True:
-        t = time.perf_counter_ns()
-        try:
-            x, y = next(it)
-        except StopIteration:
-            break
-        waits.append(time.perf_counter_ns() - t)
+    waits: list[int] = []
+    for x, y in waited(dl, waits):
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         opt.zero_grad()
@@ -279,8 +272,8 @@ def test_dataloader_workers_pin_memory_persistent() -> None:
     # a real wait to compare: the first batch costs a worker 8 x 5 ms (later ones may be ready
     # when a loaded machine slows the training thread, as a concurrent test run does)
     assert max(waits) >= 30 * MS
-    for s, waited in zip(steps, waits):
-        assert abs(s.phases["data"] - waited) <= 1 * MS, (s.phases["data"] / MS, waited / MS)
+    for s, wait in zip(steps, waits):
+        assert abs(s.phases["data"] - wait) <= 1 * MS, (s.phases["data"] / MS, wait / MS)
 
 
 @pytest.mark.parametrize("where", ["after_step", "mid_step"])

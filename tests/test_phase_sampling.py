@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torchtop.agent as ta  # noqa: E402
-from tests.agent_util import snapshot_steps  # noqa: E402
+from tests.agent_util import snapshot_steps, waited  # noqa: E402
 from torchtop.agent import probe as probe_mod  # noqa: E402
 from torchtop.agent import wire  # noqa: E402
 from torchtop.monitor.state import breakdown  # noqa: E402
@@ -39,15 +39,7 @@ def _mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, batches, waits: list[int] | None = None) -> None:
-    it = iter(batches)
-    while True:
-        t = time.perf_counter_ns()
-        try:
-            x, y = next(it)
-        except StopIteration:
-            return
-        if waits is not None:
-            waits.append(time.perf_counter_ns() - t)
+    for x, y in waited(batches, [] if waits is None else waits):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -135,7 +127,7 @@ def test_the_sampled_breakdown_is_the_runs_own_with_periodic_stalls(stopped) -> 
     assert 0.15 * len(steps) <= len(timed) <= 0.4 * len(steps), len(timed)
     true_share = sum(waits) / total  # the data wait of every step, timed by this test
     got = breakdown(steps)["data"]
-    assert true_share > 0.3
+    assert true_share > 0.1  # the stalls are a real part of the step (~80% of it on an idle machine)
     assert abs(got - true_share) <= 0.25 * true_share, (got, true_share)
     stalled = sum(1 for s in timed if s.phases["data"] > 2_000_000)
     assert 0.12 * len(timed) <= stalled <= 0.4 * len(timed), (stalled, len(timed))
