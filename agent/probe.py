@@ -70,7 +70,6 @@ class _NoneTimed:
         return 0
 
 
-
 _current: ContextVar[Probe | None] = ContextVar("torchtop_probe", default=None)
 current = _current.get  # the wrappers' check that they run on the training thread
 if getattr(sys.flags, "thread_inherit_context", 0):  # new threads copy the context (3.14t): ask
