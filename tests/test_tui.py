@@ -116,6 +116,22 @@ async def test_panels_show_the_numbers_of_the_steps_fed() -> None:
         assert "pid 4242 @ box" in header and "run run000000001" in header and "up 1m 03s" in header
 
 
+async def test_untimed_steps_count_in_step_time_and_not_in_the_phases() -> None:
+    """Phase sampling: steps without phases (untimed) are steps, and the phase breakdown is the
+    timed steps' own, with the panel saying how many were timed."""
+    recs = steps()
+    for s in recs[1::2]:
+        s.phases, s.wall_ns = {}, 30_000_000  # untimed, and slower: they must not dilute the shares
+    app = app_without_feed()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await fed_app(pilot, HelloReceived(hello()), BatchesReceived([batch(recs)]))
+        assert app.query_one(StepPanel).count == 20
+        phases = app.query_one(PhasePanel)
+        assert phases.border_title == "phases · host time per step · timed on 10 of 20 steps"
+        assert phases.share_of("data") == "40.0%"
+        assert phases.ms["data"] == pytest.approx(4.0, rel=0.05)
+
+
 async def test_device_ms_gaps_and_bad_frames_show_up() -> None:
     app = app_without_feed()
     recs = steps(device={"forward": 2.5, "step": 9.25})
