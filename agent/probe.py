@@ -43,6 +43,7 @@ from .wire import (
     STEP_END,
     STEP_ENDS,
     STEP_EVENT,
+    count_step_ends,
     to_entries,
 )
 
@@ -50,7 +51,6 @@ LOG_CAP = 1 << 19  # items (two an entry, ~20 a step): a stalled agent thread co
 MAX_FAILURES = 20
 PERIOD = 64  # steps between the boundary's housekeeping (sampling, shedding) when nothing is due
 FIRST_STEPS = 8  # steps with housekeeping at every boundary (discovery counts them)
-_CUTS = STEP_ENDS
 # Phase sampling. Timing a step's phases costs ~10 us of cold-cache work on the training thread
 # (README, "What it costs"); ending a step costs a fraction of that. On steps shorter than
 # FULL_STEP_NS only a random sample of steps have their phases timed, about one in
@@ -326,7 +326,7 @@ class Probe:
         with self.lock:
             half = len(log) // 2 & ~1
             n = half  # items: the pair ending at n - 1 is the step end kept
-            while n > 2 and _code(log[n - 1]) not in _CUTS:
+            while n > 2 and _code(log[n - 1]) not in STEP_ENDS:
                 n -= 2
             kept_cut = n > 2
             if not kept_cut:
@@ -335,9 +335,9 @@ class Probe:
             del log[: n - 2]
             log[0:0] = [0, RESET]
             codes = [_code(c) for c in lost[1::2]]
-            cuts = sum(c in _CUTS for c in codes)
+            cuts = sum(c in STEP_ENDS for c in codes)
             # an opening boundary kept by an earlier shed closed a step counted then
-            counted = codes[0] == RESET and len(codes) > 1 and codes[1] in _CUTS
+            counted = codes[0] == RESET and len(codes) > 1 and codes[1] in STEP_ENDS
             self.dropped += cuts - counted
             self._shed_cuts += cuts - kept_cut  # the agent thread will not see these end
 
@@ -358,7 +358,7 @@ class Probe:
         is a tuple, which only `drain` counts.)"""
         raw = self._take()
         codes = raw[1::2]
-        self._drained += codes.count(STEP_END) + codes.count(BOUNDARY) + codes.count(LIGHT_END)
+        self._drained += count_step_ends(codes)
         return raw, self._drained
 
     def drain(self) -> tuple[list[Any], int]:

@@ -58,6 +58,11 @@ def is_step_end(entry: Any) -> bool:
     return code_of(entry) in STEP_ENDS
 
 
+def count_step_ends(codes: list[Any]) -> int:
+    """Step ends among a log's code items (small ints; a tuple code is never counted here)."""
+    return codes.count(STEP_END) + codes.count(BOUNDARY) + codes.count(LIGHT_END)
+
+
 def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
     """The training thread's log pairs (agent/probe.py) as entries (`ns << SHIFT | code`, or a
     tuple headed by one), and the step ends among them. The monitor does this for a CPU run's
@@ -66,7 +71,7 @@ def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
     times, codes = raw[0::2], raw[1::2]
     try:
         entries = list(map(or_, map(lshift, times, repeat(SHIFT)), codes))
-        return entries, codes.count(STEP_END) + codes.count(BOUNDARY) + codes.count(LIGHT_END)
+        return entries, count_step_ends(codes)
     except TypeError:
         pass
     out: list[Any] = []

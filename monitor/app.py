@@ -31,7 +31,7 @@ from .diagnosis import Diagnosis
 from .feed import BatchesReceived, FeedError, HelloReceived, RequestAnswered, SnapshotReceived, run_feed
 from .judge import diagnose
 from .panel_data import PLOT_S, mark_rows, memory_series, step_counts, worker_rows, y_top
-from .state import RunState, breakdown, device_ms, phase_ms, recent_points, retry_rate, step_stats
+from .state import RunState, breakdown, device_ms, phase_ms, recent_points, retry_rate, step_stats, timed
 from .targets import Endpoint, from_discovery
 from .widgets import (
     CaptureLine,
@@ -248,7 +248,7 @@ class TorchtopApp(App[int]):
         self.phase_panel.device = device_ms(steps)
         self.phase_panel.step_ms = stats["mean_ms"]
         self.phase_panel.sample_every = hello.cuda_sample_every if hello else 0
-        self.phase_panel.timed = sum(1 for s in steps if s.phases)
+        self.phase_panel.timed = len(timed(steps))
         self.phase_panel.count = len(steps)
 
         skipped, evals = step_counts(steps, state.window(WINDOW_S, kind="eval"))
