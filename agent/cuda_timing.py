@@ -16,21 +16,26 @@ from typing import Any
 
 from .wire import BOUNDARY, H2D_COPY, MARK, MASK, SHIFT, STEP_END, STEP_EVENT
 
-BUDGET = 0.001  # event recording may take at most this share of step wall time: a sampled step
-# costs ~3x its record() calls (housekeeping, the stream lookup, cold caches): at 0.3% the whole
-# of it measured 1.2% of a launch-bound 2.2 ms step on an H100 (bench_paired.py)
+BUDGET = 0.0003  # event recording may take at most this share of step wall time. A sampled step
+# costs ~1.7x its record() calls (housekeeping, the stream lookup, the log's tuples, cold caches):
+# 81 us more than a timed step on a launch-bound 1.9 ms step on an H100, where the budget of
+# 0.1% gave a stride of 25 (3.3 us a step). At 0.03% the stride is ~60 there, ~8 samples a second.
 MAX_PENDING = 4096  # sampled steps waiting for the GPU; beyond this, their device times are dropped
 GIVE_UP_S = 30.0  # events not completed after this are abandoned (a hung kernel, a dead context)
 
 
 class EventPool:
-    """Reusable timing events. `take` runs on the training thread; everything else on the agent's."""
+    """Reusable timing events. `recorded` runs on the training thread; everything else on the agent's."""
 
     def __init__(self, torch: Any, size: int = 512) -> None:
         self._torch = torch
         self._free: deque[Any] = deque()
         self.target = size
         self.misses = 0
+        # the C method under torch.cuda.Event.record: a Python frame less on the training thread
+        base = getattr(torch._C, "_CudaEventBase", None)
+        event_cls = torch.cuda.Event
+        self._record = base.record if base is not None and issubclass(event_cls, base) else event_cls.record
         self.top_up()
 
     def top_up(self) -> None:
@@ -41,12 +46,15 @@ class EventPool:
     def current_stream(self) -> Any:
         return self._torch.cuda.current_stream()
 
-    def take(self) -> Any:
+    def recorded(self, stream: Any) -> Any:
+        """Training thread: a pooled event, recorded now on `stream` (None if the pool ran dry)."""
         try:
-            return self._free.pop()
+            ev = self._free.pop()
         except IndexError:
             self.misses += 1
             return None
+        self._record(ev, stream)
+        return ev
 
     def give(self, ev: Any) -> None:
         if ev is not None:
@@ -71,6 +79,7 @@ class EventResolver:
         self.abandoned = 0
         self.sampled_steps = 0  # sampled steps whose device times were read
         self._record_cost: deque[tuple[int, int]] = deque(maxlen=64)  # (record_ns, wall_ns)
+        self._costed = 0  # sampled steps read when the stride was last worked out
 
     def run(self, entries: list[Any], steps: int) -> list[tuple[list[Any], int]]:
         """Submit one drained chunk; return every chunk now ready, in order."""
@@ -147,8 +156,9 @@ class EventResolver:
     # -- sampling stride -----------------------------------------------------------------------
     def stride(self, current: int) -> int:
         """Sample one step in k so that event recording stays under BUDGET of step time."""
-        if not self._record_cost:
-            return current
+        if not self._record_cost or self._costed == self.sampled_steps:
+            return current  # nothing new: no sorting on this tick
+        self._costed = self.sampled_steps
         rec = sorted(r for r, _ in self._record_cost)[len(self._record_cost) // 2]
         wall = sorted(w for _, w in self._record_cost)[len(self._record_cost) // 2]
         if wall <= 0:

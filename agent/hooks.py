@@ -121,7 +121,9 @@ class AutoHooks:
         from torch.utils.data import dataloader
 
         cls = dataloader._BaseDataLoaderIter
-        self._setattr(cls, "__next__", timed(self.probe, DATA, cls.__next__))
+        # no CUDA events around the data wait: its device time means nothing, and two records are
+        # a fifth of a sampled step's cost
+        self._setattr(cls, "__next__", timed(self.probe, DATA, cls.__next__, events=False))
         self._patch_queue_get()
 
     def _patch_queue_get(self) -> None:
@@ -129,7 +131,7 @@ class AutoHooks:
         wait in `get()` is its data wait (the loader thread's own work is not counted)."""
         import queue
 
-        self._setattr(queue.Queue, "get", timed(self.probe, DATA, queue.Queue.get))
+        self._setattr(queue.Queue, "get", timed(self.probe, DATA, queue.Queue.get, events=False))
 
     # -- forward -------------------------------------------------------------------------------
     def _hook_forward(self) -> None:

@@ -58,7 +58,7 @@ FIRST_STEPS = 8  # steps with housekeeping at every boundary (discovery counts t
 # wall time are still logged.
 FULL_STEP_NS = 10_000_000  # steps at least this long: every one timed (1 in 2 at 5 ms, 1 in 5 at 2 ms)
 MAX_ONE_IN = 64  # 1 step in 64 timed at least (steps of 0.16 ms or less)
-UNTIMED, WAKE = 2, 1  # values of `light` (0: timed); WAKE: time again from the next root forward
+UNTIMED, WAKE = 2, 1  # values of `light` (0: timed; timed.py tests `>= 2`); WAKE: time from the next root forward
 _rand = random.Random().random  # our own generator: the user's seeded one is theirs
 _ALL_TIMED = [0] * (PERIOD + 1)  # `plan` while every step is timed
 
@@ -153,7 +153,7 @@ class Probe:
         self.tid = 0  # no thread has ident 0
         self.on_step = None
         self.sampled = False
-        self.put = _discard
+        self.put = self._append = _discard
         self.light = 0
         self.plan = _NoneTimed()  # type: ignore[assignment]
         self.left = self._batch = 1 << 30
@@ -209,9 +209,7 @@ class Probe:
     def record(self) -> Any:
         """A pooled event recorded now on this step's stream (None if the pool ran dry)."""
         t = perf_counter_ns()
-        ev = self.pool.take()
-        if ev is not None:
-            ev.record(self._stream)  # looked up once a step: current_stream() costs ~4 us
+        ev = self.pool.recorded(self._stream)  # looked up once a step: current_stream() costs ~4 us
         self._record_ns += perf_counter_ns() - t
         return ev
 

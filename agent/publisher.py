@@ -29,6 +29,7 @@ from .sockets import AgentSockets
 from .telemetry import TelemetryCollector
 
 RATE_HZ = 10.0
+QUIET_RATE_HZ = 2.0  # ticks while nobody is subscribed: the log still drains into the history
 HISTORY_ENTRIES = 150_000  # every entry of the last ~15k steps (~10 a step), for late joiners
 SPARSE_CHUNKS = 6_000  # before those: one step per chunk (~one per tick): 10 minutes at any rate
 CATCH_UP_CHUNKS = 30  # re-sent when the first subscriber arrives: covers a snapshot taken before it
@@ -41,6 +42,7 @@ REQUESTS_PER_TICK = 50  # more are left queued (and dropped at the socket's HWM)
 # 2 s of a 1.9 ms loop, against 41 with one wake a tick).
 TICK_EARLY_S = 0.002
 LIGHT_IDLE_S = 1.0  # no step ended this long in an untimed stretch: an eval loop? time it again
+QUIET_TELEMETRY_S = 1.0  # nobody subscribed: memory and NVML sampled this often
 
 
 class AgentLoop(threading.Thread):
@@ -85,6 +87,9 @@ class AgentLoop(threading.Thread):
         self._stop_event = threading.Event()
         self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
         self._light_seen = (-1, 0.0)  # (training steps, when that count was first seen)
+        self.ticks = 0
+        self._telemetry_due = 0.0  # nobody subscribed: when memory and NVML are sampled next
+        self.busy_ns = 0  # this thread's CPU time at work (holding the GIL, mostly), not waiting
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop_event.set()
@@ -103,17 +108,21 @@ class AgentLoop(threading.Thread):
                 wait_ms = math.ceil(max(0.0, next_tick - time.monotonic()) * 1000)
                 if self._budget <= 0:  # a flood of requests waits for the next tick: it must not
                     self._stop_event.wait(wait_ms / 1000)  # take the training thread's GIL
+                    busy = time.thread_time_ns()
                 else:
                     ready = dict(poller.poll(wait_ms))
-                    if pub in ready:
-                        self._subscriptions()
+                    busy = time.thread_time_ns()
+                    if pub in ready and self._subscriptions():
+                        next_tick = time.monotonic()  # a first subscriber: its catch-up now
                     if router in ready:
                         self._serve()
                 now = time.monotonic()
                 if now >= next_tick - TICK_EARLY_S:
                     self._budget = REQUESTS_PER_TICK
                     self._tick()
-                    next_tick = max(next_tick + self.period, now)
+                    period = self.period if self.subscribed else max(self.period, 1.0 / QUIET_RATE_HZ)
+                    next_tick = max(next_tick + period, now)
+                self.busy_ns += time.thread_time_ns() - busy
             except Exception as exc:
                 self.errors += 1
                 if self.errors == 1:  # say it once: a silent agent looks like a stuck run
@@ -148,20 +157,23 @@ class AgentLoop(threading.Thread):
         except Exception:
             self.errors += 1
 
-    def _subscriptions(self) -> None:
+    def _subscriptions(self) -> bool:
         """(Un)subscription messages: b"\\x01" when the first subscriber joins, b"\\x00" when
-        the last leaves. Anything else a peer sends is read and ignored."""
+        the last leaves. Anything else a peer sends is read and ignored. True when a first
+        subscriber came."""
         pub = self.sockets.pub
+        joined = False
         for _ in range(REQUESTS_PER_TICK):
             try:
                 msg = pub.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             if msg[:1] == b"\x01":
                 if not self.subscribed:
-                    self.subscribed, self._catch_up = True, True
+                    self.subscribed, self._catch_up, joined = True, True, True
             elif msg[:1] == b"\x00":
                 self.subscribed = False
+        return joined
 
     def _watch_light(self) -> None:
         """An untimed stretch (phase sampling) ends at a training step's end. When none has
@@ -175,6 +187,7 @@ class AgentLoop(threading.Thread):
             probe.light = WAKE
 
     def _tick(self) -> None:
+        self.ticks += 1
         self._maybe_enable_cuda()
         self._watch_light()
         if self.chores is not None:
@@ -199,24 +212,25 @@ class AgentLoop(threading.Thread):
                 self.chunk_seq += 1
         for chunk in new:
             self._keep(chunk)
-        if self._catch_up:  # a first subscriber: what it may have missed between snapshot and now
-            self._catch_up = False
-            log = self._recent(CATCH_UP_CHUNKS, CATCH_UP_ENTRIES)
-        elif self.subscribed:
-            log = new
-        else:
-            log = []  # nobody listens: a heartbeat; the chunks wait in the history
         if resolver.pool is not None:
             probe.sample_every = resolver.stride(probe.sample_every)
             resolver.pool.top_up()
-        telemetry = None
-        if self.telemetry is not None:
-            self.telemetry.fast()
-            telemetry = self.telemetry.latest()
-        capture = None
         if self.captures is not None:
             self.captures.poll()
-            capture = self.captures.current
+        attended = self.subscribed or self._catch_up
+        if self.telemetry is not None:
+            self.telemetry.attended = attended
+            now = time.monotonic()
+            if attended or now >= self._telemetry_due:
+                self._telemetry_due = now + QUIET_TELEMETRY_S
+                self.telemetry.fast()
+        if not attended:
+            return  # nobody listens: the chunks wait in the history; nothing to encode or send
+        if self._catch_up:  # a first subscriber: what it may have missed between snapshot and now
+            self._catch_up = False
+            log = self._recent(CATCH_UP_CHUNKS, CATCH_UP_ENTRIES)
+        else:
+            log = new
         batch = wire.Batch(
             v=wire.PROTOCOL_VERSION,
             run_id=self.run_id,
@@ -227,14 +241,14 @@ class AgentLoop(threading.Thread):
             rank=self.rank,
             dropped=probe.dropped,
             hook_errors=probe.failures,
-            telemetry=telemetry,
-            capture=capture,
+            telemetry=self.telemetry.latest() if self.telemetry is not None else None,
+            capture=self.captures.current if self.captures is not None else None,
         )
         try:
             self.sockets.pub.send(wire.encode(batch), zmq.NOBLOCK)
         except zmq.Again:
             pass
-        self.seq += 1
+        self.seq += 1  # only batches sent: a subscriber counts the missing numbers as gaps
 
     def _keep(self, chunk: wire.LogChunk) -> None:
         """Every entry of the last HISTORY_ENTRIES; older chunks thinned to their last step."""

@@ -15,6 +15,7 @@ from typing import Any
 from .wire import FragSample, GpuSample, HostSample, MemorySample, Telemetry
 
 SLOW_PERIOD_S = 1.0
+UNATTENDED_SLOW_PERIODS = 10  # nobody subscribed: the slow samplers run every this many periods
 DEVICE_REFRESH_S = 5.0
 MAX_FAILURES = 5
 
@@ -45,6 +46,9 @@ class TelemetryCollector:
     def __init__(self, torch: Any, enable_host: bool = True, enable_gpu: bool = True) -> None:
         self.torch = torch
         self.unavailable: dict[str, str] = {}
+        self.busy_ns = 0  # the slow thread's CPU time at work
+        self.attended = False  # a subscriber is on the stream (the agent thread says so)
+        self._cuda_check_at = 0.0
         self._memory: list[MemorySample] = []
         self._frag: list[FragSample] = []
         self._gpus: list[GpuSample] = []
@@ -79,7 +83,10 @@ class TelemetryCollector:
         """True once the user's code initialised CUDA; sets the CUDA samplers up on first sight."""
         if self._cuda_mem is not None:
             return True
-        torch = self.torch
+        torch, now = self.torch, time.monotonic()
+        if now < self._cuda_check_at:  # once a second: on a CPU build the check costs ~15 us
+            return False
+        self._cuda_check_at = now + 1.0
         try:
             if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
                 return False
@@ -166,11 +173,17 @@ class TelemetryCollector:
         self._thread.start()
 
     def _run(self) -> None:
+        quiet = 0
         while not self._stop.wait(SLOW_PERIOD_S):
+            quiet = 0 if self.attended else quiet + 1
+            if quiet % UNATTENDED_SLOW_PERIODS != 0:
+                continue  # nobody is watching: host, PCIe and fragmentation every 10 s only
+            busy = time.thread_time_ns()
             try:
                 self.slow()
             except Exception:
                 pass
+            self.busy_ns += time.thread_time_ns() - busy
 
     def stop(self) -> None:
         self._stop.set()

@@ -38,24 +38,29 @@ def {name}({params}):
 """
 
 
-def timed(probe: Probe, phase: int, orig: Any, enter: int | None = None) -> Any:
+def timed(probe: Probe, phase: int, orig: Any, enter: int | None = None, events: bool = True) -> Any:
     """`orig` wrapped so that its time on the training thread counts as `phase`.
 
     The hottest code torchtop has: a context-variable check that this is the training thread,
     then a time and a code on each side (`probe.put`), with orig's own signature and no call
     layer of ours in between (wrap.py). The try blocks are free in CPython 3.11 until they
-    catch; nothing can raise into the user's code.
+    catch; nothing can raise into the user's code. Without `events` (the data wait: no device
+    work of its own) a sampled step records no CUDA event there (`probe._append`, not `put`).
     """
     names = {
         "_tt_current": current, "_tt_probe": probe, "_tt_pc": perf_counter_ns,
         "_tt_enter": phase if enter is None else enter, "_tt_leave": EXIT | phase,
     }
-    return signature_wrapper(orig, _TIMED, names, getattr(orig, "__name__", "wrapper"))
+    template = _TIMED if events else _TIMED.replace("_tt_probe.put", "_tt_probe._append")
+    return signature_wrapper(orig, template, names, getattr(orig, "__name__", "wrapper"))
 
 
 _FORWARD = """
 def {name}({params}):
     if _tt_dynamo():  # first: under dynamo it is a constant and nothing else here is traced
+        return _tt_orig({call})
+    _tt_p = _tt_probe
+    if _tt_p.light >= 2:  # UNTIMED: a step whose phases are not timed (phase sampling)
         return _tt_orig({call})
     if {first} is _tt_root[0]():
         _tt_code = _tt_root[1]
@@ -63,11 +68,8 @@ def {name}({params}):
         _tt_code = _tt_others.get(_tt_id({first}))
         if _tt_code is None:
             return _tt_orig({call})
-    _tt_p = _tt_probe
-    if _tt_p.light:
-        if _tt_p.light != 1:  # a step whose phases are not timed (phase sampling)
-            return _tt_orig({call})
-        _tt_p.wake()  # no step ended for a second (an eval loop?): timed from here
+    if _tt_p.light:  # WAKE: no step ended for a second (an eval loop?): timed from here
+        _tt_p.wake()
     if _tt_p.depth or (_tt_current() is not _tt_p and _tt_p.adopt() is None):
         return _tt_orig({call})  # nested in a root, or another thread
     _tt_p.depth = 1

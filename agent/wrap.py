@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import keyword
 from typing import Any
 
 _VAR_POS, _VAR_KW = inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD
@@ -84,6 +85,8 @@ def signature_wrapper(
             f"{_PREFIX}self, *{_PREFIX}a, **{_PREFIX}k", f"{_PREFIX}self", {}
     else:
         params, call, first, defaults = parts
+    if not name.isidentifier() or keyword.iskeyword(name):  # a lambda's "<lambda>"
+        name = "wrapper"
     source = template.format(name=name, params=params, call=call, first=first)
     namespace: dict[str, Any] = {**names, **defaults, f"{_PREFIX}orig": orig, "__builtins__": __builtins__}
     exec(compile(source, f"<torchtop {name}>", "exec"), namespace)  # noqa: S102 - our template

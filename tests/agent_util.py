@@ -12,6 +12,14 @@ from torchtop.monitor.client import AgentClient
 from torchtop.monitor.targets import Endpoint
 
 
+def cuda_in_use() -> bool:
+    """This process initialised CUDA (a GPU machine, after a CUDA test): the agent then reports
+    the GPU, and the CPU-only paths are checked where it has not."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 def free_port() -> int:
     """A loopback port free right now."""
     with socket.socket() as s:

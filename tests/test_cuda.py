@@ -151,7 +151,7 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
             break
     torch.cuda.synchronize()
 
-    n = 61
+    n = 121
     i0 = probe.steps  # the step now open is the first profiled one (steps are contiguous)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(n):

@@ -8,11 +8,13 @@ passed the moment it was recorded, as a real one does once the stream reaches it
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from torchtop.agent import wire
+from torchtop.agent import cuda_timing, wire
 from torchtop.agent.cuda_timing import EventResolver
 from torchtop.agent.probe import Probe
+from torchtop.agent.timed import timed
 from torchtop.monitor.log_replay import LogReplay
 
 BACKWARD, FORWARD, OPTIMIZER = wire.BACKWARD, wire.FORWARD, wire.OPTIMIZER
@@ -56,11 +58,13 @@ class FakePool:
         self.size = size
         self.misses = 0
 
-    def take(self) -> FakeEvent | None:
+    def recorded(self, stream: Any) -> FakeEvent | None:
         if not self.free:
             self.misses += 1
             return None
-        return self.free.pop()
+        ev = self.free.pop()
+        ev.record(stream)
+        return ev
 
     def give(self, ev: FakeEvent) -> None:
         assert ev not in self.free, "an event returned twice"
@@ -137,6 +141,49 @@ def test_device_times_wait_for_the_gpu_then_reach_the_monitor() -> None:
         assert abs(r.device_ms["step"] - 6.5) < 1e-9  # boundary to boundary on the stream
     # (the first step opens at its forward: the log's first entry, the copy, has no step yet)
     assert all(r.h2d_bytes == {"pinned": 4096} for r in records[1:])
+
+
+def test_the_stride_follows_the_recording_cost_and_is_worked_out_once_per_new_sample(monkeypatch: Any) -> None:
+    probe, gpu, pool, resolver = _setup()
+    monkeypatch.setattr(cuda_timing, "BUDGET", 0.05)  # 100 us of a 2 ms step: the fake records fit
+    for _ in range(8):
+        _one_step(probe, gpu)
+        time.sleep(0.002)
+    gpu.done_ms = gpu.queued_ms
+    resolver.run(*probe.drain())
+    assert resolver.sampled_steps == 3
+    assert resolver.stride(8) == 1
+    assert resolver.stride(77) == 77  # nothing sampled since: kept as it is, no sorting
+    monkeypatch.setattr(cuda_timing, "BUDGET", 1e-9)
+    for _ in range(4):
+        _one_step(probe, gpu)
+    gpu.done_ms = gpu.queued_ms
+    resolver.run(*probe.drain())
+    assert resolver.stride(77) == 1000  # new samples: worked out again (at the new budget, the cap)
+
+
+def test_a_sampled_step_records_events_around_compute_but_not_the_data_wait() -> None:
+    probe, gpu, pool, resolver = _setup()
+    fetch = timed(probe, wire.DATA, lambda it: None, events=False)  # as the DataLoader's __next__
+    backward = timed(probe, BACKWARD, lambda loss: gpu.launch(3.0))
+    while not probe.sampled:
+        probe.cut()
+    free = len(pool.free)  # the sampled step's start event is out already
+    fetch(None)
+    backward(None)
+    probe.cut()
+    entries, steps = probe.drain()
+    sampled = entries[entries.index(next(e for e in entries if type(e) is tuple and e[0] & wire.MASK == wire.STEP_EVENT)):]
+    codes = [(e if type(e) is int else e[0]) & wire.MASK for e in sampled]
+    assert codes[1:6] == [wire.DATA, wire.EXIT | wire.DATA, BACKWARD, wire.EXIT | BACKWARD, wire.BOUNDARY]
+    assert [type(e) for e in sampled[1:6]] == [int, int, tuple, tuple, tuple]  # no event at the data wait
+    # the backward's two events and the step end's (and the next step's start, if sampled too)
+    assert free - len(pool.free) == 3 + probe.sampled
+    gpu.done_ms = gpu.queued_ms
+    records = LogReplay().feed(_ship(resolver.run(entries, steps)), wall_offset=0.0, rank=0, flush=True)
+    timed_step = [r for r in records if r.device_ms][-1]
+    assert timed_step.device_ms == {"step": 3.0, "backward": 3.0}
+    assert timed_step.phases["data"] >= 0
 
 
 def test_a_sampled_step_split_across_chunks_keeps_its_device_times() -> None:

@@ -66,6 +66,7 @@ def test_history_is_downsampled_beyond_its_last_entries(monkeypatch) -> None:
     """Beyond HISTORY_ENTRIES the agent keeps one whole step per log chunk (~one per tick),
     numbered as it was, so a late joiner still sees the run from its start."""
     monkeypatch.setattr(publisher, "HISTORY_ENTRIES", 3000)  # 500 steps of 6 entries
+    monkeypatch.setattr(publisher, "QUIET_RATE_HZ", 10.0)  # unattended, a tick (a chunk) each 0.1 s
     agent = ta.start(phase_every=1)  # every step timed: 6 entries each
     assert agent is not None
     t0 = time.time()

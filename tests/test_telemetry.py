@@ -8,11 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import torchtop.agent as ta
-from tests.agent_util import client_for
+from tests.agent_util import client_for, cuda_in_use
 from torchtop.agent.sample_cuda_memory import CudaMemorySampler, fragmentation
 from torchtop.agent.sample_host import HostSampler
 from torchtop.agent.sample_nvml import NvmlSampler, visible_devices
@@ -51,6 +52,8 @@ def test_host_sampler_sees_busy_dataloader_workers() -> None:
 
 
 def test_collector_on_cpu_says_why_cuda_parts_are_missing() -> None:
+    if cuda_in_use():
+        pytest.skip("this process uses CUDA: the CPU paths are checked where it does not")
     tc = TelemetryCollector(torch)
     tc.fast()
     tc.slow()
@@ -187,8 +190,32 @@ def test_agent_publishes_telemetry_in_batches() -> None:
         while time.monotonic() < deadline:
             for batch in client.recv_batches(0.5):
                 if batch.telemetry is not None and batch.telemetry.host is not None:
-                    assert batch.telemetry.unavailable.get("memory") == "CUDA not in use"
+                    if not cuda_in_use():
+                        assert batch.telemetry.unavailable.get("memory") == "CUDA not in use"
                     return
         raise AssertionError("no telemetry with a host sample within 5 s")
     finally:
         client.close()
+
+
+def test_the_slow_samplers_rest_while_nobody_is_watching(monkeypatch) -> None:
+    """Host, PCIe and fragmentation figures only reach a subscriber: unattended, the slow
+    thread samples every UNATTENDED_SLOW_PERIODS periods; attended, every period."""
+    from torchtop.agent import telemetry
+
+    monkeypatch.setattr(telemetry, "SLOW_PERIOD_S", 0.01)
+    tc = TelemetryCollector(torch, enable_host=False)
+    calls = [0]
+    monkeypatch.setattr(tc, "slow", lambda: calls.__setitem__(0, calls[0] + 1))
+    tc.start()
+    try:
+        time.sleep(0.6)  # ~60 periods
+        unattended = calls[0]
+        tc.attended = True
+        time.sleep(0.3)
+        attended = calls[0] - unattended
+    finally:
+        tc.stop()
+    assert unattended <= 60 // telemetry.UNATTENDED_SLOW_PERIODS + 2, unattended
+    assert attended >= 8, attended
+    assert tc.busy_ns > 0

@@ -71,3 +71,10 @@ def test_a_partial_or_a_callable_object_is_wrapped_too() -> None:
 
     w, calls = _wrap(functools.partial(add, 1))
     assert w(2) == 3 and calls == [2]
+
+
+@pytest.mark.parametrize("name", ["<lambda>", "class", ""])
+def test_a_name_that_is_no_identifier_still_wraps(name: str) -> None:
+    calls: list = []
+    w = signature_wrapper(lambda x, y=3: x + y, _LOG, {"_tt_calls": calls}, name)
+    assert w(1) == 4 and w(1, y=1) == 2 and calls == [1, 1]

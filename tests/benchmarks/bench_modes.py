@@ -1,0 +1,135 @@
+"""What each kind of step costs: bench_paired.py's pairs, with the agent's choices pinned.
+
+    python tests/benchmarks/bench_modes.py [--device cpu|cuda] [--pairs N]
+
+Not collected by pytest. The same loop and pairing as bench_paired.py, in sessions that each
+force one kind of step on the wrapped side: every step untimed (only its end logged), every
+step's phases timed, and on CUDA every step (or 1 in 8) with CUDA events, then the agent's
+default as it runs on this loop (its timed share and event stride read from a free run) and the
+default unpinned. An A/A session (the originals on both sides) checks the estimator. The last
+line puts the parts together: untimed + share x timed extra + sampled extra / stride.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+from typing import Any
+
+import torch
+
+import torchtop.agent as ta
+from torchtop.agent import cuda_timing
+from torchtop.agent import probe as probe_mod
+from torchtop.agent.hooks_optimizer import _step_cell
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_overhead import calibrate_cpu, calibrate_cuda  # noqa: E402
+from bench_paired import PARTS, _loop, free_run, trimmed_ci, trimmed_mean  # noqa: E402
+
+FORCE: dict[str, int | None] = {"light": None, "every": None}
+
+
+def _pin() -> None:
+    """The probe's plan and the resolver's stride follow FORCE where it says so."""
+    plan, stride = probe_mod.Probe._plan, cuda_timing.EventResolver.stride
+
+    def _plan(self: Any, one_in: int, batch: int) -> None:
+        if FORCE["light"] is None:
+            return plan(self, one_in, batch)
+        self.plan = [FORCE["light"]] * (batch + 1)
+        self.light = FORCE["light"]
+
+    def _stride(self: Any, current: int) -> int:
+        return stride(self, current) if FORCE["every"] is None else FORCE["every"]
+
+    probe_mod.Probe._plan = _plan  # type: ignore[method-assign]
+    cuda_timing.EventResolver.stride = _stride  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--pairs", type=int, default=2500)
+    args = p.parse_args(argv)
+    os.environ.setdefault("TORCHTOP_QUIET", "1")
+    os.environ.setdefault("TORCHTOP_RUNTIME_DIR", tempfile.mkdtemp(prefix="torchtop-bench-"))
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    _pin()
+    size = calibrate_cpu(64, 2.0) if args.device == "cpu" else calibrate_cuda(32, 2.0)
+    step, _, opt_cls, desc = _loop(args.device, size)
+    cell = _step_cell(opt_cls.step)
+    if cell is None:
+        raise SystemExit("this torch's optimizer step wrapper has no cell to swap")
+    dl = torch.utils.data.dataloader._BaseDataLoaderIter
+    slots = [(torch.nn.Sequential, "forward"), (torch.autograd, "backward"), (dl, "__next__")]
+    orig = [getattr(o, n) for o, n in slots] + [cell.cell_contents]
+    agent = ta.start()
+    if agent is None:
+        raise SystemExit("the agent did not start")
+    probe = agent.probe
+    try:
+        for _ in range(300):
+            step()
+        wrapped = [getattr(o, n) for o, n in slots] + [cell.cell_contents]
+        share, every = free_run(step, probe, 2000)
+        print(f"{args.device}: {desc}; the agent's own choices: phases timed on {share:.1%} of steps"
+              + (f", CUDA events on 1 step in {every}" if every else ""))
+
+        def use(fns: list[Any]) -> None:
+            for (owner, name), fn in zip(slots, fns):
+                setattr(owner, name, fn)
+            cell.cell_contents = fns[-1]
+
+        def session(name: str, light: int | None, ev: int | None, phase_every: int = 0, aa: bool = False) -> float:
+            FORCE["light"], FORCE["every"] = light, ev
+            probe.phase_every = phase_every
+            if ev is not None:
+                probe.sample_every = ev
+            probe.left = 1  # housekeeping at the next step end applies it
+            use(wrapped)
+            for _ in range(100):
+                step()
+            rng = random.Random(1)
+            diffs: list[list[int]] = [[] for _ in PARTS]
+            base = []
+            for _ in range(args.pairs):
+                got = {}
+                for on in ((True, False) if rng.random() < 0.5 else (False, True)):
+                    use(wrapped if on and not aa else orig)
+                    got[on] = step()
+                for k in range(len(PARTS)):
+                    diffs[k].append(got[True][k] - got[False][k])
+                base.append(got[False][5])
+            use(wrapped)
+            host = statistics.median(base) / 1e3
+            us = trimmed_mean(diffs[5]) / 1e3
+            lo, hi = trimmed_ci(diffs[5])
+            print(f"[{name}] {us:+.2f} us a step (95% CI {lo / 1e3:+.2f} .. {hi / 1e3:+.2f}) = {us / host:+.2%} of "
+                  f"{host:.0f} us; " + ", ".join(f"{p} {trimmed_mean(d) / 1e3:+.2f}" for p, d in zip(PARTS[:5], diffs[:5])))
+            return us
+
+        session("A/A: the originals on both sides", None, None, aa=True)
+        untimed = session("every step untimed", probe_mod.UNTIMED, 0)
+        timed = session("every step timed", 0, 0)
+        sampled = session("every step with CUDA events", None, 1) if every else 0.0
+        if every:
+            session("CUDA events on 1 step in 8", None, 8)
+        session("the default as it runs here", None, every or 0, phase_every=max(1, round(1 / share)) if share else 1)
+        session("the default, unpinned (the agent sees every other step)", None, None)
+        model = untimed + share * (timed - untimed) + ((sampled - timed) / every if every else 0.0)
+        print(f"parts: untimed {untimed:.2f} + {share:.3f} x timed extra {timed - untimed:.2f}"
+              + (f" + sampled extra {sampled - timed:.2f} / {every}" if every else "") + f" = {model:.2f} us a step")
+    finally:
+        FORCE["light"] = FORCE["every"] = None
+        ta.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
