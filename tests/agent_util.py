@@ -5,11 +5,15 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent import wire
 from torchtop.monitor.client import AgentClient
 from torchtop.monitor.targets import Endpoint
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.utils.data import DataLoader
 
 
 def cuda_in_use() -> bool:
@@ -92,3 +96,47 @@ def waited(items: Iterable[Any], waits: list[int]) -> Iterator[Any]:
             return
         waits.append(time.perf_counter_ns() - t)
         yield item
+
+
+# -- a small CPU training loop (torch imported on use: monitor-only tests import this module too) -
+def mlp() -> nn.Module:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4))
+
+
+def tensor_loader(n_batches: int, batch_size: int = 16, **kw) -> DataLoader:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(1)
+    ds = TensorDataset(torch.randn(n_batches * batch_size, 32, generator=g), torch.randint(0, 4, (n_batches * batch_size,), generator=g))
+    return DataLoader(ds, batch_size=batch_size, **kw)
+
+
+def train(model: nn.Module, loader, opt=None, accumulate: int = 1) -> int:
+    """A plain loop, not changed for the agent; returns how many optimizer steps it took."""
+    import torch
+    from torch import nn
+
+    opt = opt or torch.optim.SGD(model.parameters(), lr=0.05)
+    steps = 0
+    for k, (x, y) in enumerate(loader, 1):
+        loss = nn.functional.cross_entropy(model(x), y) / accumulate
+        loss.backward()
+        if k % accumulate == 0:
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+    return steps
+
+
+def check_records(steps: list[wire.StepRecord]) -> None:
+    """Invariants of every record: all phases present, they tile the wall time exactly."""
+    for s in steps:
+        assert set(s.phases) == set(wire.PHASES), s
+        assert all(v >= 0 for v in s.phases.values()), s
+        assert sum(s.phases.values()) == s.wall_ns, s
+        assert s.wall_ns > 0

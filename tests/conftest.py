@@ -82,3 +82,31 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+@pytest.fixture(scope="module")
+def one_thread_warm_torch():
+    """One intra-op thread (the 2-core machines are shared) and torch's lazy imports done.
+
+    For the modules that train real CPU loops: `pytestmark = pytest.mark.usefixtures(...)`.
+    """
+    import torch
+
+    from tests.agent_util import mlp, tensor_loader, train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    train(mlp(), tensor_loader(2))
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def agent():
+    """An in-process agent started for this test, stopped afterwards (some modules have their own)."""
+    import torchtop.agent as ta
+
+    a = ta.start()
+    assert a is not None
+    yield a
+    ta.stop()
