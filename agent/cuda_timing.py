@@ -18,8 +18,9 @@ from .wire import BOUNDARY, H2D_COPY, MARK, MASK, SHIFT, STEP_END, STEP_EVENT
 
 BUDGET = 0.0003  # event recording may take at most this share of step wall time. A sampled step
 # costs ~1.7x its record() calls (housekeeping, the stream lookup, the log's tuples, cold caches):
-# 81 us more than a timed step on a launch-bound 1.9 ms step on an H100, where the budget of
-# 0.1% gave a stride of 25 (3.3 us a step). At 0.03% the stride is ~60 there, ~8 samples a second.
+# 81-96 us more than a timed step on a launch-bound ~2 ms step on an H100, where the budget of
+# 0.1% gave a stride of 25 (3.3 us a step). At 0.03% it measured 79-120 there (~1 us a step,
+# 4-6 sampled steps a second); on a 15 ms step, 16-22 (bench_modes.py, test_cuda.py).
 MAX_PENDING = 4096  # sampled steps waiting for the GPU; beyond this, their device times are dropped
 GIVE_UP_S = 30.0  # events not completed after this are abandoned (a hung kernel, a dead context)
 
