@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -25,11 +24,10 @@ import torch
 import torchtop.agent as ta
 from torchtop.agent import cuda_timing
 from torchtop.agent import probe as probe_mod
-from torchtop.agent.hooks_optimizer import _step_cell
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_overhead import calibrate_cpu, calibrate_cuda  # noqa: E402
-from bench_paired import PARTS, _loop, free_run, trimmed_ci, trimmed_mean  # noqa: E402
+from bench_paired import PARTS, Hooked, _loop, free_run, one_in, paired, trimmed_ci, trimmed_mean  # noqa: E402
 
 FORCE: dict[str, int | None] = {"light": None, "every": None}
 
@@ -63,12 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     _pin()
     size = calibrate_cpu(64, 2.0) if args.device == "cpu" else calibrate_cuda(32, 2.0)
     step, _, opt_cls, desc = _loop(args.device, size)
-    cell = _step_cell(opt_cls.step)
-    if cell is None:
-        raise SystemExit("this torch's optimizer step wrapper has no cell to swap")
-    dl = torch.utils.data.dataloader._BaseDataLoaderIter
-    slots = [(torch.nn.Sequential, "forward"), (torch.autograd, "backward"), (dl, "__next__")]
-    orig = [getattr(o, n) for o, n in slots] + [cell.cell_contents]
+    hooked = Hooked(opt_cls)
     agent = ta.start()
     if agent is None:
         raise SystemExit("the agent did not start")
@@ -76,15 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for _ in range(300):
             step()
-        wrapped = [getattr(o, n) for o, n in slots] + [cell.cell_contents]
+        hooked.installed()
         share, every = free_run(step, probe, 2000)
         print(f"{args.device}: {desc}; the agent's own choices: phases timed on {share:.1%} of steps"
               + (f", CUDA events on 1 step in {every}" if every else ""))
-
-        def use(fns: list[Any]) -> None:
-            for (owner, name), fn in zip(slots, fns):
-                setattr(owner, name, fn)
-            cell.cell_contents = fns[-1]
 
         def session(name: str, light: int | None, ev: int | None, phase_every: int = 0, aa: bool = False) -> float:
             FORCE["light"], FORCE["every"] = light, ev
@@ -92,21 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             if ev is not None:
                 probe.sample_every = ev
             probe.left = 1  # housekeeping at the next step end applies it
-            use(wrapped)
             for _ in range(100):
                 step()
-            rng = random.Random(1)
-            diffs: list[list[int]] = [[] for _ in PARTS]
-            base = []
-            for _ in range(args.pairs):
-                got = {}
-                for on in ((True, False) if rng.random() < 0.5 else (False, True)):
-                    use(wrapped if on and not aa else orig)
-                    got[on] = step()
-                for k in range(len(PARTS)):
-                    diffs[k].append(got[True][k] - got[False][k])
-                base.append(got[False][5])
-            use(wrapped)
+            diffs, base = paired(step, hooked, args.pairs, aa)
             host = statistics.median(base) / 1e3
             us = trimmed_mean(diffs[5]) / 1e3
             lo, hi = trimmed_ci(diffs[5])
@@ -120,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         sampled = session("every step with CUDA events", None, 1) if every else 0.0
         if every:
             session("CUDA events on 1 step in 8", None, 8)
-        session("the default as it runs here", None, every or 0, phase_every=max(1, round(1 / share)) if share else 1)
+        session("the default as it runs here", None, every or 0, phase_every=one_in(share))
         session("the default, unpinned (the agent sees every other step)", None, None)
         model = untimed + share * (timed - untimed) + ((sampled - timed) / every if every else 0.0)
         print(f"parts: untimed {untimed:.2f} + {share:.3f} x timed extra {timed - untimed:.2f}"

@@ -137,6 +137,62 @@ def free_run(step: Any, probe: Any, n: int) -> tuple[float, int]:
     return timed / n, probe.sample_every if probe.pool is not None else 0
 
 
+class Hooked:
+    """The functions torchtop wraps in this loop, swapped between its wrappers and the originals
+    with one call: the root's `forward`, `autograd.backward`, the DataLoader's `__next__`,
+    `Tensor.to/.cuda/.copy_`, and the optimizer's step in torch's wrapper cell."""
+
+    def __init__(self, opt_cls: type) -> None:
+        cell = _step_cell(opt_cls.step)
+        if cell is None:
+            raise SystemExit("this torch's optimizer step wrapper has no cell to swap")
+        self.cell = cell
+        dl = torch.utils.data.dataloader._BaseDataLoaderIter
+        self.slots = [(torch.nn.Sequential, "forward"), (torch.autograd, "backward"), (dl, "__next__")]
+        self.slots += [(torch.Tensor, name) for name in ("to", "cuda", "copy_")]
+        self.orig = self._now()
+        self.wrapped: list[Any] = []
+
+    def _now(self) -> list[Any]:
+        return [getattr(o, n) for o, n in self.slots] + [self.cell.cell_contents]
+
+    def installed(self) -> None:
+        """After start() and a few steps: these are the wrappers."""
+        self.wrapped = self._now()
+        if any(a is b for a, b in zip(self.orig[:2] + self.orig[-1:], self.wrapped[:2] + self.wrapped[-1:])):
+            raise SystemExit("the hooks are not installed")
+
+    def use(self, on: bool) -> None:
+        fns = self.wrapped if on else self.orig
+        for (owner, name), fn in zip(self.slots, fns):
+            setattr(owner, name, fn)
+        self.cell.cell_contents = fns[-1]
+
+
+def paired(step: Any, hooked: Hooked, pairs: int, aa: bool = False) -> tuple[list[list[int]], list[int]]:
+    """Per part, the wrapped step's time minus the unwrapped one's, for each pair of adjacent
+    steps in random order; and the unwrapped steps' times. `aa`: the originals on both sides
+    (a check of the estimator). Ends with the wrappers in place."""
+    rng = random.Random(1)
+    diffs: list[list[int]] = [[] for _ in PARTS]
+    base: list[int] = []
+    for _ in range(pairs):
+        got = {}
+        for on in ((True, False) if rng.random() < 0.5 else (False, True)):
+            hooked.use(on and not aa)
+            got[on] = step()
+        for k in range(len(PARTS)):
+            diffs[k].append(got[True][k] - got[False][k])
+        base.append(got[False][5])
+    hooked.use(True)
+    return diffs, base
+
+
+def one_in(share: float) -> int:
+    """`phase_every` that times about `share` of the steps."""
+    return max(1, round(1 / share)) if share > 0 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -150,13 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
     size = args.size or (calibrate_cpu(64, 2.0) if args.device == "cpu" else calibrate_cuda(32, 2.0))
     step, model, opt_cls, desc = _loop(args.device, size)
-    dl = torch.utils.data.dataloader._BaseDataLoaderIter
-    cell = _step_cell(opt_cls.step)
-    if cell is None:
-        raise SystemExit("this torch's optimizer step wrapper has no cell to swap")
-    slots = [(torch.nn.Sequential, "forward"), (torch.autograd, "backward"), (dl, "__next__")]
-    slots += [(torch.Tensor, name) for name in ("to", "cuda", "copy_")]
-    orig = [getattr(o, n) for o, n in slots] + [cell.cell_contents]
+    hooked = Hooked(opt_cls)
     if ta.start(phase_every=args.phase_every) is None:
         raise SystemExit("the agent did not start")
     agent = ta.current()
@@ -165,38 +215,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for _ in range(300):
             step()
-        wrapped = [getattr(o, n) for o, n in slots] + [cell.cell_contents]
-        if any(a is b for a, b in zip(orig[:2] + orig[-1:], wrapped[:2] + wrapped[-1:])):
-            raise SystemExit("the hooks are not installed")
+        hooked.installed()
         share, every = free_run(step, probe, 2000)
         # the paired steps keep the free run's choices (see the docstring)
         if not args.phase_every:
-            probe.phase_every = max(1, round(1 / share)) if share > 0 else 1
+            probe.phase_every = one_in(share)
         if every:
             cuda_timing.EventResolver.stride = lambda self, current: every  # type: ignore[method-assign]
 
-        def use(fns: list[Any]) -> None:
-            for (owner, name), fn in zip(slots, fns):
-                setattr(owner, name, fn)
-            cell.cell_contents = fns[-1]
-
-        rng = random.Random(1)
-        diffs: list[list[int]] = [[] for _ in PARTS]
-        base: list[int] = []
         cpu0, busy0 = agent_threads_cpu_ns(), agent_busy_ns(agent)
-        for _ in range(args.pairs):
-            got = {}
-            for on in ((True, False) if rng.random() < 0.5 else (False, True)):
-                use(wrapped if on else orig)
-                got[on] = step()
-            for k in range(len(PARTS)):
-                diffs[k].append(got[True][k] - got[False][k])
-            base.append(got[False][5])
+        diffs, base = paired(step, hooked, args.pairs)
         busy1 = agent_busy_ns(agent)
         loop_us, slow_us = ((b - a) / (2 * args.pairs) / 1e3 for a, b in zip(busy0, busy1))
         threads_us = loop_us + slow_us
         cpu_us = (agent_threads_cpu_ns() - cpu0) / (2 * args.pairs) / 1e3
-        use(wrapped)
         if args.device == "cuda":
             torch.cuda.synchronize()
         step_us = statistics.median(base) / 1e3
