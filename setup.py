@@ -29,7 +29,9 @@ try:  # PEP 660 editable installs: put the .pth into the editable wheel too
     class editable_wheel_with_pth(editable_wheel):
         def _install_namespaces(self, installation_dir, pth_prefix):  # type: ignore[no-untyped-def]
             super()._install_namespaces(installation_dir, pth_prefix)
-            self.copy_file(str(Path(__file__).parent / PTH), str(Path(installation_dir) / PTH), preserve_mode=0)
+            self.copy_file(
+                str(Path(__file__).parent / PTH), str(Path(installation_dir) / PTH), preserve_mode=0
+            )
 
     cmdclass["editable_wheel"] = editable_wheel_with_pth
 except ImportError:

@@ -16,7 +16,11 @@ import sys
 from typing import Any
 
 _armed = False
-_LAUNCHERS = ("torchrun", os.path.join("torch", "distributed", "run.py"), os.path.join("torch", "distributed", "launch.py"))
+_LAUNCHERS = (
+    "torchrun",
+    os.path.join("torch", "distributed", "run.py"),
+    os.path.join("torch", "distributed", "launch.py"),
+)
 
 
 def enabled() -> bool:

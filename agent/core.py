@@ -15,19 +15,12 @@ import time
 import uuid
 from typing import Any
 
-from . import discovery, wire
+from torchtop.agent.contract import discovery, wire
+from torchtop.agent.warn import warn
 
 VERSION = "0.1.0"
 _lock = threading.Lock()
 _agent: Agent | None = None
-
-
-def warn(message: str) -> None:
-    """One line on stderr; never raises (stderr may be closed)."""
-    try:
-        print(f"torchtop: {message}", file=sys.stderr, flush=True)
-    except Exception:
-        pass
 
 
 def _env_int(name: str, default: int) -> int:
@@ -41,10 +34,11 @@ class Agent:
     """One running agent: probe + hooks on the training thread; sockets and loop on its own."""
 
     def __init__(self, torch: Any, port: int | None, bind: str, auto: bool, phase_every: int = 0) -> None:
-        from .hooks import AutoHooks
-        from .probe import Probe
-        from .publisher import AgentLoop
-        from .sockets import open_sockets
+        from torchtop.agent.cuda_use import CudaUse
+        from torchtop.agent.hooks.auto import AutoHooks
+        from torchtop.agent.hooks.probe import Probe
+        from torchtop.agent.loop.loop import AgentLoop
+        from torchtop.agent.loop.sockets import open_sockets
 
         self.torch = torch
         self.pid = os.getpid()
@@ -59,18 +53,24 @@ class Agent:
         self.hooks = None
         self.telemetry = None
         try:
-            from .capture import CaptureController
+            from torchtop.agent.capture.controller import CaptureController
 
-            self.captures = CaptureController(torch, self.probe)
-            from .telemetry import TelemetryCollector
+            self.cuda = CudaUse(torch)
+            self.captures = CaptureController(self.cuda, self.probe)
+            from torchtop.agent.telemetry.collector import TelemetryCollector
 
-            self.telemetry = TelemetryCollector(torch)
+            self.telemetry = TelemetryCollector(self.cuda)
             self.telemetry.start()
             if auto:
                 self.hooks = AutoHooks(self.probe, torch, h2d=torch.cuda.is_available())
                 self.hooks.install()
             self.loop = AgentLoop(
-                self.probe, self.sockets, self.hello, self.run_id, torch, self.rank,
+                self.probe,
+                self.sockets,
+                self.hello,
+                self.run_id,
+                self.cuda,
+                self.rank,
                 telemetry=self.telemetry,
                 captures=self.captures,
                 chores=self.hooks.agent_tick if self.hooks is not None else None,
@@ -129,7 +129,7 @@ class Agent:
             torch_version=str(getattr(self.torch, "__version__", "")),
             agent_version=VERSION,
             argv=list(sys.argv),
-            cuda_sample_every=self.probe.sample_every if self.probe.pool is not None else 0,
+            cuda_event_every=self.probe.event_every if self.probe.pool is not None else 0,
         )
 
     def _discovery_info(self) -> dict[str, Any]:
@@ -179,8 +179,9 @@ class Agent:
             self.hooks.uninstall()
 
 
-def start(port: int | None = None, bind: str | None = None, auto: bool = True,
-          phase_every: int | None = None) -> Agent | None:
+def start(
+    port: int | None = None, bind: str | None = None, auto: bool = True, phase_every: int | None = None
+) -> Agent | None:
     """Start the agent in this process (once). Returns at once; never raises into training.
 
     port: the request port (batches go out on port + 1); default $TORCHTOP_PORT or a free pair.
@@ -197,12 +198,14 @@ def start(port: int | None = None, bind: str | None = None, auto: bool = True,
             try:
                 import torch
             except Exception as exc:
-                warn(f"torch is not importable ({exc}); install torch (pip install 'torchtop[torch]'); the agent is off")
+                warn(
+                    f"torch is not importable ({exc}); install torch (pip install 'torchtop[torch]'); the agent is off"
+                )
                 return None
             if port is None and os.environ.get("TORCHTOP_PORT"):
                 port = _env_int("TORCHTOP_PORT", 0) or None
             bind = bind or os.environ.get("TORCHTOP_BIND") or "127.0.0.1"
-            from .sockets import BindError
+            from torchtop.agent.loop.sockets import BindError
 
             try:
                 if phase_every is None:
@@ -212,7 +215,9 @@ def start(port: int | None = None, bind: str | None = None, auto: bool = True,
                 warn(f"{exc}; training continues without torchtop")
                 return None
             if not os.environ.get("TORCHTOP_QUIET"):
-                warn(f"agent on {bind}:{_agent.port} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}")
+                warn(
+                    f"agent on {bind}:{_agent.port} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}"
+                )
             return _agent
     except Exception as exc:  # never into training
         warn(f"agent failed to start ({type(exc).__name__}: {exc}); training continues without it")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import common, data
+from torchtop.demos import common, data
 
 
 def main(argv: list[str] | None = None) -> int:

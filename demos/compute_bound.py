@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import common, data
+from torchtop.demos import common, data
 
 CPU = common.Sizes(batch_size=64, width=48, worker_cap=1)
 CUDA = common.Sizes(batch_size=512, width=512, worker_cap=8)

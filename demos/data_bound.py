@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from . import common, data
+from torchtop.demos import common, data
 
 CPU = common.Sizes(batch_size=64, width=16, workers=1)
 CUDA = common.Sizes(batch_size=128, width=32, workers=1)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import common
+from torchtop.demos import common
 
 MIB = 1 << 20
 BUDGET = 4 << 30  # the share of the card this job may use

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import common
+from torchtop.demos import common
 
 DEPTH = 48
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import common, data
+from torchtop.demos import common, data
 
 KEEP_BYTES = 1 << 20  # what the loop forgets to let go of, every step
 

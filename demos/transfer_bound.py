@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from . import common
+from torchtop.demos import common
 
 
 class PrebuiltBatches(Dataset):

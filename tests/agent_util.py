@@ -7,9 +7,10 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent import wire
-from torchtop.monitor.client import AgentClient
-from torchtop.monitor.targets import Endpoint
+from torchtop.agent.contract import logcodes
+from torchtop.monitor.link.client import AgentClient
+from torchtop.monitor.link.targets import Endpoint
+from torchtop.monitor.model.steps import StepRecord
 
 if TYPE_CHECKING:
     from torch import nn
@@ -51,17 +52,19 @@ def client_for(agent: Any) -> AgentClient:
     return AgentClient(Endpoint("127.0.0.1", agent.port))
 
 
-def snapshot_steps(agent: Any, at_least: int, timeout: float = 10.0, kind: str | None = "train") -> list[wire.StepRecord]:
+def snapshot_steps(
+    agent: Any, at_least: int, timeout: float = 10.0, kind: str | None = "train"
+) -> list[StepRecord]:
     """The agent's history, asked over its ROUTER socket, once it holds `at_least` steps.
 
     It asks once more after a few publisher ticks, so that a count can be asserted exactly.
     """
     client = client_for(agent)
 
-    def fetch() -> list[wire.StepRecord]:
-        reply = client.snapshot(timeout=5.0)
+    def fetch() -> list[StepRecord]:
+        reply, steps = client.snapshot(timeout=5.0)
         assert reply.ok, reply.error
-        return [s for s in reply.steps if kind is None or s.kind == kind]
+        return [s for s in steps if kind is None or s.kind == kind]
 
     try:
         deadline = time.monotonic() + timeout
@@ -112,7 +115,10 @@ def tensor_loader(n_batches: int, batch_size: int = 16, **kw) -> DataLoader:
     from torch.utils.data import DataLoader, TensorDataset
 
     g = torch.Generator().manual_seed(1)
-    ds = TensorDataset(torch.randn(n_batches * batch_size, 32, generator=g), torch.randint(0, 4, (n_batches * batch_size,), generator=g))
+    ds = TensorDataset(
+        torch.randn(n_batches * batch_size, 32, generator=g),
+        torch.randint(0, 4, (n_batches * batch_size,), generator=g),
+    )
     return DataLoader(ds, batch_size=batch_size, **kw)
 
 
@@ -133,10 +139,10 @@ def train(model: nn.Module, loader, opt=None, accumulate: int = 1) -> int:
     return steps
 
 
-def check_records(steps: list[wire.StepRecord]) -> None:
+def check_records(steps: list[StepRecord]) -> None:
     """Invariants of every record: all phases present, they tile the wall time exactly."""
     for s in steps:
-        assert set(s.phases) == set(wire.PHASES), s
+        assert set(s.phases) == set(logcodes.PHASES), s
         assert all(v >= 0 for v in s.phases.values()), s
         assert sum(s.phases.values()) == s.wall_ns, s
         assert s.wall_ns > 0

@@ -33,8 +33,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_agent(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
-                    request: pytest.FixtureRequest):
+def _isolated_agent(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+):
     """A private runtime dir and a quiet agent per test; any in-process agent stopped afterwards.
 
     The runtime directory is outside `tmp_path`, so tests that list `tmp_path` see only their own

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from torchtop.agent import discovery
+from torchtop.agent.contract import discovery
 
 TRAIN = r"""
 import sys, time, torch
@@ -30,12 +30,20 @@ while time.monotonic() < end:
 
 
 @contextmanager
-def training_agent(tmp_path: Path, env: dict[str, str], seconds: float = 120.0) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
+def training_agent(
+    tmp_path: Path, env: dict[str, str], seconds: float = 120.0
+) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
     """Start the loop (agent inside) and yield (process, its discovery entry); kill it afterwards."""
     script = tmp_path / "train_tiny.py"
     script.write_text(TRAIN)
     log = (tmp_path / "train.log").open("wb")
-    proc = subprocess.Popen([sys.executable, str(script), str(seconds)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(seconds)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 60
         info = None
@@ -44,7 +52,9 @@ def training_agent(tmp_path: Path, env: dict[str, str], seconds: float = 120.0) 
             time.sleep(0.05)
         if info is None:
             log.flush()
-            raise AssertionError(f"the training agent did not start: {(tmp_path / 'train.log').read_text()[-2000:]}")
+            raise AssertionError(
+                f"the training agent did not start: {(tmp_path / 'train.log').read_text()[-2000:]}"
+            )
         yield proc, info
     finally:
         if proc.poll() is None:

@@ -39,7 +39,9 @@ def test_phases_add_up_on_an_mlp_loop() -> None:
     check_records(steps)
     # no CUDA timing for a CPU loop: unless this process holds GPU memory (on a GPU machine, an
     # earlier test's), which is what turns the event sampling on
-    gpu_in_use = torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.memory_reserved() > 0
+    gpu_in_use = (
+        torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.memory_reserved() > 0
+    )
     for s in steps:
         assert s.kind == "train" and s.micro == 1 and s.rank == 0
         assert s.device_ms == {} or gpu_in_use

@@ -21,9 +21,9 @@ from torch.utils.data import dataloader as dataloader_mod  # noqa: E402
 
 import torchtop.agent as ta  # noqa: E402
 from tests.agent_util import check_records, client_for, inner_step, mlp, snapshot_steps, tensor_loader, train  # noqa: E402
-from torchtop.agent import discovery  # noqa: E402
-from torchtop.agent.probe import MAX_FAILURES, Probe  # noqa: E402
-from torchtop.monitor.replay import StepRecorder  # noqa: E402
+from torchtop.agent.contract import discovery  # noqa: E402
+from torchtop.agent.hooks.probe import MAX_FAILURES, Probe  # noqa: E402
+from torchtop.monitor.model.replay import StepRecorder  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread_warm_torch")
 
@@ -164,9 +164,9 @@ def test_failing_replay_is_counted_and_recovers(method: str, monkeypatch: pytest
         errors, steps = 0, []
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not (calls and errors >= len(calls)):
-            for batch in client.recv_batches(0.3):
-                errors = batch.hook_errors
-                steps += batch.steps
+            for got in client.recv_batches(0.3):
+                errors = got.batch.hook_errors + got.log_errors
+                steps += got.steps
         assert calls, "the injected failure was never reached"
         assert errors == client.replay.failures >= len(calls) and steps == []
 
@@ -174,8 +174,8 @@ def test_failing_replay_is_counted_and_recovers(method: str, monkeypatch: pytest
         assert train(model, tensor_loader(10)) == 10
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and len(steps) < 8:
-            for batch in client.recv_batches(0.3):
-                steps += batch.steps
+            for got in client.recv_batches(0.3):
+                steps += got.steps
         assert len(steps) >= 8  # the first step after the failures is dropped (its start was lost)
         check_records(steps)
         assert agent.probe.active and agent.probe.failures == 0

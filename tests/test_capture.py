@@ -13,7 +13,7 @@ import torch
 
 import torchtop.agent as ta
 from tests.agent_util import client_for
-from torchtop.agent.trace_summary import summarize
+from torchtop.agent.capture.trace_summary import summarize
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ def test_garbage_on_the_request_socket_is_refused(agent) -> None:
     try:
         sock.send(b"\x93\x01\xa7capture\xc0")
         assert sock.poll(5000)
-        from torchtop.agent import wire
+        from torchtop.agent.contract import wire
 
         reply = wire.decode(sock.recv())
         assert not reply.ok and "bad request" in reply.error
@@ -174,20 +174,37 @@ def test_capture_cli_end_to_end(tmp_path) -> None:
     env = dict(__import__("os").environ, TORCHTOP_DIR=str(tmp_path / "out"))
     child = subprocess.Popen([sys.executable, str(script)], env=env)
     try:
-        from torchtop.agent import discovery
+        from torchtop.agent.contract import discovery
 
         deadline = time.monotonic() + 60
         while not discovery.list_agents():
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        out = subprocess.run([sys.executable, "-m", "torchtop.monitor.cli", "capture", str(child.pid), "--steps", "2",
-                              "--json"], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torchtop.monitor.commands.cli",
+                "capture",
+                str(child.pid),
+                "--steps",
+                "2",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         cap = json.loads(out.stdout)
         assert cap["state"] == "done" and Path(cap["path"]).parent == tmp_path / "out"
         assert cap["summary"]["steps"] == 2
-        bad = subprocess.run([sys.executable, "-m", "torchtop.monitor.cli", "capture", str(child.pid), "--memory"],
-                             capture_output=True, text=True, timeout=60)
+        bad = subprocess.run(
+            [sys.executable, "-m", "torchtop.monitor.commands.cli", "capture", str(child.pid), "--memory"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert bad.returncode == 1 and "need CUDA" in bad.stderr
     finally:
         child.kill()
@@ -203,8 +220,13 @@ def test_summarize_buckets_by_priority() -> None:
         {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 20, "dur": 60},
         {"ph": "X", "name": "ncclAllReduce", "cat": "kernel", "ts": 70, "dur": 20},
         {"ph": "X", "name": "Memcpy HtoD", "cat": "gpu_memcpy", "ts": 92, "dur": 4},
-        {"ph": "X", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "cat": "user_annotation",
-         "ts": 85, "dur": 10},
+        {
+            "ph": "X",
+            "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+            "cat": "user_annotation",
+            "ts": 85,
+            "dur": 10,
+        },
     ]
     s = summarize(events)
     assert s["steps"] == 1 and s["step_ms"] == pytest.approx(0.1)
@@ -253,8 +275,22 @@ def test_summarize_does_not_call_a_backlog_before_the_capture_idle() -> None:
     events = [
         {"ph": "X", "name": "ProfilerStep#0", "cat": "user_annotation", "ts": 0, "dur": 10},
         {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 10, "dur": 10},
-        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 2, "dur": 3, "args": {"correlation": 7}},
-        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 12, "dur": 3, "args": {"correlation": 8}},
+        {
+            "ph": "X",
+            "name": "cudaLaunchKernel",
+            "cat": "cuda_runtime",
+            "ts": 2,
+            "dur": 3,
+            "args": {"correlation": 7},
+        },
+        {
+            "ph": "X",
+            "name": "cudaLaunchKernel",
+            "cat": "cuda_runtime",
+            "ts": 12,
+            "dur": 3,
+            "args": {"correlation": 8},
+        },
         {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 500, "dur": 30, "args": {"correlation": 7}},
         {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 530, "dur": 30, "args": {"correlation": 8}},
         {"ph": "X", "name": "ProfilerStep#0", "cat": "gpu_user_annotation", "ts": 500, "dur": 30},

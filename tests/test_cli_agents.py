@@ -18,11 +18,11 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.agent_util import free_port_pair  # noqa: E402
-from torchtop.agent import discovery  # noqa: E402
-from torchtop.monitor.client import AgentClient  # noqa: E402
-from torchtop.monitor.targets import Endpoint  # noqa: E402
+from torchtop.agent.contract import discovery  # noqa: E402
+from torchtop.monitor.link.client import AgentClient  # noqa: E402
+from torchtop.monitor.link.targets import Endpoint  # noqa: E402
 
-CLI = [sys.executable, "-m", "torchtop.monitor.cli"]
+CLI = [sys.executable, "-m", "torchtop.monitor.commands.cli"]
 
 
 # -- the command line against a training run in another process ---------------------------------
@@ -122,7 +122,10 @@ def test_report_and_ls_against_a_running_training_process(training_run: dict) ->
     targets = [str(pid), f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", None]
     procs = [
         subprocess.Popen(
-            [*CLI, "report", *([t] if t else []), "--seconds", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*CLI, "report", *([t] if t else []), "--seconds", "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for t in targets
     ]
@@ -168,7 +171,10 @@ def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
     gone = dead_pid()
     closed = free_port_pair()
     slow = subprocess.Popen(
-        [*CLI, "report", f"127.0.0.1:{closed}", "--seconds", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*CLI, "report", f"127.0.0.1:{closed}", "--seconds", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     one_line_error(cli("report", "no-such-thing"), "unknown target 'no-such-thing'")
     one_line_error(cli("report", "127.0.0.1:99999"), "out of range")
@@ -181,13 +187,17 @@ def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
     one_line_error(cli("attach"), "no torchtop agent is running")
     # a closed port: nobody answers
     out, err = slow.communicate(timeout=60)
-    one_line_error(subprocess.CompletedProcess(slow.args, slow.returncode, out, err), "no answer", str(closed))
+    one_line_error(
+        subprocess.CompletedProcess(slow.args, slow.returncode, out, err), "no answer", str(closed)
+    )
 
 
 def test_stale_discovery_file_is_skipped_and_removed(runtime_dir: Path) -> None:
     gone = dead_pid()
     stale = runtime_dir / f"agent-{gone}.json"
-    stale.write_text(json.dumps({"pid": gone, "port": 40000, "pub_port": 40001, "start_time": 1.0, "bind": "127.0.0.1"}))
+    stale.write_text(
+        json.dumps({"pid": gone, "port": 40000, "pub_port": 40001, "start_time": 1.0, "bind": "127.0.0.1"})
+    )
     broken = runtime_dir / "agent-1234567.json"
     broken.write_text("{not json")
 

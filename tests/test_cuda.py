@@ -56,8 +56,8 @@ def _wait(cond: Any, timeout: float, message: str) -> None:
 
 
 def _client(agent: Any) -> Any:
-    from torchtop.monitor.client import AgentClient
-    from torchtop.monitor.targets import parse
+    from torchtop.monitor.link.client import AgentClient
+    from torchtop.monitor.link.targets import parse
 
     return AgentClient(parse(f"127.0.0.1:{agent.port}"))
 
@@ -68,13 +68,13 @@ def _steps_over_wire(agent: Any, last_index: int, timeout: float = 15.0) -> list
     try:
         end = time.monotonic() + timeout
         while True:
-            reply = client.snapshot()
+            reply, steps = client.snapshot()
             assert reply.ok, reply.error
             assert client.replay.failures == 0, "the monitor could not replay the log"
-            if reply.steps and reply.steps[-1].i >= last_index:
-                return list(reply.steps)
+            if steps and steps[-1].i >= last_index:
+                return list(steps)
             if time.monotonic() > end:
-                got = reply.steps[-1].i if reply.steps else None
+                got = steps[-1].i if steps else None
                 raise AssertionError(f"step {last_index} never resolved (last resolved: {got})")
             time.sleep(0.1)
     finally:
@@ -147,7 +147,7 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
     end = time.monotonic() + 30
     while time.monotonic() < end:
         step(sync=True)
-        if resolver.sampled_steps >= 40:
+        if resolver.event_steps >= 40:
             break
     torch.cuda.synchronize()
 
@@ -159,8 +159,11 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
     # (prof's exit synchronised: every event of the window has completed)
 
     kernels = sorted(
-        (e for e in prof.events()
-         if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)),
+        (
+            e
+            for e in prof.events()
+            if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+        ),
         key=lambda e: e.time_range.start,
     )
     # maximal runs of consecutive GEMMs: each step's forward is one run of `depth` (after the
@@ -172,10 +175,14 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
         elif runs[-1]:
             runs.append([])
     runs = [r for r in runs if r]
-    print(f"\n[cuda timing] {len(kernels)} device kernels; GEMM run lengths {sorted({len(r) for r in runs})}; "
-          f"first kernels: {[e.name[:50] for e in kernels[:depth + 3]]}")
+    print(
+        f"\n[cuda timing] {len(kernels)} device kernels; GEMM run lengths {sorted({len(r) for r in runs})}; "
+        f"first kernels: {[e.name[:50] for e in kernels[: depth + 3]]}"
+    )
     forwards = [r for r in runs if len(r) == depth]
-    assert len(forwards) == n, f"found {len(forwards)} forward GEMM runs for {n} steps: {[len(r) for r in runs]}"
+    assert len(forwards) == n, (
+        f"found {len(forwards)} forward GEMM runs for {n} steps: {[len(r) for r in runs]}"
+    )
     fwd_us = {k: sum(e.time_range.elapsed_us() for e in r) for k, r in enumerate(forwards)}
     all_kernels_us = sum(e.time_range.elapsed_us() for e in kernels)
 
@@ -184,20 +191,26 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
     sampled = [s for s in window if s.device_ms]
     print(
         f"[cuda timing] window {i0 + 1}..{i0 + n - 1}: {len(window)} steps, {len(sampled)} sampled, "
-        f"stride {probe.sample_every}, pool misses {agent.loop.resolver.pool.misses}"
+        f"stride {probe.event_every}, pool misses {agent.loop.resolver.pool.misses}"
     )
-    assert len(sampled) >= 3, f"only {len(sampled)} sampled steps in the window (stride {probe.sample_every})"
+    assert len(sampled) >= 3, f"only {len(sampled)} sampled steps in the window (stride {probe.event_every})"
     assert all("forward" in s.device_ms for s in sampled), [s.device_ms for s in sampled]
 
     prof_fwd_ms = sum(fwd_us[s.i - i0] for s in sampled) / len(sampled) / 1000
     ev_fwd_ms = sum(s.device_ms["forward"] for s in sampled) / len(sampled)
     prof_step_ms = all_kernels_us / n / 1000  # every step launches the same kernels
     ev_step_ms = sum(s.device_ms["step"] for s in sampled) / len(sampled)
-    per_step = ", ".join(f"{s.i - i0}:{s.device_ms['forward']:.3f}/{fwd_us[s.i - i0] / 1000:.3f}" for s in sampled)
-    print(f"[cuda timing] forward: events {ev_fwd_ms:.4f} ms, profiler kernels {prof_fwd_ms:.4f} ms "
-          f"({ev_fwd_ms / prof_fwd_ms - 1:+.2%})")
-    print(f"[cuda timing] step:    events {ev_step_ms:.4f} ms, profiler kernels {prof_step_ms:.4f} ms "
-          f"({ev_step_ms / prof_step_ms - 1:+.2%})")
+    per_step = ", ".join(
+        f"{s.i - i0}:{s.device_ms['forward']:.3f}/{fwd_us[s.i - i0] / 1000:.3f}" for s in sampled
+    )
+    print(
+        f"[cuda timing] forward: events {ev_fwd_ms:.4f} ms, profiler kernels {prof_fwd_ms:.4f} ms "
+        f"({ev_fwd_ms / prof_fwd_ms - 1:+.2%})"
+    )
+    print(
+        f"[cuda timing] step:    events {ev_step_ms:.4f} ms, profiler kernels {prof_step_ms:.4f} ms "
+        f"({ev_step_ms / prof_step_ms - 1:+.2%})"
+    )
     print(f"[cuda timing] per sampled step (events/profiler ms): {per_step}")
     print(f"[cuda timing] device_ms of one step: {sampled[-1].device_ms}")
     assert abs(ev_fwd_ms / prof_fwd_ms - 1) <= TOLERANCE
@@ -270,10 +283,13 @@ def test_report_says_cuda(agent: Any) -> None:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(256, 512, device="cuda")
-    code = "import sys; from torchtop.monitor.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from torchtop.monitor.commands.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "report", f"127.0.0.1:{agent.port}", "--seconds", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
     )
     end = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < end:
@@ -284,8 +300,10 @@ def test_report_says_cuda(agent: Any) -> None:
     out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     report = json.loads(out)
-    print(f"\n[report] device {report['device']!r} ({report.get('device_name')}), {report['steps']} steps, "
-          f"step {report['step_time_ms']}, device_ms {report.get('device_ms')}")
+    print(
+        f"\n[report] device {report['device']!r} ({report.get('device_name')}), {report['steps']} steps, "
+        f"step {report['step_time_ms']}, device_ms {report.get('device_ms')}"
+    )
     assert report["device"] == "cuda"
     assert report["device_name"]
     assert report["steps"] > 0
@@ -378,8 +396,10 @@ def test_no_sync_on_training_thread(agent: Any) -> None:
     syncs = list(_SYNCS)
     agent_thread = agent.loop.ident
     names = {t.ident: t.name for t in threading.enumerate()}
-    print(f"\n[no sync] {n} steps; sync callbacks: {[(k, names.get(t, t)) for k, t in syncs]}; "
-          f"agent errors {agent.loop.errors - errors0}, hook failures {failures() - failures0}")
+    print(
+        f"\n[no sync] {n} steps; sync callbacks: {[(k, names.get(t, t)) for k, t in syncs]}; "
+        f"agent errors {agent.loop.errors - errors0}, hook failures {failures() - failures0}"
+    )
     assert not [s for s in syncs if s[1] == me], f"the training thread synchronised: {syncs}"
     assert not [s for s in syncs if s[1] == agent_thread], f"the agent thread synchronised: {syncs}"
     assert failures() == failures0, "a hook failed under sync-debug mode"

@@ -23,7 +23,7 @@ CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
 
 import torchtop.agent  # noqa: E402
-from torchtop.agent.sample_cuda_memory import fragmentation  # noqa: E402
+from torchtop.agent.telemetry.cuda_memory import fragmentation  # noqa: E402
 
 MIB = 2**20
 
@@ -43,8 +43,8 @@ def agent(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
 
 
 def _client(agent: Any) -> Any:
-    from torchtop.monitor.client import AgentClient
-    from torchtop.monitor.targets import Endpoint
+    from torchtop.monitor.link.client import AgentClient
+    from torchtop.monitor.link.targets import Endpoint
 
     return AgentClient(Endpoint("127.0.0.1", agent.port))
 
@@ -127,8 +127,11 @@ def test_profile_capture_of_matmul_loop_is_mostly_kernel(agent: Any) -> None:
         events = json.load(fh)["traceEvents"]
     kernels = [e for e in events if e.get("cat") == "kernel"]
     assert kernels, "no CUDA kernels in the trace"
-    steps = {e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
-             and e.get("cat") == "user_annotation"}
+    steps = {
+        e["name"]
+        for e in events
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation"
+    }
     assert len(steps) == 3, steps
     assert cap.summary["steps"] == 3
     assert cap.summary["buckets"]["Kernel"] >= 0.5, cap.summary["buckets"]

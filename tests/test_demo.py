@@ -19,12 +19,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from torchtop.agent.wire import PHASES
-from torchtop.monitor import demo
+from torchtop.agent.contract.logcodes import PHASES
+from torchtop.monitor.commands import demo
 
 pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
 
-CLI = [sys.executable, "-m", "torchtop.monitor.cli"]
+CLI = [sys.executable, "-m", "torchtop.monitor.commands.cli"]
 START_TIMEOUT_S = 90.0
 
 
@@ -203,7 +203,7 @@ def test_unwritable_log_dir_is_a_clear_error(tmp_path: Path, subprocess_env: dic
 
 
 def test_scenarios_are_listed_without_importing_torch() -> None:
-    code = "import sys, json; from torchtop.monitor import demo; print(json.dumps([demo.scenarios(), 'torch' in sys.modules]))"
+    code = "import sys, json; from torchtop.monitor.commands import demo; print(json.dumps([demo.scenarios(), 'torch' in sys.modules]))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     found, torch_loaded = json.loads(proc.stdout)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from torchtop.agent import cuda_timing, wire
-from torchtop.agent.cuda_timing import EventResolver
-from torchtop.agent.probe import Probe
-from torchtop.agent.timed import timed
-from torchtop.monitor.log_replay import LogReplay
+from torchtop.agent.contract import logcodes, wire
+from torchtop.agent.hooks.probe import Probe
+from torchtop.agent.hooks.timed import timed
+from torchtop.agent.loop import cuda_events as cuda_timing
+from torchtop.agent.loop.cuda_events import EventResolver
+from torchtop.monitor.model.log_replay import LogReplay
 
-BACKWARD, FORWARD, OPTIMIZER = wire.BACKWARD, wire.FORWARD, wire.OPTIMIZER
+BACKWARD, FORWARD, OPTIMIZER = logcodes.BACKWARD, logcodes.FORWARD, logcodes.OPTIMIZER
 
 
 class FakeGpu:
@@ -79,7 +80,7 @@ class FakePool:
 
 def _one_step(probe: Probe, gpu: FakeGpu) -> None:
     """forward 2 ms, backward 3 ms, optimizer 1 ms of device work; a 0.5 ms h2d copy first."""
-    ev0 = probe.record() if probe.sampled else None
+    ev0 = probe.record() if probe.event_step else None
     gpu.launch(0.5)
     ev1 = probe.record() if ev0 is not None else None
     probe.h2d(probe_stamp(), 1000, 4096, True, ev0, ev1)
@@ -100,14 +101,19 @@ def _setup() -> tuple[Probe, FakeGpu, FakePool, EventResolver]:
     gpu = FakeGpu()
     pool = FakePool(gpu)
     probe = Probe()
-    probe.pool, probe.sample_every = pool, 2
+    probe.pool, probe.event_every = pool, 2
     return probe, gpu, pool, EventResolver(pool)
 
 
 def _ship(chunks: list[tuple[list[Any], int]], first_seq: int = 0) -> list[wire.LogChunk]:
     """Through the wire, as the publisher sends them."""
-    batch = wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=0, time=0.0,
-                       log=[wire.LogChunk(first_seq + k, steps, entries) for k, (entries, steps) in enumerate(chunks)])
+    batch = wire.Batch(
+        v=wire.PROTOCOL_VERSION,
+        run_id="r",
+        seq=0,
+        time=0.0,
+        log=[wire.LogChunk(first_seq + k, steps, entries) for k, (entries, steps) in enumerate(chunks)],
+    )
     decoded = wire.decode(wire.encode(batch))
     assert isinstance(decoded, wire.Batch)
     return decoded.log
@@ -127,7 +133,7 @@ def test_device_times_wait_for_the_gpu_then_reach_the_monitor() -> None:
     assert len(ready) == 1 and resolver.pending() == 0
     # every event went back to the pool, once, but the start event of the step now open
     assert len(pool.free) == pool.size - 1
-    assert resolver.sampled_steps == 3  # steps 2, 4, 6 sampled (8's sampling starts the next one)
+    assert resolver.event_steps == 3  # steps 2, 4, 6 sampled (8's sampling starts the next one)
 
     records = LogReplay().feed(_ship(ready), wall_offset=0.0, rank=0, flush=True)
     assert len(records) == 8
@@ -143,7 +149,9 @@ def test_device_times_wait_for_the_gpu_then_reach_the_monitor() -> None:
     assert all(r.h2d_bytes == {"pinned": 4096} for r in records[1:])
 
 
-def test_the_stride_follows_the_recording_cost_and_is_worked_out_once_per_new_sample(monkeypatch: Any) -> None:
+def test_the_stride_follows_the_recording_cost_and_is_worked_out_once_per_new_sample(
+    monkeypatch: Any,
+) -> None:
     probe, gpu, pool, resolver = _setup()
     monkeypatch.setattr(cuda_timing, "BUDGET", 0.05)  # 100 us of a 2 ms step: the fake records fit
     for _ in range(8):
@@ -151,7 +159,7 @@ def test_the_stride_follows_the_recording_cost_and_is_worked_out_once_per_new_sa
         time.sleep(0.002)
     gpu.done_ms = gpu.queued_ms
     resolver.run(*probe.drain())
-    assert resolver.sampled_steps == 3
+    assert resolver.event_steps == 3
     assert resolver.stride(8) == 1
     assert resolver.stride(77) == 77  # nothing sampled since: kept as it is, no sorting
     monkeypatch.setattr(cuda_timing, "BUDGET", 1e-9)
@@ -164,21 +172,31 @@ def test_the_stride_follows_the_recording_cost_and_is_worked_out_once_per_new_sa
 
 def test_a_sampled_step_records_events_around_compute_but_not_the_data_wait() -> None:
     probe, gpu, pool, resolver = _setup()
-    fetch = timed(probe, wire.DATA, lambda it: None, events=False)  # as the DataLoader's __next__
+    fetch = timed(probe, logcodes.DATA, lambda it: None, events=False)  # as the DataLoader's __next__
     backward = timed(probe, BACKWARD, lambda loss: gpu.launch(3.0))
-    while not probe.sampled:
+    while not probe.event_step:
         probe.cut()
     free = len(pool.free)  # the sampled step's start event is out already
     fetch(None)
     backward(None)
     probe.cut()
     entries, steps = probe.drain()
-    sampled = entries[entries.index(next(e for e in entries if type(e) is tuple and e[0] & wire.MASK == wire.STEP_EVENT)):]
-    codes = [(e if type(e) is int else e[0]) & wire.MASK for e in sampled]
-    assert codes[1:6] == [wire.DATA, wire.EXIT | wire.DATA, BACKWARD, wire.EXIT | BACKWARD, wire.BOUNDARY]
+    sampled = entries[
+        entries.index(
+            next(e for e in entries if type(e) is tuple and e[0] & logcodes.MASK == logcodes.STEP_EVENT)
+        ) :
+    ]
+    codes = [(e if type(e) is int else e[0]) & logcodes.MASK for e in sampled]
+    assert codes[1:6] == [
+        logcodes.DATA,
+        logcodes.EXIT | logcodes.DATA,
+        BACKWARD,
+        logcodes.EXIT | BACKWARD,
+        logcodes.BOUNDARY,
+    ]
     assert [type(e) for e in sampled[1:6]] == [int, int, tuple, tuple, tuple]  # no event at the data wait
     # the backward's two events and the step end's (and the next step's start, if sampled too)
-    assert free - len(pool.free) == 3 + probe.sampled
+    assert free - len(pool.free) == 3 + probe.event_step
     gpu.done_ms = gpu.queued_ms
     records = LogReplay().feed(_ship(resolver.run(entries, steps)), wall_offset=0.0, rank=0, flush=True)
     timed_step = [r for r in records if r.device_ms][-1]
@@ -210,7 +228,7 @@ def test_a_sampled_step_split_across_chunks_keeps_its_device_times() -> None:
 def test_events_that_never_complete_are_given_up_not_waited_on(monkeypatch: Any) -> None:
     """A hung stream: after GIVE_UP_S the chunk goes without device times, its events stay out
     of the pool (they may still complete), and later chunks are not held behind it."""
-    from torchtop.agent import cuda_timing
+    from torchtop.agent.loop import cuda_events as cuda_timing
 
     probe, gpu, pool, resolver = _setup()
     for _ in range(4):

@@ -4,26 +4,27 @@ from __future__ import annotations
 
 import pytest
 
-from torchtop.agent.wire import (
+from torchtop.agent.contract.wire import (
     PROTOCOL_VERSION,
     Batch,
     FragSample,
     HostSample,
     MemorySample,
-    StepRecord,
     Telemetry,
     WorkerSample,
 )
-from torchtop.monitor.diagnosis import THRESHOLDS as T
-from torchtop.monitor.diagnosis import Facts, primary, rule_data, rule_host_overhead, rule_transfer
-from torchtop.monitor.diagnosis_flags import (
+from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.facts import Facts
+from torchtop.monitor.diagnosis.flags import (
     flag_dataloader_workers,
     flag_fragmentation,
     flag_memory_leak,
     flag_memory_pressure,
 )
-from torchtop.monitor.judge import diagnose
-from torchtop.monitor.state import RunState
+from torchtop.monitor.diagnosis.verdicts import primary, rule_data, rule_host_overhead, rule_transfer
+from torchtop.monitor.model.state import RunState
+from torchtop.monitor.model.steps import StepRecord
 
 GIB = 2**30
 
@@ -37,7 +38,14 @@ def facts(**shares: float) -> Facts:
 
 @pytest.mark.parametrize(
     ("share", "severity"),
-    [(0.049, None), (0.05, "info"), (0.199, "info"), (0.20, "warning"), (0.499, "warning"), (0.50, "critical")],
+    [
+        (0.049, None),
+        (0.05, "info"),
+        (0.199, "info"),
+        (0.20, "warning"),
+        (0.499, "warning"),
+        (0.50, "critical"),
+    ],
 )
 def test_data_rule_bands(share: float, severity: str | None) -> None:
     got = rule_data(facts(data=share))
@@ -165,8 +173,13 @@ def test_memory_leak_flag() -> None:
 
 # -- on a RunState -------------------------------------------------------------------------------
 def _step(i: int, t0: float, data: float, compute: float) -> StepRecord:
-    ns = {"data": int(data * 1e6), "h2d": 0, "forward": int(compute * 0.4e6), "backward": int(compute * 0.5e6),
-          "optimizer": int(compute * 0.1e6)}
+    ns = {
+        "data": int(data * 1e6),
+        "h2d": 0,
+        "forward": int(compute * 0.4e6),
+        "backward": int(compute * 0.5e6),
+        "optimizer": int(compute * 0.1e6),
+    }
     ns["other"] = 0
     return StepRecord(i=i, t0=t0, wall_ns=sum(ns.values()), phases=ns)
 
@@ -177,7 +190,7 @@ def _state(data_ms: float, compute_ms: float, n: int = 80, telemetry: Telemetry 
     for i in range(n):
         steps.append(_step(i, t, data_ms, compute_ms))
         t += (data_ms + compute_ms) / 1000
-    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=t, steps=steps, telemetry=telemetry), 0.0)
+    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=t, telemetry=telemetry), steps, 0.0)
     return state
 
 
@@ -188,9 +201,16 @@ def test_warmup_is_not_judged() -> None:
 
 
 def test_state_data_bound_with_saturated_workers() -> None:
-    host = HostSample(proc_cpu=30, proc_rss=GIB, threads=8, cpu_count=4,
-                      workers=[WorkerSample(pid=p, cpu_percent=99, rss=GIB, name="pt_data_worker", dataloader=True)
-                               for p in (11, 12)])
+    host = HostSample(
+        proc_cpu=30,
+        proc_rss=GIB,
+        threads=8,
+        cpu_count=4,
+        workers=[
+            WorkerSample(pid=p, cpu_percent=99, rss=GIB, name="pt_data_worker", dataloader=True)
+            for p in (11, 12)
+        ],
+    )
     d = diagnose(_state(40.0, 60.0, telemetry=Telemetry(time=0, host=host)))
     assert d.verdict.kind == "data-loading" and d.verdict.severity == "warning"
     assert "dataloader-workers" in [f.kind for f in d.flags]
@@ -203,9 +223,20 @@ def test_state_healthy_raises_nothing() -> None:
 
 
 def test_state_memory_flags_from_telemetry() -> None:
-    mem = MemorySample(device=0, allocated=30 * GIB, reserved=76 * GIB, active=30 * GIB, requested=30 * GIB,
-                       inactive_split=20 * GIB, peak_allocated=40 * GIB, peak_reserved=76 * GIB, window_peak=40 * GIB,
-                       alloc_retries=0, ooms=0, device_total=80 * GIB)
+    mem = MemorySample(
+        device=0,
+        allocated=30 * GIB,
+        reserved=76 * GIB,
+        active=30 * GIB,
+        requested=30 * GIB,
+        inactive_split=20 * GIB,
+        peak_allocated=40 * GIB,
+        peak_reserved=76 * GIB,
+        window_peak=40 * GIB,
+        alloc_retries=0,
+        ooms=0,
+        device_total=80 * GIB,
+    )
     frag = FragSample(device=0, largest_free=2 * GIB, total_free=40 * GIB, external=0.95, segments=500)
     d = diagnose(_state(1.0, 99.0, telemetry=Telemetry(time=0, memory=[mem], frag=[frag])))
     assert {"memory-pressure", "fragmentation"} <= {f.kind for f in d.flags}

@@ -32,13 +32,22 @@ def test_lightning_callback_steps_and_loss(tmp_path) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    trainer = pl.Trainer(max_steps=8, accelerator="cpu", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                         callbacks=[TorchtopCallback()])
+    trainer = pl.Trainer(
+        max_steps=8,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[TorchtopCallback()],
+    )
     trainer.fit(Tiny(), DataLoader(_data(), batch_size=4))
     steps = snapshot_steps(ta.current(), 8)
     assert len(steps) == 8
-    assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 and s.phases["optimizer"] > 0 for s in steps)
+    assert all(
+        s.phases["forward"] > 0 and s.phases["backward"] > 0 and s.phases["optimizer"] > 0 for s in steps
+    )
     assert all("loss" in s.marks for s in steps)
 
 
@@ -57,10 +66,20 @@ def test_huggingface_trainer_callback(tmp_path) -> None:
 
     ds = _data()
     rows = [{"x": ds[i][0], "labels": ds[i][1]} for i in range(len(ds))]
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=4,
-                                          logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
-                                          dataloader_num_workers=0, disable_tqdm=True)
-    trainer = transformers.Trainer(model=Tiny(), args=args, train_dataset=rows, callbacks=[TorchtopCallback()])
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=6,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(
+        model=Tiny(), args=args, train_dataset=rows, callbacks=[TorchtopCallback()]
+    )
     trainer.train()
     steps = snapshot_steps(ta.current(), 6)
     assert len(steps) == 6

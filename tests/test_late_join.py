@@ -9,9 +9,11 @@ import torch
 
 import torchtop.agent as ta
 from tests.agent_util import client_for
-from torchtop.agent import publisher
-from torchtop.monitor.report import build_report
-from torchtop.monitor.state import RunState
+from torchtop.agent.contract.wire import SNAPSHOT_MAX_STEPS
+from torchtop.agent.loop import history
+from torchtop.agent.loop import loop as publisher
+from torchtop.monitor.diagnosis.report import build_report
+from torchtop.monitor.model.state import RunState
 
 
 def _train(n: int) -> None:
@@ -29,17 +31,17 @@ def _join(agent) -> tuple[RunState, object]:
     client = client_for(agent)
     state = RunState()
     state.apply_hello(client.hello())
-    reply = client.snapshot(max_steps=publisher.SNAPSHOT_MAX)
+    reply, steps = client.snapshot(max_steps=SNAPSHOT_MAX_STEPS)
     assert reply.ok, reply.error
-    state.apply_snapshot(reply.steps, reply.seq)
+    state.apply_snapshot(steps, reply.seq)
     return state, client
 
 
 def _drain(state: RunState, client, until: int, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and (not state.steps or state.steps[-1].i < until):
-        for batch in client.recv_batches(0.2):
-            state.apply_batch(batch, time.monotonic())
+        for got in client.recv_batches(0.2):
+            state.apply_batch(got.batch, got.steps, time.monotonic())
 
 
 def test_joining_after_1000_steps_gets_all_of_them_then_the_live_ones() -> None:
@@ -65,7 +67,7 @@ def test_joining_after_1000_steps_gets_all_of_them_then_the_live_ones() -> None:
 def test_history_is_downsampled_beyond_its_last_entries(monkeypatch) -> None:
     """Beyond HISTORY_ENTRIES the agent keeps one whole step per log chunk (~one per tick),
     numbered as it was, so a late joiner still sees the run from its start."""
-    monkeypatch.setattr(publisher, "HISTORY_ENTRIES", 3000)  # 500 steps of 6 entries
+    monkeypatch.setattr(history, "HISTORY_ENTRIES", 3000)  # 500 steps of 6 entries
     monkeypatch.setattr(publisher, "QUIET_RATE_HZ", 10.0)  # unattended, a tick (a chunk) each 0.1 s
     agent = ta.start(phase_every=1)  # every step timed: 6 entries each
     assert agent is not None
@@ -99,9 +101,9 @@ def test_history_is_downsampled_beyond_its_last_entries(monkeypatch) -> None:
     client = client_for(agent)
     try:
         client.hello()
-        reply = client.snapshot(max_steps=len(recent) + 3)
-        assert [s.i for s in reply.steps] == [s.i for s in older[-3:]] + [s.i for s in recent]
-        reply = client.snapshot(max_steps=100)
-        assert [s.i for s in reply.steps] == list(range(1400, 1500))
+        _, steps = client.snapshot(max_steps=len(recent) + 3)
+        assert [s.i for s in steps] == [s.i for s in older[-3:]] + [s.i for s in recent]
+        _, steps = client.snapshot(max_steps=100)
+        assert [s.i for s in steps] == list(range(1400, 1500))
     finally:
         client.close()

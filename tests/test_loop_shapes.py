@@ -260,8 +260,13 @@ def test_dataloader_workers_pin_memory_persistent() -> None:
     assert ta.start() is not None
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    dl = DataLoader(SleepyItems(96, 5.0), batch_size=8, num_workers=2, persistent_workers=True,
-                    pin_memory=torch.cuda.is_available())
+    dl = DataLoader(
+        SleepyItems(96, 5.0),
+        batch_size=8,
+        num_workers=2,
+        persistent_workers=True,
+        pin_memory=torch.cuda.is_available(),
+    )
     waits: list[int] = []
     for x, y in waited(dl, waits):
         nn.functional.cross_entropy(model(x), y).backward()
@@ -344,8 +349,8 @@ def test_h2d_wrappers_stay_out_of_a_fullgraph_compile() -> None:
     """`.to()` inside a function compiled with fullgraph=True still compiles with the h2d wrapper
     on `torch.Tensor` (installed here on CPU as on a CUDA machine): a graph break there would be
     an error in the user's code."""
-    from torchtop.agent.hooks import AutoHooks
-    from torchtop.agent.probe import Probe
+    from torchtop.agent.hooks.auto import AutoHooks
+    from torchtop.agent.hooks.probe import Probe
 
     hooks = AutoHooks(Probe(), torch, h2d=True)
     hooks.install()
@@ -385,5 +390,7 @@ def test_loop_in_a_fresh_context_is_still_the_training_thread() -> None:
     other.join()
     steps = snapshot_steps(ta.current(), 10, kind=None)
     assert len(steps) == 10 and all(s.kind == "train" for s in steps)  # no eval steps from the thread
-    assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 and s.phases["optimizer"] > 0 for s in steps)
+    assert all(
+        s.phases["forward"] > 0 and s.phases["backward"] > 0 and s.phases["optimizer"] > 0 for s in steps
+    )
     assert ta.current().probe.steps == 10

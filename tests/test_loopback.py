@@ -22,10 +22,10 @@ from torch import nn  # noqa: E402
 
 import torchtop.agent as ta  # noqa: E402
 from tests.agent_util import client_for, cuda_in_use, free_port_pair, snapshot_steps  # noqa: E402
-from torchtop.agent import discovery, wire  # noqa: E402
+from torchtop.agent.contract import discovery, wire  # noqa: E402
 from torchtop.agent.core import VERSION  # noqa: E402
-from torchtop.monitor.client import AgentClient, AgentUnreachable  # noqa: E402
-from torchtop.monitor.targets import Endpoint  # noqa: E402
+from torchtop.monitor.link.client import AgentClient, AgentUnreachable  # noqa: E402
+from torchtop.monitor.link.targets import Endpoint  # noqa: E402
 
 V = wire.PROTOCOL_VERSION
 
@@ -53,7 +53,7 @@ def wait_first_batch(c: AgentClient, timeout: float = 10.0) -> wire.Batch:
     while time.monotonic() < deadline:
         got = c.recv_batches(0.5)
         if got:
-            return got[-1]
+            return got[-1].batch
     raise AssertionError("no batch arrived")
 
 
@@ -66,7 +66,7 @@ def test_hello_fields(agent, client) -> None:
     assert hello.host == socket.gethostname()
     assert hello.port == agent.port and hello.pub_port == agent.port + 1
     if not cuda_in_use():  # (a GPU machine, after a CUDA test: the agent samples the GPU)
-        assert hello.device == "cpu" and hello.device_name == "" and hello.cuda_sample_every == 0
+        assert hello.device == "cpu" and hello.device_name == "" and hello.cuda_event_every == 0
     assert hello.start_time == pytest.approx(time.time(), abs=60)
     assert (hello.rank, hello.world_size, hello.local_rank) == (0, 1, 0)
     assert hello.torch_version == torch.__version__
@@ -95,8 +95,8 @@ def test_snapshot_returns_history(agent, client) -> None:
     train_steps(10)
     steps = snapshot_steps(agent, 10)
     assert [s.i for s in steps] == list(range(10))
-    reply = client.snapshot(max_steps=3)
-    assert reply.ok and [s.i for s in reply.steps] == [7, 8, 9]
+    reply, steps = client.snapshot(max_steps=3)
+    assert reply.ok and [s.i for s in steps] == [7, 8, 9]
     assert reply.seq >= 0
     for bad in (0, -1, 10**9, "3", True, 2.5):
         reply = client.request("snapshot", {"max_steps": bad})
@@ -114,9 +114,9 @@ def test_batches_arrive_in_order_and_carry_every_step_once(agent, client) -> Non
     deadline = time.monotonic() + 10
     seen: list[int] = []
     while time.monotonic() < deadline and (len(seen) < 25 or len(batches) < 8):
-        for b in client.recv_batches(0.5):
-            batches.append(b)
-            seen.extend(s.i for s in b.steps)
+        for got in client.recv_batches(0.5):
+            batches.append(got.batch)
+            seen.extend(s.i for s in got.steps)
     seqs = [b.seq for b in batches]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs  # consecutive, none lost
     assert {b.run_id for b in batches} == {agent.run_id}
@@ -178,7 +178,10 @@ def test_garbage_requests_get_an_error_and_are_counted(agent) -> None:
         (os.urandom(200), "bad request"),
         (msgspec.msgpack.encode(wire.Request(v=V + 1, id=5, cmd="hello")), f"protocol version {V + 1}"),
         (wire.encode(wire.Batch(v=V, run_id="x", seq=0, time=0.0)), "expected a request, got Batch"),
-        (msgspec.msgpack.encode({"type": "request", "v": V, "id": "x", "cmd": 3}), "bad request: invalid message"),
+        (
+            msgspec.msgpack.encode({"type": "request", "v": V, "id": "x", "cmd": 3}),
+            "bad request: invalid message",
+        ),
     ]
     try:
         for frame, expected in cases:
@@ -231,7 +234,7 @@ def test_garbage_on_the_stream_is_counted_and_valid_batches_still_arrive() -> No
             pub.send(batch(k))
         got: list[wire.Batch] = []
         while len(got) < 3 and time.monotonic() < deadline:
-            got.extend(c.recv_batches(0.5))
+            got.extend(r.batch for r in c.recv_batches(0.5))
         assert [b.seq for b in got] == [1, 2, 3]
         assert c.bad_frames - bad_before == 3 * len(junk)
         assert c.last_error == "expected a batch on the stream, got Request"

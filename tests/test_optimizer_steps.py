@@ -9,14 +9,16 @@ from torch.optim import optimizer as optim_mod
 
 import torchtop.agent as ta
 from tests.agent_util import inner_step, snapshot_steps
-from torchtop.agent import hooks_optimizer
+from torchtop.agent.hooks import optimizer as hooks_optimizer
 
 
 def model_and_batches(n: int) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     g = torch.Generator().manual_seed(1)
-    return model, [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(n)]
+    return model, [
+        (torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(n)
+    ]
 
 
 def train(model: nn.Module, opt: torch.optim.Optimizer, data: list, sched: object = None) -> None:

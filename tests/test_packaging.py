@@ -55,7 +55,18 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, dst)
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "dist"), str(src)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(root / "dist"),
+            str(src),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -92,7 +103,11 @@ def test_wheel_holds_every_module_and_stylesheet(wheel: Path) -> None:
         for rel in source_files()
         if rel.split("/", 1)[0] in PACKAGES and rel.endswith(SHIPPED) and "__pycache__" not in rel
     }
-    assert {"torchtop/agent/wire.py", "torchtop/monitor/cli.py", "torchtop/monitor/app.tcss"} <= expected
+    assert {
+        "torchtop/agent/contract/wire.py",
+        "torchtop/monitor/commands/cli.py",
+        "torchtop/monitor/tui/app.tcss",
+    } <= expected
     missing = sorted(expected - names)
     assert not missing, f"in the checkout but not in the wheel: {missing}"
     assert not [n for n in names if n.startswith("tests/") or "/tests/" in n]
@@ -106,12 +121,20 @@ def test_wheel_metadata_and_entry_point(wheel: Path) -> None:
         metadata = zf.read(f"{info}/METADATA").decode()
     parser = configparser.ConfigParser()
     parser.read_string(entry_points)
-    assert parser["console_scripts"]["torchtop"].strip() == "torchtop.monitor.cli:main"
-    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
-    base = {r.split(">")[0].split("=")[0].split("<")[0].split(";")[0].strip().lower() for r in requires if "extra ==" not in r}
+    assert parser["console_scripts"]["torchtop"].strip() == "torchtop.monitor.commands.cli:main"
+    requires = [
+        line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
+    ]
+    base = {
+        r.split(">")[0].split("=")[0].split("<")[0].split(";")[0].strip().lower()
+        for r in requires
+        if "extra ==" not in r
+    }
     assert {"textual", "pyzmq", "msgspec"} <= base
     assert "torch" not in base  # torch is an extra: the monitor runs without it
-    extras = {line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Provides-Extra:")}
+    extras = {
+        line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Provides-Extra:")
+    }
     assert {"torch", "dev"} <= extras
 
 
@@ -126,7 +149,7 @@ for name in ("torchtop.agent", "torchtop.monitor", "torchtop.demos"):
         for m in pkgutil.walk_packages(pkg.__path__, name + ".")
         if not m.name.split(".")[-1].startswith("_")
     ]
-out["tcss"] = importlib.resources.files("torchtop.monitor").joinpath("app.tcss").is_file()
+out["tcss"] = importlib.resources.files("torchtop.monitor.tui").joinpath("app.tcss").is_file()
 import torchtop.agent
 agent = torchtop.agent.start()
 out["started"] = agent is not None
@@ -136,7 +159,9 @@ print(json.dumps(out))
     env = isolated_env(installed)
     env["TORCHTOP_QUIET"] = "1"
     env["TORCHTOP_RUNTIME_DIR"] = str(tmp_path / "rt")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out.pop("tcss") is True
@@ -153,8 +178,12 @@ def test_console_script_runs_from_the_wheel(installed: Path, tmp_path: Path) -> 
     assert script.is_file()
     env = isolated_env(installed)
     env["TORCHTOP_RUNTIME_DIR"] = str(tmp_path / "rt")
-    proc = subprocess.run([str(script), "ls", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(script), "ls", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
-    proc = subprocess.run([str(script), "report"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(script), "report"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "no torchtop agent is running" in proc.stderr

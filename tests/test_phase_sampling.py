@@ -3,7 +3,7 @@ every step's end.
 
 Timing a step's phases costs the training thread ~10 us (cold caches: README, "What it
 costs"), 0.5% of a 2 ms step. So on steps under 10 ms only about 10 ms / step time of them
-are timed (1 in 5 at 2 ms), in random runs, and the others log their end alone (LIGHT_END).
+are timed (1 in 5 at 2 ms), in random runs, and the others log their end alone (UNTIMED_END).
 These tests run real CPU loops with the default policy and check what a user relies on: every
 step is counted with its wall time, the breakdown of the timed ones is the run's, an
 evaluation loop that starts in an untimed stretch is still seen as evaluation.
@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch")
 
 import torchtop.agent as ta  # noqa: E402
 from tests.agent_util import snapshot_steps, waited  # noqa: E402
-from torchtop.agent import probe as probe_mod  # noqa: E402
-from torchtop.agent import wire  # noqa: E402
-from torchtop.monitor.state import breakdown  # noqa: E402
+from torchtop.agent.contract import logcodes  # noqa: E402
+from torchtop.agent.hooks import probe as probe_mod  # noqa: E402
+from torchtop.monitor.model.state import breakdown  # noqa: E402
 
 pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
 
@@ -38,7 +38,9 @@ def _mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
-def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, batches, waits: list[int] | None = None) -> None:
+def _train(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, batches, waits: list[int] | None = None
+) -> None:
     for x, y in waited(batches, [] if waits is None else waits):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
@@ -76,7 +78,7 @@ def test_fast_steps_are_all_counted_and_a_sample_is_timed(stopped) -> None:
     assert all(s.wall_ns > 0 for s in steps)
     timed = [s for s in steps if s.phases]
     untimed = [s for s in steps if not s.phases]
-    assert all(s.phases for s in steps[:probe_mod.FIRST_STEPS])  # the start is timed in full
+    assert all(s.phases for s in steps[: probe_mod.FIRST_STEPS])  # the start is timed in full
     # ~0.3 ms steps: about 1 in 33 timed (1 in ~64 at most, as the policy caps a run)
     assert 0.01 * len(steps) <= len(timed) <= 0.25 * len(steps), len(timed)
     for s in timed:
@@ -86,7 +88,7 @@ def test_fast_steps_are_all_counted_and_a_sample_is_timed(stopped) -> None:
     assert all(s.micro == 0 and not s.device_ms for s in untimed)
     # untimed runs are random: not one stride
     runs, n = set(), 0
-    for s in steps[probe_mod.FIRST_STEPS:]:
+    for s in steps[probe_mod.FIRST_STEPS :]:
         if s.phases:
             if n:
                 runs.add(n)
@@ -138,9 +140,9 @@ def test_an_eval_loop_that_starts_untimed_is_seen_as_eval(stopped) -> None:
     assert agent is not None
     model, opt = _mlp()
     _train(model, opt, _loader(300, 10**9, 0))
-    assert agent.probe.light, "the training loop should have ended in an untimed stretch"
+    assert agent.probe.untimed, "the training loop should have ended in an untimed stretch"
     model.eval()
-    # the agent thread ends the stretch LIGHT_IDLE_S after the last step end, to within two of
+    # the agent thread ends the stretch UNTIMED_IDLE_S after the last step end, to within two of
     # its quiet ticks (nobody subscribed): at most ~2 s in
     deadline = time.monotonic() + 4.0
     n = 0
@@ -161,20 +163,28 @@ def test_an_eval_loop_that_starts_untimed_is_seen_as_eval(stopped) -> None:
 
 
 def test_the_replay_keeps_wall_time_and_drops_phases_of_untimed_steps() -> None:
-    from torchtop.monitor.replay import StepRecorder, to_record
+    from torchtop.monitor.model.replay import StepRecorder, to_record
 
     t = 1_000_000
-    e = lambda code, dt: (t + dt) << wire.SHIFT | code  # noqa: E731
+    e = lambda code, dt: (t + dt) << logcodes.SHIFT | code  # noqa: E731
     rec = StepRecorder()
-    out = rec.feed([
-        e(wire.BOUNDARY, 0),
-        e(wire.FORWARD_START + 1, 100), e(wire.EXIT | wire.FORWARD, 300),  # a stray entry
-        e(wire.LIGHT_END, 1000),  # untimed: wall 1000, no phases
-        e(wire.DATA, 1100), e(wire.EXIT | wire.DATA, 1400), e(wire.LIGHT_OFF, 1500),
-        e(wire.BACKWARD, 1600), e(wire.EXIT | wire.BACKWARD, 1700),
-        e(wire.STEP_END, 2000),  # timing resumed inside it: untimed too
-        e(wire.DATA, 2100), e(wire.EXIT | wire.DATA, 2500), e(wire.STEP_END, 3000),  # timed
-    ])
+    out = rec.feed(
+        [
+            e(logcodes.BOUNDARY, 0),
+            e(logcodes.FORWARD_START + 1, 100),
+            e(logcodes.EXIT | logcodes.FORWARD, 300),  # a stray entry
+            e(logcodes.UNTIMED_END, 1000),  # untimed: wall 1000, no phases
+            e(logcodes.DATA, 1100),
+            e(logcodes.EXIT | logcodes.DATA, 1400),
+            e(logcodes.TIMING_RESUMED, 1500),
+            e(logcodes.BACKWARD, 1600),
+            e(logcodes.EXIT | logcodes.BACKWARD, 1700),
+            e(logcodes.STEP_END, 2000),  # timing resumed inside it: untimed too
+            e(logcodes.DATA, 2100),
+            e(logcodes.EXIT | logcodes.DATA, 2500),
+            e(logcodes.STEP_END, 3000),  # timed
+        ]
+    )
     records = [to_record(r, 0.0, 0) for r in out]
     assert [(r.i, r.wall_ns) for r in records] == [(0, 1000), (1, 1000), (2, 1000)]
     assert records[0].phases == {} and records[1].phases == {} and records[0].micro == 0

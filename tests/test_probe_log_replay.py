@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from torchtop.agent import probe as probe_mod
-from torchtop.agent.probe import Probe
-from torchtop.agent.wire import BOUNDARY, EXIT, FORWARD_START, H2D_COPY, MARK, RESET, SHIFT
-from torchtop.monitor.replay import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER, StepRecorder
+from torchtop.agent.contract.logcodes import BOUNDARY, EXIT, FORWARD_START, H2D_COPY, MARK, RESET, SHIFT
+from torchtop.agent.hooks import probe as probe_mod
+from torchtop.agent.hooks.probe import Probe
+from torchtop.monitor.model.replay import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER, StepRecorder
 
 
 # -- the log and its replay ----------------------------------------------------------------------
@@ -61,7 +61,13 @@ def test_replay_nesting_is_exclusive() -> None:
     rec = StepRecorder()
     (i0, kind, s0, wall, acc, micro, events, extra), (i1, _, s1, wall1, acc1, micro1, _, _) = rec.feed(log)
     assert (i0, kind, s0, wall, micro, events) == (0, "train", 1000, 55, 1, None)
-    assert acc[DATA] == 10 and acc[FORWARD] == 17 and acc[H2D] == 3 and acc[BACKWARD] == 20 and acc[OPTIMIZER] == 3
+    assert (
+        acc[DATA] == 10
+        and acc[FORWARD] == 17
+        and acc[H2D] == 3
+        and acc[BACKWARD] == 20
+        and acc[OPTIMIZER] == 3
+    )
     assert sum(acc) == 53  # 2 ns between backward and optimizer are "other"
     assert extra == {"pinned": 4096, "marks": {"loss": 0.5}}
     assert (i1, s1, wall1, micro1) == (1, 1055, 15, 0)
@@ -75,13 +81,25 @@ def test_replay_cuts_evaluation_iterations() -> None:
     log = []
     t = 1000
     for _ in range(3):  # with a DataLoader
-        log += [_at(t, DATA), _at(t + 5, EXIT | DATA), _at(t + 5, FORWARD_START + 2 * 1), _at(t + 20, EXIT | FORWARD)]
+        log += [
+            _at(t, DATA),
+            _at(t + 5, EXIT | DATA),
+            _at(t + 5, FORWARD_START + 2 * 1),
+            _at(t + 20, EXIT | FORWARD),
+        ]
         t += 30
     for _ in range(3):  # forwards only, no loader
         log += [_at(t, FORWARD_START + 2 * 1), _at(t + 20, EXIT | FORWARD)]
         t += 30
-    log += [_at(t, FORWARD_START + 2 * 1 + 1), _at(t + 10, EXIT | FORWARD), _at(t + 10, BACKWARD),
-            _at(t + 20, EXIT | BACKWARD), _at(t + 20, OPTIMIZER), _at(t + 25, EXIT | OPTIMIZER), _at(t + 25, BOUNDARY)]
+    log += [
+        _at(t, FORWARD_START + 2 * 1 + 1),
+        _at(t + 10, EXIT | FORWARD),
+        _at(t + 10, BACKWARD),
+        _at(t + 20, EXIT | BACKWARD),
+        _at(t + 20, OPTIMIZER),
+        _at(t + 25, EXIT | OPTIMIZER),
+        _at(t + 25, BOUNDARY),
+    ]
     steps = StepRecorder().feed(log)
     assert [s[1] for s in steps] == ["eval"] * 5 + ["train"]
     assert [s[4][DATA] for s in steps[:2]] == [5, 5] and all(s[4][FORWARD] == 15 for s in steps[:2])
@@ -92,9 +110,19 @@ def test_replay_survives_garbage_entries() -> None:
     """An entry the replay cannot use is counted and forgets the open step (whose start is then
     unknown: not reported); the steps after the next boundary are whole and reported."""
     rec = StepRecorder()
-    log = [_at(100, FORWARD_START + 3), (_at(110, H2D_COPY), "not", "numbers"), _at(120, EXIT | FORWARD),
-           _at(130, FORWARD_START + 3), _at(140, EXIT | FORWARD), _at(150, BOUNDARY),
-           _at(160, FORWARD_START + 3), _at(170, EXIT | FORWARD), _at(180, BOUNDARY), _at(185, 30), _at(190, BOUNDARY)]
+    log = [
+        _at(100, FORWARD_START + 3),
+        (_at(110, H2D_COPY), "not", "numbers"),
+        _at(120, EXIT | FORWARD),
+        _at(130, FORWARD_START + 3),
+        _at(140, EXIT | FORWARD),
+        _at(150, BOUNDARY),
+        _at(160, FORWARD_START + 3),
+        _at(170, EXIT | FORWARD),
+        _at(180, BOUNDARY),
+        _at(185, 30),
+        _at(190, BOUNDARY),
+    ]
     steps = rec.feed(log)
     assert rec.failures == 2  # the bad tuple, and an int with an unknown code
     assert len(steps) == 1 and steps[0][2] == 150 and steps[0][3] == 30 and steps[0][4][FORWARD] == 10

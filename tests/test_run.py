@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.agent_util import free_port
-from torchtop.agent import discovery
 from torchtop.agent.autostart import is_launcher
-from torchtop.monitor.run import child_env, job_name
+from torchtop.agent.contract import discovery
+from torchtop.monitor.commands.run import child_env, job_name
 
 pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
 
@@ -41,13 +41,18 @@ TRAIN = textwrap.dedent(
 
 
 def _torchtop(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchtop.monitor.cli", *args], capture_output=True, text=True,
-                          timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "torchtop.monitor.commands.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kw,
+    )
 
 
 def _wait_steps(agent: dict, n: int, timeout: float = 60) -> None:
-    from torchtop.monitor.client import AgentClient
-    from torchtop.monitor.targets import from_discovery
+    from torchtop.monitor.link.client import AgentClient
+    from torchtop.monitor.link.targets import from_discovery
 
     client = AgentClient(from_discovery(agent))
     try:
@@ -72,9 +77,23 @@ def _wait_agents(n: int, timeout: float = 90) -> list[dict]:
 def test_unmodified_script_under_run_no_tui(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    job = subprocess.Popen([sys.executable, "-m", "torchtop.monitor.cli", "run", "--no-tui", "--",
-                            sys.executable, str(script), "12", "3"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchtop.monitor.commands.cli",
+            "run",
+            "--no-tui",
+            "--",
+            sys.executable,
+            str(script),
+            "12",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         (agent,) = _wait_agents(1)
         assert agent["argv"][0] == str(script)
@@ -101,9 +120,26 @@ def test_module_form_and_chained_sitecustomize(tmp_path: Path) -> None:
     marker = tmp_path / "their-sitecustomize-ran"
     (site / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('yes')\n")
     env = dict(os.environ, PYTHONPATH=str(site))
-    job = subprocess.Popen([sys.executable, "-m", "torchtop.monitor.cli", "run", "--no-tui", "--",
-                            sys.executable, "-m", "train_mod", "6", "0"], cwd=tmp_path, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchtop.monitor.commands.cli",
+            "run",
+            "--no-tui",
+            "--",
+            sys.executable,
+            "-m",
+            "train_mod",
+            "6",
+            "0",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         (agent,) = _wait_agents(1)
         assert agent["argv"][0].endswith("train_mod.py")
@@ -120,8 +156,13 @@ def test_torchtop_env_starts_the_agent_in_plain_python(tmp_path: Path) -> None:
         pytest.skip("torchtop is not installed here with its .pth (run from a bare checkout)")
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    job = subprocess.Popen([sys.executable, str(script), "6", "0"], env=dict(os.environ, TORCHTOP="1"),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [sys.executable, str(script), "6", "0"],
+        env=dict(os.environ, TORCHTOP="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         (agent,) = _wait_agents(1)
         assert agent["pid"] == job.pid
@@ -134,15 +175,18 @@ def test_no_agent_without_the_variable(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     env = {k: v for k, v in os.environ.items() if k != "TORCHTOP"}
-    out = subprocess.run([sys.executable, str(script), "1", "0"], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(script), "1", "0"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and "torchtop" not in out.stderr
     assert discovery.list_agents() == []
 
 
 def test_torchrun_ranks_get_agents_not_the_launcher(tmp_path: Path) -> None:
     script = tmp_path / "ddp.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import time, torch, torch.distributed as dist
         dist.init_process_group("gloo")
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
@@ -151,11 +195,29 @@ def test_torchrun_ranks_get_agents_not_the_launcher(tmp_path: Path) -> None:
             model(torch.randn(8, 16)).sum().backward(); opt.step(); opt.zero_grad(); time.sleep(0.01)
         dist.destroy_process_group()
         """
-    ))
-    job = subprocess.Popen([sys.executable, "-m", "torchtop.monitor.cli", "run", "--no-tui", "--",
-                            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                            "--master_port", str(free_port()), str(script)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    )
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchtop.monitor.commands.cli",
+            "run",
+            "--no-tui",
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(script),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         agents = _wait_agents(2)
         time.sleep(2)  # a launcher agent, if one started, would show by now
@@ -176,9 +238,24 @@ def test_torchrun_ranks_get_agents_not_the_launcher(tmp_path: Path) -> None:
 def test_ctrl_c_reaches_the_job_and_its_code_comes_back(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    job = subprocess.Popen([sys.executable, "-m", "torchtop.monitor.cli", "run", "--no-tui", "--",
-                            sys.executable, str(script), "60", "0"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchtop.monitor.commands.cli",
+            "run",
+            "--no-tui",
+            "--",
+            sys.executable,
+            str(script),
+            "60",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _wait_agents(1)
         os.killpg(job.pid, signal.SIGINT)  # what the terminal does on Ctrl-C: the whole group
@@ -201,17 +278,22 @@ def test_helpers() -> None:
     assert is_launcher(["/usr/bin/torchrun", "--nproc_per_node", "2", "x.py"])
     assert is_launcher([os.path.join("site-packages", "torch", "distributed", "run.py"), "x.py"])
     assert not is_launcher(["train.py"])
-    assert is_launcher(["-m", "--nproc_per_node", "2"], ["python", "-m", "torch.distributed.run", "--nproc_per_node", "2"])
+    assert is_launcher(
+        ["-m", "--nproc_per_node", "2"], ["python", "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    )
     assert not is_launcher(["-m"], ["python", "-m", "pkg.train"])
     env = child_env(5555, {"PYTHONPATH": "/a"})
     assert env["TORCHTOP"] == "1" and env["TORCHTOP_PORT"] == "5555"
-    assert env["PYTHONPATH"].endswith(os.pathsep + "/a") and (Path(env["PYTHONPATH"].split(os.pathsep)[0]) / "sitecustomize.py").exists()
+    assert (
+        env["PYTHONPATH"].endswith(os.pathsep + "/a")
+        and (Path(env["PYTHONPATH"].split(os.pathsep)[0]) / "sitecustomize.py").exists()
+    )
     assert job_name(["python", "-m", "pkg.train"]) == "pkg_train"
     assert job_name(["python", "/x/train.py", "--lr", "1"]) == "train"
 
 
 async def test_log_tab_follows_the_job_output(tmp_path: Path) -> None:
-    from torchtop.monitor.app import TorchtopApp
+    from torchtop.monitor.tui.app import TorchtopApp
 
     log = tmp_path / "job.log"
     log.write_text("epoch 1\nstep 10 loss 2.3\n")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from torchtop.agent import discovery
+from torchtop.agent.contract import discovery
 
 pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
 
@@ -25,7 +25,9 @@ def _scenario(name: str, device: str, warm_s: float, report_s: float) -> dict[st
     """Run demos/<name>.py, let it pass warm-up, then return `torchtop report` on it."""
     child = subprocess.Popen(
         [sys.executable, "-m", f"torchtop.demos.{name}", "--device", device, "--seconds", "240"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 90
@@ -36,15 +38,29 @@ def _scenario(name: str, device: str, warm_s: float, report_s: float) -> dict[st
             time.sleep(0.2)
         time.sleep(warm_s)
         out = subprocess.run(
-            [sys.executable, "-m", "torchtop.monitor.cli", "report", str(child.pid), "--seconds", str(report_s)],
-            capture_output=True, text=True, timeout=report_s + 60,
+            [
+                sys.executable,
+                "-m",
+                "torchtop.monitor.commands.cli",
+                "report",
+                str(child.pid),
+                "--seconds",
+                str(report_s),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=report_s + 60,
         )
         if out.returncode != 0:
             child.terminate()
-            raise AssertionError(f"{out.stderr.strip()}\n{name}'s output:\n{child.communicate(timeout=30)[0][-3000:]}")
+            raise AssertionError(
+                f"{out.stderr.strip()}\n{name}'s output:\n{child.communicate(timeout=30)[0][-3000:]}"
+            )
         report = json.loads(out.stdout)
-        print(f"\n{name} on {device}: {report['steps']} steps, median {report['step_time_ms']['median']:.1f} ms, "
-              f"breakdown {report['breakdown']}\n  verdict {report['verdict']}\n  flags {report['flag_details']}")
+        print(
+            f"\n{name} on {device}: {report['steps']} steps, median {report['step_time_ms']['median']:.1f} ms, "
+            f"breakdown {report['breakdown']}\n  verdict {report['verdict']}\n  flags {report['flag_details']}"
+        )
         return report
     finally:
         child.terminate()
@@ -88,8 +104,12 @@ def test_memory_leak() -> None:
 
 @pytest.mark.parametrize("name", ["transfer_bound", "host_overhead", "fragmentation"])
 def test_cuda_only_scenarios_say_so_on_cpu(name: str) -> None:
-    out = subprocess.run([sys.executable, "-m", f"torchtop.demos.{name}", "--device", "cpu"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", f"torchtop.demos.{name}", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "needs CUDA" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 

@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 from remote_util import training_agent
 
 import torchtop.agent as ta
-from torchtop.agent import discovery, keys, wire
-from torchtop.monitor import cli, keys_cli
-from torchtop.monitor.client import AgentClient, AgentUnreachable
-from torchtop.monitor.targets import Endpoint
+from torchtop.agent.contract import discovery, keys, wire
+from torchtop.monitor.commands import cli
+from torchtop.monitor.commands import keys as keys_cli
+from torchtop.monitor.link.client import AgentClient, AgentUnreachable
+from torchtop.monitor.link.targets import Endpoint
 
 pytest.importorskip("torch")
 
@@ -64,7 +65,9 @@ def test_keys_command_makes_private_key_files(config: Path, capsys: pytest.Captu
 
     assert cli.main(["keys", "--server"]) == 0
     out = capsys.readouterr().out
-    assert mode(kd / "server.key_secret") == 0o600 and "TORCHTOP_BIND=0.0.0.0" in out and "--server-key" in out
+    assert (
+        mode(kd / "server.key_secret") == 0o600 and "TORCHTOP_BIND=0.0.0.0" in out and "--server-key" in out
+    )
 
     assert cli.main(["keys", "--authorize", str(public), "--name", "alice"]) == 0
     allowed = zmq.auth.load_certificates(str(kd / "authorized_keys"))  # the format zmq.auth reads
@@ -152,7 +155,9 @@ def test_curve_agent_serves_only_authorized_keys(
 
     _silent(Endpoint(host, port))  # no key at all (NULL mechanism)
     _silent(Endpoint(host, port, curve=_stranger(spub)))  # a key the agent does not know
-    wrong_server = keys.ClientCurve(zmq.curve_keypair()[0], curve_setup["good"].public, curve_setup["good"].secret)
+    wrong_server = keys.ClientCurve(
+        zmq.curve_keypair()[0], curve_setup["good"].public, curve_setup["good"].secret
+    )
     _silent(Endpoint(host, port, curve=wrong_server))  # our key, but not this agent's
     time.sleep(0.3)
     assert agent.captures.current is None and agent.captures.status() == []  # nothing ran
@@ -162,7 +167,10 @@ def test_curve_agent_serves_only_authorized_keys(
     monkeypatch.setenv(keys.ENV_CONFIG, str(curve_setup["monitor_cfg"]))
     capsys.readouterr()
     target = f"tcp://{host}:{port}"
-    assert cli.main(["report", target, "--server-key", str(curve_setup["server_key_file"]), "--seconds", "0.5"]) == 0
+    assert (
+        cli.main(["report", target, "--server-key", str(curve_setup["server_key_file"]), "--seconds", "0.5"])
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["pid"] == os.getpid() and report["batches"] > 0
     assert cli.main(["report", target, "--seconds", "0.5"]) == 2  # without the key: nothing
@@ -176,7 +184,12 @@ def test_curve_agent_serves_only_authorized_keys(
 def test_server_key_errors_are_one_line(
     curve_setup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["report", "tcp://127.0.0.1:9", "--server-key", str(tmp_path / "nope.key"), "--seconds", "1"]) == 2
+    assert (
+        cli.main(
+            ["report", "tcp://127.0.0.1:9", "--server-key", str(tmp_path / "nope.key"), "--seconds", "1"]
+        )
+        == 2
+    )
     assert "cannot read the server key" in capsys.readouterr().err
     monkeypatch.setenv(keys.ENV_CONFIG, str(tmp_path / "empty"))
     assert cli.main(["report", "tcp://127.0.0.1:9", "--server-key", str(curve_setup["server_key_file"])]) == 2
@@ -202,8 +215,19 @@ def test_discovery_dir_and_files_are_private(runtime_dir: Path) -> None:
 
 
 # -- fuzzing -------------------------------------------------------------------------------------
-leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20) | st.binary(max_size=20)
-values = st.recursive(leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4), max_leaves=12)
+leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
+)
+values = st.recursive(
+    leaf,
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+    max_leaves=12,
+)
 COMMANDS = ["hello", "ping", "snapshot", "capture-profile", "capture-memory", "capture-status"]
 
 
@@ -214,8 +238,16 @@ def bad_request(draw: st.DrawFn) -> bytes:
     args = draw(st.dictionaries(st.text(max_size=8), values, max_size=4))
     if cmd.startswith("capture") or cmd == "snapshot":
         args["zz-" + draw(st.text(max_size=4))] = draw(values)  # unknown key: refused
-        args["max_steps"] = draw(st.one_of(st.integers(-(2**63), 0), st.integers(10_001, 2**64 - 1), st.text(), st.floats()))
-    msg = {"type": "request", "v": draw(st.sampled_from([wire.PROTOCOL_VERSION, 0, 2, -1])), "id": draw(leaf), "cmd": cmd, "args": args}
+        args["max_steps"] = draw(
+            st.one_of(st.integers(-(2**63), 0), st.integers(10_001, 2**64 - 1), st.text(), st.floats())
+        )
+    msg = {
+        "type": "request",
+        "v": draw(st.sampled_from([wire.PROTOCOL_VERSION, 0, 2, -1])),
+        "id": draw(leaf),
+        "cmd": cmd,
+        "args": args,
+    }
     if draw(st.booleans()):
         del msg[draw(st.sampled_from(sorted(msg)))]
     return msgspec.msgpack.encode(msg)
@@ -243,7 +275,11 @@ class Fuzzer:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         if curve is not None:
-            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = curve.server_public, curve.public, curve.secret
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (
+                curve.server_public,
+                curve.public,
+                curve.secret,
+            )
         sock.connect(f"tcp://127.0.0.1:{port}")
         return sock
 
@@ -284,14 +320,16 @@ def _answers(endpoint: Endpoint) -> wire.Hello:
 def _steps_between(endpoint: Endpoint, start: float, end: float) -> list[float]:
     client = AgentClient(endpoint)
     try:
-        reply = client.snapshot(timeout=10)
+        reply, steps = client.snapshot(timeout=10)
     finally:
         client.close()
     assert reply.ok, reply.error
-    return [s.wall_ns / 1e6 for s in reply.steps if start <= s.t0 <= end]
+    return [s.wall_ns / 1e6 for s in steps if start <= s.t0 <= end]
 
 
-def test_fuzzed_frames_never_crash_the_agent_nor_slow_training(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+def test_fuzzed_frames_never_crash_the_agent_nor_slow_training(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
     """Quiet and fuzzed windows alternate, so the machine's own load drifts out of the ratio."""
     with training_agent(tmp_path, subprocess_env) as (proc, info):
         endpoint = Endpoint("127.0.0.1", info["port"])

@@ -23,11 +23,13 @@ import pytest
 from remote_util import training_agent
 
 from tests.agent_util import free_port
-from torchtop.monitor import ssh
-from torchtop.monitor.client import AgentClient
-from torchtop.monitor.targets import TargetError
+from torchtop.monitor.link import ssh
+from torchtop.monitor.link.client import AgentClient
+from torchtop.monitor.link.targets import TargetError
 
-SSHD = shutil.which("sshd") or next((p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd") if os.path.exists(p)), None)
+SSHD = shutil.which("sshd") or next(
+    (p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd") if os.path.exists(p)), None
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,9 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
     if check.returncode != 0:
         pytest.skip(f"sshd cannot run here: {check.stderr.strip()}")
     log = (d / "sshd.log").open("wb")
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config"), "-p", str(port)], stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(d / "sshd_config"), "-p", str(port)], stdout=log, stderr=log
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -67,7 +71,11 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
         f"Host *\n  IdentityFile {d / 'user_key'}\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
         "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  PreferredAuthentications publickey\n"
     )
-    yield {"port": port, "opts": f"-F {shlex.quote(str(d / 'ssh_config'))}", "host": f"ssh://{getpass.getuser()}@127.0.0.1:{port}"}
+    yield {
+        "port": port,
+        "opts": f"-F {shlex.quote(str(d / 'ssh_config'))}",
+        "host": f"ssh://{getpass.getuser()}@127.0.0.1:{port}",
+    }
     proc.terminate()
     try:
         proc.wait(5)
@@ -77,9 +85,11 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
-def ssh_env(sshd, runtime_dir: Path, subprocess_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def ssh_env(
+    sshd, runtime_dir: Path, subprocess_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
     """Env (here and for child CLIs) so that ssh uses the test's key and 'remote' torchtop this venv."""
-    remote = f"env TORCHTOP_RUNTIME_DIR={shlex.quote(str(runtime_dir))} {shlex.quote(sys.executable)} -m torchtop.monitor.cli"
+    remote = f"env TORCHTOP_RUNTIME_DIR={shlex.quote(str(runtime_dir))} {shlex.quote(sys.executable)} -m torchtop.monitor.commands.cli"
     extra = {ssh.ENV_OPTS: sshd["opts"], ssh.ENV_REMOTE_CMD: remote}
     for key, value in extra.items():
         monkeypatch.setenv(key, value)
@@ -87,7 +97,13 @@ def ssh_env(sshd, runtime_dir: Path, subprocess_env: dict[str, str], monkeypatch
 
 
 def torchtop(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchtop.monitor.cli", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "torchtop.monitor.commands.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _accepts(port: int) -> bool:
@@ -153,11 +169,16 @@ def test_open_ssh_tunnel_lasts_while_used(ssh_env: dict[str, str], sshd, tmp_pat
 
 def _tunnel_ssh(port: int) -> list[psutil.Process]:
     """This process's ssh children that forward local `port`."""
-    return [c for c in psutil.Process().children(recursive=True)
-            if any(arg.startswith(f"{port}:") for arg in c.cmdline())]
+    return [
+        c
+        for c in psutil.Process().children(recursive=True)
+        if any(arg.startswith(f"{port}:") for arg in c.cmdline())
+    ]
 
 
-def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(ssh_env: dict[str, str], sshd, tmp_path: Path) -> None:
+def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(
+    ssh_env: dict[str, str], sshd, tmp_path: Path
+) -> None:
     with training_agent(tmp_path, ssh_env) as (proc, _info):
         with ssh.open_ssh(f"{sshd['host']}/{proc.pid}") as endpoint:
             client = AgentClient(endpoint)
@@ -173,7 +194,11 @@ def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(ssh_env: dict[str, str]
                 while time.monotonic() < deadline and not endpoint.link_trouble():
                     time.sleep(0.05)
                 trouble = endpoint.link_trouble()
-                assert trouble.startswith("ssh tunnel to ") and "127.0.0.1 down" in trouble and "rebuilding" in trouble
+                assert (
+                    trouble.startswith("ssh tunnel to ")
+                    and "127.0.0.1 down" in trouble
+                    and "rebuilding" in trouble
+                )
                 while batches := client.recv_batches(0.1):  # what was on its way before the drop
                     before += batches
                 deadline = time.monotonic() + 20
@@ -184,9 +209,11 @@ def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(ssh_env: dict[str, str]
                 after: list = []
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline and not after:
-                    after = client.recv_batches(1.0)  # the same sockets: ZeroMQ reconnects through the new tunnel
+                    after = client.recv_batches(
+                        1.0
+                    )  # the same sockets: ZeroMQ reconnects through the new tunnel
                 assert after, "no batch came through the rebuilt tunnel"
-                assert after[0].seq > before[-1].seq
+                assert after[0].batch.seq > before[-1].batch.seq
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline and endpoint.link_trouble():
                     time.sleep(0.05)
@@ -205,7 +232,11 @@ def test_ssh_errors_say_what_to_do(ssh_env: dict[str, str], sshd, tmp_path: Path
 
     missing = {**ssh_env, ssh.ENV_REMOTE_CMD: "/nonexistent/bin/torchtop"}
     out = torchtop(missing, "ls", host)
-    assert out.returncode == 2 and "is not installed on 127.0.0.1" in out.stderr and ssh.ENV_REMOTE_CMD in out.stderr
+    assert (
+        out.returncode == 2
+        and "is not installed on 127.0.0.1" in out.stderr
+        and ssh.ENV_REMOTE_CMD in out.stderr
+    )
 
     closed = f"ssh://127.0.0.1:{free_port()}"
     out = torchtop(ssh_env, "attach", closed)

@@ -14,10 +14,11 @@ from torch.utils.data import DataLoader, Dataset
 
 import torchtop.agent as ta
 from tests.agent_util import client_for, cuda_in_use
-from torchtop.agent.sample_cuda_memory import CudaMemorySampler, fragmentation
-from torchtop.agent.sample_host import HostSampler
-from torchtop.agent.sample_nvml import NvmlSampler, visible_devices
-from torchtop.agent.telemetry import TelemetryCollector
+from torchtop.agent.cuda_use import CudaUse
+from torchtop.agent.telemetry.collector import TelemetryCollector
+from torchtop.agent.telemetry.cuda_memory import CudaMemorySampler, fragmentation
+from torchtop.agent.telemetry.host import HostSampler
+from torchtop.agent.telemetry.nvml import NvmlSampler, visible_devices
 
 MIB = 2**20
 
@@ -54,7 +55,7 @@ def test_host_sampler_sees_busy_dataloader_workers() -> None:
 def test_collector_on_cpu_says_why_cuda_parts_are_missing() -> None:
     if cuda_in_use():
         pytest.skip("this process uses CUDA: the CPU paths are checked where it does not")
-    tc = TelemetryCollector(torch)
+    tc = TelemetryCollector(CudaUse(torch))
     tc.fast()
     tc.slow()
     tel = tc.latest()
@@ -66,7 +67,7 @@ def test_collector_on_cpu_says_why_cuda_parts_are_missing() -> None:
 
 
 def test_failing_probe_is_switched_off_with_its_reason() -> None:
-    tc = TelemetryCollector(torch)
+    tc = TelemetryCollector(CudaUse(torch))
 
     class Broken:
         def sample(self):
@@ -90,11 +91,17 @@ def test_nvml_absent_is_a_reason_not_an_error() -> None:
 
 def test_fragmentation_figures_from_snapshot_segments() -> None:
     def seg(total: int, blocks: list[tuple[int, str]], device: int = 0, expandable: bool = False) -> dict:
-        return {"device": device, "total_size": total, "is_expandable": expandable,
-                "blocks": [{"size": s, "state": st} for s, st in blocks]}
+        return {
+            "device": device,
+            "total_size": total,
+            "is_expandable": expandable,
+            "blocks": [{"size": s, "state": st} for s, st in blocks],
+        }
 
     segments = [
-        seg(20 * MIB, [(8 * MIB, "active_allocated"), (6 * MIB, "inactive"), (6 * MIB, "active_pending_free")]),
+        seg(
+            20 * MIB, [(8 * MIB, "active_allocated"), (6 * MIB, "inactive"), (6 * MIB, "active_pending_free")]
+        ),
         seg(20 * MIB, [(2 * MIB, "inactive"), (18 * MIB, "active_allocated")]),
         seg(2 * MIB, [(2 * MIB, "inactive")]),
         seg(64 * MIB, [(64 * MIB, "inactive")], device=1),  # another device: not counted
@@ -115,13 +122,17 @@ def test_memory_capped_by_set_per_process_memory_fraction() -> None:
     memory pressure, and the panel says the total is a cap. (Fake allocator figures: no GPU here.)"""
     from types import SimpleNamespace
 
-    from torchtop.monitor.diagnosis import Facts
-    from torchtop.monitor.diagnosis_flags import flag_memory_pressure
-    from torchtop.monitor.widgets.memory_panel import device_lines
+    from torchtop.monitor.diagnosis.facts import Facts
+    from torchtop.monitor.diagnosis.flags import flag_memory_pressure
+    from torchtop.monitor.tui.widgets.memory_panel import device_lines
 
     gib = 2**30
-    stats = {"allocated_bytes.all.current": 30 * gib, "allocated_bytes.all.peak": 36 * gib,
-             "reserved_bytes.all.current": 38 * gib, "reserved_bytes.all.peak": 38 * gib}
+    stats = {
+        "allocated_bytes.all.current": 30 * gib,
+        "allocated_bytes.all.peak": 36 * gib,
+        "reserved_bytes.all.current": 38 * gib,
+        "reserved_bytes.all.peak": 38 * gib,
+    }
     fraction = {"value": 0.5}
 
     def get_fraction(device: int) -> float:
@@ -129,14 +140,25 @@ def test_memory_capped_by_set_per_process_memory_fraction() -> None:
             raise RuntimeError("not supported")
         return fraction["value"]
 
-    cuda = SimpleNamespace(memory_stats=lambda d: stats, mem_get_info=lambda d: (20 * gib, 80 * gib),
-                           get_per_process_memory_fraction=get_fraction)
+    cuda = SimpleNamespace(
+        memory_stats=lambda d: stats,
+        mem_get_info=lambda d: (20 * gib, 80 * gib),
+        get_per_process_memory_fraction=get_fraction,
+    )
     sampler = CudaMemorySampler(SimpleNamespace(cuda=cuda))
     m = sampler.stats(0)
     assert (m.device_total, m.limit_fraction, m.device_free) == (40 * gib, 0.5, 20 * gib)
+
     def facts(m):  # noqa: ANN001, ANN202
-        return Facts(steps=50, step_ms=10.0, shares={}, ms={}, mem_total=m.device_total, reserved=m.reserved,
-                     allocated=m.allocated)
+        return Facts(
+            steps=50,
+            step_ms=10.0,
+            shares={},
+            ms={},
+            mem_total=m.device_total,
+            reserved=m.reserved,
+            allocated=m.allocated,
+        )
 
     assert flag_memory_pressure(facts(m)) is not None  # 38 of 40 GiB
     text = " ".join(line.plain for line in device_lines(m, None, m.window_peak, 0.0, 120))
@@ -161,14 +183,26 @@ def test_report_has_memory_gpu_host_sections(tmp_path) -> None:
     )
     child = subprocess.Popen([sys.executable, str(script)])
     try:
-        from torchtop.agent import discovery
+        from torchtop.agent.contract import discovery
 
         deadline = time.monotonic() + 60
         while not any(a["pid"] == child.pid for a in discovery.list_agents()):
             assert time.monotonic() < deadline and child.poll() is None
             time.sleep(0.1)
-        out = subprocess.run([sys.executable, "-m", "torchtop.monitor.cli", "report", str(child.pid),
-                              "--seconds", "2.5"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torchtop.monitor.commands.cli",
+                "report",
+                str(child.pid),
+                "--seconds",
+                "2.5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)
         assert report["memory"] == {"available": False, "reason": "CUDA not in use"}
@@ -188,7 +222,7 @@ def test_agent_publishes_telemetry_in_batches() -> None:
     try:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            for batch in client.recv_batches(0.5):
+            for batch, _steps, _errors in client.recv_batches(0.5):
                 if batch.telemetry is not None and batch.telemetry.host is not None:
                     if not cuda_in_use():
                         assert batch.telemetry.unavailable.get("memory") == "CUDA not in use"
@@ -201,10 +235,10 @@ def test_agent_publishes_telemetry_in_batches() -> None:
 def test_the_slow_samplers_rest_while_nobody_is_watching(monkeypatch) -> None:
     """Host, PCIe and fragmentation figures only reach a subscriber: unattended, the slow
     thread samples every UNATTENDED_SLOW_PERIODS periods; attended, every period."""
-    from torchtop.agent import telemetry
+    from torchtop.agent.telemetry import collector as telemetry
 
     monkeypatch.setattr(telemetry, "SLOW_PERIOD_S", 0.01)
-    tc = TelemetryCollector(torch, enable_host=False)
+    tc = TelemetryCollector(CudaUse(torch), enable_host=False)
     calls = [0]
     monkeypatch.setattr(tc, "slow", lambda: calls.__setitem__(0, calls[0] + 1))
     tc.start()

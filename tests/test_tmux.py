@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from torchtop.agent import discovery
+from torchtop.agent.contract import discovery
 
 pytestmark = [pytest.mark.tmux, pytest.mark.sampled_phases]
 
@@ -34,7 +34,7 @@ PHASE_ROWS = ("data", "forward", "backward", "optimizer")
 
 def _torchtop() -> list[str]:
     script = Path(sys.executable).with_name("torchtop")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "torchtop.monitor.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "torchtop.monitor.commands.cli"]
 
 
 class Tmux:

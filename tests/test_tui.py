@@ -19,14 +19,23 @@ from rich.console import Console
 
 from tests.agent_util import free_port_pair
 from tests.tui_util import TRAIN, wait_for
-from torchtop.agent import wire
-from torchtop.monitor import feed, fmt
-from torchtop.monitor.app import TorchtopApp
-from torchtop.monitor.client import AgentUnreachable
-from torchtop.monitor.feed import BatchesReceived, FeedError, HelloReceived, SnapshotReceived
-from torchtop.monitor.targets import Endpoint, from_discovery, local_agents
-from torchtop.monitor.widgets import ChooserScreen, HelpScreen, PhasePanel, StatusLine, StepPanel, phase_bar
-from torchtop.monitor.widgets.phase_panel import segment_widths
+from torchtop.agent.contract import wire
+from torchtop.monitor.link.client import AgentUnreachable, Received, Snapshot
+from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
+from torchtop.monitor.model import fmt
+from torchtop.monitor.model.steps import StepRecord
+from torchtop.monitor.tui import feed
+from torchtop.monitor.tui.app import TorchtopApp
+from torchtop.monitor.tui.feed import BatchesReceived, FeedError, HelloReceived, SnapshotReceived
+from torchtop.monitor.tui.widgets import (
+    ChooserScreen,
+    HelpScreen,
+    PhasePanel,
+    StatusLine,
+    StepPanel,
+    phase_bar,
+)
+from torchtop.monitor.tui.widgets.phase_panel import segment_widths
 
 SHARES = {"data": 0.40, "forward": 0.30, "backward": 0.20, "optimizer": 0.05}
 WALLS_MS = [8, 9, 10, 11, 12] * 4  # median 10, p90 12 (nearest rank), mean 10
@@ -34,24 +43,36 @@ T0 = 1_000.0
 
 
 def hello(run_id: str = "run000000001", **kw) -> wire.Hello:
-    fields = dict(v=wire.PROTOCOL_VERSION, run_id=run_id, pid=4242, host="box", port=5555, pub_port=5556,
-                  device="cpu", start_time=T0 - 62, torch_version="2.13.0", argv=["train.py"])
+    fields = dict(
+        v=wire.PROTOCOL_VERSION,
+        run_id=run_id,
+        pid=4242,
+        host="box",
+        port=5555,
+        pub_port=5556,
+        device="cpu",
+        start_time=T0 - 62,
+        torch_version="2.13.0",
+        argv=["train.py"],
+    )
     return wire.Hello(**{**fields, **kw})
 
 
-def steps(walls_ms=WALLS_MS, first: int = 0, device: dict[str, float] | None = None) -> list[wire.StepRecord]:
+def steps(walls_ms=WALLS_MS, first: int = 0, device: dict[str, float] | None = None) -> list[StepRecord]:
     out = []
     for k, w in enumerate(walls_ms):
         wall = int(w * 1_000_000)
         phases = {name: int(wall * share) for name, share in SHARES.items()}
         phases["other"] = wall - sum(phases.values())
-        out.append(wire.StepRecord(i=first + k, t0=T0 + 0.1 * k, wall_ns=wall, phases=phases, device_ms=device or {}))
+        out.append(
+            StepRecord(i=first + k, t0=T0 + 0.1 * k, wall_ns=wall, phases=phases, device_ms=device or {})
+        )
     return out
 
 
-def batch(recs: list[wire.StepRecord], seq: int = 1, run_id: str = "run000000001") -> wire.Batch:
+def batch(recs: list[StepRecord], seq: int = 1, run_id: str = "run000000001") -> Received:
     end = recs[-1].t0 + recs[-1].wall_ns / 1e9 if recs else T0
-    return wire.Batch(v=wire.PROTOCOL_VERSION, run_id=run_id, seq=seq, time=end + 0.05, steps=recs)
+    return Received(wire.Batch(v=wire.PROTOCOL_VERSION, run_id=run_id, seq=seq, time=end + 0.05), recs)
 
 
 def text_of(renderable, width: int = 100) -> str:
@@ -74,7 +95,14 @@ def app_without_feed(**kw) -> TorchtopApp:
 
 # -- pure pieces --------------------------------------------------------------------------------
 def test_units() -> None:
-    assert [fmt.ms(v) for v in (0, 0.4123, 4.184, 41.84, 418.4, 4184)] == ["0", "0.412", "4.18", "41.8", "418", "4,184"]
+    assert [fmt.ms(v) for v in (0, 0.4123, 4.184, 41.84, 418.4, 4184)] == [
+        "0",
+        "0.412",
+        "4.18",
+        "41.8",
+        "418",
+        "4,184",
+    ]
     assert fmt.count(1234567) == "1,234,567"
     assert fmt.pct(0.4) == "40.0%"
     assert fmt.duration(62) == "1m 02s" and fmt.duration(7500) == "2h 05m"
@@ -138,7 +166,7 @@ async def test_device_ms_gaps_and_bad_frames_show_up() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await fed_app(
             pilot,
-            HelloReceived(hello(device="cuda", cuda_sample_every=8)),
+            HelloReceived(hello(device="cuda", cuda_event_every=8)),
             BatchesReceived([batch(recs[:10], seq=1)]),
             BatchesReceived([batch(recs[10:], seq=4)], bad_frames=3, last_error="malformed frame: junk"),
         )
@@ -154,7 +182,12 @@ async def test_snapshot_history_and_agent_gone() -> None:
     app = app_without_feed()
     recs = steps()
     async with app.run_test(size=(120, 40)) as pilot:
-        await fed_app(pilot, HelloReceived(hello()), SnapshotReceived(recs[:15], seq=7), BatchesReceived([batch(recs[15:], seq=8)]))
+        await fed_app(
+            pilot,
+            HelloReceived(hello()),
+            SnapshotReceived(recs[:15], seq=7),
+            BatchesReceived([batch(recs[15:], seq=8)]),
+        )
         assert app.query_one(StepPanel).count == 20
         await fed_app(pilot, FeedError("no answer from a torchtop agent", lost=True))
         status = app.query_one(StatusLine).plain()
@@ -170,7 +203,9 @@ async def test_status_line_says_when_the_ssh_tunnel_is_being_rebuilt() -> None:
     async with app.run_test(size=(160, 40)) as pilot:
         await fed_app(pilot)
         app._refresh_status()
-        assert app.status_line.connection == "ssh tunnel to gpu-box down 12s, rebuilding, 3 attempts · waiting"
+        assert (
+            app.status_line.connection == "ssh tunnel to gpu-box down 12s, rebuilding, 3 attempts · waiting"
+        )
         assert "rebuilding" in app.status_line.plain()
         trouble[0] = ""  # back up
         app._refresh_status()
@@ -242,10 +277,10 @@ class FakeClient:
             raise AgentUnreachable("no answer")
         return hello()
 
-    def snapshot(self, timeout: float) -> wire.Reply:
-        return wire.Reply(v=wire.PROTOCOL_VERSION, id=1, ok=True, steps=steps()[:5], seq=3)
+    def snapshot(self, timeout: float) -> Snapshot:
+        return Snapshot(wire.Reply(v=wire.PROTOCOL_VERSION, id=1, ok=True, seq=3), steps()[:5])
 
-    def recv_batches(self, timeout: float) -> list[wire.Batch]:
+    def recv_batches(self, timeout: float) -> list[Received]:
         if self.served:
             time.sleep(0.01)
             return []
@@ -281,8 +316,6 @@ def start_training(tmp_path: Path, env: dict[str, str], port: int) -> subprocess
     return subprocess.Popen([sys.executable, str(script), "60"], env={**env, "TORCHTOP_PORT": str(port)})
 
 
-
-
 async def test_real_agent_steps_then_gone_then_restarted(tmp_path: Path, subprocess_env) -> None:
     port = free_port_pair()
     first = start_training(tmp_path, subprocess_env, port)
@@ -306,7 +339,9 @@ async def test_real_agent_steps_then_gone_then_restarted(tmp_path: Path, subproc
             assert await wait_for(pilot, lambda: "agent gone" in app.status_line.plain(), 20)
 
             second = start_training(tmp_path, subprocess_env, port)  # same port: picked up again
-            assert await wait_for(pilot, lambda: app.state.run_id != first_run and live(), 60), app.status_line.plain()
+            assert await wait_for(pilot, lambda: app.state.run_id != first_run and live(), 60), (
+                app.status_line.plain()
+            )
             await pilot.press("q")
     finally:
         for proc in (first, second):
@@ -317,8 +352,11 @@ async def test_real_agent_steps_then_gone_then_restarted(tmp_path: Path, subproc
 
 def feed_threads() -> list[int]:
     """Threads currently inside the feed loop (its frames name monitor/feed.py)."""
-    return [tid for tid, frame in sys._current_frames().items()
-            if any(f.f_code.co_filename == feed.__file__ for f, _ in traceback.walk_stack(frame))]
+    return [
+        tid
+        for tid, frame in sys._current_frames().items()
+        if any(f.f_code.co_filename == feed.__file__ for f, _ in traceback.walk_stack(frame))
+    ]
 
 
 async def test_closed_port_shows_waiting_and_the_feed_stops_on_quit() -> None:
@@ -342,7 +380,10 @@ def test_dashboard_snapshot(snap_compare) -> None:
     recs = steps(device={"forward": 2.5, "backward": 1.75, "step": 9.25})
 
     async def feed_synthetic(pilot) -> None:
-        await fed_app(pilot, HelloReceived(hello(device="cuda", device_name="Fake GPU", cuda_sample_every=8)),
-                      BatchesReceived([batch(recs)]))
+        await fed_app(
+            pilot,
+            HelloReceived(hello(device="cuda", device_name="Fake GPU", cuda_event_every=8)),
+            BatchesReceived([batch(recs)]),
+        )
 
     assert snap_compare(app_without_feed(), terminal_size=(100, 34), run_before=feed_synthetic)

@@ -17,31 +17,68 @@ from pathlib import Path
 import pytest
 
 from tests.tui_util import GIB, HOST, MIB, T0, TRAIN, steps, wait_for
-from torchtop.agent import wire
-from torchtop.monitor.app import TorchtopApp
-from torchtop.monitor.feed import BatchesReceived, HelloReceived, RequestAnswered
-from torchtop.monitor.targets import Endpoint, from_discovery, local_agents
-from torchtop.monitor.widgets import CapturesScreen, VerdictPanel
+from torchtop.agent.contract import wire
+from torchtop.monitor.link.client import Received
+from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
+from torchtop.monitor.model.steps import StepRecord
+from torchtop.monitor.tui.app import TorchtopApp
+from torchtop.monitor.tui.feed import BatchesReceived, HelloReceived, RequestAnswered
+from torchtop.monitor.tui.widgets import CapturesScreen, VerdictPanel
 
 
 def hello(device: str = "cuda", **kw) -> wire.Hello:
-    fields = dict(v=wire.PROTOCOL_VERSION, run_id="run000000001", pid=4242, host="box", port=5555, pub_port=5556,
-                  device=device, start_time=T0 - 62, torch_version="2.13.0", argv=["train.py"])
+    fields = dict(
+        v=wire.PROTOCOL_VERSION,
+        run_id="run000000001",
+        pid=4242,
+        host="box",
+        port=5555,
+        pub_port=5556,
+        device=device,
+        start_time=T0 - 62,
+        torch_version="2.13.0",
+        argv=["train.py"],
+    )
     return wire.Hello(**{**fields, **kw})
 
 
 def memory(reserved: int = 70 * GIB, window_peak: int = 60 * GIB, **kw) -> wire.MemorySample:
-    fields = dict(device=0, allocated=40 * GIB, reserved=reserved, active=41 * GIB, requested=39 * GIB + 512 * MIB,
-                  inactive_split=3 * GIB, peak_allocated=64 * GIB, peak_reserved=72 * GIB, window_peak=window_peak,
-                  alloc_retries=0, ooms=0, device_total=80 * GIB, device_free=10 * GIB)
+    fields = dict(
+        device=0,
+        allocated=40 * GIB,
+        reserved=reserved,
+        active=41 * GIB,
+        requested=39 * GIB + 512 * MIB,
+        inactive_split=3 * GIB,
+        peak_allocated=64 * GIB,
+        peak_reserved=72 * GIB,
+        window_peak=window_peak,
+        alloc_retries=0,
+        ooms=0,
+        device_total=80 * GIB,
+        device_free=10 * GIB,
+    )
     return wire.MemorySample(**{**fields, **kw})
 
 
-FRAG = wire.FragSample(device=0, largest_free=512 * MIB, total_free=2 * GIB, external=0.75, segments=12,
-                       expandable=False)
-GPU = wire.GpuSample(index=0, name="NVIDIA H100 80GB HBM3", util_gpu=73.0, util_mem=40.0, mem_used=72 * GIB,
-                     mem_total=80 * GIB, power_w=350.0, power_limit_w=700.0, temp_c=65.0, sm_clock_mhz=1980.0,
-                     throttle=["power-cap"], pcie_tx_kbs=1024.0 * 1024, pcie_rx_kbs=2048.0 * 1024)
+FRAG = wire.FragSample(
+    device=0, largest_free=512 * MIB, total_free=2 * GIB, external=0.75, segments=12, expandable=False
+)
+GPU = wire.GpuSample(
+    index=0,
+    name="NVIDIA H100 80GB HBM3",
+    util_gpu=73.0,
+    util_mem=40.0,
+    mem_used=72 * GIB,
+    mem_total=80 * GIB,
+    power_w=350.0,
+    power_limit_w=700.0,
+    temp_c=65.0,
+    sm_clock_mhz=1980.0,
+    throttle=["power-cap"],
+    pcie_tx_kbs=1024.0 * 1024,
+    pcie_rx_kbs=2048.0 * 1024,
+)
 
 
 def telemetry(t: float, **kw) -> wire.Telemetry:
@@ -49,21 +86,41 @@ def telemetry(t: float, **kw) -> wire.Telemetry:
     return wire.Telemetry(**{**fields, **kw})
 
 
-def batch(recs: list[wire.StepRecord], seq: int = 1, tel: wire.Telemetry | None = None,
-          capture: wire.CaptureInfo | None = None) -> wire.Batch:
+def batch(
+    recs: list[StepRecord],
+    seq: int = 1,
+    tel: wire.Telemetry | None = None,
+    capture: wire.CaptureInfo | None = None,
+) -> Received:
     end = recs[-1].t0 + recs[-1].wall_ns / 1e9 if recs else T0
-    return wire.Batch(v=wire.PROTOCOL_VERSION, run_id="run000000001", seq=seq, time=end + 0.05, steps=recs,
-                      telemetry=tel, capture=capture)
+    return Received(
+        wire.Batch(
+            v=wire.PROTOCOL_VERSION,
+            run_id="run000000001",
+            seq=seq,
+            time=end + 0.05,
+            telemetry=tel,
+            capture=capture,
+        ),
+        recs,
+    )
 
 
-def fed_batches(recs: list[wire.StepRecord], tel: wire.Telemetry | None = None) -> BatchesReceived:
+def fed_batches(recs: list[StepRecord], tel: wire.Telemetry | None = None) -> BatchesReceived:
     """One batch per 10 steps, each with telemetry at its end time (so the memory plot has points)."""
     out = []
     for k in range(0, len(recs), 10):
-        chunk = recs[k:k + 10]
+        chunk = recs[k : k + 10]
         t = chunk[-1].t0 + chunk[-1].wall_ns / 1e9
-        out.append(batch(chunk, seq=k // 10 + 1, tel=None if tel is None else wire.Telemetry(
-            **{f: getattr(tel, f) for f in tel.__struct_fields__} | {"time": t})))
+        out.append(
+            batch(
+                chunk,
+                seq=k // 10 + 1,
+                tel=None
+                if tel is None
+                else wire.Telemetry(**{f: getattr(tel, f) for f in tel.__struct_fields__} | {"time": t}),
+            )
+        )
     return BatchesReceived(out)
 
 
@@ -82,7 +139,9 @@ async def fed(pilot, *messages) -> None:
 def recorded_notes(app: TorchtopApp) -> list[tuple[str, str, str]]:
     """Replace app.notify by a recorder of (title, message, severity)."""
     notes: list[tuple[str, str, str]] = []
-    app.notify = lambda message, *, title="", severity="information", **kw: notes.append((title, message, severity))  # type: ignore[method-assign]
+    app.notify = lambda message, *, title="", severity="information", **kw: notes.append(
+        (title, message, severity)
+    )  # type: ignore[method-assign]
     return notes
 
 
@@ -102,7 +161,9 @@ async def test_memory_panel_shows_the_allocator_and_fragmentation_figures() -> N
         assert "inactive split 3.00 GiB" in text and "rounding waste 512 MiB" in text
         assert "alloc retries 0 (0.00/s)" in text and "OOMs 0" in text
         # reserved at 87.5% of the device: yellow, on the figures and on the box around them
-        assert app.memory_figures.has_class("-warning") and app.query_one("#memory-panel").has_class("-warning")
+        assert app.memory_figures.has_class("-warning") and app.query_one("#memory-panel").has_class(
+            "-warning"
+        )
         reserved = next(t for t in app.memory_figures.lines(100) if t.plain.startswith("reserved"))
         assert any("yellow" in str(span.style) for span in reserved.spans)
         series = app.memory_plot.series
@@ -116,7 +177,11 @@ async def test_memory_retries_turn_the_panel_red() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         first = wire.Telemetry(time=T0, memory=[memory(reserved=20 * GIB, alloc_retries=2)])
         later = wire.Telemetry(time=T0 + 0.5, memory=[memory(reserved=20 * GIB, alloc_retries=4)])
-        await fed(pilot, HelloReceived(hello()), BatchesReceived([batch(recs[:30], 1, first), batch(recs[30:], 2, later)]))
+        await fed(
+            pilot,
+            HelloReceived(hello()),
+            BatchesReceived([batch(recs[:30], 1, first), batch(recs[30:], 2, later)]),
+        )
         assert app.memory_figures.has_class("-critical")
         assert "alloc retries 4 (4.00/s)" in app.memory_figures.plain()
 
@@ -152,8 +217,14 @@ async def test_unavailable_parts_say_why() -> None:
     app = app_without_feed()
     async with app.run_test(size=(120, 40)) as pilot:
         assert "no telemetry received yet" in app.memory_figures.plain()
-        tel = wire.Telemetry(time=T0, unavailable={"memory": "CUDA not in use", "gpu": "NVML not available (NVMLError_LibraryNotFound)",
-                                                   "host": "psutil not available"})
+        tel = wire.Telemetry(
+            time=T0,
+            unavailable={
+                "memory": "CUDA not in use",
+                "gpu": "NVML not available (NVMLError_LibraryNotFound)",
+                "host": "psutil not available",
+            },
+        )
         await fed(pilot, HelloReceived(hello(device="cpu")), fed_batches(steps(), tel))
         assert app.memory_figures.plain() == "CUDA memory not available: CUDA not in use"
         assert app.gpu_panel.plain() == "GPU not available: NVML not available (NVMLError_LibraryNotFound)"
@@ -168,7 +239,11 @@ async def test_verdict_data_loading_with_evidence_then_compute_for_a_healthy_run
     app = app_without_feed()
     async with app.run_test(size=(120, 40)) as pilot:
         panel = app.query_one(VerdictPanel)
-        await fed(pilot, HelloReceived(hello(device="cpu")), fed_batches(steps(5), wire.Telemetry(time=0, host=HOST)))
+        await fed(
+            pilot,
+            HelloReceived(hello(device="cpu")),
+            fed_batches(steps(5), wire.Telemetry(time=0, host=HOST)),
+        )
         assert "Warming up" in panel.plain() and panel.has_class("-unknown")
 
         await fed(pilot, fed_batches(steps(60, data=0.30), wire.Telemetry(time=0, host=HOST)))
@@ -220,7 +295,9 @@ async def test_marks_skipped_and_eval_steps() -> None:
 
 
 async def test_capture_keys_queue_requests_and_show_answers_and_progress() -> None:
-    app = app_without_feed(Endpoint("127.0.0.1", 40001, 4242, "ssh://ana@gpu7/4242 (pid 4242, port 5555 via 127.0.0.1:40001)"))
+    app = app_without_feed(
+        Endpoint("127.0.0.1", 40001, 4242, "ssh://ana@gpu7/4242 (pid 4242, port 5555 via 127.0.0.1:40001)")
+    )
     async with app.run_test(size=(120, 40)) as pilot:
         notes = recorded_notes(app)
         await fed(pilot, HelloReceived(hello()), fed_batches(steps()))
@@ -229,31 +306,55 @@ async def test_capture_keys_queue_requests_and_show_answers_and_progress() -> No
         sent = []
         while not app.requests.empty():
             sent.append(app.requests.get_nowait())
-        assert sent == [("capture-profile", {"steps": 5}), ("capture-profile", {"steps": 7}), ("capture-memory", {"steps": 6})]
+        assert sent == [
+            ("capture-profile", {"steps": 5}),
+            ("capture-profile", {"steps": 7}),
+            ("capture-memory", {"steps": 6}),
+        ]
 
         refused = wire.Reply(v=1, id=3, ok=False, error="busy: capture 1 (profile) is running, 2/5 steps")
         await fed(pilot, RequestAnswered("capture-profile", {"steps": 7}, refused))
         assert ("profile refused", "busy: capture 1 (profile) is running, 2/5 steps", "warning") in notes
 
-        running = wire.CaptureInfo(id=1, kind="profile", state="running", steps_total=5, steps_done=2, host="gpu7")
-        await fed(pilot, RequestAnswered("capture-profile", {"steps": 5}, wire.Reply(v=1, id=1, ok=True, capture=running)),
-                  BatchesReceived([batch(steps(1, first=60), seq=9, capture=running)]))
+        running = wire.CaptureInfo(
+            id=1, kind="profile", state="running", steps_total=5, steps_done=2, host="gpu7"
+        )
+        await fed(
+            pilot,
+            RequestAnswered("capture-profile", {"steps": 5}, wire.Reply(v=1, id=1, ok=True, capture=running)),
+            BatchesReceived([batch(steps(1, first=60), seq=9, capture=running)]),
+        )
         assert app.capture_line.has_class("-active")
         assert "capturing" in app.capture_line.plain() and "profile #1: step 2/5" in app.capture_line.plain()
 
-        done = wire.CaptureInfo(id=1, kind="profile", state="done", steps_total=5, steps_done=5, host="gpu7",
-                                path="/w/torchtop-captures/profile-4242-1.pt.trace.json.gz",
-                                summary={"steps": 5, "step_ms": 10.0, "buckets": {"CPU Exec": 1.0}})
+        done = wire.CaptureInfo(
+            id=1,
+            kind="profile",
+            state="done",
+            steps_total=5,
+            steps_done=5,
+            host="gpu7",
+            path="/w/torchtop-captures/profile-4242-1.pt.trace.json.gz",
+            summary={"steps": 5, "step_ms": 10.0, "buckets": {"CPU Exec": 1.0}},
+        )
         await fed(pilot, BatchesReceived([batch(steps(1, first=61), seq=10, capture=done)]))
-        assert ("capture done", "profile #1 done: /w/torchtop-captures/profile-4242-1.pt.trace.json.gz", "information") in notes
-        assert not app.capture_line.has_class("-active") and "last: profile #1 done" in app.capture_line.plain()
+        assert (
+            "capture done",
+            "profile #1 done: /w/torchtop-captures/profile-4242-1.pt.trace.json.gz",
+            "information",
+        ) in notes
+        assert (
+            not app.capture_line.has_class("-active") and "last: profile #1 done" in app.capture_line.plain()
+        )
         assert app.requests.get_nowait() == ("capture-status", {})  # the list is fetched again
 
         await pilot.press("c")
         await pilot.pause()
         assert isinstance(app.screen, CapturesScreen)
         assert app.requests.get_nowait() == ("capture-status", {})  # asked on opening
-        await fed(pilot, RequestAnswered("capture-status", {}, wire.Reply(v=1, id=5, ok=True, captures=[done])))
+        await fed(
+            pilot, RequestAnswered("capture-status", {}, wire.Reply(v=1, id=5, ok=True, captures=[done]))
+        )
         listing = app.screen.query_one("#captures-list").plain()
         assert "profile capture 1: done" in listing
         assert "file: ana@gpu7:/w/torchtop-captures/profile-4242-1.pt.trace.json.gz" in listing
@@ -277,13 +378,13 @@ async def test_small_terminal_still_shows_every_tab() -> None:
 # -- a real agent ---------------------------------------------------------------------------------
 
 
-
-
 async def test_real_agent_profile_capture_and_memory_refusal(tmp_path: Path, subprocess_env) -> None:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(TRAIN))
     out_dir = tmp_path / "captures"
-    proc = subprocess.Popen([sys.executable, str(script), "90"], env={**subprocess_env, "TORCHTOP_DIR": str(out_dir)})
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "90"], env={**subprocess_env, "TORCHTOP_DIR": str(out_dir)}
+    )
     try:
         deadline = time.monotonic() + 60
         while not local_agents() and time.monotonic() < deadline:
@@ -295,9 +396,18 @@ async def test_real_agent_profile_capture_and_memory_refusal(tmp_path: Path, sub
             notes = recorded_notes(app)
             assert await wait_for(pilot, lambda: app.step_panel.count > 0, 30), app.status_line.plain()
             await pilot.press("minus", "minus", "p")  # 3 steps
-            assert await wait_for(pilot, lambda: any(c.state == "done" for c in app.captures.by_id.values()), 60), notes
+            assert await wait_for(
+                pilot, lambda: any(c.state == "done" for c in app.captures.by_id.values()), 60
+            ), notes
             await pilot.press("c")
-            listing = lambda: app.screen.query_one("#captures-list").plain() if isinstance(app.screen, CapturesScreen) else ""  # noqa: E731
+
+            def listing() -> str:
+                return (
+                    app.screen.query_one("#captures-list").plain()
+                    if isinstance(app.screen, CapturesScreen)
+                    else ""
+                )
+
             assert await wait_for(pilot, lambda: ".json.gz" in listing(), 20), listing()
             text = listing()
             assert "profile capture 1: done" in text and f"file: {out_dir}" in text and "scp" not in text
@@ -318,8 +428,11 @@ async def test_real_agent_profile_capture_and_memory_refusal(tmp_path: Path, sub
 @pytest.mark.parametrize("size", [(120, 40)])
 def test_telemetry_tabs_snapshot(snap_compare, size) -> None:
     async def feed_synthetic(pilot) -> None:
-        await fed(pilot, HelloReceived(hello(device_name="Fake GPU", cuda_sample_every=8)),
-                  fed_batches(steps(60, data=0.30, marks=True), telemetry(0)))
+        await fed(
+            pilot,
+            HelloReceived(hello(device_name="Fake GPU", cuda_event_every=8)),
+            fed_batches(steps(60, data=0.30, marks=True), telemetry(0)),
+        )
         await pilot.press("3")
         await fed(pilot)
 

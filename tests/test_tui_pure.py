@@ -14,18 +14,26 @@ import sys
 import pytest
 
 from tests.tui_util import GIB, HOST, MIB, T0, steps
-from torchtop.agent import wire
-from torchtop.monitor import feed, fmt
-from torchtop.monitor.captures import CaptureBook, capture_lines, fetch_from, next_steps, progress_text
-from torchtop.monitor.client import AgentUnreachable
-from torchtop.monitor.panel_data import mark_rows, memory_series, worker_rows, y_top
-from torchtop.monitor.state import Point
+from torchtop.agent.contract import wire
+from torchtop.monitor.link.client import AgentUnreachable
+from torchtop.monitor.model import fmt
+from torchtop.monitor.model.captures import CaptureBook, capture_lines, fetch_from, next_steps, progress_text
+from torchtop.monitor.model.panel_data import mark_rows, memory_series, worker_rows, y_top
+from torchtop.monitor.model.state import Point
+from torchtop.monitor.model.steps import StepRecord
+from torchtop.monitor.tui import feed
 
 
 # -- pure pieces --------------------------------------------------------------------------------
 def test_units_bars_and_sparks() -> None:
     assert [fmt.size(v) for v in (0, 512, 1536, 41.84 * MIB, 80 * GIB, 512 * MIB)] == [
-        "0 B", "512 B", "1.50 KiB", "41.8 MiB", "80.0 GiB", "512 MiB"]
+        "0 B",
+        "512 B",
+        "1.50 KiB",
+        "41.8 MiB",
+        "80.0 GiB",
+        "512 MiB",
+    ]
     assert fmt.throughput(1024 * 1024) == "1.00 GiB/s"
     assert fmt.bar(0.5, 10) == "█████     " and fmt.bar(1.0, 4) == "████" and fmt.bar(0.0, 3) == "   "
     assert fmt.bar(0.55, 10) == "█████▌    "
@@ -38,7 +46,7 @@ def test_units_bars_and_sparks() -> None:
 
 def test_mark_rows_keep_the_most_recorded_names_in_name_order() -> None:
     recs = steps(20, marks=True)
-    recs[-1] = wire.StepRecord(i=99, t0=T0 + 1, wall_ns=1, phases={}, marks={"z_rare": 1.0, "loss": 0.5})
+    recs[-1] = StepRecord(i=99, t0=T0 + 1, wall_ns=1, phases={}, marks={"z_rare": 1.0, "loss": 0.5})
     rows = mark_rows(recs, names=2)
     assert [r.name for r in rows] == ["loss", "lr"]  # z_rare recorded once: left out
     assert rows[0].latest == 0.5 and len(rows[0].series) == 20 and rows[0].series[0] == 2.0
@@ -69,9 +77,16 @@ def test_capture_steps_and_where_files_are() -> None:
     assert fetch_from("10.0.0.5:5555", "10.0.0.5", "gpu7", local_host="box") == ("10.0.0.5", [])
     label = "ssh://ana@gpu7:2222/4242 (pid 4242, port 5555 via 127.0.0.1:40001)"
     assert fetch_from(label, "127.0.0.1", "gpu7.internal", local_host="box") == ("ana@gpu7", ["-P", "2222"])
-    done = wire.CaptureInfo(id=3, kind="profile", state="done", steps_total=5, steps_done=5, host="gpu7",
-                            path="/runs/torchtop-captures/profile-1-3.pt.trace.json.gz",
-                            summary={"steps": 5, "step_ms": 12.5, "buckets": {"CPU Exec": 0.9, "Other": 0.1}})
+    done = wire.CaptureInfo(
+        id=3,
+        kind="profile",
+        state="done",
+        steps_total=5,
+        steps_done=5,
+        host="gpu7",
+        path="/runs/torchtop-captures/profile-1-3.pt.trace.json.gz",
+        summary={"steps": 5, "step_ms": 12.5, "buckets": {"CPU Exec": 0.9, "Other": 0.1}},
+    )
     lines = capture_lines(done, ("ana@gpu7", ["-P", "2222"]))
     assert lines[0] == "profile capture 3: done"
     assert lines[1] == "  file: ana@gpu7:/runs/torchtop-captures/profile-1-3.pt.trace.json.gz"
@@ -93,8 +108,10 @@ def test_capture_book_announces_only_captures_that_end_while_watched() -> None:
 
 
 def test_pure_modules_import_neither_textual_nor_zmq() -> None:
-    code = ("import json, sys; import torchtop.monitor.panel_data, torchtop.monitor.captures, torchtop.monitor.fmt; "
-            "print(json.dumps([m in sys.modules for m in ('textual', 'zmq', 'torch')]))")
+    code = (
+        "import json, sys; import torchtop.monitor.model.panel_data, torchtop.monitor.model.captures, torchtop.monitor.model.fmt; "
+        "print(json.dumps([m in sys.modules for m in ('textual', 'zmq', 'torch')]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout) == [False, False, False]
 
@@ -109,7 +126,9 @@ class AnsweringClient:
         self.sent.append((cmd, args))
         if self.fail:
             raise AgentUnreachable("no answer")
-        return wire.Reply(v=wire.PROTOCOL_VERSION, id=len(self.sent), ok=False, error="memory snapshots need CUDA")
+        return wire.Reply(
+            v=wire.PROTOCOL_VERSION, id=len(self.sent), ok=False, error="memory snapshots need CUDA"
+        )
 
 
 def test_serve_requests_sends_each_queued_request_and_posts_the_answer() -> None:
@@ -120,8 +139,10 @@ def test_serve_requests_sends_each_queued_request_and_posts_the_answer() -> None
     client = AnsweringClient()
     feed.serve_requests(client, q, posted.append, connected=True)  # type: ignore[arg-type]
     assert client.sent == [("capture-memory", {"steps": 5}), ("capture-status", {})]
-    assert [(m.cmd, m.reply.error) for m in posted] == [("capture-memory", "memory snapshots need CUDA"),
-                                                         ("capture-status", "memory snapshots need CUDA")]
+    assert [(m.cmd, m.reply.error) for m in posted] == [
+        ("capture-memory", "memory snapshots need CUDA"),
+        ("capture-status", "memory snapshots need CUDA"),
+    ]
     q.put(("capture-profile", {"steps": 5}))
     feed.serve_requests(AnsweringClient(fail=True), q, posted.append, connected=True)  # type: ignore[arg-type]
     assert posted[-1].reply is None and posted[-1].error == "no answer"

@@ -7,14 +7,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchtop.agent import wire
+from torchtop.agent.contract import logcodes, wire
+from torchtop.monitor.model.steps import StepRecord
 
 V = wire.PROTOCOL_VERSION
 
 
-def step(i: int = 3, **kw) -> wire.StepRecord:
+def step(i: int = 3, **kw) -> StepRecord:
     phases = {"data": 1_000, "h2d": 0, "forward": 2_000, "backward": 3_000, "optimizer": 500, "other": 250}
-    return wire.StepRecord(i=i, t0=1_700_000_000.25, wall_ns=sum(phases.values()), phases=phases, **kw)
+    return StepRecord(i=i, t0=1_700_000_000.25, wall_ns=sum(phases.values()), phases=phases, **kw)
 
 
 HELLO = wire.Hello(
@@ -33,7 +34,7 @@ HELLO = wire.Hello(
     torch_version="2.13.0",
     agent_version="0.1.0",
     argv=["train.py", "--lr", "0.1"],
-    cuda_sample_every=8,
+    cuda_event_every=8,
 )
 
 MESSAGES = [
@@ -45,7 +46,10 @@ MESSAGES = [
         run_id="r",
         seq=17,
         time=2.5,
-        steps=[step(1), step(2, kind="eval", micro=4, device_ms={"forward": 1.25, "step": 3.5}, rank=2)],
+        log=[
+            wire.LogChunk(3, 40, [5 << 8 | 21, (9 << 8 | 23, 0.0), 12 << 8 | 2]),
+            wire.LogChunk(4, 41, [1, 21], pairs=True),
+        ],
         dropped=5,
         hook_errors=2,
     ),
@@ -79,7 +83,11 @@ MESSAGES = [
                 proc_rss=1 << 31,
                 threads=40,
                 cpu_count=16,
-                workers=[wire.WorkerSample(pid=7, cpu_percent=99.0, rss=1 << 28, name="pt_data_worker", dataloader=True)],
+                workers=[
+                    wire.WorkerSample(
+                        pid=7, cpu_percent=99.0, rss=1 << 28, name="pt_data_worker", dataloader=True
+                    )
+                ],
             ),
             unavailable={"pcie": "disabled after errors"},
         ),
@@ -87,7 +95,7 @@ MESSAGES = [
     wire.Request(v=V, id=1, cmd="hello"),
     wire.Request(v=V, id=2, cmd="snapshot", args={"max_steps": 100}),
     wire.Reply(v=V, id=1, ok=True, hello=HELLO, seq=9),
-    wire.Reply(v=V, id=2, ok=True, steps=[step(5), step(6)], seq=10, data={"k": [1, "x"]}),
+    wire.Reply(v=V, id=2, ok=True, log=[wire.LogChunk(0, 0, [7 << 8 | 21])], seq=10, data={"k": [1, "x"]}),
     wire.Reply(v=V, id=-1, ok=False, error="bad request: nope"),
 ]
 
@@ -114,10 +122,10 @@ def test_decode_accepts_buffers() -> None:
 
 
 def test_step_phases_keep_their_order_and_sum() -> None:
-    rec = wire.decode(wire.encode(wire.Batch(v=V, run_id="r", seq=0, time=0.0, steps=[step()]))).steps[0]
+    rec = step()
     assert sum(rec.phases.values()) == rec.wall_ns
-    assert tuple(wire.PHASES) == ("data", "h2d", "forward", "backward", "optimizer", "other")
-    assert wire.TIMED_PHASES == wire.PHASES[:-1]
+    assert tuple(logcodes.PHASES) == ("data", "h2d", "forward", "backward", "optimizer", "other")
+    assert logcodes.TIMED_PHASES == logcodes.PHASES[:-1]
 
 
 # -- version -------------------------------------------------------------------------------------
@@ -171,7 +179,7 @@ def test_frame_at_the_limit_is_accepted() -> None:
         msgspec.msgpack.encode({"type": "batch", "v": V, "run_id": "r", "seq": "x", "time": 0.0}),
         msgspec.msgpack.encode([V, "batch"]),
         msgspec.msgpack.encode(None),
-        msgspec.msgpack.encode({"type": "batch", "v": V, "run_id": "r", "seq": 0, "time": 0.0, "steps": [{}]}),
+        msgspec.msgpack.encode({"type": "batch", "v": V, "run_id": "r", "seq": 0, "time": 0.0, "log": [{}]}),
         wire.encode(MESSAGES[3]) + b"\x00",  # trailing bytes
         wire.encode(MESSAGES[3])[:-1],  # truncated
         b"\x82\xa1v\x01\xa4type\xa1\x80",  # invalid UTF-8 in the tag (UnicodeDecodeError inside msgspec)
@@ -219,14 +227,18 @@ msgpackable = st.recursive(
     | st.floats(allow_nan=True)
     | st.text(max_size=20)
     | st.binary(max_size=20),
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(max_size=10) | st.integers(-5, 5), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=5)
+        | st.dictionaries(st.text(max_size=10) | st.integers(-5, 5), children, max_size=5)
+    ),
     max_leaves=20,
 )
 
-field_values = st.sampled_from(["hello", "batch", "request", "reply", "x", "", V, V + 1, 0, -1, None, 1.5, [], {}])
+field_values = st.sampled_from(
+    ["hello", "batch", "request", "reply", "x", "", V, V + 1, 0, -1, None, 1.5, [], {}]
+)
 message_like = st.dictionaries(
-    st.sampled_from(["type", "v", "run_id", "seq", "time", "steps", "id", "cmd", "ok", "pid", "hello", "args"]),
+    st.sampled_from(["type", "v", "run_id", "seq", "time", "log", "id", "cmd", "ok", "pid", "hello", "args"]),
     field_values | msgpackable,
     max_size=8,
 )
@@ -252,25 +264,45 @@ def test_pair_chunks_replay_like_entries_and_bad_pairs_are_counted() -> None:
     """A CPU run ships the training thread's (time, code) pairs; the monitor converts them. The
     same steps come out as from entries; a chunk whose pairs do not convert is counted and its
     open step forgotten, and the next chunk replays."""
-    from torchtop.monitor.log_replay import LogReplay
+    from torchtop.monitor.model.log_replay import LogReplay
 
     ms = 1_000_000
-    pairs = [0 * ms, wire.DATA, 1 * ms, wire.EXIT | wire.DATA, 1 * ms, wire.FORWARD_START + 3,
-             4 * ms, wire.EXIT | wire.FORWARD, 5 * ms, wire.OPTIMIZER, 6 * ms, wire.STEP_END]
-    entries, cuts = wire.to_entries(pairs)
-    assert cuts == 1 and entries[-1] == 6 * ms << wire.SHIFT | wire.STEP_END
-    one = wire.decode(wire.encode(wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=0, time=0.0,
-                                              log=[wire.LogChunk(0, 1, pairs, True)])))
+    pairs = [
+        0 * ms,
+        logcodes.DATA,
+        1 * ms,
+        logcodes.EXIT | logcodes.DATA,
+        1 * ms,
+        logcodes.FORWARD_START + 3,
+        4 * ms,
+        logcodes.EXIT | logcodes.FORWARD,
+        5 * ms,
+        logcodes.OPTIMIZER,
+        6 * ms,
+        logcodes.STEP_END,
+    ]
+    entries, cuts = logcodes.to_entries(pairs)
+    assert cuts == 1 and entries[-1] == 6 * ms << logcodes.SHIFT | logcodes.STEP_END
+    one = wire.decode(
+        wire.encode(
+            wire.Batch(
+                v=wire.PROTOCOL_VERSION, run_id="r", seq=0, time=0.0, log=[wire.LogChunk(0, 1, pairs, True)]
+            )
+        )
+    )
     assert one.log[0].pairs is True
     a, b = LogReplay(), LogReplay()
     steps_a = a.feed([wire.LogChunk(0, 1, entries)], 0.0, 0, flush=True)
     steps_b = b.feed(one.log, 0.0, 0, flush=True)
     assert steps_a == steps_b and len(steps_b) == 1
     assert steps_b[0].phases["optimizer"] == 1 * ms and steps_b[0].phases["forward"] == 3 * ms
+
     def later(k: int) -> list[int]:
         return [p + k * 10 * ms if i % 2 == 0 else p for i, p in enumerate(pairs)]
 
-    got = b.feed([wire.LogChunk(1, 2, [(), 5, 7], True), wire.LogChunk(2, 3, later(1), True)], 0.0, 0, flush=True)
+    got = b.feed(
+        [wire.LogChunk(1, 2, [(), 5, 7], True), wire.LogChunk(2, 3, later(1), True)], 0.0, 0, flush=True
+    )
     assert b.failures == 1 and got == []  # nothing made up: the step after the gap started unseen
     got = b.feed([wire.LogChunk(3, 4, later(2), True)], 0.0, 0, flush=True)
     assert [s.phases["forward"] for s in got] == [3 * ms] and b.failures == 1
@@ -279,26 +311,43 @@ def test_pair_chunks_replay_like_entries_and_bad_pairs_are_counted() -> None:
 def test_a_mark_after_the_step_end_in_the_next_chunk_still_lands_on_that_step() -> None:
     """The agent may drain between optimizer.step() and the loss mark logged right after it:
     the step that ended a chunk is held for the next one (or a flush), not sent without it."""
-    from torchtop.monitor.log_replay import LogReplay
+    from torchtop.monitor.model.log_replay import LogReplay
 
     ms = 1_000_000
-    step = [0 * ms, wire.FORWARD_START + 3, 2 * ms, wire.EXIT | wire.FORWARD, 3 * ms, wire.OPTIMIZER,
-            4 * ms, wire.STEP_END]
+    step = [
+        0 * ms,
+        logcodes.FORWARD_START + 3,
+        2 * ms,
+        logcodes.EXIT | logcodes.FORWARD,
+        3 * ms,
+        logcodes.OPTIMIZER,
+        4 * ms,
+        logcodes.STEP_END,
+    ]
     replay = LogReplay()
-    assert replay.feed([wire.LogChunk(0, 1, [0, wire.BOUNDARY, *step], True)], 0.0, 0) == []
-    after = [5 * ms, (wire.MARK, "loss", 0.5), 6 * ms, wire.FORWARD_START + 3]
+    assert replay.feed([wire.LogChunk(0, 1, [0, logcodes.BOUNDARY, *step], True)], 0.0, 0) == []
+    after = [5 * ms, (logcodes.MARK, "loss", 0.5), 6 * ms, logcodes.FORWARD_START + 3]
     got = replay.feed([wire.LogChunk(1, 1, after, True)], 0.0, 0)
     assert [(s.i, s.marks) for s in got] == [(0, {"loss": 0.5})]
-    flushed = LogReplay().feed([wire.LogChunk(0, 1, [0, wire.BOUNDARY, *step], True)], 0.0, 0, flush=True)
+    flushed = LogReplay().feed([wire.LogChunk(0, 1, [0, logcodes.BOUNDARY, *step], True)], 0.0, 0, flush=True)
     assert len(flushed) == 1 and flushed[0].marks == {}
 
 
 def test_a_held_step_goes_out_with_the_next_batch_even_an_empty_one() -> None:
-    from torchtop.monitor.log_replay import LogReplay
+    from torchtop.monitor.model.log_replay import LogReplay
 
     ms = 1_000_000
     replay = LogReplay()
-    step = [0, wire.BOUNDARY, 1 * ms, wire.FORWARD_START + 3, 2 * ms, wire.EXIT | wire.FORWARD, 3 * ms, wire.BOUNDARY]
+    step = [
+        0,
+        logcodes.BOUNDARY,
+        1 * ms,
+        logcodes.FORWARD_START + 3,
+        2 * ms,
+        logcodes.EXIT | logcodes.FORWARD,
+        3 * ms,
+        logcodes.BOUNDARY,
+    ]
     assert replay.feed([wire.LogChunk(0, 1, step, True)], 0.0, 0) == []
     assert [s.i for s in replay.feed([], 0.0, 0)] == [0]  # a heartbeat: no mark came in a tick
     assert replay.feed([], 0.0, 0) == []

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from torchtop.agent.wrap import mirror, signature_wrapper
+from torchtop.agent.hooks.wrap import mirror, signature_wrapper
 
 _LOG = """
 def {name}({params}):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from torchtop.agent import wire
+from torchtop.agent.contract import wire
+from torchtop.monitor.model.steps import StepRecord
 
 GIB, MIB = 2**30, 2**20
 T0 = 1_000.0
@@ -37,30 +38,56 @@ async def wait_for(pilot, condition, seconds: float) -> bool:
     return condition()
 
 
-def steps(n: int = 60, data: float = 0.30, wall_ms: float = 10.0, marks: bool = False, first: int = 0,
-          kind: str = "train", skipped_every: int = 0) -> list[wire.StepRecord]:
+def steps(
+    n: int = 60,
+    data: float = 0.30,
+    wall_ms: float = 10.0,
+    marks: bool = False,
+    first: int = 0,
+    kind: str = "train",
+    skipped_every: int = 0,
+) -> list[StepRecord]:
     """`n` steps of `wall_ms`, `data` of it waiting on the loader, the rest split over compute."""
     out = []
     wall = int(wall_ms * 1e6)
     for k in range(n):
-        phases = {"data": int(wall * data), "forward": int(wall * (1 - data) * 0.5),
-                  "backward": int(wall * (1 - data) * 0.4), "optimizer": int(wall * (1 - data) * 0.05)}
+        phases = {
+            "data": int(wall * data),
+            "forward": int(wall * (1 - data) * 0.5),
+            "backward": int(wall * (1 - data) * 0.4),
+            "optimizer": int(wall * (1 - data) * 0.05),
+        }
         phases["other"] = wall - sum(phases.values())
         extra: dict = {}
         if marks:
             extra["marks"] = {"loss": 2.0 / (first + k + 1), "lr": 0.001}
         if skipped_every and k % skipped_every == 0:
             extra["skipped"] = 1
-        out.append(wire.StepRecord(i=first + k, t0=T0 + (first + k) * wall_ms / 1e3, wall_ns=wall, phases=phases,
-                                   kind=kind, **extra))
+        out.append(
+            StepRecord(
+                i=first + k,
+                t0=T0 + (first + k) * wall_ms / 1e3,
+                wall_ns=wall,
+                phases=phases,
+                kind=kind,
+                **extra,
+            )
+        )
     return out
 
 
 HOST = wire.HostSample(
-    proc_cpu=143.0, proc_rss=2 * GIB + 512 * MIB, threads=24, cpu_count=8,
+    proc_cpu=143.0,
+    proc_rss=2 * GIB + 512 * MIB,
+    threads=24,
+    cpu_count=8,
     cpu_per_core=[10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 90.0, 100.0],
-    mem_total=64 * GIB, mem_available=32 * GIB, mem_percent=50.0,
-    workers=[wire.WorkerSample(pid=103, cpu_percent=1.0, rss=50 * MIB, name="python"),
-             wire.WorkerSample(pid=101, cpu_percent=98.0, rss=300 * MIB, name="pt_data_worker", dataloader=True),
-             wire.WorkerSample(pid=102, cpu_percent=94.0, rss=310 * MIB, name="pt_data_worker", dataloader=True)],
+    mem_total=64 * GIB,
+    mem_available=32 * GIB,
+    mem_percent=50.0,
+    workers=[
+        wire.WorkerSample(pid=103, cpu_percent=1.0, rss=50 * MIB, name="python"),
+        wire.WorkerSample(pid=101, cpu_percent=98.0, rss=300 * MIB, name="pt_data_worker", dataloader=True),
+        wire.WorkerSample(pid=102, cpu_percent=94.0, rss=310 * MIB, name="pt_data_worker", dataloader=True),
+    ],
 )

@@ -20,7 +20,9 @@ class TorchtopCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         agent.start(**self.start_kwargs)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         for key, value in (logs or {}).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 agent.mark(key, value)

@@ -24,7 +24,9 @@ class TorchtopCallback(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         agent.start(**self.start_kwargs)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and hasattr(loss, "numel"):
             agent.mark("loss", loss)

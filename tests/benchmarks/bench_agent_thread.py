@@ -73,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         us = statistics.median(r[0] for r in runs)
         ms = statistics.median(r[1] for r in runs)
         label = "attached  " if attached else "unattended"
-        print(f"{label}: agent thread {us:.2f} us CPU per step (runs: {', '.join(f'{r[0]:.2f}' for r in runs)}); "
-              f"step {ms:.3f} ms")
+        print(
+            f"{label}: agent thread {us:.2f} us CPU per step (runs: {', '.join(f'{r[0]:.2f}' for r in runs)}); "
+            f"step {ms:.3f} ms"
+        )
     return 0
 
 

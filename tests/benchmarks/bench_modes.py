@@ -22,14 +22,14 @@ from typing import Any
 import torch
 
 import torchtop.agent as ta
-from torchtop.agent import cuda_timing
-from torchtop.agent import probe as probe_mod
+from torchtop.agent.hooks import probe as probe_mod
+from torchtop.agent.loop import cuda_events as cuda_timing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_overhead import calibrate_cpu, calibrate_cuda  # noqa: E402
 from bench_paired import PARTS, Hooked, _loop, free_run, one_in, paired, trimmed_ci, trimmed_mean  # noqa: E402
 
-FORCE: dict[str, int | None] = {"light": None, "every": None}
+FORCE: dict[str, int | None] = {"untimed": None, "every": None}
 
 
 def _pin() -> None:
@@ -37,10 +37,10 @@ def _pin() -> None:
     plan, stride = probe_mod.Probe._plan, cuda_timing.EventResolver.stride
 
     def _plan(self: Any, one_in: int, batch: int) -> None:
-        if FORCE["light"] is None:
+        if FORCE["untimed"] is None:
             return plan(self, one_in, batch)
-        self.plan = [FORCE["light"]] * (batch + 1)
-        self.light = FORCE["light"]
+        self.plan = [FORCE["untimed"]] * (batch + 1)
+        self.untimed = FORCE["untimed"]
 
     def _stride(self: Any, current: int) -> int:
         return stride(self, current) if FORCE["every"] is None else FORCE["every"]
@@ -71,14 +71,18 @@ def main(argv: list[str] | None = None) -> int:
             step()
         hooked.installed()
         share, every = free_run(step, probe, 2000)
-        print(f"{args.device}: {desc}; the agent's own choices: phases timed on {share:.1%} of steps"
-              + (f", CUDA events on 1 step in {every}" if every else ""))
+        print(
+            f"{args.device}: {desc}; the agent's own choices: phases timed on {share:.1%} of steps"
+            + (f", CUDA events on 1 step in {every}" if every else "")
+        )
 
-        def session(name: str, light: int | None, ev: int | None, phase_every: int = 0, aa: bool = False) -> float:
-            FORCE["light"], FORCE["every"] = light, ev
+        def session(
+            name: str, light: int | None, ev: int | None, phase_every: int = 0, aa: bool = False
+        ) -> float:
+            FORCE["untimed"], FORCE["every"] = light, ev
             probe.phase_every = phase_every
             if ev is not None:
-                probe.sample_every = ev
+                probe.event_every = ev
             probe.left = 1  # housekeeping at the next step end applies it
             for _ in range(100):
                 step()
@@ -86,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             host = statistics.median(base) / 1e3
             us = trimmed_mean(diffs[5]) / 1e3
             lo, hi = trimmed_ci(diffs[5])
-            print(f"[{name}] {us:+.2f} us a step (95% CI {lo / 1e3:+.2f} .. {hi / 1e3:+.2f}) = {us / host:+.2%} of "
-                  f"{host:.0f} us; " + ", ".join(f"{p} {trimmed_mean(d) / 1e3:+.2f}" for p, d in zip(PARTS[:5], diffs[:5])))
+            print(
+                f"[{name}] {us:+.2f} us a step (95% CI {lo / 1e3:+.2f} .. {hi / 1e3:+.2f}) = {us / host:+.2%} of "
+                f"{host:.0f} us; "
+                + ", ".join(f"{p} {trimmed_mean(d) / 1e3:+.2f}" for p, d in zip(PARTS[:5], diffs[:5]))
+            )
             return us
 
         session("A/A: the originals on both sides", None, None, aa=True)
@@ -99,10 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         session("the default as it runs here", None, every or 0, phase_every=one_in(share))
         session("the default, unpinned (the agent sees every other step)", None, None)
         model = untimed + share * (timed - untimed) + ((sampled - timed) / every if every else 0.0)
-        print(f"parts: untimed {untimed:.2f} + {share:.3f} x timed extra {timed - untimed:.2f}"
-              + (f" + sampled extra {sampled - timed:.2f} / {every}" if every else "") + f" = {model:.2f} us a step")
+        print(
+            f"parts: untimed {untimed:.2f} + {share:.3f} x timed extra {timed - untimed:.2f}"
+            + (f" + sampled extra {sampled - timed:.2f} / {every}" if every else "")
+            + f" = {model:.2f} us a step"
+        )
     finally:
-        FORCE["light"] = FORCE["every"] = None
+        FORCE["untimed"] = FORCE["every"] = None
         ta.stop()
     return 0
 

@@ -66,8 +66,10 @@ def cpu_loop(hidden: int, batch: int) -> tuple[Callable[[], None], Callable[[], 
     data = torch.utils.data.TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
     loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, num_workers=0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(256, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(256, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
         torch.nn.Linear(hidden, 10),
     )
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -97,8 +99,10 @@ def cuda_loop(depth: int, batch: int, width: int = 256) -> tuple[Callable[[], No
         layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10)).cuda()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    data = [(torch.randn(batch, width, device="cuda"), torch.randint(0, 10, (batch,), device="cuda"))
-            for _ in range(16)]
+    data = [
+        (torch.randn(batch, width, device="cuda"), torch.randint(0, 10, (batch,), device="cuda"))
+        for _ in range(16)
+    ]
     k = [0]
 
     def step() -> None:
@@ -113,8 +117,9 @@ def cuda_loop(depth: int, batch: int, width: int = 256) -> tuple[Callable[[], No
     return step, torch.cuda.synchronize, desc
 
 
-def _time_steps(step: Callable[[], None], sync: Callable[[], None], n: int,
-                per_step: list[float] | None = None) -> float:
+def _time_steps(
+    step: Callable[[], None], sync: Callable[[], None], n: int, per_step: list[float] | None = None
+) -> float:
     """Mean seconds per step over n steps (synchronised at both ends); per-step host times go to per_step."""
     clock = time.perf_counter
     sync()
@@ -161,7 +166,9 @@ def calibrate_cuda(batch: int, target_ms: float, start_depth: int = 8) -> int:
         step()
     t = _time_steps(step, sync, 200) * 1000  # launch-bound: the mean of a synchronised block
     depth = max(2, min(128, round(start_depth * target_ms / t)))
-    print(f"cuda calibration: depth {start_depth} -> {t:.3f} ms/step; using depth {depth} for ~{target_ms} ms")
+    print(
+        f"cuda calibration: depth {start_depth} -> {t:.3f} ms/step; using depth {depth} for ~{target_ms} ms"
+    )
     return depth
 
 
@@ -226,8 +233,16 @@ while True:
 """
 
 
-def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, steps: int,
-              warm: int, split: bool = False, port: int | None = None, pin: int | None = None) -> dict[str, Any]:
+def alternate(
+    step: Callable[[], None],
+    sync: Callable[[], None],
+    rounds: int,
+    steps: int,
+    warm: int,
+    split: bool = False,
+    port: int | None = None,
+    pin: int | None = None,
+) -> dict[str, Any]:
     """Rounds of one block per mode, the order rotating each round. Modes: "off" (no agent),
     "on" (`start()`), and with `split` "thread" (`start(auto=False)`: the agent's threads and
     sockets without any hook), which tells the hooks' share from the threads'."""
@@ -262,7 +277,7 @@ def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, s
             lows[mode].append(statistics.quantiles(times, n=4)[0])
             if agent is not None:
                 if mode == "on":
-                    strides.append(agent.probe.sample_every if agent.probe.pool is not None else 0)
+                    strides.append(agent.probe.event_every if agent.probe.pool is not None else 0)
                     pool = agent.loop.resolver.pool
                     misses += pool.misses if pool is not None else 0
                     dropped += agent.probe.dropped
@@ -275,7 +290,7 @@ def alternate(step: Callable[[], None], sync: Callable[[], None], rounds: int, s
         "rounds": rounds,
         "steps": steps,
         "warm": warm,
-        "sample_every": sorted(set(strides)),
+        "event_every": sorted(set(strides)),
         "pool_misses": misses,
         "dropped": dropped,
         "hook_failures": failures,
@@ -309,21 +324,39 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--rounds", type=int, default=0, help="on/off block pairs (default cpu 100, cuda 40)")
-    p.add_argument("--steps", type=int, default=0, help="timed steps per block (default: ~0.1 s cpu, 0.2 s cuda)")
-    p.add_argument("--warm", type=int, default=0,
-                   help="untimed steps after each start/stop (default: 10 cpu; ~0.3 s cuda, so the "
-                        "event sampling stride has adapted)")
-    p.add_argument("--hidden", type=int, default=0, help="cpu: MLP hidden width (default: calibrated to ~2 ms)")
+    p.add_argument(
+        "--steps", type=int, default=0, help="timed steps per block (default: ~0.1 s cpu, 0.2 s cuda)"
+    )
+    p.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="untimed steps after each start/stop (default: 10 cpu; ~0.3 s cuda, so the "
+        "event sampling stride has adapted)",
+    )
+    p.add_argument(
+        "--hidden", type=int, default=0, help="cpu: MLP hidden width (default: calibrated to ~2 ms)"
+    )
     p.add_argument("--batch", type=int, default=0, help="batch size (cpu 64, cuda 32)")
     p.add_argument("--depth", type=int, default=0, help="cuda: MLP depth (default: calibrated to ~2 ms)")
     p.add_argument("--target-ms", type=float, default=2.0, help="step time the calibration aims at")
-    p.add_argument("--split", action="store_true",
-                   help="also time the agent without hooks (start(auto=False)): the threads' share")
-    p.add_argument("--attached", action="store_true",
-                   help="a subscriber process listens to the agent all along (as an open TUI does)")
-    p.add_argument("--pin", type=int, default=-1,
-                   help="keep the training thread on this core (default: the last one, with >= 4 cores; "
-                        "-2: do not pin); the agent's threads stay free")
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="also time the agent without hooks (start(auto=False)): the threads' share",
+    )
+    p.add_argument(
+        "--attached",
+        action="store_true",
+        help="a subscriber process listens to the agent all along (as an open TUI does)",
+    )
+    p.add_argument(
+        "--pin",
+        type=int,
+        default=-1,
+        help="keep the training thread on this core (default: the last one, with >= 4 cores; "
+        "-2: do not pin); the agent's threads stay free",
+    )
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
 
@@ -356,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (40 if cuda else 100)
     steps = args.steps or max(20, int((0.2 if cuda else 0.1) / per_step))
     warm = args.warm or (max(20, int(0.3 / per_step)) if cuda else 10)
-    print(f"{args.device}: {desc}; {per_step * 1000:.3f} ms/step; {rounds} rounds x {steps} steps "
-          f"(+{warm} warm-up steps a block)", flush=True)
+    print(
+        f"{args.device}: {desc}; {per_step * 1000:.3f} ms/step; {rounds} rounds x {steps} steps "
+        f"(+{warm} warm-up steps a block)",
+        flush=True,
+    )
     port, listener = None, None
     if args.attached:
         import subprocess
@@ -370,7 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(port)])
     try:
         cores = sorted(os.sched_getaffinity(0))
-        pin = None if args.pin == -2 or (args.pin == -1 and len(cores) < 4) else (cores[-1] if args.pin == -1 else args.pin)
+        pin = (
+            None
+            if args.pin == -2 or (args.pin == -1 and len(cores) < 4)
+            else (cores[-1] if args.pin == -1 else args.pin)
+        )
         res = alternate(step, sync, rounds, steps, warm, args.split, port, pin)
         res["pinned_core"] = pin
     finally:
@@ -396,17 +436,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     l1, l3 = res["overhead_p25_iqr"]
     pinned = "" if res["pinned_core"] is None else f"; training thread on core {res['pinned_core']}"
-    print(f"      blocks' lower quartiles: overhead {res['overhead_p25']:+.2%}  (IQR {l1:+.2%} .. {l3:+.2%}; "
-          f"preemptions filtered out){pinned}")
+    print(
+        f"      blocks' lower quartiles: overhead {res['overhead_p25']:+.2%}  (IQR {l1:+.2%} .. {l3:+.2%}; "
+        f"preemptions filtered out){pinned}"
+    )
     if args.split:
         t1, t3 = res["overhead_thread_iqr"]
-        print(f"      agent threads alone (no hooks): overhead {res['overhead_thread']:+.2%}  "
-              f"(IQR {t1:+.2%} .. {t3:+.2%}); block means {res['overhead_thread_mean']:+.2%}")
+        print(
+            f"      agent threads alone (no hooks): overhead {res['overhead_thread']:+.2%}  "
+            f"(IQR {t1:+.2%} .. {t3:+.2%}); block means {res['overhead_thread_mean']:+.2%}"
+        )
     if args.attached:
-        print(f"      a subscriber listened at the end of {res['blocks_with_a_subscriber']} of {rounds} 'on' blocks")
+        print(
+            f"      a subscriber listened at the end of {res['blocks_with_a_subscriber']} of {rounds} 'on' blocks"
+        )
     if args.device == "cuda":
-        print(f"      sample stride seen {res['sample_every']}, pool misses {res['pool_misses']}, "
-              f"dropped {res['dropped']}, hook failures {res['hook_failures']}")
+        print(
+            f"      sample stride seen {res['event_every']}, pool misses {res['pool_misses']}, "
+            f"dropped {res['dropped']}, hook failures {res['hook_failures']}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 import torchtop.agent as ta
-from torchtop.agent import cuda_timing
-from torchtop.agent.hooks_optimizer import _step_cell
+from torchtop.agent.hooks.optimizer import _step_cell
+from torchtop.agent.loop import cuda_events as cuda_timing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_overhead import GOALS, calibrate_cpu, calibrate_cuda  # noqa: E402
@@ -55,8 +55,13 @@ def _loop(device: str, size: int) -> tuple[Any, Any, type, str]:
     torch.manual_seed(0)
     ns = time.perf_counter_ns
     if device == "cpu":
-        model = torch.nn.Sequential(torch.nn.Linear(256, size), torch.nn.ReLU(), torch.nn.Linear(size, size),
-                                    torch.nn.ReLU(), torch.nn.Linear(size, 10))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(256, size),
+            torch.nn.ReLU(),
+            torch.nn.Linear(size, size),
+            torch.nn.ReLU(),
+            torch.nn.Linear(size, 10),
+        )
         opt: Any = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
         data = torch.utils.data.TensorDataset(torch.randn(8192, 256), torch.randint(0, 10, (8192,)))
         loader = torch.utils.data.DataLoader(data, batch_size=64, shuffle=True)
@@ -73,7 +78,10 @@ def _loop(device: str, size: int) -> tuple[Any, Any, type, str]:
             layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
         model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10)).cuda()
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-        cached = [(torch.randn(32, 256, device="cuda"), torch.randint(0, 10, (32,), device="cuda")) for _ in range(16)]
+        cached = [
+            (torch.randn(32, 256, device="cuda"), torch.randint(0, 10, (32,), device="cuda"))
+            for _ in range(16)
+        ]
         it = itertools.cycle(cached)
         desc = f"MLP {size}x256, batch 32, Adam, data on the GPU (launch-bound)"
 
@@ -98,7 +106,7 @@ def _loop(device: str, size: int) -> tuple[Any, Any, type, str]:
 def trimmed_mean(values: list[int] | list[float]) -> float:
     d = sorted(values)
     k = len(d) // 10
-    return statistics.fmean(d[k: len(d) - k])
+    return statistics.fmean(d[k : len(d) - k])
 
 
 def trimmed_ci(values: list[int], n: int = 300) -> tuple[float, float]:
@@ -133,8 +141,8 @@ def free_run(step: Any, probe: Any, n: int) -> tuple[float, int]:
     timed = 0
     for _ in range(n):
         step()
-        timed += probe.light == 0  # the next step's
-    return timed / n, probe.sample_every if probe.pool is not None else 0
+        timed += probe.untimed == 0  # the next step's
+    return timed / n, probe.event_every if probe.pool is not None else 0
 
 
 class Hooked:
@@ -178,7 +186,7 @@ def paired(step: Any, hooked: Hooked, pairs: int, aa: bool = False) -> tuple[lis
     base: list[int] = []
     for _ in range(pairs):
         got = {}
-        for on in ((True, False) if rng.random() < 0.5 else (False, True)):
+        for on in (True, False) if rng.random() < 0.5 else (False, True):
             hooked.use(on and not aa)
             got[on] = step()
         for k in range(len(PARTS)):
@@ -198,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--pairs", type=int, default=5000)
     p.add_argument("--phase-every", type=int, default=0)
-    p.add_argument("--size", type=int, default=0, help="cpu: hidden width; cuda: depth (default: calibrated to ~2 ms)")
+    p.add_argument(
+        "--size", type=int, default=0, help="cpu: hidden width; cuda: depth (default: calibrated to ~2 ms)"
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("TORCHTOP_QUIET", "1")
     os.environ.setdefault("TORCHTOP_RUNTIME_DIR", tempfile.mkdtemp(prefix="torchtop-bench-"))
@@ -233,21 +243,31 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         step_us = statistics.median(base) / 1e3
         print(f"{args.device}: {desc}; host step without hooks {step_us:.1f} us (median); {args.pairs} pairs")
-        print(f"  the agent on this loop, unpaired: phases timed on {share:.1%} of steps"
-              + (f", CUDA events on 1 step in {every}" if every else "")
-              + f"; paired with phase_every={probe.phase_every}; hook failures {probe.failures}")
+        print(
+            f"  the agent on this loop, unpaired: phases timed on {share:.1%} of steps"
+            + (f", CUDA events on 1 step in {every}" if every else "")
+            + f"; paired with phase_every={probe.phase_every}; hook failures {probe.failures}"
+        )
         lo, hi = trimmed_ci(diffs[5])
         for k, name in enumerate(PARTS):
             ci = f", 95% CI {lo / 1e3:+.2f} .. {hi / 1e3:+.2f}" if name == "step" else ""
             print(f"  {name:10s} {trimmed_mean(diffs[k]) / 1e3:+7.2f} us (10% trimmed mean{ci})")
         hooks = trimmed_mean(diffs[5]) / 1e3
-        total, lo_t, hi_t = (hooks + threads_us) / step_us, (lo / 1e3 + threads_us) / step_us, (hi / 1e3 + threads_us) / step_us
+        total, lo_t, hi_t = (
+            (hooks + threads_us) / step_us,
+            (lo / 1e3 + threads_us) / step_us,
+            (hi / 1e3 + threads_us) / step_us,
+        )
         goal = GOALS[args.device]
         verdict = "meets" if hi_t <= goal else "misses" if lo_t > goal else "undecided"
-        print(f"  agent threads at work {threads_us:+.2f} us a step (loop {loop_us:.2f}, slow samplers {slow_us:.2f}; "
-              f"their whole CPU time, waking up included: {cpu_us:.2f} us)")
-        print(f"  overhead: hooks {hooks / step_us:+.2%} + threads {threads_us / step_us:+.2%} = {total:+.2%} of the step "
-              f"(95% CI {lo_t:+.2%} .. {hi_t:+.2%}); goal <= {goal:.1%}: {verdict}")
+        print(
+            f"  agent threads at work {threads_us:+.2f} us a step (loop {loop_us:.2f}, slow samplers {slow_us:.2f}; "
+            f"their whole CPU time, waking up included: {cpu_us:.2f} us)"
+        )
+        print(
+            f"  overhead: hooks {hooks / step_us:+.2%} + threads {threads_us / step_us:+.2%} = {total:+.2%} of the step "
+            f"(95% CI {lo_t:+.2%} .. {hi_t:+.2%}); goal <= {goal:.1%}: {verdict}"
+        )
     finally:
         cuda_timing.EventResolver.stride = stride  # type: ignore[method-assign]
         ta.stop()

@@ -32,12 +32,17 @@ MODES = ("off", "threads", "on", "on_noproc", "on_nolog")
 def loop(hidden: int) -> Any:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(256, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(256, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
         torch.nn.Linear(hidden, 10),
     )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     crit = torch.nn.CrossEntropyLoss()
-    loader = DataLoader(TensorDataset(torch.randn(8192, 256), torch.randint(0, 10, (8192,))), batch_size=64, shuffle=True)
+    loader = DataLoader(
+        TensorDataset(torch.randn(8192, 256), torch.randint(0, 10, (8192,))), batch_size=64, shuffle=True
+    )
 
     def batches() -> Any:
         while True:
@@ -101,10 +106,14 @@ def main(argv: list[str] | None = None) -> int:
             res[mode].append(block(args.steps))
             if agent is not None:
                 ta.stop()
-    print(f"MLP 256-{args.hidden}-{args.hidden}-10, batch 64; us vs off (lower quartiles, median of {args.rounds} rounds)")
+    print(
+        f"MLP 256-{args.hidden}-{args.hidden}-10, batch 64; us vs off (lower quartiles, median of {args.rounds} rounds)"
+    )
     for part in (*PARTS, "total"):
         base = statistics.median(d[part] for d in res["off"])
-        deltas = "  ".join(f"{m} {statistics.median(d[part] for d in res[m]) - base:+6.2f}" for m in MODES[1:])
+        deltas = "  ".join(
+            f"{m} {statistics.median(d[part] for d in res[m]) - base:+6.2f}" for m in MODES[1:]
+        )
         print(f"{part:6s} off {base:8.2f}  {deltas}")
     return 0
 

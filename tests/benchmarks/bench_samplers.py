@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import torch
 
-from torchtop.agent.publisher import RATE_HZ
-from torchtop.agent.sample_host import HostSampler
-from torchtop.agent.telemetry import SLOW_PERIOD_S
+from torchtop.agent.loop.loop import RATE_HZ
+from torchtop.agent.telemetry.collector import SLOW_PERIOD_S
+from torchtop.agent.telemetry.host import HostSampler
 
 
 def cost_us(fn: Callable[[], object], n: int = 100) -> float:
@@ -38,8 +38,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("  (no CUDA: allocator and NVML probes not measured)")
         return
-    from torchtop.agent.sample_cuda_memory import CudaMemorySampler
-    from torchtop.agent.sample_nvml import NvmlSampler
+    from torchtop.agent.telemetry.cuda_memory import CudaMemorySampler
+    from torchtop.agent.telemetry.nvml import NvmlSampler
 
     keep = [torch.empty((1 + i % 37) * 65536, device="cuda") for i in range(2000)]
     del keep[::3]

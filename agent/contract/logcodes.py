@@ -1,0 +1,81 @@
+"""The training thread's log: its phases, its codes and how entries are packed.
+
+The contract's second half beside the messages (wire.py): the agent ships the log as the training
+thread wrote it (`wire.LogChunk`) and the monitor replays it into steps
+(monitor/model/replay.py). An entry is `perf_counter_ns() << SHIFT | code`, or a tuple whose first
+item is that int: (stamp, device ms) on a step with CUDA events, the device time being from the
+step's STEP_EVENT (None when unknown); (stamp, device ms, record ns) for BOUNDARY and STEP_END;
+(stamp, host ns, bytes, pinned, device ms) for H2D_COPY; (stamp, name, value) for MARK. The
+training thread writes each entry as two items, a time and a code (agent/hooks/probe.py);
+`to_entries` packs them. Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from operator import lshift, or_
+from typing import Any
+
+#: Phases measured on the training thread, in display order. `other` is the rest of the step.
+PHASES: tuple[str, ...] = ("data", "h2d", "forward", "backward", "optimizer", "other")
+TIMED_PHASES: tuple[str, ...] = PHASES[:-1]
+DATA, H2D, FORWARD, BACKWARD, OPTIMIZER = range(5)  # indices into TIMED_PHASES
+
+SHIFT = 8
+MASK = (1 << SHIFT) - 1
+EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
+GRAD = 5  # opens BACKWARD for torch.autograd.grad: backward time, but not a micro-batch
+OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
+BOUNDARY = 21  # a training step ends here
+SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)
+STEP_EVENT = 23  # a step sampled for CUDA timing starts here
+H2D_COPY = 24  # one host-to-device copy
+MARK = 25  # a user scalar
+RESET = 26  # entries were lost before this one: forget the open step
+STEP_END = 27  # the optimizer phase closes and a training step ends here (EXIT | OPTIMIZER, BOUNDARY)
+UNTIMED_END = 28  # a training step ends here; its phases were not timed (phase sampling: probe.py)
+TIMING_RESUMED = 29  # phases are timed from here: the open step's earlier phases were not
+STEP_ENDS = (BOUNDARY, STEP_END, UNTIMED_END)
+FORWARD_START = 32  # FORWARD_START + 2 * root slot + grad: a root module's forward begins
+MAX_SLOT = (MASK - FORWARD_START) // 2  # root slots 0..MAX_SLOT; slot 0 is phase("forward")
+
+
+def code_of(entry: Any) -> int:
+    return (entry if type(entry) is int else entry[0]) & MASK
+
+
+def is_step_end(entry: Any) -> bool:
+    return code_of(entry) in STEP_ENDS
+
+
+def count_step_ends(codes: list[Any]) -> int:
+    """Step ends among a log's code items (small ints; a tuple code is never counted here)."""
+    return codes.count(STEP_END) + codes.count(BOUNDARY) + codes.count(UNTIMED_END)
+
+
+def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
+    """The training thread's log pairs (agent/probe.py) as entries (`ns << SHIFT | code`, or a
+    tuple headed by one), and the step ends among them. The monitor does this for a CPU run's
+    chunks (~80 ns an entry: not the agent's business); the agent, before it resolves CUDA
+    events. Pairs of plain ints convert at C speed. Malformed pairs raise."""
+    times, codes = raw[0::2], raw[1::2]
+    try:
+        entries = list(map(or_, map(lshift, times, repeat(SHIFT)), codes))
+        return entries, count_step_ends(codes)
+    except TypeError:
+        pass
+    out: list[Any] = []
+    cuts = 0
+    for t, c in zip(times, codes):
+        if type(c) is int:
+            code, extra = c, ()
+        else:
+            code, extra = c[0], c[1:]
+        cuts += code in STEP_ENDS
+        if type(t) is int:
+            head = t << SHIFT | code
+        else:
+            head = t[0] << SHIFT | code
+            extra = (*t[1:], *extra)
+        out.append((head, *extra) if extra else head)
+    return out, cuts

@@ -1,0 +1,97 @@
+"""`model.compile()` in place: the module's compiled call timed as a root forward.
+
+`nn.Module.compile()` compiles the module's whole `_call_impl` and stores it on the instance
+(`_compiled_call_impl`). Dynamo then traces everything a forward runs, the global discovery hook
+and the forward wrapper included, as no-ops (they ask `compiling()` first), so such a module is
+never found as a root and its forward would land in `other`. `Module.compile` is wrapped so
+that, once it has compiled, the compiled call is wrapped in turn: eagerly, outside the compiled
+code, timed like any root forward (the outermost root open wins, so a block compiled in place
+inside an eager model adds nothing). Modules compiled in place before `start()` are looked for
+once, on the agent thread, when the first steps went by without any root forward
+(`AutoHooks.agent_tick`, `scan`: a walk over the garbage collector's objects), and timed the same
+way from then on.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchtop.agent.hooks.auto import AutoHooks
+
+
+def patch_module_compile(
+    hooks: AutoHooks,
+    torch: Any,
+    setattr_: Callable[[Any, str, Any], None],
+    undo: Callable[[Callable[[], None]], None],
+) -> None:
+    """Wrap `torch.nn.Module.compile` through `setattr_` (which keeps its undo); `undo` takes
+    what restores the modules compiled meanwhile."""
+    module_cls = torch.nn.Module
+    orig = module_cls.compile
+    wrapped: list[tuple[Any, Any, Any]] = []  # (weakref to module, our call, the compiled call)
+
+    @functools.wraps(orig)
+    def compile(module: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(module, *args, **kwargs)
+        try:
+            _time_compiled_call(hooks, module, wrapped)
+        except Exception:
+            hooks.probe.fail()
+        return out
+
+    setattr_(module_cls, "compile", compile)
+
+    def unwrap() -> None:
+        for ref, ours, inner in wrapped:
+            module = ref()
+            if module is not None and module.__dict__.get("_compiled_call_impl") is ours:
+                module._compiled_call_impl = inner
+        wrapped.clear()
+
+    undo(unwrap)
+
+    def scan() -> int:
+        """Agent thread: time the calls of modules compiled in place before start(); how many."""
+        import gc
+
+        ours = {id(call) for _, call, _ in wrapped}
+        found = []
+        for obj in gc.get_objects():
+            # type(), not isinstance(): no __class__ property of some proxy gets to run (or raise)
+            if issubclass(type(obj), module_cls):
+                impl = obj.__dict__.get("_compiled_call_impl")
+                if impl is not None and id(impl) not in ours:
+                    found.append(obj)
+        for module in found:
+            _time_compiled_call(hooks, module, wrapped)
+        return len(found)
+
+    hooks.scan_compiled = scan
+
+
+def _time_compiled_call(hooks: AutoHooks, module: Any, wrapped: list[tuple[Any, Any, Any]]) -> None:
+    inner = module.__dict__.get("_compiled_call_impl")
+    if inner is None:
+        return
+    hooks.add_root(module)
+    probe, compiling = hooks.probe, hooks.compiling
+
+    def call(*args: Any, **kwargs: Any) -> Any:  # no functools.wraps: dynamo's marks stay on inner
+        # compiling() first: a compiled function that calls this module traces this too
+        if compiling() or not probe.on_thread():
+            return inner(*args, **kwargs)
+        if hooks.discovery_hook is not None:
+            hooks.end_discovery_if_due()
+        hooks.root_enter(module)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            hooks.root_leave(module)
+
+    module._compiled_call_impl = call
+    wrapped.append((weakref.ref(module), call, inner))

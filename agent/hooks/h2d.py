@@ -1,0 +1,102 @@
+"""Host-to-device copies: `Tensor.to`, `Tensor.cuda` and `Tensor.copy_` from a CPU tensor to a
+CUDA one, timed on the training thread (installed only where CUDA exists).
+
+A copy's host time moves from the open phase to h2d; its bytes are counted as pinned or
+pageable, and on a step sampled for CUDA timing a pair of events brackets it on the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from time import perf_counter_ns
+from typing import Any
+
+from torchtop.agent.hooks.probe import Probe, current
+from torchtop.agent.hooks.timed import compiling_check
+
+
+def _may_be_cuda(args: tuple, kwargs: dict) -> bool:
+    """Whether `Tensor.to(*args, **kwargs)` may target a GPU: a device, a device string or index, or
+    another tensor (whatever its device). A dtype alone never does."""
+    target = kwargs.get("device", args[0] if args else None)
+    if target is None:
+        return "other" in kwargs
+    if isinstance(target, str):
+        return target.startswith("cuda")
+    if isinstance(target, int):
+        return True  # a device index
+    if hasattr(target, "is_cuda"):
+        return bool(target.is_cuda)  # another tensor
+    return getattr(target, "type", None) == "cuda"  # a torch.device (a dtype has no .type)
+
+
+def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None]) -> None:
+    """Wrap the three copy methods of `torch.Tensor` through `setattr_` (which keeps the undo)."""
+    compiling = compiling_check(torch)
+    Tensor = torch.Tensor
+
+    def begin() -> Any:
+        try:
+            return probe.record() if probe.event_step else None
+        except Exception:
+            probe.fail()
+            return None
+
+    def settle(t: int, ev0: Any, was_h2d: bool, src: Any) -> None:
+        dt = perf_counter_ns() - t
+        try:
+            if was_h2d:
+                probe.h2d(
+                    t, dt, src.nbytes, src.is_pinned(), ev0, probe.record() if ev0 is not None else None
+                )
+            elif ev0 is not None:
+                probe.pool.give(ev0)
+        except Exception:
+            probe.fail()
+
+    orig_to, orig_cuda, orig_copy = Tensor.to, Tensor.cuda, Tensor.copy_
+
+    @functools.wraps(orig_to)
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # is_cuda first: most calls are a model's `.to(dtype)` on GPU tensors, and dynamo
+        # traces it; then compiling(): dynamo traces a `.to()` inside a compiled forward and
+        # cannot trace the context-variable read (a graph break, an error under fullgraph=True)
+        if self.is_cuda or probe.untimed or compiling() or (current() is not probe and probe.adopt() is None):
+            return orig_to(self, *args, **kwargs)
+        # a CUDA event only where the target may be a GPU: `.to(dtype)` is most calls
+        ev0 = begin() if _may_be_cuda(args, kwargs) else None
+        t = perf_counter_ns()
+        out = orig_to(self, *args, **kwargs)
+        settle(t, ev0, getattr(out, "is_cuda", False), self)
+        return out
+
+    @functools.wraps(orig_cuda)
+    def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.is_cuda or probe.untimed or compiling() or (current() is not probe and probe.adopt() is None):
+            return orig_cuda(self, *args, **kwargs)
+        ev0 = begin()
+        t = perf_counter_ns()
+        out = orig_cuda(self, *args, **kwargs)
+        settle(t, ev0, True, self)
+        return out
+
+    @functools.wraps(orig_copy)
+    def copy_(self: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
+        if (
+            not self.is_cuda
+            or probe.untimed
+            or compiling()
+            or getattr(src, "is_cuda", True)
+            or (current() is not probe and probe.adopt() is None)
+        ):
+            return orig_copy(self, src, *args, **kwargs)
+        ev0 = begin()
+        t = perf_counter_ns()
+        out = orig_copy(self, src, *args, **kwargs)
+        settle(t, ev0, True, src)
+        return out
+
+    setattr_(Tensor, "to", to)
+    setattr_(Tensor, "cuda", cuda)
+    setattr_(Tensor, "copy_", copy_)

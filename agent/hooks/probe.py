@@ -1,0 +1,397 @@
+"""The training thread's side: a timestamp and a code per event, appended to a flat log.
+
+This is all the work the training thread does for torchtop: `perf_counter_ns()` and two
+`list.append`s (the time, then a small-int code: no big-int arithmetic, which costs more than
+the appends on a cold cache), and on sampled steps a CUDA `Event.record()` from a pool.
+Everything else (nesting phases, cutting steps, telling training from evaluation) is done by
+the monitor, which replays the log (monitor/replay.py); the agent thread only converts it to
+the wire's entries and ships it (publisher.py). Step ends are the one decision taken here,
+because captures and CUDA sampling must act on the training thread at step boundaries.
+
+The log holds pairs: a time item (an int, or `(ns, event)` on a sampled step) and a code item
+(an int < 256, or `(code, *payload)`). It is bounded: when the agent thread stops draining
+it, the oldest half goes (counted), and a RESET entry tells the replay.
+
+Which thread is the training thread is a context variable (`current()`), set where `start()`
+was called: reading it costs a fraction of `threading.get_ident()` and allocates nothing. A
+context that lost it (a notebook cell run in a copied context) gets it back through `adopt()`,
+which checks the thread id. Threads do not inherit contexts (where they do, Python 3.14's
+free-threaded build, the thread id is checked every time); a context copied into another thread
+on purpose (`asyncio.to_thread`) would count that thread's hooked calls as training.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+from collections import deque
+from contextvars import ContextVar
+from time import perf_counter_ns
+from typing import Any
+
+from torchtop.agent.contract.logcodes import (
+    BOUNDARY,
+    EXIT,
+    H2D_COPY,
+    MARK,
+    MASK,
+    OPEN_STEP,
+    RESET,
+    STEP_END,
+    STEP_ENDS,
+    STEP_EVENT,
+    TIMING_RESUMED,
+    UNTIMED_END,
+    code_of,
+    count_step_ends,
+    to_entries,
+)
+
+LOG_CAP = 1 << 19  # items (two an entry, ~20 a step): a stalled agent thread costs at most ~10 MB
+MAX_FAILURES = 20
+PERIOD = 64  # steps between the boundary's housekeeping (sampling, shedding) when nothing is due
+FIRST_STEPS = 8  # steps with housekeeping at every boundary (discovery counts them)
+# Phase sampling. Timing a step's phases costs ~10 us of cold-cache work on the training thread
+# (README, "What it costs"); ending a step costs a fraction of that. On steps shorter than
+# FULL_STEP_NS only a random sample of steps have their phases timed, about one in
+# FULL_STEP_NS / step time, so that timing them costs ~0.1% of the run; every step's end and
+# wall time are still logged.
+FULL_STEP_NS = 10_000_000  # steps at least this long: every one timed (1 in 2 at 5 ms, 1 in 5 at 2 ms)
+MAX_ONE_IN = 64  # 1 step in 64 timed at least (steps of 0.16 ms or less)
+UNTIMED, WAKE = (
+    2,
+    1,
+)  # values of `untimed` (0: timed; timed.py tests `>= 2`); WAKE: time from the next root forward
+_rand = random.Random().random  # our own generator: the user's seeded one is theirs
+_ALL_TIMED = [0] * (PERIOD + 1)  # `plan` while every step is timed
+
+
+class _NoneTimed:
+    """`plan` of a disabled probe, whose `left` is huge: any step, 0 (the wrappers do nothing)."""
+
+    def __getitem__(self, index: int) -> int:
+        return 0
+
+
+_current: ContextVar[Probe | None] = ContextVar("torchtop_probe", default=None)
+current = _current.get  # the wrappers' check that they run on the training thread
+if getattr(sys.flags, "thread_inherit_context", 0):  # new threads copy the context (3.14t): ask
+    current = _current.__class__("torchtop_none", default=None).get  # the thread id every time
+
+
+_discard = deque(maxlen=0).append  # `put` of a disabled probe: takes an item, keeps nothing
+
+
+class Probe:
+    """What the hooks call on the training thread. `tid` is that thread (0: switched off).
+
+    `put(item)` appends one item; on a step sampled for CUDA timing it is swapped for a method
+    that records an event with each time item, so the wrappers never test for sampling.
+    `left` counts the boundaries until the next housekeeping (`housekeep`), so an ordinary
+    boundary costs a decrement, a test and `untimed = plan[left]`. `untimed` is non-zero on a step
+    whose phases are not timed (phase sampling): the wrappers pass straight through and its end
+    is a UNTIMED_END. Housekeeping draws which of the next `left` steps are timed (`plan`).
+    (The agent thread sets it to WAKE when no step ended for a second: the next root forward
+    calls `wake()`, which times again.)
+    """
+
+    __slots__ = (
+        "tid",
+        "active",
+        "log",
+        "put",
+        "_append",
+        "lock",
+        "depth",
+        "left",
+        "_batch",
+        "_steps",
+        "explicit",
+        "on_step",
+        "failures",
+        "dropped",
+        "opt_fast",
+        "opt_ran",
+        "opt_depth",
+        "_drained",
+        "_shed_cuts",
+        "pool",
+        "event_every",
+        "event_step",
+        "_stream",
+        "_record_ns",
+        "cuda_marks",
+        "untimed",
+        "plan",
+        "phase_every",
+        "_hk_ns",
+        "_hk_steps",
+    )
+
+    def __init__(self, thread_id: int | None = None) -> None:
+        self.tid = thread_id if thread_id is not None else threading.get_ident()
+        self.active = True
+        self.log: list[Any] = []  # never replaced: the agent thread takes a prefix (drain)
+        self._append = self.log.append
+        self.put = self._append
+        self.lock = threading.Lock()  # drain vs shedding the oldest entries
+        self.depth = 0  # root forwards open (only the outermost is logged)
+        self.left = self._batch = 1  # boundaries until housekeeping, of a batch of that many
+        self._steps = 0  # training steps cut here, as of the last housekeeping
+        self.explicit = False  # step() was used: the hooks stop cutting steps
+        self.on_step: Any = None  # set while a capture is armed: called at each boundary
+        self.failures = 0
+        self.dropped = 0  # steps lost to the log's bound
+        self.opt_fast = False  # one optimizer, marked: the optimizer hooks' fast path
+        self.opt_ran = False  # an optimizer stepped (GradScaler's skipped steps do not)
+        self.opt_depth = 0  # optimizer steps open (a subclass's super().step() is not another)
+        self._drained = 0  # step ends the agent thread has drained (or lost to shedding)
+        self._shed_cuts = 0
+        # CUDA sampling, driven by the agent thread: `pool` stays None off CUDA
+        self.pool: Any = None
+        self.event_every = 0
+        self.event_step = False
+        self._stream: Any = None
+        self._record_ns = 0
+        self.cuda_marks = False  # a mark holds a CUDA event: the agent must resolve it
+        # phase sampling, decided at boundaries (housekeep): `untimed` is 0 on a timed step,
+        # UNTIMED or WAKE on another; `phase_every` is 1 for every step timed, 0 for automatic
+        # (by step time), N for about 1 step in N
+        self.untimed = 0
+        self.plan: list[int] = _ALL_TIMED  # `untimed` of the step after the boundary that leaves `left`
+        self.phase_every = 0
+        self._hk_ns = 0
+        self._hk_steps = 0
+        if thread_id is None:
+            _current.set(self)
+
+    @property
+    def steps(self) -> int:
+        """Training steps cut so far (exact on the training thread)."""
+        return self._steps + self._batch - self.left
+
+    # -- failure policy, threads -----------------------------------------------------------------
+    def fail(self) -> None:
+        self.failures += 1
+        if self.failures >= MAX_FAILURES:
+            self.disable()
+
+    def disable(self) -> None:
+        """No more entries: every wrapper passes straight through (stop, fork, failures)."""
+        self.active = False
+        self.tid = 0  # no thread has ident 0
+        self.on_step = None
+        self.event_step = False
+        self.put = self._append = _discard
+        self.untimed = 0
+        self.plan = _NoneTimed()  # type: ignore[assignment]
+        self.left = self._batch = 1 << 30
+
+    def adopt(self) -> Probe | None:
+        """The calling context does not name this probe: if this is the training thread, it
+        does from now on (a context copied before start(), a notebook cell); else None."""
+        if threading.get_ident() != self.tid:
+            return None
+        _current.set(self)
+        return self
+
+    def on_thread(self) -> bool:
+        """On the training thread, and not switched off (the explicit API asks this)."""
+        return self.active and (current() is self or self.adopt() is not None)
+
+    # -- entries -------------------------------------------------------------------------------
+    def stamp(self, code: int) -> None:
+        """An entry with no payload and no CUDA event."""
+        a = self._append
+        a(perf_counter_ns())
+        a(code)
+
+    def enter(self, phase: int) -> None:
+        put = self.put
+        put(perf_counter_ns())
+        put(phase)
+
+    def exit(self, phase: int) -> None:
+        put = self.put
+        put(perf_counter_ns())
+        put(EXIT | phase)
+
+    forward = enter  # with a root forward's code: FORWARD_START + 2 * slot + grad
+
+    def open_step(self) -> None:
+        """`with step():` entered: boundaries are the user's from now on."""
+        self.explicit = True
+        self.opt_fast = False  # the optimizer hooks' fast path cuts steps
+        self.stamp(OPEN_STEP)
+
+    def mark(self, name: str, value: Any) -> None:
+        a = self._append
+        a(perf_counter_ns())
+        a((MARK, name, value))
+
+    def h2d(self, start_ns: int, dt_ns: int, nbytes: int, pinned: bool, ev0: Any, ev1: Any) -> None:
+        a = self._append
+        a(start_ns)
+        a((H2D_COPY, dt_ns, nbytes, pinned, ev0, ev1))
+
+    # -- CUDA events ---------------------------------------------------------------------------
+    def record(self) -> Any:
+        """A pooled event recorded now on this step's stream (None if the pool ran dry)."""
+        t = perf_counter_ns()
+        ev = self.pool.recorded(self._stream)  # looked up once a step: current_stream() costs ~4 us
+        self._record_ns += perf_counter_ns() - t
+        return ev
+
+    def _put_with_events(self, item: int) -> None:
+        """`put` on a sampled step: a time item gets an event; a step end, the recording cost."""
+        try:
+            if item > MASK:
+                self._append((item, self.record()))
+            elif item == STEP_END or item == BOUNDARY:
+                self._append((item, self._record_ns))
+            else:
+                self._append(item)
+        except Exception:
+            self._append(item)
+            self.fail()
+
+    # -- step boundaries -----------------------------------------------------------------------
+    def cut(self, code: int = BOUNDARY) -> None:
+        """A training step ends now (BOUNDARY; STEP_END also closes the optimizer phase;
+        UNTIMED_END on a step whose phases were not timed)."""
+        put = self.put
+        put(perf_counter_ns())
+        put(UNTIMED_END if self.untimed else code)
+        self.left -= 1
+        if self.left <= 0 or self.on_step is not None:
+            self.housekeep()
+        else:
+            self.untimed = self.plan[self.left]
+
+    def wake(self) -> None:
+        """A root forward in an untimed stretch that no step end has closed for a second (the
+        agent thread set WAKE): an evaluation loop, or a pause. Phases are timed from now on
+        (TIMING_RESUMED: the open step keeps its wall time only). Not on another thread's forward."""
+        if not self.on_thread():
+            return
+        self.untimed = 0
+        try:
+            self.stamp(TIMING_RESUMED)
+        except Exception:
+            self.fail()
+
+    def _one_in_timed(self, steps: int) -> int:
+        """About 1 step in how many to time, from the mean step time since the last
+        housekeeping (or as `phase_every` says)."""
+        now = perf_counter_ns()
+        n, last = steps - self._hk_steps, self._hk_ns
+        self._hk_ns, self._hk_steps = now, steps
+        if self.phase_every or n <= 0 or not last:
+            return self.phase_every or 1
+        return min(MAX_ONE_IN, -(-FULL_STEP_NS * n // max(1, now - last)))
+
+    def _plan(self, one_in: int, batch: int) -> None:
+        """Which of the next `batch` steps are timed: each with chance 1 / `one_in`, drawn
+        independently (a loader's periodic stall does not alias with it); the first now."""
+        if one_in <= 1 or self.explicit or not self.opt_fast or self.on_step is not None:
+            self.plan = _ALL_TIMED
+            return
+        p = 1.0 / one_in
+        self.plan = plan = [0 if _rand() < p else UNTIMED for _ in range(batch)]
+        self.untimed = plan[0]  # then plan[batch - 1] .. plan[1], as `left` counts down
+
+    def housekeep(self) -> None:
+        """At a boundary, every `_batch` steps (each while something is due): end or start a
+        sampled step, draw which of the next steps have their phases timed, bound the log, run
+        an armed capture."""
+        try:
+            self._steps += self._batch - self.left
+            self.untimed = 0
+            if not self.active:
+                self.left = self._batch = 1 << 30
+                return
+            if self.event_step:
+                self.event_step = False
+                self.put = self._append
+            steps, batch, every = self._steps, PERIOD, self.event_every
+            if self.pool is not None and every > 0:
+                r = steps % every
+                if r == 0:
+                    self._stream = self.pool.current_stream()
+                    self._record_ns = 0
+                    self.event_step = True
+                    self.put = self._put_with_events
+                    self._append((perf_counter_ns(), self.record()))
+                    self._append(STEP_EVENT)
+                    batch = 1
+                else:
+                    batch = min(batch, every - r)
+            n = len(self.log)
+            if steps < FIRST_STEPS or n > LOG_CAP // 2:
+                batch = 1
+            one_in = self._one_in_timed(steps)
+            if self.event_step or steps < FIRST_STEPS:
+                one_in = 1
+            self._plan(one_in, batch)
+            self.left = self._batch = batch
+            if n > LOG_CAP:
+                self._shed()
+        except Exception:
+            self.left = self._batch = 1
+            self.fail()
+        if self.on_step is not None:
+            try:
+                self.on_step()
+            except Exception:
+                self.on_step = None
+
+    def _shed(self) -> None:
+        """The agent thread is not draining: drop the oldest half, count its steps, say so.
+
+        The cut falls after a step end, which stays (after RESET) to open the steps kept."""
+        log = self.log
+        with self.lock:
+            half = len(log) // 2 & ~1
+            n = half  # items: the pair ending at n - 1 is the step end kept
+            while n > 2 and code_of(log[n - 1]) not in STEP_ENDS:
+                n -= 2
+            kept_cut = n > 2
+            if not kept_cut:
+                n = half + 2
+            lost = log[:n]  # the step the kept boundary closes is lost too
+            del log[: n - 2]
+            log[0:0] = [0, RESET]
+            codes = [code_of(c) for c in lost[1::2]]
+            cuts = sum(c in STEP_ENDS for c in codes)
+            # an opening boundary kept by an earlier shed closed a step counted then
+            counted = codes[0] == RESET and len(codes) > 1 and codes[1] in STEP_ENDS
+            self.dropped += cuts - counted
+            self._shed_cuts += cuts - kept_cut  # the agent thread will not see these end
+
+    def _take(self) -> list[Any]:
+        """Agent thread: the log's whole pairs so far, oldest first; counts the shed step ends."""
+        log = self.log
+        with self.lock:
+            n = len(log) & ~1  # a pair the training thread is half-way through stays
+            raw = log[:n]
+            del log[:n]
+            self._drained += self._shed_cuts
+            self._shed_cuts = 0
+        return raw
+
+    def drain_pairs(self) -> tuple[list[Any], int]:
+        """Agent thread, a run without CUDA sampling: the log as it was written (pairs), and the
+        steps cut so far (drained and shed). A CPU run ships this as is. (A sampled step's end
+        is a tuple, which only `drain` counts.)"""
+        raw = self._take()
+        codes = raw[1::2]
+        self._drained += count_step_ends(codes)
+        return raw, self._drained
+
+    def drain(self) -> tuple[list[Any], int]:
+        """The log as wire entries (for the CUDA event resolver, which works on those), and the
+        steps cut so far."""
+        entries, cuts = to_entries(self._take())
+        self._drained += cuts
+        return entries, self._drained

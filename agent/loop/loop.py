@@ -1,0 +1,248 @@
+"""The agent's own thread: everything that must not run on the training thread.
+
+At a fixed rate it drains the probe's log, resolves the CUDA events in it (by polling, never
+syncing), keeps a bounded history of log chunks for late joiners, and publishes a Batch with
+NOBLOCK: the new chunks while anyone subscribes, telemetry always (an empty batch is the
+heartbeat). It does not make steps of the log: the monitor replays it (monitor/model/replay.py),
+so this thread, which shares the GIL with training, does a copy and an encode per tick and no
+Python work per step. In between it lets the request router (requests.py) answer requests on
+the ROUTER socket, within a budget per tick.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import zmq
+
+from torchtop.agent.contract import logcodes, wire
+from torchtop.agent.hooks.probe import UNTIMED, WAKE
+from torchtop.agent.loop.cuda_events import EventPool, EventResolver
+from torchtop.agent.loop.history import LogHistory
+from torchtop.agent.loop.requests import RequestRouter
+from torchtop.agent.warn import warn
+
+if TYPE_CHECKING:
+    from torchtop.agent.capture.controller import CaptureController
+    from torchtop.agent.cuda_use import CudaUse
+    from torchtop.agent.hooks.probe import Probe
+    from torchtop.agent.loop.sockets import AgentSockets
+    from torchtop.agent.telemetry.collector import TelemetryCollector
+
+RATE_HZ = 10.0
+QUIET_RATE_HZ = 2.0  # ticks while nobody is subscribed: the log still drains into the history
+CATCH_UP_CHUNKS = 30  # re-sent when the first subscriber arrives: covers a snapshot taken before it
+CATCH_UP_ENTRIES = 500_000  # ... and at most this many entries (~5 MB: a frame's limit is 16 MiB)
+REQUESTS_PER_TICK = 50  # more are left queued (and dropped at the socket's HWM): bounded agent CPU
+# A wake this close to the tick ticks now. zmq's poll counts whole milliseconds on a coarse clock
+# and may return a little early: waiting out the rest in 0 ms polls spun this thread ~35 times a
+# tick, and every spin took the GIL from the training thread (which then blocked on it 116 times in
+# 2 s of a 1.9 ms loop, against 41 with one wake a tick).
+TICK_EARLY_S = 0.002
+UNTIMED_IDLE_S = 1.0  # no step ended this long in an untimed stretch: an eval loop? time it again
+QUIET_TELEMETRY_S = 1.0  # nobody subscribed: memory and NVML sampled this often
+
+
+class AgentLoop(threading.Thread):
+    """Publishes batches and serves requests until `stop()`."""
+
+    def __init__(
+        self,
+        probe: Probe,
+        sockets: AgentSockets,
+        hello: Callable[[], wire.Hello],
+        run_id: str,
+        cuda: CudaUse | None = None,
+        rank: int = 0,
+        telemetry: TelemetryCollector | None = None,
+        captures: CaptureController | None = None,
+        rate_hz: float = RATE_HZ,
+        chores: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(name="torchtop-agent", daemon=True)
+        self.probe = probe
+        self.sockets = sockets
+        self.hello = hello
+        self.run_id = run_id
+        self.cuda = cuda  # None: never look for CUDA (tests of the CPU path)
+        self.rank = rank
+        self.telemetry = telemetry
+        self.captures = captures
+        self.chores = chores  # the hooks' work for this thread (AutoHooks.agent_tick)
+        self.period = 1.0 / rate_hz
+        self.seq = 0
+        self.chunk_seq = 0
+        self.history = LogHistory()
+        self.subscribed = False  # anyone on the batch stream (XPUB tells first join, last leave)
+        self._catch_up = False
+        self._budget = REQUESTS_PER_TICK
+        self.errors = 0
+        self.resolver = EventResolver(None)
+        self._stop_event = threading.Event()
+        self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
+        self.router = RequestRouter(
+            hello, self.history, lambda: self.seq - 1, run_id, rank, self._wall_offset, captures
+        )
+        self._untimed_seen = (-1, 0.0)  # (training steps, when that count was first seen)
+        self.ticks = 0
+        self._telemetry_due = 0.0  # nobody subscribed: when memory and NVML are sampled next
+        self.busy_ns = 0  # this thread's CPU time at work (holding the GIL, mostly), not waiting
+
+    @property
+    def bad_requests(self) -> int:
+        return self.router.bad_requests
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout)
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        poller = zmq.Poller()
+        router, pub = self.sockets.router, self.sockets.pub
+        poller.register(router, zmq.POLLIN)
+        poller.register(pub, zmq.POLLIN)
+        next_tick = time.monotonic()
+        while not self._stop_event.is_set():
+            try:
+                wait_ms = math.ceil(max(0.0, next_tick - time.monotonic()) * 1000)
+                if self._budget <= 0:  # a flood of requests waits for the next tick: it must not
+                    self._stop_event.wait(wait_ms / 1000)  # take the training thread's GIL
+                    busy = time.thread_time_ns()
+                else:
+                    ready = dict(poller.poll(wait_ms))
+                    busy = time.thread_time_ns()
+                    if pub in ready and self._subscriptions():
+                        next_tick = time.monotonic()  # a first subscriber: its catch-up now
+                    if router in ready:
+                        self._budget -= self.router.serve(router, self._budget)
+                now = time.monotonic()
+                if now >= next_tick - TICK_EARLY_S:
+                    self._budget = REQUESTS_PER_TICK
+                    self._tick()
+                    period = self.period if self.subscribed else max(self.period, 1.0 / QUIET_RATE_HZ)
+                    next_tick = max(next_tick + period, now)
+                self.busy_ns += time.thread_time_ns() - busy
+            except Exception as exc:
+                self.errors += 1
+                if self.errors == 1:  # say it once: a silent agent looks like a stuck run
+                    warn(f"agent loop error ({type(exc).__name__}: {exc}); retrying")
+                if self.errors > 1000:
+                    return
+                time.sleep(self.period)
+        try:
+            self._tick()  # the last steps before stop
+        except Exception:
+            pass
+
+    # -- publishing ----------------------------------------------------------------------------
+    def _maybe_enable_cuda(self) -> None:
+        """Device timing from the first tick on which the run holds GPU memory."""
+        if self.resolver.pool is not None or self.cuda is None:
+            return
+        try:
+            if self.cuda.holds_memory():
+                pool = EventPool(self.cuda.torch)
+                self.resolver.pool = pool
+                self.probe.event_every = 8
+                self.probe.pool = pool
+        except Exception:
+            self.errors += 1
+
+    def _subscriptions(self) -> bool:
+        """(Un)subscription messages: b"\\x01" when the first subscriber joins, b"\\x00" when
+        the last leaves. Anything else a peer sends is read and ignored. True when a first
+        subscriber came."""
+        pub = self.sockets.pub
+        joined = False
+        for _ in range(REQUESTS_PER_TICK):
+            try:
+                msg = pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if msg[:1] == b"\x01":
+                if not self.subscribed:
+                    self.subscribed, self._catch_up, joined = True, True, True
+            elif msg[:1] == b"\x00":
+                self.subscribed = False
+        return joined
+
+    def _watch_untimed(self) -> None:
+        """An untimed stretch (phase sampling) ends at a training step's end. When none has
+        ended for UNTIMED_IDLE_S (an evaluation loop, a pause), the next root forward times
+        again (probe.wake, on the training thread): this thread only writes `untimed`."""
+        probe, now = self.probe, time.monotonic()
+        steps = probe.steps
+        if steps != self._untimed_seen[0]:
+            self._untimed_seen = (steps, now)
+        elif probe.untimed == UNTIMED and now - self._untimed_seen[1] > UNTIMED_IDLE_S:
+            probe.untimed = WAKE
+
+    def _tick(self) -> None:
+        self.ticks += 1
+        self._maybe_enable_cuda()
+        self._watch_untimed()
+        if self.chores is not None:
+            try:
+                self.chores()
+            except Exception:
+                self.errors += 1
+        probe, resolver = self.probe, self.resolver
+        if resolver.pool is None and not probe.cuda_marks:
+            raw, steps = probe.drain_pairs()
+            if not probe.cuda_marks:  # set before a CUDA mark is logged: none is in `raw`
+                # a CPU run: nothing to resolve; the monitor converts the pairs (logcodes.to_entries)
+                ready, pairs = [(raw, steps)], True
+            else:  # the run's first CUDA mark came meanwhile: its event is read here
+                ready, pairs = resolver.run(logcodes.to_entries(raw)[0], steps), False
+        else:
+            ready, pairs = resolver.run(*probe.drain()), False
+        new = []
+        for entries, steps in ready:
+            if entries:
+                new.append(wire.LogChunk(self.chunk_seq, steps, entries, pairs))
+                self.chunk_seq += 1
+        for chunk in new:
+            self.history.keep(chunk)
+        if resolver.pool is not None:
+            probe.event_every = resolver.stride(probe.event_every)
+            resolver.pool.top_up()
+        if self.captures is not None:
+            self.captures.poll()
+        attended = self.subscribed or self._catch_up
+        if self.telemetry is not None:
+            self.telemetry.attended = attended
+            now = time.monotonic()
+            if attended or now >= self._telemetry_due:
+                self._telemetry_due = now + QUIET_TELEMETRY_S
+                self.telemetry.fast()
+        if not attended:
+            return  # nobody listens: the chunks wait in the history; nothing to encode or send
+        if self._catch_up:  # a first subscriber: what it may have missed between snapshot and now
+            self._catch_up = False
+            log = self.history.recent(CATCH_UP_CHUNKS, CATCH_UP_ENTRIES)
+        else:
+            log = new
+        batch = wire.Batch(
+            v=wire.PROTOCOL_VERSION,
+            run_id=self.run_id,
+            seq=self.seq,
+            time=time.time(),
+            log=log,
+            wall_offset=self._wall_offset,
+            rank=self.rank,
+            dropped=probe.dropped,
+            hook_errors=probe.failures,
+            telemetry=self.telemetry.latest() if self.telemetry is not None else None,
+            capture=self.captures.current if self.captures is not None else None,
+        )
+        try:
+            self.sockets.pub.send(wire.encode(batch), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        self.seq += 1  # only batches sent: a subscriber counts the missing numbers as gaps

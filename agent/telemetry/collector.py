@@ -1,0 +1,188 @@
+"""Memory, GPU and host sampling on the agent's threads, never the training thread.
+
+`fast()` runs in the publisher's 10 Hz tick: allocator stats (~70 us) and NVML's cheap figures.
+A separate 1 Hz thread takes what is slow: psutil (per-core CPU, children), NVML PCIe throughput
+(~20 ms a call), the allocator snapshot for fragmentation (adaptive rate). Each sampler that fails
+repeatedly is switched off and its reason reported in `unavailable`; none ever raises.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from torchtop.agent.contract.wire import FragSample, GpuSample, HostSample, MemorySample, Telemetry
+
+if TYPE_CHECKING:
+    from torchtop.agent.cuda_use import CudaUse
+
+SLOW_PERIOD_S = 1.0
+UNATTENDED_SLOW_PERIODS = 10  # nobody subscribed: the slow samplers run every this many periods
+DEVICE_REFRESH_S = 5.0
+MAX_FAILURES = 5
+
+
+class _Breaker:
+    """A failure counter per sampler: after MAX_FAILURES it is off, with the last error as reason."""
+
+    def __init__(self, name: str, unavailable: dict[str, str]) -> None:
+        self.name = name
+        self.failures = 0
+        self.unavailable = unavailable
+
+    @property
+    def on(self) -> bool:
+        return self.failures < MAX_FAILURES
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self.failures += 1
+            if not self.on:
+                self.unavailable[self.name] = f"disabled after errors: {type(exc).__name__}: {exc}"[:200]
+            return None
+
+
+class TelemetryCollector:
+    def __init__(self, cuda: CudaUse | None, enable_host: bool = True, enable_gpu: bool = True) -> None:
+        self.cuda = cuda  # None: never look for CUDA
+        self.unavailable: dict[str, str] = {}
+        self.busy_ns = 0  # the slow thread's CPU time at work
+        self.attended = False  # a subscriber is on the stream (the agent thread says so)
+        self._memory: list[MemorySample] = []
+        self._frag: list[FragSample] = []
+        self._gpus: list[GpuSample] = []
+        self._pcie: dict[int, tuple[float, float]] = {}
+        self._host: HostSample | None = None
+        self._devices: list[int] = []
+        self._devices_at = 0.0
+        self._cuda_mem: Any = None
+        self._nvml: Any = None
+        self._host_sampler: Any = None
+        self._breakers = {n: _Breaker(n, self.unavailable) for n in ("memory", "frag", "gpu", "pcie", "host")}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.enable_host = enable_host
+        self.enable_gpu = enable_gpu
+        self.unavailable["memory"] = "CUDA not in use"
+        if enable_host:
+            self._host_sampler = self._breakers["host"].run(self._make_host)
+            if self._host_sampler is None:
+                self.unavailable.setdefault("host", "psutil not available")
+        else:
+            self.unavailable["host"] = "disabled"
+
+    @staticmethod
+    def _make_host() -> Any:
+        from torchtop.agent.telemetry.host import HostSampler
+
+        return HostSampler()
+
+    # -- CUDA state ----------------------------------------------------------------------------
+    def _cuda_ready(self) -> bool:
+        """True once the user's code initialised CUDA; sets the CUDA samplers up on first sight."""
+        if self._cuda_mem is not None:
+            return True
+        if self.cuda is None or not self.cuda.initialised():
+            return False
+        from torchtop.agent.telemetry.cuda_memory import CudaMemorySampler
+
+        self._cuda_mem = CudaMemorySampler(self.cuda.torch)
+        self.unavailable.pop("memory", None)
+        if self.enable_gpu:
+            from torchtop.agent.telemetry.nvml import NvmlSampler
+
+            nvml = NvmlSampler()
+            if nvml.available:
+                self._nvml = nvml
+            else:
+                self.unavailable["gpu"] = nvml.reason
+        return True
+
+    def _devices_now(self) -> list[int]:
+        now = time.monotonic()
+        if not self._devices or now - self._devices_at > DEVICE_REFRESH_S:
+            found = self._breakers["memory"].run(self._cuda_mem.devices)
+            if found:
+                self._devices = found
+            self._devices_at = now
+        return self._devices
+
+    # -- sampling ------------------------------------------------------------------------------
+    def fast(self) -> None:
+        """10 Hz: allocator stats and NVML's cheap figures."""
+        if not self._cuda_ready():
+            if self.enable_gpu and "gpu" not in self.unavailable:
+                self.unavailable["gpu"] = "CUDA not in use"
+            return
+        devices = self._devices_now()
+        mem = self._breakers["memory"]
+        if mem.on:
+            samples = [s for s in (mem.run(self._cuda_mem.stats, d) for d in devices) if s is not None]
+            self._memory = samples
+        gpu = self._breakers["gpu"]
+        if self._nvml is not None and gpu.on:
+            gpus = []
+            for d in devices:
+                s = gpu.run(self._nvml.sample, d)
+                if s is not None:
+                    s.pcie_tx_kbs, s.pcie_rx_kbs = self._pcie.get(d, (-1.0, -1.0))
+                    gpus.append(s)
+            self._gpus = gpus
+
+    def slow(self) -> None:
+        """1 Hz: host, PCIe throughput, fragmentation (when due)."""
+        if self._host_sampler is not None and self._breakers["host"].on:
+            host = self._breakers["host"].run(self._host_sampler.sample)
+            if host is not None:
+                self._host = host
+        if self._cuda_mem is None:
+            return
+        devices = list(self._devices)
+        if self._nvml is not None and self._breakers["pcie"].on:
+            for d in devices:
+                got = self._breakers["pcie"].run(self._nvml.pcie, d)
+                if got is not None:
+                    self._pcie[d] = got
+        frag = self._breakers["frag"]
+        if devices and frag.on and self._cuda_mem.snapshot_due():
+            got = frag.run(self._cuda_mem.frag, devices)
+            if got is not None:
+                self._frag = got
+
+    def latest(self) -> Telemetry:
+        return Telemetry(
+            time=time.time(),
+            memory=list(self._memory),
+            frag=list(self._frag),
+            gpus=list(self._gpus),
+            host=self._host,
+            unavailable=dict(self.unavailable),
+        )
+
+    # -- the slow thread -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="torchtop-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        quiet = 0
+        while not self._stop.wait(SLOW_PERIOD_S):
+            quiet = 0 if self.attended else quiet + 1
+            if quiet % UNATTENDED_SLOW_PERIODS != 0:
+                continue  # nobody is watching: host, PCIe and fragmentation every 10 s only
+            busy = time.thread_time_ns()
+            try:
+                self.slow()
+            except Exception:
+                pass
+            self.busy_ns += time.thread_time_ns() - busy
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(2.0)
+        if self._nvml is not None:
+            self._nvml.close()

@@ -1,0 +1,1 @@
+"""The `torchtop` command and its subcommands."""

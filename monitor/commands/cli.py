@@ -1,0 +1,201 @@
+"""The `torchtop` command: ls, attach, report, demo.
+
+Bad input (unknown target, dead agent, closed port) is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+EXIT_NO_AGENT = 2
+
+
+def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
+    print(f"torchtop: {message}", file=sys.stderr)
+    return code
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from torchtop.monitor.link.targets import TargetError, describe, local_agents
+
+    try:
+        agents = local_agents() if not getattr(args, "target", None) else _remote_agents(args)
+    except TargetError as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(agents, indent=None))
+        return 0
+    if not agents:
+        print(f"no torchtop agents running on {args.target or 'this machine'}")
+        return 0
+    for info in agents:
+        print(describe(info))
+    return 0
+
+
+def _remote_agents(args: argparse.Namespace) -> list:
+    from torchtop.monitor.link import ssh
+
+    if not ssh.is_ssh(args.target):
+        raise ssh.SshError(f"`torchtop ls` takes an ssh://[user@]host target, not {args.target!r}")
+    return ssh.remote_agents(ssh.parse(args.target), args.ssh_option)
+
+
+def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no-untyped-def]
+    """Connect, say hello, (with `history`, take the agent's retained steps), then feed
+    `seconds` of batches into a RunState. Subscribed before the snapshot, so nothing falls
+    between; batches the snapshot already covers are dropped by sequence number."""
+    from torchtop.monitor.link.client import AgentClient
+    from torchtop.monitor.model.state import RunState
+
+    client = AgentClient(endpoint)
+    state = RunState()
+    try:
+        state.apply_hello(client.hello())
+        if history:
+            from torchtop.agent.contract.wire import SNAPSHOT_MAX_STEPS
+
+            reply, steps = client.snapshot(max_steps=SNAPSHOT_MAX_STEPS, timeout=10.0)
+            if reply.ok:
+                state.apply_snapshot(steps, reply.seq)
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            for got in client.recv_batches(min(left, 0.5)):
+                state.apply_batch(got.batch, got.steps, time.monotonic(), got.log_errors)
+        state.bad_frames += client.bad_frames
+        state.last_error = state.last_error or client.last_error
+        return state
+    finally:
+        client.close()
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from torchtop.monitor.diagnosis.report import build_report
+    from torchtop.monitor.link.client import AgentUnreachable
+    from torchtop.monitor.link.remote import open_target, target_options
+    from torchtop.monitor.link.targets import TargetError
+
+    if args.seconds <= 0:
+        return _fail("--seconds must be positive")
+    try:
+        with open_target(args.target, **target_options(args)) as endpoint:
+            state = collect(endpoint, args.seconds, history=args.history)
+    except (TargetError, AgentUnreachable) as exc:
+        return _fail(str(exc))
+    window = float("inf") if args.history else args.seconds
+    report = build_report(state, args.seconds, str(endpoint), window=window)
+    print(json.dumps(report, indent=2 if args.pretty else None))
+    return 0
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from torchtop.monitor.link.remote import open_target, target_options
+    from torchtop.monitor.link.targets import TargetError, local_agents, no_agent_message
+
+    try:
+        if args.target:
+            from torchtop.monitor.tui.app import run_tui
+
+            with open_target(args.target, **target_options(args)) as endpoint:
+                return run_tui(endpoint, None)
+        else:
+            agents = local_agents()
+            if not agents:
+                return _fail(no_agent_message())
+            endpoint = None
+            choices = agents
+    except TargetError as exc:
+        return _fail(str(exc))
+    from torchtop.monitor.tui.app import run_tui
+
+    return run_tui(endpoint, choices)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from torchtop.monitor.commands.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchtop", description="htop for a PyTorch training run")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from torchtop.monitor.commands import keys as keys_cli
+    from torchtop.monitor.link import remote
+
+    p = sub.add_parser("ls", help="list the agents running on this machine (or on ssh://[user@]host)")
+    p.add_argument("target", nargs="?", help="ssh://[user@]host[:sshport]: list the agents there")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--ssh-option", metavar="OPT", action="append", default=[], help="extra ssh -o option")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("attach", help="open the live TUI on a run")
+    p.add_argument(
+        "target",
+        nargs="?",
+        help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent)",
+    )
+    remote.add_arguments(p)
+    p.set_defaults(func=cmd_attach)
+
+    p = sub.add_parser("report", help="collect S seconds and print one JSON report")
+    p.add_argument(
+        "target",
+        nargs="?",
+        help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent)",
+    )
+    remote.add_arguments(p)
+    p.add_argument("--seconds", type=float, default=10.0, help="how long to collect (default 10)")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON")
+    p.add_argument(
+        "--history",
+        action="store_true",
+        help="report over everything the agent retained (every step of roughly the last 15,000, "
+        "one per 0.1 s for 10 minutes before those), not only the steps of the last S seconds",
+    )
+    p.set_defaults(func=cmd_report)
+
+    from torchtop.monitor.commands import capture as capture_cli
+
+    p = sub.add_parser(
+        "capture", help="capture a torch.profiler trace (or CUDA memory snapshot) of the next steps"
+    )
+    capture_cli.add_arguments(p)
+    remote.add_arguments(p)
+    p.set_defaults(func=capture_cli.run)
+
+    p = sub.add_parser("keys", help="make CURVE keys for direct remote access (SSH needs none)")
+    keys_cli.add_arguments(p)
+    p.set_defaults(func=keys_cli.run)
+
+    from torchtop.monitor.commands import run as run_cmd
+
+    p = sub.add_parser(
+        "run", help="run a training command with the agent injected: torchtop run -- python train.py"
+    )
+    run_cmd.add_arguments(p)
+    p.set_defaults(func=run_cmd.run)
+
+    from torchtop.monitor.commands.demo import add_demo_arguments
+
+    p = sub.add_parser("demo", help="run a demo training job with the agent and open the TUI on it")
+    add_demo_arguments(p)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Starting a training job as a child process with its output in a log file, finding its
+agent, and stopping it in order: shared by `torchtop demo` and `torchtop run`. No torch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+START_TIMEOUT_S = 90.0
+STOP_GRACE_S = 5.0
+KEEP_LOGS = 20
+
+
+class LaunchError(Exception):
+    """The job could not be started; the message says why and what to do."""
+
+
+# -- log file ------------------------------------------------------------------------------------
+def log_dirs(explicit: str | None) -> list[Path]:
+    """Where a job's log may go, in order of preference."""
+    if explicit:
+        return [Path(explicit).expanduser()]
+    out = []
+    state = os.environ.get("XDG_STATE_HOME")
+    if state:
+        out.append(Path(state) / "torchtop" / "logs")
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    out.append(Path(cache) / "torchtop" / "logs")
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    out.append(Path(tempfile.gettempdir()) / f"torchtop-{uid}" / "logs")
+    return out
+
+
+def open_log(name: str, explicit_dir: str | None, kind: str = "demo") -> tuple[Path, Any]:
+    """Create a new log file (0600) in the first usable directory; LaunchError if none is."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    tried = []
+    for directory in log_dirs(explicit_dir):
+        path = directory / f"{kind}-{name}-{stamp}-{os.getpid()}.log"
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError as exc:
+            tried.append(f"{directory} ({exc.strerror or exc})")
+            continue
+        _prune(directory, kind)
+        return path, os.fdopen(fd, "wb")
+    hint = "pass --log-dir to a writable directory" if not explicit_dir else "choose a writable --log-dir"
+    raise LaunchError(f"cannot create the {kind}'s log file: tried {'; '.join(tried)}; {hint}")
+
+
+def _prune(directory: Path, kind: str) -> None:
+    """Keep the newest KEEP_LOGS logs of this kind."""
+    try:
+        logs = sorted(directory.glob(f"{kind}-*.log"), key=lambda p: p.stat().st_mtime)
+        for old in logs[:-KEEP_LOGS]:
+            old.unlink()
+    except OSError:
+        pass
+
+
+def log_tail(path: Path, lines: int = 15) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return list(deque((line.rstrip("\n") for line in fh), maxlen=lines))
+    except OSError:
+        return []
+
+
+# -- the child -----------------------------------------------------------------------------------
+
+
+# -- the child -----------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the launcher dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _family(pid: int) -> set[int]:
+    """pid and its descendants (torchrun's workers are the launcher's children)."""
+    try:
+        import psutil
+
+        return {pid} | {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except Exception:
+        return {pid}
+
+
+def wait_for_agents(
+    child: subprocess.Popen, timeout: float = START_TIMEOUT_S, settle: float = 0.0
+) -> list[dict[str, Any]]:
+    """Discovery entries of agents in the child or its descendants, lowest rank first.
+
+    [] if the child exits first; TimeoutError after `timeout`. Once one agent shows up, waits
+    `settle` seconds more for its siblings (the other ranks of a torchrun job).
+    """
+    from torchtop.agent.contract import discovery
+
+    deadline = time.monotonic() + timeout
+    found: list[dict[str, Any]] = []
+    settled_at = None
+    while True:
+        if child.poll() is not None:
+            return found
+        family = _family(child.pid)
+        found = [a for a in discovery.list_agents() if a.get("pid") in family]
+        if found and settled_at is None:
+            settled_at = time.monotonic() + settle
+        if found and time.monotonic() >= settled_at:
+            return sorted(found, key=lambda a: (a.get("rank", 0), a.get("pid", 0)))
+        if time.monotonic() >= deadline:
+            if found:
+                return found
+            raise TimeoutError(
+                f"the job (pid {child.pid}) did not start a torchtop agent within {timeout:.0f} s"
+            )
+        time.sleep(0.1)
+
+
+def stop_child(child: subprocess.Popen, grace: float = STOP_GRACE_S) -> int:
+    """SIGTERM (the demo ends after its current step), SIGKILL to its process group after `grace`."""
+    if child.poll() is None:
+        try:
+            child.send_signal(signal.SIGTERM)
+            child.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        except OSError:
+            pass
+    # Whatever is left of its process group (a stuck demo, orphaned loader workers) is killed.
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+    return child.wait()
+
+
+def _show_tail(log_path: Path, why: str) -> None:
+    print(f"torchtop: {why}; the last lines of {log_path}:", file=sys.stderr)
+    for line in log_tail(log_path):
+        print(f"  | {line}", file=sys.stderr)

@@ -1,0 +1,122 @@
+"""Reduce a RunState to `Facts` and run every diagnosis rule over them. Pure: no textual, no zmq."""
+
+from __future__ import annotations
+
+from statistics import mean
+
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
+from torchtop.monitor.diagnosis.flags import FLAG_RULES
+from torchtop.monitor.diagnosis.verdicts import primary
+from torchtop.monitor.model.state import (
+    Point,
+    RunState,
+    breakdown,
+    device_ms,
+    phase_ms,
+    recent_points,
+    retry_rate,
+)
+from torchtop.monitor.model.steps import StepRecord
+
+
+def judged_steps(state: RunState) -> list[StepRecord]:
+    """Training steps past warm-up: the last `window_s` seconds or `window_steps` steps, the longer."""
+    warm = int(T["warmup_steps"])
+    recent = [s for s in state.window(T["window_s"]) if s.i >= warm]
+    if len(recent) >= T["window_steps"]:
+        return recent
+    train = [s for s in state.steps if s.kind == "train" and s.i >= warm]
+    return train[-int(T["window_steps"]) :]
+
+
+def _growth(points: list[Point], cuda: bool) -> tuple[float, float, float, float] | None:
+    """(first, last, span, upward share) of the per-second low points of memory in use.
+
+    The low point of each second is the memory held between steps; activations come and go
+    within a step and would hide a slow leak in noise.
+    """
+    if len(points) < 4:
+        return None
+    t0 = points[0].time
+    buckets: dict[int, float] = {}
+    for p in points:
+        v = p.allocated if cuda else p.rss
+        if v <= 0:
+            continue
+        k = int(p.time - t0)
+        buckets[k] = min(buckets.get(k, v), v)
+    series = [buckets[k] for k in sorted(buckets)]
+    if len(series) < 4:
+        return None
+    diffs = [b - a for a, b in zip(series, series[1:]) if b != a]
+    upward = sum(1 for d in diffs if d > 0) / len(diffs) if diffs else 0.0
+    head, tail = series[: max(1, len(series) // 5)], series[-max(1, len(series) // 5) :]
+    return mean(head), mean(tail), float(max(buckets) - min(buckets)), upward
+
+
+def facts(state: RunState, steps: list[StepRecord]) -> Facts:
+    hello = state.hello
+    device = hello.device if hello else "cpu"
+    ms = phase_ms(steps)
+    f = Facts(
+        steps=len(steps),
+        step_ms=sum(s.wall_ns for s in steps) / len(steps) / 1e6 if steps else 0.0,
+        shares=breakdown(steps),
+        ms=ms,
+        device=device,
+        device_ms=device_ms(steps),
+    )
+    span = (steps[-1].t0 - steps[0].t0) if len(steps) > 1 else T["window_s"]
+    window = max(span, 1.0)
+    pts = recent_points(state, window)
+    utils = [p.gpu_util for p in pts if p.gpu_util >= 0]
+    f.gpu_util = mean(utils) if utils else -1.0
+    cpus = [p.proc_cpu for p in pts if p.proc_cpu >= 0]
+    f.proc_cpu = mean(cpus) if cpus else -1.0
+    tel = state.telemetry
+    if tel is not None and tel.host is not None:
+        f.cores = tel.host.cpu_count
+        workers = [w for w in tel.host.workers if w.dataloader]
+        f.workers = len(workers)
+        f.worker_cpu = mean(w.cpu_percent for w in workers) if workers else -1.0
+    if tel is not None and tel.memory:
+        m = tel.memory[0]
+        f.mem_total, f.reserved, f.allocated = m.device_total, m.reserved, m.allocated
+        f.window_peak = state.peak_window.get(m.device, m.window_peak)
+        f.inactive_split, f.ooms = m.inactive_split, m.ooms
+        f.retry_rate = retry_rate(state, window)
+        frag = next((x for x in tel.frag if x.device == m.device), None)
+        if frag is not None:
+            f.frag_external, f.frag_free, f.expandable = frag.external, frag.total_free, frag.expandable
+    # memory growth is judged over a longer horizon than the verdict, but never over warm-up
+    warm = int(T["warmup_steps"])
+    past_warmup = next((s.t0 for s in state.steps if s.i >= warm), None)
+    leak_pts = [
+        p for p in recent_points(state, T["leak_horizon_s"]) if past_warmup is None or p.time >= past_warmup
+    ]
+    cuda = bool(tel and tel.memory)
+    f.growth = _growth(leak_pts, cuda)
+    f.growth_what = "allocated CUDA memory" if cuda else "process RSS"
+    return f
+
+
+def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
+    """The verdict and flags for the recent window; `previous` gives the verdict hysteresis."""
+    steps = judged_steps(state)
+    if len(steps) < T["min_steps"]:
+        seen = sum(1 for s in state.steps if s.kind == "train")
+        verdict = Finding(
+            "unknown",
+            "ok",
+            0.0,
+            (
+                f"{seen} steps seen; the first {int(T['warmup_steps'])} are warm-up and "
+                f"{int(T['min_steps'])} more are needed to judge",
+            ),
+        )
+        return Diagnosis(verdict, (), len(steps))
+    f = facts(state, steps)
+    verdict = primary(f, previous.verdict.kind if previous else None)
+    flags = tuple(x for x in (rule(f) for rule in FLAG_RULES) if x is not None)
+    return Diagnosis(verdict, flags, len(steps))

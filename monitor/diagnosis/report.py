@@ -1,0 +1,106 @@
+"""`torchtop report`: one JSON object about the last S seconds of a run. Pure: state in, dict out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.model.state import (
+    RunState,
+    breakdown,
+    device_ms,
+    phase_ms,
+    retry_rate,
+    step_stats,
+    timed,
+)
+
+
+def build_report(
+    state: RunState, seconds: float, target: str = "", window: float | None = None
+) -> dict[str, Any]:
+    """`window` (default `seconds`) is how far back the figures reach on the agent's clock."""
+    window = seconds if window is None else window
+    steps = state.window(window)
+    evals = state.window(window, kind="eval")
+    stats = step_stats(steps)
+    timed_steps = timed(steps)
+    hello = state.hello
+    return (
+        {
+            "target": target,
+            "seconds": seconds,
+            "history": window != seconds,
+            "span_s": round((steps[-1].t0 + steps[-1].wall_ns / 1e9 - steps[0].t0), 3) if steps else 0.0,
+            "run_id": state.run_id,
+            "pid": hello.pid if hello else None,
+            "hostname": hello.host if hello else None,
+            "device": hello.device if hello else "cpu",
+            "device_name": hello.device_name if hello else "",
+            "ranks": sorted({s.rank for s in steps} or ({hello.rank} if hello else set())),
+            "steps": len(steps),
+            "eval_steps": len(evals),
+            # phases (and micro-batches) are timed on every step of 10 ms or more, on a random
+            # sample of faster ones: `timed_steps` of `steps`
+            "timed_steps": len(timed_steps),
+            "micro_batches": (sum(s.micro for s in timed_steps) / len(timed_steps)) if timed_steps else 0.0,
+            "step_time_ms": {k: round(stats[f"{k}_ms"], 4) for k in ("median", "p90", "mean")},
+            "steps_per_s": round(stats["steps_per_s"], 3),
+            "breakdown": {k: round(v, 5) for k, v in breakdown(steps).items()},
+            "phase_ms": {k: round(v, 4) for k, v in phase_ms(steps).items()},
+            "device_ms": {k: round(v, 4) for k, v in device_ms(steps).items()},
+            "batches": state.batches,
+            "dropped": state.dropped,
+            "gaps": state.gaps,
+            "bad_frames": state.bad_frames,
+            "hook_errors": state.hook_errors,
+        }
+        | telemetry_report(state, seconds)
+        | diagnose(state).to_json()
+    )
+
+
+def telemetry_report(state: RunState, seconds: float) -> dict[str, Any]:
+    """`memory`, `gpu` and `host` sections: the latest samples, peaks, and why a part is missing."""
+    tel = state.telemetry
+    unavailable = (
+        dict(tel.unavailable)
+        if tel
+        else {
+            "memory": "no telemetry received",
+            "gpu": "no telemetry received",
+            "host": "no telemetry received",
+        }
+    )
+    memory: dict[str, Any] = {"available": bool(tel and tel.memory)}
+    if tel and tel.memory:
+        devices = []
+        for m in tel.memory:
+            d = msgspec.to_builtins(m)
+            d["window_peak_max"] = state.peak_window.get(m.device, m.window_peak)
+            d["rounding_waste"] = max(0, m.allocated - m.requested)
+            d["reserved_fraction"] = m.reserved / m.device_total if m.device_total else None
+            frag = next((f for f in tel.frag if f.device == m.device), None)
+            d["fragmentation"] = msgspec.to_builtins(frag) if frag else None
+            devices.append(d)
+        memory |= {"devices": devices, "alloc_retries_per_s": round(retry_rate(state, seconds), 4)}
+        memory |= {
+            k: devices[0][k]
+            for k in ("allocated", "reserved", "peak_allocated", "inactive_split", "alloc_retries", "ooms")
+        }
+    else:
+        memory["reason"] = unavailable.get("memory", "")
+    gpu: dict[str, Any] = {"available": bool(tel and tel.gpus)}
+    if tel and tel.gpus:
+        gpu["devices"] = [msgspec.to_builtins(g) for g in tel.gpus]
+    else:
+        gpu["reason"] = unavailable.get("gpu", "")
+    host: dict[str, Any] = {"available": bool(tel and tel.host)}
+    if tel and tel.host:
+        host |= msgspec.to_builtins(tel.host)
+        host.setdefault("workers", [])
+    else:
+        host["reason"] = unavailable.get("host", "")
+    return {"memory": memory, "gpu": gpu, "host": host}

@@ -1,0 +1,142 @@
+"""What holds the run back, in plain words with the numbers: pure functions over RunState.
+
+One primary verdict (`data-loading`, `transfer`, `compute`, `host-overhead`; `unknown` while
+there are too few steps) with a severity, and independent flags (`memory-pressure`,
+`fragmentation`, `dataloader-workers`, `memory-leak`). A monitor follows one agent, so one rank:
+there is no straggler flag (it would need every rank's steps side by side).
+Every threshold is in facts.THRESHOLDS and in the README; each rule is a function of `Facts`, so
+each is tested at its thresholds without sockets or a UI.
+
+Where the numbers come from (public rules this starts from):
+- input share bands 5% / 20% (TensorFlow input-pipeline analysis: < 5% not input-bound,
+  5-20% moderately, >= 20% highly); >= 50% is `critical` here (more than half the step waits).
+- GPU utilisation < 50% and peak memory > 90% of the device (PyTorch TensorBoard profiler plugin).
+- reserved >= 2x allocated with reserved >= 30% of the device (TraceML) as one fragmentation sign.
+Hysteresis: the verdict in force is re-judged with thresholds x0.8, so it does not flap between
+neighbours on noise. Warm-up steps (the first 10, where compilation and caches fill) are not judged.
+"""
+
+from __future__ import annotations
+
+from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, _pct
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+
+
+def _band(share: float, scale: float = 1.0) -> str | None:
+    if share >= T["input_severe"] * scale:
+        return "critical"
+    if share >= T["input_high"] * scale:
+        return "warning"
+    if share >= T["input_moderate"] * scale:
+        return "info"
+    return None
+
+
+# -- primary verdict rules -----------------------------------------------------------------------
+def rule_data(f: Facts, scale: float = 1.0) -> Finding | None:
+    share = f.shares.get("data", 0.0)
+    if _band(share, scale) is None:
+        return None
+    severity = _band(share) or "info"  # hysteresis keeps the verdict; it does not raise the severity
+    evidence = [
+        f"data wait is {_pct(share)} of step time: {f.ms.get('data', 0):.1f} ms of {f.step_ms:.1f} ms"
+    ]
+    if f.workers == 0:
+        evidence.append("no DataLoader worker processes: loading runs on the training process")
+    elif f.workers > 0 and f.worker_cpu >= 0:
+        evidence.append(
+            f"{f.workers} DataLoader workers at {f.worker_cpu:.0f}% CPU on average ({f.cores} cores)"
+        )
+    advice = []
+    if f.workers <= 0 or (f.worker_cpu >= T["worker_saturated"] and f.cores > f.workers + 1):
+        advice.append(
+            f"raise DataLoader num_workers (try {max(2, f.cores - 1)}) with persistent_workers=True"
+        )
+    advice.append("make per-sample work cheaper: precompute/cache decoded data, move augmentation to the GPU")
+    advice.append("pin_memory=True and a larger prefetch_factor smooth out uneven batches")
+    return Finding("data-loading", severity, share, tuple(evidence), tuple(advice[:3]))
+
+
+def rule_transfer(f: Facts, scale: float = 1.0) -> Finding | None:
+    host = f.shares.get("h2d", 0.0)
+    dev_step = f.device_ms.get("step", 0.0)
+    dev = f.device_ms.get("h2d", 0.0) / dev_step if dev_step > 0 else 0.0
+    share = max(host, dev)
+    if _band(share, scale) is None:
+        return None
+    severity = _band(share) or "info"  # hysteresis keeps the verdict; it does not raise the severity
+    evidence = [
+        f"host-to-device copies take {_pct(host)} of step time ({f.ms.get('h2d', 0):.1f} ms of {f.step_ms:.1f} ms)"
+    ]
+    if dev > 0:
+        evidence.append(
+            f"on the GPU the copies take {_pct(dev)} of the step ({f.device_ms.get('h2d', 0):.1f} ms)"
+        )
+    advice = (
+        "DataLoader(pin_memory=True) and .to(device, non_blocking=True): pinned copies overlap compute",
+        "send compact dtypes (uint8 images, int32 tokens) and convert on the GPU",
+        "keep static data on the GPU instead of copying it every step",
+    )
+    return Finding("transfer", severity, share, tuple(evidence), advice)
+
+
+def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
+    if f.device != "cuda" or f.gpu_util < 0:
+        return None
+    if f.shares.get("data", 0.0) >= T["input_moderate"] or f.shares.get("h2d", 0.0) >= T["input_moderate"]:
+        return None
+    low = T["gpu_util_low"] / scale if scale < 1 else T["gpu_util_low"]
+    if f.gpu_util >= low:
+        return None
+    severity = "critical" if f.gpu_util < T["gpu_util_very_low"] else "warning"
+    evidence = [f"GPU busy {f.gpu_util:.0f}% of the time (NVML) with no data or transfer wait"]
+    if f.proc_cpu >= 0:
+        evidence.append(
+            f"the training process uses {f.proc_cpu:.0f}% CPU: Python and kernel launches set the pace"
+        )
+    advice = (
+        "torch.compile(model) (mode='reduce-overhead' adds CUDA graphs) fuses the many small kernels",
+        "a larger batch size gives each launch more work",
+        "avoid per-step host syncs (.item(), .cpu(), printing tensors) inside the loop",
+    )
+    return Finding("host-overhead", severity, 1.0 - f.gpu_util / 100.0, tuple(evidence), advice)
+
+
+def rule_compute(f: Facts) -> Finding:
+    share = sum(f.shares.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
+    evidence = [f"forward+backward+optimizer are {_pct(share)} of step time ({f.step_ms:.1f} ms a step)"]
+    if f.device == "cuda" and f.gpu_util >= 0:
+        evidence.append(f"GPU busy {f.gpu_util:.0f}% of the time (NVML)")
+    other = f.shares.get("other", 0.0)
+    if other >= T["input_high"]:
+        evidence.append(
+            f"{_pct(other)} of the step is outside the measured phases (logging, metrics, checkpoints?)"
+        )
+    if f.device == "cuda":
+        advice = (
+            "mixed precision: torch.autocast('cuda', dtype=torch.bfloat16)",
+            "torch.compile(model)",
+            "a fused optimizer (AdamW(fused=True)) and the largest batch that fits",
+        )
+    else:
+        advice = (
+            "torch.compile(model) and bfloat16 autocast on CPUs that support it",
+            "set torch.set_num_threads() to the physical cores",
+            "train on a GPU if one is available",
+        )
+    return Finding("compute", "ok", share, tuple(evidence), advice)
+
+
+VERDICT_RULES = {"data-loading": rule_data, "transfer": rule_transfer, "host-overhead": rule_host_overhead}
+
+
+def primary(f: Facts, previous: str | None = None) -> Finding:
+    """The verdict: the worst bottleneck past its threshold, else compute (the healthy case)."""
+    found = []
+    for kind, rule in VERDICT_RULES.items():
+        result = rule(f, T["hysteresis"] if kind == previous else 1.0)
+        if result is not None:
+            found.append(result)
+    if not found:
+        return rule_compute(f)
+    return max(found, key=lambda x: (SEVERITY_RANK[x.severity], x.kind == previous, x.share))

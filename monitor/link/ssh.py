@@ -1,0 +1,339 @@
+"""Reach an agent on another machine through the system `ssh`: the recommended way.
+
+`ssh://[user@]host[:sshport][/pid-or-port]`. The user's own ssh (config, agent, keys, jump hosts)
+does the work; we add `-o BatchMode=yes` (never prompt inside a TUI) and, for the tunnel,
+`-o ExitOnForwardFailure=yes`. With no pid/port, `torchtop ls --json` runs on the host to find the
+agent; then `ssh -N -L lp:127.0.0.1:rp -L lp+1:127.0.0.1:rp+1` forwards two free local ports to
+the agent's request and stream ports, and the monitor talks to 127.0.0.1:lp as if local. A
+tunnel that dies while in use is rebuilt on the same local ports, so the monitor's ZeroMQ
+sockets reconnect by themselves.
+
+Extra ssh options: $TORCHTOP_SSH_OPTS (shell words, e.g. "-F ~/.ssh/lab_config") and `--ssh-option`
+(each becomes `-o OPTION`). The remote command is $TORCHTOP_REMOTE_CMD (default `torchtop`), e.g.
+`~/venv/bin/torchtop` when torchtop is not on the PATH of a non-interactive ssh shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from torchtop.monitor.link.targets import Endpoint, TargetError, describe, local_curve
+
+ENV_OPTS = "TORCHTOP_SSH_OPTS"
+ENV_REMOTE_CMD = "TORCHTOP_REMOTE_CMD"
+LIST_TIMEOUT_S = 30.0
+TUNNEL_TIMEOUT_S = 20.0
+RESTART_MIN_S, RESTART_MAX_S = 0.5, 8.0  # backoff between attempts to rebuild a dead tunnel
+
+
+class SshError(TargetError):
+    """ssh could not reach the host, list its agents or forward the ports; says what to do."""
+
+    not_installed = False
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    host: str
+    user: str | None = None
+    port: int | None = None  # the ssh port
+    select: int | None = None  # a pid or an agent port on the host
+
+    @property
+    def destination(self) -> str:
+        return f"{self.user}@{self.host}" if self.user else self.host
+
+    def __str__(self) -> str:
+        port = f":{self.port}" if self.port else ""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"ssh://{self.user + '@' if self.user else ''}{host}{port}"
+
+
+def is_ssh(target: str | None) -> bool:
+    return bool(target) and target.strip().lower().startswith("ssh://")  # type: ignore[union-attr]
+
+
+def parse(target: str) -> SshTarget:
+    """`ssh://[user@]host[:sshport][/pid-or-port]` → SshTarget; TargetError when malformed."""
+    try:
+        parts = urlsplit(target.strip())
+        host, user, port = parts.hostname, parts.username, parts.port
+    except ValueError as exc:
+        raise SshError(
+            f"bad ssh target {target!r} ({exc}): use ssh://[user@]host[:sshport][/pid-or-port]"
+        ) from None
+    if parts.scheme.lower() != "ssh" or not host:
+        raise SshError(f"bad ssh target {target!r}: use ssh://[user@]host[:sshport][/pid-or-port]")
+    path = parts.path.strip("/")
+    if path and not path.isdigit():
+        raise SshError(
+            f"bad ssh target {target!r}: after the host comes a pid or an agent port, e.g. ssh://{host}/12345"
+        )
+    return SshTarget(host, user or None, port, int(path) if path else None)
+
+
+def ssh_base(target: SshTarget, options: Sequence[str] = ()) -> list[str]:
+    """The ssh command line up to (not including) the destination."""
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        raise SshError("no `ssh` on the PATH: install the OpenSSH client")
+    cmd = [ssh, "-o", "BatchMode=yes"]
+    cmd += shlex.split(os.environ.get(ENV_OPTS, ""))
+    for opt in options:
+        cmd += ["-o", opt]
+    if target.port:
+        cmd += ["-p", str(target.port)]
+    return cmd
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def remote_agents(target: SshTarget, options: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The agents running on the host, from `torchtop ls --json` run there."""
+    remote = os.environ.get(ENV_REMOTE_CMD) or "torchtop"
+    cmd = [*ssh_base(target, options), target.destination, f"{remote} ls --json"]
+    try:
+        proc = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=LIST_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise SshError(f"ssh {target.destination} did not answer within {LIST_TIMEOUT_S:g}s") from None
+    if proc.returncode == 255:
+        raise SshError(
+            f"ssh to {target.destination} failed: {_last_line(proc.stderr) or 'exit 255'} "
+            "(check that `ssh " + target.destination + " true` works without a prompt)"
+        )
+    if proc.returncode in (126, 127) or "command not found" in proc.stderr or "No such file" in proc.stderr:
+        error = SshError(
+            f"`{remote}` is not installed on {target.host} (or not on the PATH of a non-interactive ssh "
+            f"shell): pip install torchtop there, or set {ENV_REMOTE_CMD} to its path, e.g. "
+            f"{ENV_REMOTE_CMD}=~/venv/bin/torchtop"
+        )
+        error.not_installed = True
+        raise error
+    if proc.returncode != 0:
+        raise SshError(
+            f"`{remote} ls --json` failed on {target.host} (exit {proc.returncode}): {_last_line(proc.stderr)}"
+        )
+    try:
+        agents = json.loads(_last_line(proc.stdout) or "[]")
+    except ValueError:
+        agents = None
+    if not isinstance(agents, list) or not all(isinstance(a, dict) and "port" in a for a in agents):
+        raise SshError(
+            f"`{remote} ls --json` on {target.host} printed no agent list: {_last_line(proc.stdout)!r}"
+        )
+    return agents
+
+
+def choose(target: SshTarget, agents: list[dict[str, Any]]) -> dict[str, Any]:
+    """The agent the target names (a pid, else a port), or the only one."""
+    if target.select is not None:
+        for key in ("pid", "port"):
+            for info in agents:
+                if info.get(key) == target.select:
+                    return info
+        listing = "; ".join(describe(a) for a in agents) or "none are running"
+        raise SshError(f"no torchtop agent with pid or port {target.select} on {target.host} ({listing})")
+    if not agents:
+        raise SshError(f"no torchtop agent is running on {target.host} (as {target.user or 'your ssh user'})")
+    if len(agents) > 1:
+        pids = ", ".join(str(a.get("pid")) for a in agents)
+        raise SshError(
+            f"{len(agents)} agents are running on {target.host} (pids {pids}); name one, e.g. {target}/{agents[0].get('pid')}"
+        )
+    return agents[0]
+
+
+def _free_port_pair() -> int:
+    """A local port p with p and p + 1 both free right now."""
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise SshError("found no two free adjacent local ports for the ssh tunnel")
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _remote_host(info: dict[str, Any]) -> str:
+    bind = str(info.get("bind") or "127.0.0.1")
+    if bind in ("0.0.0.0", "*", "localhost"):
+        return "127.0.0.1"
+    if bind == "::":
+        return "[::1]"
+    return f"[{bind}]" if ":" in bind else bind
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(3)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _launch(cmd: list[str], err: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _wait_up(proc: subprocess.Popen[bytes], lport: int, timeout: float) -> bool:
+    """True once both forwarded ports accept; False if ssh exited or the time ran out."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if _accepts(lport) and _accepts(lport + 1):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class _Keeper:
+    """Brings a tunnel that died (network drop, sshd restart, laptop sleep) back up on the same
+    local ports, with backoff, for as long as it is in use. ZeroMQ reconnects by itself, so
+    the monitor's sockets carry on once the ports forward again."""
+
+    def __init__(self, cmd: list[str], proc: subprocess.Popen[bytes], lport: int, host: str) -> None:
+        self.cmd, self.proc, self.lport, self.host = cmd, proc, lport, host
+        self.down_since: float | None = None  # monotonic time the tunnel went down; None while up
+        self.attempts = 0  # rebuilds tried since then
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="torchtop-ssh-keeper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        delay = RESTART_MIN_S
+        while not self._stop.is_set():
+            if self.proc.poll() is None:
+                try:
+                    self.proc.wait(0.5)
+                except subprocess.TimeoutExpired:
+                    continue
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+            if self._stop.wait(delay):
+                return
+            self.attempts += 1
+            proc = _launch(self.cmd, subprocess.DEVNULL)
+            self.proc = proc
+            if self._stop.is_set():
+                return  # close() may have stopped the old one while this one started
+            if _wait_up(proc, self.lport, TUNNEL_TIMEOUT_S):
+                delay = RESTART_MIN_S
+                self.down_since, self.attempts = None, 0
+                continue
+            _stop(proc)  # the host is still out of reach: try again later
+            delay = min(delay * 2, RESTART_MAX_S)
+
+    def trouble(self) -> str:
+        """What the monitor shows while the tunnel is down ("" while it is up)."""
+        since = self.down_since
+        if since is None:
+            return ""
+        tried = f", {self.attempts} attempt{'s' if self.attempts != 1 else ''}" if self.attempts else ""
+        return f"ssh tunnel to {self.host} down {time.monotonic() - since:.0f}s, rebuilding{tried}"
+
+    def close(self) -> None:
+        self._stop.set()
+        _stop(self.proc)
+        self._thread.join(5)
+        _stop(self.proc)  # one the keeper launched just as it was told to stop
+
+
+@contextmanager
+def tunnel(target: SshTarget, info: dict[str, Any], options: Sequence[str] = ()) -> Iterator[Endpoint]:
+    """Forward two free local ports to the agent's ports on the host; an Endpoint while it lasts.
+    A tunnel that dies meanwhile is rebuilt on the same ports (`_Keeper`)."""
+    rport, rhost = int(info["port"]), _remote_host(info)
+    last_error = ""
+    for _attempt in range(3):  # a local port may be taken between choosing and ssh binding it
+        lport = _free_port_pair()
+        forwards = ["-L", f"{lport}:{rhost}:{rport}", "-L", f"{lport + 1}:{rhost}:{rport + 1}"]
+        cmd = [
+            *ssh_base(target, options),
+            "-N",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "ServerAliveCountMax=2",
+            *forwards,
+            target.destination,
+        ]
+        with tempfile.TemporaryFile() as err:
+            proc = _launch(cmd, err)
+            try:
+                up = _wait_up(proc, lport, TUNNEL_TIMEOUT_S)
+                if not up and proc.poll() is None:
+                    raise SshError(
+                        f"the ssh tunnel to {target.destination} was not up within {TUNNEL_TIMEOUT_S:g}s"
+                    )
+                if not up:
+                    err.seek(0)
+                    last_error = _last_line(err.read().decode(errors="replace")) or f"exit {proc.returncode}"
+                    if "forward" in last_error.lower() and _attempt < 2:
+                        continue
+                    raise SshError(f"ssh tunnel to {target.destination} failed: {last_error}")
+            except BaseException:
+                _stop(proc)
+                raise
+        keeper = _Keeper(cmd, proc, lport, target.destination)
+        try:
+            pid = info.get("pid")
+            label = (
+                f"{target}/{pid or rport} ("
+                + (f"pid {pid}, " if pid else "")
+                + f"port {rport} via 127.0.0.1:{lport})"
+            )
+            yield Endpoint("127.0.0.1", lport, pid, label, curve=local_curve(info), link=keeper.trouble)
+        finally:
+            keeper.close()
+        return
+    raise SshError(f"ssh tunnel to {target.destination} failed: {last_error}")
+
+
+@contextmanager
+def open_ssh(target: str, options: Sequence[str] = ()) -> Iterator[Endpoint]:
+    """Resolve an ssh:// target to one agent and keep a tunnel to it open while in use."""
+    parsed = parse(target)
+    try:
+        info = choose(parsed, remote_agents(parsed, options))
+    except SshError as exc:
+        # no torchtop command there, but the user named a port: tunnel to it (hello will tell)
+        if not (exc.not_installed and parsed.select is not None and 0 < parsed.select < 65535):
+            raise
+        info = {"port": parsed.select, "pid": None}
+    with tunnel(parsed, info, options) as endpoint:
+        yield endpoint

@@ -1,0 +1,168 @@
+"""The captures a monitor has seen, and how to say where their files are. Pure: no textual, no zmq.
+
+The agent reports the capture in progress (or its last one) in every batch and lists all of its
+captures on `capture-status`; `CaptureBook` merges both. A file lives on the agent's host: when
+that is not this machine, the Captures screen gives the host and path and the `scp` line.
+"""
+
+from __future__ import annotations
+
+import socket
+from urllib.parse import urlsplit
+
+import msgspec
+
+from torchtop.agent.contract.wire import CaptureInfo
+
+ACTIVE = ("pending", "running", "writing")
+FINISHED = ("done", "failed")
+DEFAULT_STEPS = 5
+MAX_STEPS = 100  # the agent's limit for profiler captures
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def next_steps(n: int, up: bool) -> int:
+    """The capture length after one + or - press: by 1 to 10, by 5 to 50, by 10 to MAX_STEPS."""
+    if up:
+        n += 1 if n < 10 else 5 if n < 50 else 10
+    else:
+        n -= 1 if n <= 10 else 5 if n <= 50 else 10
+    return max(1, min(MAX_STEPS, n))
+
+
+class CaptureBook:
+    """Captures of the current run by id, and the one the agent reports as current."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, CaptureInfo] = {}
+        self.current: CaptureInfo | None = None
+        self.asked: set[int] = set()  # ids this monitor requested: their end is announced
+
+    def reset(self) -> None:
+        """A new run: its capture ids start again at 1."""
+        self.by_id.clear()
+        self.asked.clear()
+        self.current = None
+
+    def requested(self, capture: CaptureInfo | None) -> None:
+        if capture is not None:
+            self.asked.add(capture.id)
+            self.see(capture)
+
+    def see(self, capture: CaptureInfo | None) -> CaptureInfo | None:
+        """Record a batch's capture; return it if it has just finished and should be announced."""
+        if capture is None:
+            return None
+        before = self.by_id.get(capture.id)
+        self.by_id[capture.id] = capture
+        self.current = capture
+        newly = capture.state in FINISHED and (before is None or before.state not in FINISHED)
+        if newly and (capture.id in self.asked or (before is not None and before.state in ACTIVE)):
+            return capture
+        return None
+
+    def merge(self, captures: list[CaptureInfo]) -> None:
+        """A capture-status answer: the agent's full list."""
+        for c in captures:
+            self.by_id[c.id] = c
+
+    @property
+    def active(self) -> CaptureInfo | None:
+        c = self.current
+        return c if c is not None and c.state in ACTIVE else None
+
+    def listing(self) -> list[CaptureInfo]:
+        """Newest first."""
+        return [self.by_id[k] for k in sorted(self.by_id, reverse=True)]
+
+
+def progress(c: CaptureInfo) -> float:
+    """How far a capture got, 0..1 (steps, or seconds for a timed memory capture)."""
+    if c.state in FINISHED or c.state == "writing":
+        return 1.0
+    if c.steps_total:
+        return min(1.0, c.steps_done / c.steps_total)
+    return 0.0
+
+
+def progress_text(c: CaptureInfo) -> str:
+    """One line: what the capture is doing now."""
+    what = "profile" if c.kind == "profile" else "memory snapshot"
+    if c.state == "pending":
+        return f"{what} #{c.id}: waiting for the next step boundary"
+    if c.state == "running":
+        if c.steps_total:
+            return f"{what} #{c.id}: step {c.steps_done}/{c.steps_total}"
+        return f"{what} #{c.id}: recording for {c.seconds:g} s"
+    if c.state == "writing":
+        return f"{what} #{c.id}: writing the file"
+    if c.state == "failed":
+        return f"{what} #{c.id} failed: {c.error}"
+    return f"{what} #{c.id} done: {c.path}"
+
+
+def fetch_from(
+    endpoint_label: str, endpoint_host: str, capture_host: str, local_host: str | None = None
+) -> tuple[str, list[str]] | None:
+    """Where to scp a capture's file from, (destination, extra scp args); None when it is local.
+
+    An ssh:// target names its destination (user, host, port) in the endpoint label; a direct
+    tcp:// target its host; a loopback agent is on this machine unless it reports another host
+    name (a tunnel the user made by hand).
+    """
+    first = endpoint_label.split()[0] if endpoint_label.strip() else ""
+    if first.lower().startswith("ssh://"):
+        try:
+            parts = urlsplit(first)
+            host, user, port = parts.hostname, parts.username, parts.port
+        except ValueError:
+            host = None
+        if host:
+            host = f"[{host}]" if ":" in host else host
+            return (f"{user}@{host}" if user else host), (["-P", str(port)] if port else [])
+    if endpoint_host and endpoint_host not in LOOPBACK:
+        return (f"[{endpoint_host}]" if ":" in endpoint_host else endpoint_host), []
+    local = socket.gethostname() if local_host is None else local_host
+    if capture_host and capture_host != local:
+        return capture_host, []
+    return None
+
+
+def describe(c: CaptureInfo) -> str:
+    """Human lines for a finished capture (also used by the TUI's Captures screen)."""
+    lines = [f"{c.kind} capture {c.id}: {c.state}" + (f" ({c.error})" if c.error else "")]
+    if c.path:
+        lines.append(f"  file: {c.host}:{c.path}")
+        lines.append(f"  fetch: scp {c.host}:{c.path} .")
+    s = c.summary or {}
+    if "buckets" in s:
+        parts = "  ".join(f"{k} {v * 100:.0f}%" for k, v in s["buckets"].items() if v >= 0.005)
+        lines.append(f"  {s.get('steps', 0)} steps of {s.get('step_ms', 0):.1f} ms: {parts}")
+        if s.get("gpu_idle") is not None:
+            lines.append(f"  GPU idle {s['gpu_idle'] * 100:.0f}% of the steps")
+    for key, title in (
+        ("top_device", "top ops by self device time"),
+        ("top_cpu", "top ops by self CPU time"),
+    ):
+        if s.get(key):
+            lines.append(f"  {title}:")
+            lines += [f"    {r['self_ms']:9.3f} ms  {r['calls']:6d}x  {r['name']}" for r in s[key][:5]]
+    if s.get("top_sites"):
+        lines.append("  top allocation sites:")
+        lines += [
+            f"    {r['bytes'] / 2**20:9.1f} MiB  {r['allocs']:6d}x  {r['site']}" for r in s["top_sites"][:5]
+        ]
+    return "\n".join(lines)
+
+
+def capture_lines(c: CaptureInfo, source: tuple[str, list[str]] | None) -> list[str]:
+    """A capture for the Captures screen: state, file (with host and scp line when remote), summary."""
+    lines = describe(msgspec.structs.replace(c, path="")).splitlines()
+    if c.path:
+        if source is None:
+            lines.insert(1, f"  file: {c.path}")
+        else:
+            dest, args = source
+            lines.insert(1, f"  file: {dest}:{c.path}")
+            lines.insert(2, "  fetch: " + " ".join(["scp", *args, f"{dest}:{c.path}", "."]))
+    return lines

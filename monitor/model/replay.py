@@ -1,0 +1,374 @@
+"""The monitor's side of step timing: replays an agent's log into steps.
+
+The training thread only logs timestamps (agent/probe.py) and the agent ships the log as it was
+written (wire.LogChunk); here, in the monitor's process, the log becomes steps with exclusive
+phase times: entering a phase pauses the one open (a `.to()` inside
+forward), so a step's phases add up to at most its wall time and `other` is the remainder.
+Steps are contiguous: a step runs from the previous boundary to this one, so the data wait
+before a step's forward belongs to that step. Evaluation iterations (no-grad forwards, no
+backward, no optimizer) are cut here too, at the next data fetch or the next forward of the
+same root. A malformed entry is counted and forgets the open step; it never stops the replay.
+A step whose phases were not timed (phase sampling on fast steps: agent/probe.py) ends with
+UNTIMED_END and keeps its wall time only (empty `phases`, `micro` 0); so does the step in which
+TIMING_RESUMED says timing resumed.
+Device times arrive resolved: on a sampled step each entry carries its CUDA event's time in ms
+from the step's start event (agent/cuda_timing.py), so a phase's device time is a difference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torchtop.agent.contract.logcodes import (
+    BACKWARD,
+    BOUNDARY,
+    DATA,
+    EXIT,
+    FORWARD,
+    FORWARD_START,
+    GRAD,
+    H2D,
+    H2D_COPY,
+    MARK,
+    MASK,
+    OPEN_STEP,
+    OPTIMIZER,
+    RESET,
+    SHIFT,
+    SKIPPED,
+    STEP_END,
+    STEP_EVENT,
+    TIMED_PHASES,
+    TIMING_RESUMED,
+    UNTIMED_END,
+)
+from torchtop.monitor.model.steps import StepRecord
+
+__all__ = ["BACKWARD", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder", "to_record"]
+N_PHASES = len(TIMED_PHASES)
+
+
+class StepRecorder:
+    """Turns log entries into raw steps, in `out`:
+    (index, kind, t0_ns, wall_ns, phases, micro, device_ms, extra), `device_ms` being None for a
+    step not sampled for CUDA timing. `failures` counts malformed entries (each skipped)."""
+
+    __slots__ = (
+        "out",
+        "failures",
+        "explicit",
+        "index",
+        "_acc",
+        "_cur",
+        "_cur_t",
+        "_stack",
+        "_t0",
+        "_micro",
+        "_events",
+        "_has_train",
+        "_eval_fwd",
+        "_eval_root",
+        "_extra",
+        "_prev_extra",
+        "_fresh",
+        "partial",
+        "_untimed",
+    )
+
+    def __init__(self) -> None:
+        self.out: list[tuple] = []
+        # the open step began before the entries seen (a replay joining late, or after lost
+        # entries): it is not reported, unless a step boundary opened it
+        self.partial = False
+        self.failures = 0
+        self.explicit = False  # step() was used: no eval cuts
+        self.index = 0
+        self._acc = [0] * N_PHASES
+        self._cur = -1
+        self._cur_t = 0
+        self._stack: list[int] = []
+        self._t0 = 0  # 0: no step open
+        self._micro = 0
+        # a sampled step's device times: [(phase, start ms, end ms)], phase -1 the whole step
+        self._events: list | None = None
+        # what kind of step is open: train activity (grad forward, backward, optimizer) or only
+        # no-grad forwards (an evaluation loop), and the first root of such a forward
+        self._has_train = False
+        self._eval_fwd = False
+        self._eval_root = -1
+        self._extra: dict[str, Any] | None = None  # rare per-step extras: marks, skipped, h2d bytes
+        self._prev_extra: dict[str, Any] | None = None  # the extras of the step just handed over
+        self._fresh = False  # nothing happened since the last boundary
+        self._untimed = False  # the open step's phases were not all timed (TIMING_RESUMED in it)
+
+    # -- the log -------------------------------------------------------------------------------
+    def feed(self, entries: list[Any]) -> list[tuple]:
+        """Replay `entries`; returns (and clears) the steps they completed."""
+        enter, exit_, forward_start, boundary = self.enter, self.exit, self.forward_start, self.boundary
+        for e in entries:
+            try:
+                if type(e) is int:  # most entries: dispatched here, without a call layer
+                    code = e & MASK
+                    if code < GRAD:
+                        enter(code, e >> SHIFT)
+                    elif code == GRAD:
+                        enter(BACKWARD, e >> SHIFT, None, False)
+                    elif code < 16:
+                        exit_(code - EXIT, e >> SHIFT)
+                    elif code >= FORWARD_START:
+                        forward_start((code - FORWARD_START) >> 1, code & 1, e >> SHIFT)
+                    elif code == STEP_END:
+                        exit_(OPTIMIZER, e >> SHIFT)
+                        boundary("train", e >> SHIFT)
+                    elif code == BOUNDARY:
+                        boundary("train", e >> SHIFT)
+                    elif code == UNTIMED_END:
+                        boundary("train", e >> SHIFT, None, False)
+                    else:
+                        self._entry(code, e >> SHIFT, None)
+                else:
+                    self._entry(e[0] & MASK, e[0] >> SHIFT, e)
+            except Exception:
+                self.failures += 1
+                self.reset()
+        out, self.out = self.out, []
+        return out
+
+    def _entry(self, code: int, now: int, e: tuple | None) -> None:
+        """Any entry, tuples included (those carry device times, bytes, marks)."""
+        if now < 0:
+            raise ValueError("negative time stamp")
+        ms = _ms(e[1]) if e is not None and len(e) == 2 else None
+        if code < GRAD:
+            self.enter(code, now, ms)
+        elif code == GRAD:
+            self.enter(BACKWARD, now, ms, False)
+        elif code < 16:
+            self.exit(code - EXIT, now, ms)
+        elif code >= FORWARD_START:
+            self.forward_start((code - FORWARD_START) >> 1, code & 1, now, ms)
+        elif code == BOUNDARY:
+            self.boundary("train", now, _ms(e[1]) if e is not None else None)
+        elif code == STEP_END:  # the optimizer's end and the step's: one time, one event
+            ms = _ms(e[1]) if e is not None else None
+            self.exit(OPTIMIZER, now, ms)
+            self.boundary("train", now, ms)
+        elif code == UNTIMED_END:
+            self.boundary("train", now, None, False)
+        elif code == TIMING_RESUMED:
+            self._untimed = True
+        elif code == STEP_EVENT:
+            self.sample(ms)
+        elif code == H2D_COPY:
+            assert e is not None
+            _, dt, nbytes, pinned, device_ms = e
+            self.add_h2d(int(dt), int(nbytes), bool(pinned), _ms(device_ms))
+        elif code == MARK:
+            assert e is not None
+            self.add_mark(str(e[1]), e[2])
+        elif code == OPEN_STEP:
+            self.explicit = True
+            self.open_step(now)
+        elif code == SKIPPED:
+            self.note_skipped()
+        elif code == RESET:
+            self.reset()
+        else:
+            raise ValueError(f"unknown log code {code}")
+
+    # -- phases --------------------------------------------------------------------------------
+    def enter(self, phase: int, now: int, ms: float | None = None, micro: bool = True) -> None:
+        """Open `phase` at `now`; a BACKWARD with `micro` (loss.backward(), not autograd.grad)
+        that is not nested in another counts as a micro-batch."""
+        if phase == DATA:
+            if self._eval_fwd and not self._has_train and not self.explicit:
+                self.boundary("eval", now)  # an evaluation iteration ends where the next fetch starts
+        elif phase >= BACKWARD:
+            self._has_train = True
+            # only an outermost backward is a micro-batch: a reentrant checkpoint (or an
+            # explicit phase("backward") around loss.backward()) nests a second one
+            if phase == BACKWARD and micro and self._cur != BACKWARD and BACKWARD not in self._stack:
+                self._micro += 1
+        self._fresh = False
+        if self._t0 == 0:
+            self._open(now)
+        cur = self._cur
+        if cur >= 0:
+            self._acc[cur] += now - self._cur_t
+        self._stack.append(cur)
+        self._cur = phase
+        self._cur_t = now
+        if ms is not None and self._events is not None:
+            self._events.append((phase, ms, None))
+
+    def exit(self, phase: int, now: int, ms: float | None = None) -> None:
+        cur = self._cur
+        if cur >= 0:
+            self._acc[cur] += now - self._cur_t
+        if self._events is not None and ms is not None and phase == cur:
+            # close the most recent open pair of this phase
+            evs = self._events
+            for k in range(len(evs) - 1, 0, -1):
+                p, start, end = evs[k]
+                if p == phase and end is None:
+                    evs[k] = (p, start, ms)
+                    break
+        self._cur = self._stack.pop() if self._stack else -1
+        self._cur_t = now
+
+    def forward_start(self, root: int, grad: bool, now: int, ms: float | None = None) -> None:
+        """A root module's forward begins: tells train from evaluation, then opens FORWARD.
+
+        No-grad forwards with no backward or optimizer in the step make it an `eval` step;
+        without a DataLoader to cut at, the next forward of the same root cuts it.
+        """
+        if grad:
+            self._has_train = True
+        else:
+            if self._eval_fwd and not self._has_train and root == self._eval_root and not self.explicit:
+                self.boundary("eval", now)
+            if not self._eval_fwd:
+                self._eval_fwd, self._eval_root = True, root
+        self.enter(FORWARD, now, ms)
+
+    def _extras(self) -> dict[str, Any]:
+        if self._extra is None:
+            self._extra = {}
+        return self._extra
+
+    def add_h2d(
+        self, dt_ns: int, nbytes: int = 0, pinned: bool = False, device_ms: float | None = None
+    ) -> None:
+        """Move `dt_ns` just spent in a host-to-device copy out of the open phase into h2d."""
+        if self._t0 == 0:
+            return
+        self._acc[H2D] += dt_ns
+        if self._cur >= 0:
+            self._acc[self._cur] -= dt_ns
+        if nbytes:
+            extra = self._extras()
+            key = "pinned" if pinned else "pageable"
+            extra[key] = extra.get(key, 0) + nbytes
+        if self._events is not None and device_ms is not None:
+            self._events.append((H2D, 0.0, device_ms))
+
+    def note_skipped(self) -> None:
+        """An optimizer step that GradScaler skipped (inf/NaN gradients)."""
+        extra = self._extras()
+        extra["skipped"] = extra.get("skipped", 0) + 1
+
+    def add_mark(self, name: str, value: Any) -> None:
+        """A user scalar for this step."""
+        # a mark right after optimizer.step() (the usual place to log the loss) belongs to
+        # the step that just ended, not to the one that has not started doing anything
+        extra = self._prev_extra if self._fresh and self._prev_extra is not None else self._extras()
+        marks = extra.setdefault("marks", {})
+        if len(marks) < 64 and value is not None:
+            marks[name] = float(value)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def open_step(self, now: int) -> None:
+        """Open a step now if none is open (explicit `step()`)."""
+        if self._t0 == 0:
+            self._open(now)
+            self.partial = False
+
+    def _open(self, now: int) -> None:
+        self._t0 = now
+        self._events = None
+
+    def sample(self, ms: float | None) -> None:
+        """The step just opened has CUDA device times; `ms` (0.0) marks its start on the GPU."""
+        if self._t0 != 0 and self._events is None and ms is not None:
+            self._events = [(-1, ms, None)]
+
+    def boundary(self, kind: str, now: int, end_ms: float | None = None, timed: bool = True) -> None:
+        """End the open step at `now` and open the next one at once (steps are contiguous).
+        With no step open (the log starts here, or after a RESET) it only opens one. A step
+        whose phases were not timed (`timed` False: UNTIMED_END) keeps its wall time only."""
+        if self._t0 == 0:
+            self._open(now)
+            self.partial = False
+            return
+        if self._cur >= 0:  # a phase spans the boundary: split it
+            self._acc[self._cur] += now - self._cur_t
+            self._cur_t = now
+        device_ms = None
+        if self._events is not None and end_ms is not None:  # an eval cut has no end event
+            self._events[0] = (-1, self._events[0][1], end_ms)
+            device_ms = _device_ms(self._events)
+        if self._eval_fwd and not self._has_train:
+            kind = "eval"
+        extra = self._extra if self._extra is not None else {}
+        if self.partial:  # its start was not seen: its times would be wrong
+            self.partial = False
+        else:
+            acc = tuple(self._acc) if timed and not self._untimed else None
+            self.out.append((self.index, kind, self._t0, now - self._t0, acc, self._micro, device_ms, extra))
+        self._prev_extra, self._fresh = extra, True
+        self.index += 1
+        self._acc = [0] * N_PHASES
+        self._micro = 0
+        self._has_train = self._eval_fwd = self._untimed = False
+        self._extra = None
+        self._open(now)
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing happened since the last step ended (its extras may still come)."""
+        return self._fresh
+
+    def reset(self) -> None:
+        """Forget the open step (entries were lost, or an entry was malformed)."""
+        self.partial = True
+        self._t0 = 0
+        self._cur = -1
+        self._stack.clear()
+        self._acc = [0] * N_PHASES
+        self._micro = 0
+        self._events = None
+        self._has_train = self._eval_fwd = self._untimed = False
+        self._extra = None
+
+
+def _ms(value: Any) -> float | None:
+    """A device time from the log: a finite float, else None."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _device_ms(events: list[tuple[int, float, float | None]]) -> dict[str, float]:
+    ms: dict[str, float] = {}
+    for phase, start, end in events:
+        if end is None:
+            continue
+        name = "step" if phase < 0 else TIMED_PHASES[phase]
+        ms[name] = ms.get(name, 0.0) + (end - start)
+    return ms
+
+
+def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
+    """A replayed step as the monitor keeps it; `other` is the step's unaccounted rest."""
+    index, kind, t0_ns, wall_ns, acc, micro, device_ms, extra = raw
+    if acc is None:  # not timed (phase sampling): its wall time only
+        phases: dict[str, int] = {}
+        micro = 0
+    else:
+        data, h2d, forward, backward, optimizer = acc
+        phases = {
+            "data": data,
+            "h2d": h2d,
+            "forward": forward,
+            "backward": backward,
+            "optimizer": optimizer,
+            "other": max(0, wall_ns - data - h2d - forward - backward - optimizer),
+        }
+    record = StepRecord(index, t0_ns / 1e9 + wall_offset, wall_ns, phases, kind, micro, device_ms or {}, rank)
+    if extra:
+        record.skipped = extra.get("skipped", 0)
+        record.h2d_bytes = {k: extra[k] for k in ("pinned", "pageable") if k in extra}
+        record.marks = dict(extra.get("marks", {}))
+    return record

@@ -1,0 +1,234 @@
+"""What the monitor knows about one run: pure data and arithmetic, no textual, no zmq.
+
+Fed with wire messages (`apply_hello`, `apply_batch`, `apply_snapshot`); read through plain
+functions that the TUI, `report` and the diagnosis rules share.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from statistics import median
+from typing import NamedTuple
+
+from torchtop.agent.contract.logcodes import PHASES
+from torchtop.agent.contract.wire import Batch, Hello, Telemetry
+from torchtop.monitor.model.steps import StepRecord
+
+HISTORY = 20_000
+STALE_AFTER_S = 3.0
+
+
+class Point(NamedTuple):
+    """One telemetry sample reduced to what plots, rates and the diagnosis rules need."""
+
+    time: float  # agent clock
+    allocated: int  # first CUDA device; 0 on CPU
+    reserved: int
+    retries: int
+    gpu_util: float  # NVML percent, -1 when unknown
+    proc_cpu: float  # training process CPU percent, -1 when unknown
+    rss: int  # training process resident memory, 0 when unknown
+
+
+@dataclass
+class RunState:
+    hello: Hello | None = None
+    run_id: str = ""
+    steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    batches: int = 0
+    gaps: int = 0  # batches lost between agent and monitor (sequence numbers skipped)
+    dropped: int = 0  # step records the agent's own buffer dropped
+    hook_errors: int = 0
+    bad_frames: int = 0
+    last_error: str = ""
+    last_seq: int | None = None
+    agent_time: float = 0.0  # the agent's clock at its last batch
+    last_batch_at: float | None = None  # monitor's monotonic clock at the last batch
+    gone: bool = False
+    new_runs: int = 0
+    telemetry: Telemetry | None = None  # the latest memory / GPU / host samples
+    points: deque[Point] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    peak_window: dict[int, int] = field(default_factory=dict)  # per device: highest window peak seen
+
+    # -- feeding -------------------------------------------------------------------------------
+    def apply_hello(self, hello: Hello) -> None:
+        if self.run_id and hello.run_id != self.run_id:
+            self._new_run()
+        self.hello = hello
+        self.run_id = hello.run_id
+
+    def _new_run(self) -> None:
+        self.steps.clear()
+        self.points.clear()
+        self.peak_window.clear()
+        self.telemetry = None
+        self.last_seq = None
+        self.new_runs += 1
+
+    def apply_batch(self, batch: Batch, steps: list[StepRecord], now: float, log_errors: int = 0) -> None:
+        """A batch and the steps replayed from its log (`log_errors`: malformed entries skipped)."""
+        if self.run_id and batch.run_id != self.run_id:
+            self._new_run()
+            self.hello = None
+        self.run_id = batch.run_id
+        if self.last_seq is not None:
+            if batch.seq <= self.last_seq:
+                return  # already seen (e.g. covered by a snapshot)
+            self.gaps += batch.seq - self.last_seq - 1
+        self.last_seq = batch.seq
+        self.batches += 1
+        self.dropped = batch.dropped
+        self.hook_errors = batch.hook_errors + log_errors
+        self.agent_time = batch.time
+        self.last_batch_at = now
+        self.gone = False
+        if batch.telemetry is not None:
+            self.apply_telemetry(batch.telemetry)
+        last_t0 = self.steps[-1].t0 if self.steps else float("-inf")
+        self.steps.extend(s for s in steps if s.t0 > last_t0)  # steps are in order, once
+
+    def apply_snapshot(self, steps: list[StepRecord], seq: int) -> None:
+        """History from before we joined; batches up to `seq` are then ignored. Where it
+        overlaps steps already held, the snapshot's are kept."""
+        if steps:
+            first, last = steps[0].t0, steps[-1].t0
+            merged = (
+                [s for s in self.steps if s.t0 < first] + list(steps) + [s for s in self.steps if s.t0 > last]
+            )
+        else:
+            merged = list(self.steps)
+        self.steps = deque(merged, maxlen=HISTORY)
+        if merged:  # the window is measured on the agent's clock: a snapshot advances it too
+            self.agent_time = max(self.agent_time, merged[-1].t0 + merged[-1].wall_ns / 1e9)
+        if self.last_seq is None or seq > self.last_seq:
+            self.last_seq = seq
+
+    def apply_telemetry(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+        m = telemetry.memory[0] if telemetry.memory else None
+        g = telemetry.gpus[0] if telemetry.gpus else None
+        h = telemetry.host
+        self.points.append(
+            Point(
+                telemetry.time,
+                m.allocated if m else 0,
+                m.reserved if m else 0,
+                m.alloc_retries if m else 0,
+                g.util_gpu if g else -1.0,
+                h.proc_cpu if h else -1.0,
+                h.proc_rss if h else 0,
+            )
+        )
+        for m in telemetry.memory:
+            self.peak_window[m.device] = max(self.peak_window.get(m.device, 0), m.window_peak)
+
+    def bad_frame(self, reason: str) -> None:
+        self.bad_frames += 1
+        self.last_error = reason
+
+    # -- reading -------------------------------------------------------------------------------
+    def connection(self, now: float) -> str:
+        if self.gone:
+            return "agent gone"
+        if self.last_batch_at is None:
+            return "waiting"
+        if now - self.last_batch_at > STALE_AFTER_S:
+            return f"stale ({now - self.last_batch_at:.0f}s)"
+        return "connected"
+
+    def window(self, seconds: float, kind: str = "train") -> list[StepRecord]:
+        """Steps of `kind` that ended in the last `seconds` of the agent's clock."""
+        horizon = self.agent_time - seconds
+        out = []
+        for s in reversed(self.steps):
+            if s.t0 + s.wall_ns / 1e9 < horizon:
+                break
+            if s.kind == kind:
+                out.append(s)
+        out.reverse()
+        return out
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def step_stats(steps: list[StepRecord]) -> dict[str, float]:
+    """Step time now / median / p90 (ms) and steps per second over `steps`."""
+    if not steps:
+        return {"now_ms": 0.0, "median_ms": 0.0, "p90_ms": 0.0, "mean_ms": 0.0, "steps_per_s": 0.0}
+    walls = [s.wall_ns / 1e6 for s in steps]
+    ordered = sorted(walls)
+    span = (steps[-1].t0 + steps[-1].wall_ns / 1e9) - steps[0].t0
+    return {
+        "now_ms": walls[-1],
+        "median_ms": median(ordered),
+        "p90_ms": _pct(ordered, 0.9),
+        "mean_ms": sum(walls) / len(walls),
+        "steps_per_s": len(steps) / span if span > 0 else 0.0,
+    }
+
+
+def timed(steps: Iterable[StepRecord]) -> list[StepRecord]:
+    """The steps whose phases were timed (on fast steps the agent times a random sample)."""
+    return [s for s in steps if s.phases]
+
+
+def breakdown(steps: Iterable[StepRecord]) -> dict[str, float]:
+    """Each phase's share of the timed steps' wall time; the shares sum to 1 (0 with no steps)."""
+    totals = dict.fromkeys(PHASES, 0)
+    wall = 0
+    for s in steps:
+        if not s.phases:
+            continue  # not timed: its wall time alone says nothing of where it went
+        wall += s.wall_ns
+        for name in PHASES:
+            totals[name] += s.phases.get(name, 0)
+    if wall <= 0:
+        return dict.fromkeys(PHASES, 0.0)
+    return {name: totals[name] / wall for name in PHASES}
+
+
+def phase_ms(steps: list[StepRecord]) -> dict[str, float]:
+    """Mean host milliseconds per step in each phase, over the timed steps."""
+    steps = timed(steps)
+    if not steps:
+        return dict.fromkeys(PHASES, 0.0)
+    return {name: sum(s.phases.get(name, 0) for s in steps) / len(steps) / 1e6 for name in PHASES}
+
+
+def device_ms(steps: list[StepRecord]) -> dict[str, float]:
+    """Mean CUDA-event milliseconds per sampled step, by phase (and `step`); {} on CPU."""
+    sampled = [s for s in steps if s.device_ms]
+    if not sampled:
+        return {}
+    keys = sorted({k for s in sampled for k in s.device_ms})
+    return {k: sum(s.device_ms.get(k, 0.0) for s in sampled) / len(sampled) for k in keys}
+
+
+def retry_rate(state: RunState, seconds: float) -> float:
+    """Allocator retries per second over the last `seconds` (cudaMalloc failed and was retried)."""
+    pts = recent_points(state, seconds)
+    if len(pts) < 2:
+        return 0.0
+    span = pts[-1].time - pts[0].time
+    return (pts[-1].retries - pts[0].retries) / span if span > 0 else 0.0
+
+
+def recent_points(state: RunState, seconds: float) -> list[Point]:
+    """Telemetry points of the last `seconds` of agent time, oldest first."""
+    if not state.points:
+        return []
+    horizon = state.points[-1].time - seconds
+    out = []
+    for p in reversed(state.points):
+        if p.time < horizon:
+            break
+        out.append(p)
+    out.reverse()
+    return out

@@ -1,0 +1,32 @@
+"""One replayed step, as the monitor keeps it: never sent, made here from the agent's log."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+StepKind = Literal["train", "eval"]
+
+
+class StepRecord(msgspec.Struct, omit_defaults=True):
+    """One training (or eval) step as the training thread saw it.
+
+    `phases` holds host nanoseconds per phase, `other` included, so they add up to `wall_ns`;
+    it is empty on a step whose phases were not timed (phase sampling on fast steps).
+    `device_ms` holds CUDA-event times of the phases that were sampled on this step (empty when
+    the step was not sampled or the run is on CPU); `step` there is the stream time between
+    this step's boundary events.
+    """
+
+    i: int
+    t0: float  # wall clock (unix seconds) at step start
+    wall_ns: int
+    phases: dict[str, int]
+    kind: StepKind = "train"
+    micro: int = 1  # backward passes in the step (gradient accumulation micro-batches)
+    device_ms: dict[str, float] = {}
+    rank: int = 0
+    skipped: int = 0  # optimizer steps GradScaler skipped (inf/NaN gradients) in this step
+    h2d_bytes: dict[str, int] = {}  # bytes copied host-to-device from "pinned" / "pageable" memory
+    marks: dict[str, float] = {}  # user scalars from torchtop.agent.mark()

@@ -1,0 +1,1 @@
+"""The Textual TUI: the app, its feed worker and its widgets."""

@@ -1,0 +1,439 @@
+"""`torchtop attach`: the live TUI on one agent.
+
+Messages up, attributes down: a thread worker (monitor/feed.py) owns the AgentClient and posts
+messages; the app applies them to a pure RunState, and a ~4 Hz timer pushes plain values from
+that state into the widgets' reactive attributes (never per batch: a 10 kHz loop must not
+make the terminal the bottleneck). Requests to the agent (captures) go to the worker through a
+queue; its answers come back as messages. Never imports torch.
+
+Tabs: Overview (step time, verdict, phases, marks), Memory, GPU · Host. Panels of a hidden tab
+get only the latest samples (cheap); the memory plot's series is computed while it is shown.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Footer, TabbedContent, TabPane
+from textual.worker import get_current_worker
+
+from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.link.targets import Endpoint, from_discovery
+from torchtop.monitor.model import fmt
+from torchtop.monitor.model.captures import (
+    DEFAULT_STEPS,
+    CaptureBook,
+    capture_lines,
+    fetch_from,
+    next_steps,
+    progress_text,
+)
+from torchtop.monitor.model.panel_data import (
+    PLOT_S,
+    mark_rows,
+    memory_series,
+    step_counts,
+    worker_rows,
+    y_top,
+)
+from torchtop.monitor.model.state import (
+    RunState,
+    breakdown,
+    device_ms,
+    phase_ms,
+    recent_points,
+    retry_rate,
+    step_stats,
+    timed,
+)
+from torchtop.monitor.tui.feed import (
+    BatchesReceived,
+    FeedError,
+    HelloReceived,
+    RequestAnswered,
+    SnapshotReceived,
+    run_feed,
+)
+from torchtop.monitor.tui.widgets import (
+    CaptureLine,
+    CapturesScreen,
+    ChooserScreen,
+    GpuPanel,
+    HelpScreen,
+    HostFigures,
+    LogTail,
+    MarksPanel,
+    MemoryFigures,
+    MemoryPlot,
+    PhasePanel,
+    RunHeader,
+    StatusLine,
+    StepPanel,
+    VerdictPanel,
+    WorkerTable,
+)
+
+WINDOW_S = 10.0  # seconds of agent time the panels summarise
+REFRESH_S = 0.25  # widget refresh period (4 Hz)
+SPARK_POINTS = 2000  # most step times handed to the sparkline (it buckets them to its width)
+MAX_CPU_SHARE = 0.05  # of one core, for recomputing the panels (see TorchtopApp._tick)
+PLOT_REFRESH_S = 1.0  # the memory plot (5 minutes wide) is redrawn at most this often
+NO_TELEMETRY = "no telemetry received yet"
+
+
+class TorchtopApp(App[int]):
+    """The dashboard. `feed=False` starts no worker, so tests can post messages themselves;
+    `clock` replaces time.monotonic (staleness), so snapshot tests render the same every time."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "torchtop"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("p", "profile", "Profile"),
+        Binding("m", "memory_snapshot", "Mem snapshot"),
+        Binding("c", "captures", "Captures"),
+        Binding("plus,equals_sign", "steps(1)", "Steps +", show=False),
+        Binding("minus", "steps(-1)", "Steps -", show=False),
+        Binding("1", "tab('overview')", "Overview", show=False),
+        Binding("2", "tab('memory')", "Memory", show=False),
+        Binding("3", "tab('gpu-host')", "GPU·Host", show=False),
+        Binding("4", "tab('log')", "Log", show=False),
+    ]
+
+    def __init__(
+        self,
+        endpoint: Endpoint | None = None,
+        choices: list[dict[str, Any]] | None = None,
+        *,
+        feed: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        log_path: Path | None = None,
+    ) -> None:
+        super().__init__()
+        self.log_tail = LogTail(log_path, id="log-tail") if log_path is not None else None
+        self.endpoint = endpoint
+        self.choices = choices or []
+        self.feed_enabled = feed
+        self.clock = clock
+        self.state = RunState()
+        self.feed_error = ""
+        self._dirty = True  # new data since the panels were last recomputed
+        self._next_full = 0.0  # perf_counter time before which _tick skips the recompute
+        self._plot_due = 0.0  # perf_counter time from which the memory plot may be redrawn
+        self.header = RunHeader(id="run-header")
+        self.step_panel = StepPanel(WINDOW_S, id="step-panel")
+        self.phase_panel = PhasePanel(id="phase-panel")
+        self.status_line = StatusLine(id="status-line")
+        self.verdict_panel = VerdictPanel(id="verdict-panel")
+        self.marks_panel = MarksPanel(id="marks-panel")
+        self.memory_figures = MemoryFigures(id="memory-figures")
+        self.memory_plot = MemoryPlot(id="memory-plot")
+        self.gpu_panel = GpuPanel(id="gpu-panel")
+        self.host_figures = HostFigures(id="host-figures")
+        self.worker_table = WorkerTable(id="worker-table")
+        self.capture_line = CaptureLine(id="capture-line")
+        self.diagnosis: Diagnosis | None = None  # the previous verdict: diagnose()'s hysteresis
+        self.captures = CaptureBook()
+        self.capture_steps = DEFAULT_STEPS
+        self.requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] = (
+            queue.SimpleQueue()
+        )  # to the feed worker
+
+    def compose(self) -> ComposeResult:
+        yield self.header
+        with TabbedContent(initial="overview", id="tabs"):
+            with TabPane("Overview", id="overview"), VerticalScroll(id="overview-scroll"):
+                yield self.step_panel
+                yield self.verdict_panel
+                yield self.phase_panel
+                yield self.marks_panel
+            with (
+                TabPane("Memory", id="memory"),
+                VerticalScroll(id="memory-scroll"),
+                Vertical(id="memory-panel"),
+            ):
+                yield self.memory_figures
+                yield self.memory_plot
+            with TabPane("GPU · Host", id="gpu-host"), VerticalScroll(id="gpu-host-scroll"):
+                yield self.gpu_panel
+                with Vertical(id="host-panel"):
+                    yield self.host_figures
+                    yield self.worker_table
+            if self.log_tail is not None:
+                with TabPane("Log", id="log"):
+                    yield self.log_tail
+        yield self.capture_line
+        yield self.status_line
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#memory-panel").border_title = "CUDA memory"
+        self.query_one("#host-panel").border_title = "host · psutil"
+        self.set_interval(REFRESH_S, self._tick)
+        if self.log_tail is not None:
+            self.log_tail.border_title = f"output · {self.log_tail.path}"
+            self.set_interval(0.5, self.log_tail.poll)
+        if self.endpoint is not None:
+            self.attach(self.endpoint)
+        elif len(self.choices) == 1:
+            self.attach(from_discovery(self.choices[0]))
+        elif self.choices:
+            self.push_screen(ChooserScreen(self.choices), self._chosen)
+        self.refresh_panels()
+
+    # -- connecting --------------------------------------------------------------------------
+    def _chosen(self, index: int | None) -> None:
+        if index is not None:
+            self.attach(from_discovery(self.choices[index]))
+
+    def attach(self, endpoint: Endpoint) -> None:
+        """Watch `endpoint` (starting the feed worker unless feed=False)."""
+        self.endpoint = endpoint
+        self.header.target = f"waiting for an agent at {endpoint}"
+        if self.feed_enabled:
+            self._feed(endpoint)
+        self.refresh_panels()
+
+    @work(thread=True, exclusive=True, group="feed")
+    def _feed(self, endpoint: Endpoint) -> None:
+        worker = get_current_worker()
+        run_feed(endpoint, self.post_message, lambda: worker.is_cancelled, requests=self.requests)
+
+    # -- messages up ---------------------------------------------------------------------------
+    def on_hello_received(self, message: HelloReceived) -> None:
+        runs = self.state.new_runs
+        self.state.apply_hello(message.hello)
+        self.state.gone = False
+        self.feed_error = ""
+        self._dirty = True
+        if self.state.new_runs != runs:
+            self._new_run()
+
+    def _new_run(self) -> None:
+        """Another run on the same port: its verdict starts afresh and its capture ids restart."""
+        self.diagnosis = None
+        self.captures.reset()
+        self._refresh_captures()
+
+    def on_snapshot_received(self, message: SnapshotReceived) -> None:
+        self.state.apply_snapshot(message.steps, message.seq)
+        self._dirty = True
+
+    def on_batches_received(self, message: BatchesReceived) -> None:
+        now = self.clock()
+        for got in message.batches:
+            batch = got.batch
+            runs = self.state.new_runs
+            self.state.apply_batch(batch, got.steps, now, got.log_errors)
+            if self.state.new_runs != runs:
+                self._new_run()
+            self._capture_seen(batch)
+        self.state.bad_frames = max(self.state.bad_frames, message.bad_frames)
+        if message.last_error:
+            self.state.last_error = message.last_error
+        self._dirty = self._dirty or bool(message.batches)
+
+    def on_feed_error(self, message: FeedError) -> None:
+        self.feed_error = message.error
+        if message.lost:
+            self.state.gone = True
+
+    # -- attributes down -----------------------------------------------------------------------
+    def _tick(self) -> None:
+        """The REFRESH_S timer: status always; panels when new data came and the CPU budget allows.
+
+        Recomputing a full window costs O(steps): ~20k steps at a few kHz take tens of ms, so
+        the panels then refresh less often than 4 Hz rather than take a core from training.
+        """
+        start = time.perf_counter()
+        if not self._dirty or start < self._next_full:
+            self._refresh_status()
+            return
+        self.refresh_panels()
+        self._next_full = start + (time.perf_counter() - start) / MAX_CPU_SHARE
+
+    def refresh_panels(self) -> None:
+        """Recompute every panel's values from the state and push them into the widgets."""
+        self._dirty = False
+        state = self.state
+        steps = state.window(WINDOW_S)
+        stats = step_stats(steps)
+
+        hello = state.hello
+        self.header.hello = hello
+        self.header.age_s = (
+            max(0.0, state.agent_time - hello.start_time) if hello and state.agent_time else 0.0
+        )
+
+        self.step_panel.stats = stats
+        self.step_panel.count = len(steps)
+        self.step_panel.last_step = steps[-1].i if steps else None
+        self.step_panel.series = [s.wall_ns / 1e6 for s in steps[-SPARK_POINTS:]]
+        self.step_panel.span_s = round(min(WINDOW_S, state.agent_time - steps[0].t0), 1) if steps else None
+
+        self.phase_panel.shares = breakdown(steps)
+        self.phase_panel.ms = phase_ms(steps)
+        self.phase_panel.device = device_ms(steps)
+        self.phase_panel.step_ms = stats["mean_ms"]
+        self.phase_panel.event_every = hello.cuda_event_every if hello else 0
+        self.phase_panel.timed = len(timed(steps))
+        self.phase_panel.count = len(steps)
+
+        skipped, evals = step_counts(steps, state.window(WINDOW_S, kind="eval"))
+        self.step_panel.evals = evals
+        self.step_panel.skipped = skipped
+        self.diagnosis = diagnose(state, self.diagnosis)
+        self.verdict_panel.diagnosis = self.diagnosis
+        self.marks_panel.rows = mark_rows(state.steps)
+        self._refresh_telemetry()
+        self._refresh_status()
+
+    def _refresh_telemetry(self) -> None:
+        """The latest samples into the memory, GPU and host panels (the plot only while shown)."""
+        state = self.state
+        tel = state.telemetry
+        missing = tel.unavailable if tel is not None else {}
+        mem = self.memory_figures
+        mem.memory = tel.memory if tel is not None else []
+        mem.frag = tel.frag if tel is not None else []
+        mem.peak_window = dict(state.peak_window)
+        mem.retry_rate = retry_rate(state, WINDOW_S)
+        mem.reason = missing.get("memory", "") if tel is not None else NO_TELEMETRY
+        if self._tab() == "memory" and time.perf_counter() >= self._plot_due:
+            # plotext draws a 120x30 plot in ~20 ms: once a second keeps it near 2% of a core
+            self._plot_due = time.perf_counter() + PLOT_REFRESH_S
+            total = tel.memory[0].device_total if tel is not None and tel.memory else 0
+            cuda = bool(tel is not None and tel.memory)
+            series = memory_series(recent_points(state, PLOT_S), cuda, total)
+            self.memory_plot.series = series
+            full = bool(series.limit) and y_top(series) == series.limit
+            self.query_one("#memory-panel").border_subtitle = (
+                f"plot: last {PLOT_S / 60:.0f} min{', top =' if full else ' ·'} device total {fmt.size(total)}"
+                if cuda
+                else "no CUDA: the plot shows the process RSS"
+            )
+        self.gpu_panel.gpus = tel.gpus if tel is not None else []
+        self.gpu_panel.reason = missing.get("gpu", "") if tel is not None else NO_TELEMETRY
+        self.host_figures.host = tel.host if tel is not None else None
+        self.host_figures.reason = missing.get("host", "") if tel is not None else NO_TELEMETRY
+        self.worker_table.processes = worker_rows(tel.host if tel is not None else None)
+
+    def _tab(self) -> str:
+        return self.query_one("#tabs", TabbedContent).active if self.is_mounted else "overview"
+
+    def _refresh_status(self) -> None:
+        state = self.state
+        status = self.status_line
+        status.connection = state.connection(self.clock()) if self.endpoint else "choose an agent"
+        trouble = self.endpoint.link_trouble() if self.endpoint else ""
+        if trouble:
+            status.connection = f"{trouble} · {status.connection}"
+        status.batches = state.batches
+        status.gaps = state.gaps
+        status.dropped = state.dropped
+        status.bad_frames = state.bad_frames
+        status.hook_errors = state.hook_errors
+        status.error = self.feed_error or state.last_error
+        self.capture_line.capture = self.captures.current
+        self.capture_line.steps = self.capture_steps
+        self.capture_line.count = len(self.captures.by_id)
+
+    # -- captures --------------------------------------------------------------------------------
+    def ask(self, cmd: str, args: dict[str, Any] | None = None) -> None:
+        """Queue a request for the feed worker; the answer comes back as RequestAnswered."""
+        self.requests.put((cmd, args or {}))
+
+    def _capture_seen(self, batch: Any) -> None:
+        if batch.capture is None or batch.capture == self.captures.current:
+            return  # most batches: nothing new about captures
+        finished = self.captures.see(batch.capture)
+        if finished is not None:
+            if finished.state == "done":
+                self.notify(progress_text(finished), title="capture done", timeout=10)
+            else:
+                self.notify(progress_text(finished), title="capture failed", severity="error", timeout=10)
+            self.ask("capture-status")  # the list (and the Captures screen) with its summary
+        if isinstance(self.screen, CapturesScreen):
+            self._refresh_captures()
+
+    def on_request_answered(self, message: RequestAnswered) -> None:
+        reply = message.reply
+        if reply is None:
+            self.notify(message.error, title=f"{message.cmd}: no answer", severity="error", timeout=8)
+            return
+        if message.cmd == "capture-status":
+            if reply.ok:
+                self.captures.merge(reply.captures)
+        elif reply.ok:
+            self.captures.requested(reply.capture)
+            if reply.capture is not None:
+                self.notify(progress_text(reply.capture), title="capture requested")
+        else:
+            what = "profile" if message.cmd == "capture-profile" else "memory snapshot"
+            self.notify(reply.error, title=f"{what} refused", severity="warning", timeout=10)
+        self._refresh_captures()
+
+    def on_captures_screen_refresh_wanted(self, _message: CapturesScreen.RefreshWanted) -> None:
+        self.ask("capture-status")
+
+    def _refresh_captures(self) -> None:
+        self._refresh_status()
+        screen = self.screen
+        if not isinstance(screen, CapturesScreen):
+            return
+        label, host = (str(self.endpoint), self.endpoint.host) if self.endpoint else ("", "")
+        screen.entries = [capture_lines(c, fetch_from(label, host, c.host)) for c in self.captures.listing()]
+        active = self.captures.active
+        screen.note = progress_text(active) if active is not None else ""
+
+    # -- keys ----------------------------------------------------------------------------------
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss(None)
+        else:
+            self.push_screen(HelpScreen())
+
+    def action_profile(self) -> None:
+        self.ask("capture-profile", {"steps": self.capture_steps})
+
+    def action_memory_snapshot(self) -> None:
+        self.ask("capture-memory", {"steps": self.capture_steps})
+
+    def action_steps(self, direction: int) -> None:
+        self.capture_steps = next_steps(self.capture_steps, direction > 0)
+        self._refresh_status()
+
+    def action_captures(self) -> None:
+        if not isinstance(self.screen, CapturesScreen):
+            self.push_screen(CapturesScreen())
+            self.call_after_refresh(self._refresh_captures)
+
+    def action_tab(self, tab: str) -> None:
+        if tab == "log" and self.log_tail is None:
+            return
+        self.query_one("#tabs", TabbedContent).active = tab
+
+    def on_tabbed_content_tab_activated(self, _event: TabbedContent.TabActivated) -> None:
+        self._plot_due = 0.0
+        self.refresh_panels()  # a tab shown: its panels (the memory plot) now, not at the next tick
+
+
+def run_tui(
+    endpoint: Endpoint | None, choices: list[dict[str, Any]] | None, log_path: Path | None = None
+) -> int:
+    """Run the TUI on `endpoint`, or on one of `choices` (discovery entries); the exit code.
+    With `log_path`, a Log tab follows the job's output."""
+    app = TorchtopApp(endpoint, choices, log_path=log_path)
+    app.run()
+    return app.return_code or 0

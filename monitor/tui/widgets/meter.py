@@ -1,0 +1,49 @@
+"""Coloured meters and "not available" lines shared by the memory, GPU and host panels."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from torchtop.monitor.model import fmt
+
+#: Rich style per threshold level (fmt.level); the 16 standard colours.
+LEVEL_STYLES = {"ok": "green", "warning": "yellow", "critical": "red"}
+LEVEL_CLASSES = ("-ok", "-warning", "-critical")
+
+
+def meter(
+    label: str, fraction: float, width: int, figures: str, level: str = "ok", label_width: int = 10
+) -> Text:
+    """`label ▕████▌    ▏ figures`: the bar coloured by `level`, the figures after it."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(f"{label:<{label_width}}", style="dim")
+    text.append("▕", style="dim")
+    text.append(fmt.bar(fraction, width), style=LEVEL_STYLES.get(level, "green"))
+    text.append("▏ ", style="dim")
+    text.append(figures, style=f"bold {LEVEL_STYLES[level]}" if level != "ok" else "bold")
+    return text
+
+
+def unavailable(what: str, reason: str) -> Text:
+    """The one line a panel shows when its figures do not exist on this run, and why."""
+    return Text.assemble((f"{what} not available: ", "dim"), (reason or "no data received yet", "bold"))
+
+
+def pairs(*items: tuple[str, str] | tuple[str, str, str]) -> Text:
+    """`label value  label value …`: labels dim, values bold (or in the given style)."""
+    text = Text()
+    for k, item in enumerate(items):
+        label, value = item[0], item[1]
+        style = item[2] if len(item) > 2 else "bold"  # type: ignore[misc]
+        if k:
+            text.append("  ")
+        if label:
+            text.append(f"{label} ", style="dim")
+        text.append(value, style=style)
+    return text
+
+
+def set_level_class(widget, level: str) -> None:  # type: ignore[no-untyped-def]
+    """Put exactly one of -ok / -warning / -critical on `widget` (border colour in app.tcss)."""
+    for cls in LEVEL_CLASSES:
+        widget.set_class(cls == f"-{level}", cls)

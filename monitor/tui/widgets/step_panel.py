@@ -1,0 +1,114 @@
+"""Step time panel: now / median / p90 and steps/s over the recent window, plus a sparkline.
+
+The app sets `stats` (a `state.step_stats` dict), `count`, `last_step` and `series`; the panel
+only formats them, so what it shows is exactly what `torchtop report` computes.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.widgets import Sparkline, Static
+
+from torchtop.monitor.model import fmt
+
+EMPTY_STATS = {"now_ms": 0.0, "median_ms": 0.0, "p90_ms": 0.0, "mean_ms": 0.0, "steps_per_s": 0.0}
+
+
+def step_line(
+    stats: dict[str, float], count: int, last_step: int | None, evals: int = 0, skipped: int = 0
+) -> Text:
+    """One line of figures; labels dim, numbers bold, so the eye finds the numbers.
+
+    Eval steps and GradScaler-skipped optimizer steps in the window follow when there are any.
+    """
+    text = Text()
+    if not count:
+        text.append("no training steps in the window yet", style="dim")
+        if evals:
+            text.append(f"   eval {fmt.count(evals)} steps", style="bold")
+        return text
+    for label, value, unit in (
+        ("now", fmt.ms(stats["now_ms"]), " ms"),
+        ("median", fmt.ms(stats["median_ms"]), " ms"),
+        ("p90", fmt.ms(stats["p90_ms"]), " ms"),
+        ("", fmt.rate(stats["steps_per_s"]), " steps/s"),
+        ("", fmt.count(count), " steps in window"),
+    ):
+        if label:
+            text.append(f"{label} ", style="dim")
+        text.append(value, style="bold")
+        text.append(f"{unit}   ", style="dim")
+    if last_step is not None:
+        text.append("latest ", style="dim")
+        text.append(f"#{fmt.count(last_step)}", style="bold")
+    if evals:
+        text.append("   eval ", style="dim")
+        text.append(fmt.count(evals), style="bold")
+        text.append(" steps", style="dim")
+    if skipped:
+        text.append("   skipped ", style="dim")
+        text.append(fmt.count(skipped), style="bold yellow")
+        text.append(" (GradScaler)", style="dim")
+    return text
+
+
+class StepPanel(Vertical):
+    """Step times over the last `window_s` seconds of agent time."""
+
+    stats: reactive[dict[str, float]] = reactive(lambda: dict(EMPTY_STATS))
+    count: reactive[int] = reactive(0)
+    last_step: reactive[int | None] = reactive(None)
+    series: reactive[list[float]] = reactive(list)
+    span_s: reactive[float | None] = reactive(None)  # the agent time the window covers
+    evals: reactive[int] = reactive(0)  # eval steps in the window
+    skipped: reactive[int] = reactive(0)  # optimizer steps GradScaler skipped in the window
+
+    def __init__(self, window_s: float = 10.0, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(**kwargs)
+        self.window_s = window_s
+        self.border_title = f"step time · last {window_s:.3g} s"
+
+    def watch_span_s(self, span: float | None) -> None:
+        # Shorter than the window when the run is young or the history limit cut it: say so.
+        shown = self.window_s if span is None or span >= self.window_s - 0.05 else span
+        self.border_title = f"step time · last {shown:.3g} s"
+
+    def compose(self) -> ComposeResult:
+        yield Static(
+            step_line(self.stats, self.count, self.last_step, self.evals, self.skipped), id="step-numbers"
+        )
+        yield Sparkline([], id="step-spark")
+
+    def _sync_numbers(self) -> None:
+        if self.is_mounted:
+            self.query_one("#step-numbers", Static).update(
+                step_line(self.stats, self.count, self.last_step, self.evals, self.skipped)
+            )
+
+    def watch_stats(self) -> None:
+        self._sync_numbers()
+
+    def watch_count(self) -> None:
+        self._sync_numbers()
+
+    def watch_last_step(self) -> None:
+        self._sync_numbers()
+
+    def watch_evals(self) -> None:
+        self._sync_numbers()
+
+    def watch_skipped(self) -> None:
+        self._sync_numbers()
+
+    def watch_series(self, series: list[float]) -> None:
+        # The sparkline has no axis: its range goes in the border, so bar heights mean something.
+        self.border_subtitle = f"▁ {fmt.ms(min(series))} ms … █ {fmt.ms(max(series))} ms" if series else ""
+        if self.is_mounted:
+            self.query_one("#step-spark", Sparkline).data = series
+
+    def numbers_text(self) -> str:
+        """The figures line as plain text (what tests and screen readers see)."""
+        return step_line(self.stats, self.count, self.last_step, self.evals, self.skipped).plain
