@@ -93,7 +93,8 @@ class Probe:
     whose phases are not timed (phase sampling): the wrappers pass straight through and its end
     is a UNTIMED_END. Housekeeping draws which of the next `left` steps are timed (`plan`).
     (The agent thread sets it to WAKE when no step ended for a second: the next root forward
-    calls `wake()`, which times again.)
+    calls `wake()`, which times again. A root's no-grad forward is logged even then, and a
+    second one with no step end between wakes at once: `nograd_untimed`.)
     """
 
     __slots__ = (
@@ -127,6 +128,7 @@ class Probe:
         "phase_every",
         "_hk_ns",
         "_hk_steps",
+        "_nograd",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
@@ -163,6 +165,7 @@ class Probe:
         self.phase_every = 0
         self._hk_ns = 0
         self._hk_steps = 0
+        self._nograd: tuple[int, int] = (-1, -1)  # (steps, root code) of an untimed step's no-grad forward
         if thread_id is None:
             _current.set(self)
 
@@ -278,6 +281,21 @@ class Probe:
         self.untimed = 0
         try:
             self.stamp(TIMING_RESUMED)
+        except Exception:
+            self.fail()
+
+    def nograd_untimed(self, code: int) -> None:
+        """A root's no-grad forward on a step whose phases are not timed (training thread): it is
+        logged, so the replay can tell evaluation from training. A second one of the same root
+        with no step end between is an evaluation loop: its iterations are timed from here
+        (wake), so each is cut as an eval step. One a step (a teacher or target network in a
+        training step) leaves the sampling as it is."""
+        try:
+            steps = self.steps
+            if self._nograd == (steps, code):
+                self.wake()
+            else:
+                self._nograd = (steps, code)
         except Exception:
             self.fail()
 

@@ -10,7 +10,9 @@ backward, no optimizer) are cut here too, at the next data fetch or the next for
 same root. A malformed entry is counted and forgets the open step; it never stops the replay.
 A step whose phases were not timed (phase sampling on fast steps: agent/probe.py) ends with
 UNTIMED_END and keeps its wall time only (empty `phases`, `micro` 0); so does the step in which
-TIMING_RESUMED says timing resumed.
+TIMING_RESUMED says timing resumed. UNTIMED_END only ends training steps; the no-grad root
+forwards an untimed stretch logs (a teacher's; an eval pass's first, which times the rest)
+do not make it an eval step.
 Device times arrive resolved: on a sampled step each entry carries its CUDA event's time in ms
 from the step's start event (agent/cuda_timing.py), so a phase's device time is a difference.
 """
@@ -298,7 +300,7 @@ class StepRecorder:
         if self._events is not None and end_ms is not None:  # an eval cut has no end event
             self._events[0] = (-1, self._events[0][1], end_ms)
             device_ms = _device_ms(self._events)
-        if self._eval_fwd and not self._has_train:
+        if self._eval_fwd and not self._has_train and timed:  # UNTIMED_END: a training step's end
             kind = "eval"
         extra = self._extra if self._extra is not None else {}
         if self.partial:  # its start was not seen: its times would be wrong
