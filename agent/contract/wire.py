@@ -82,6 +82,9 @@ class WorkerSample(msgspec.Struct, omit_defaults=True):
     rss: int
     name: str = ""
     dataloader: bool = False
+    # percent of the time its main thread was runnable but waiting for a CPU (Linux run-queue
+    # delay, /proc/PID/schedstat); with cpu_percent, how busy it is on a shared machine; -1 unknown
+    wait_percent: float = -1.0
 
 
 class HostSample(msgspec.Struct, omit_defaults=True):

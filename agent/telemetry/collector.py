@@ -12,7 +12,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from torchtop.agent.contract.wire import FragSample, GpuSample, HostSample, MemorySample, Telemetry
+from torchtop.agent.telemetry.host import self_rss
 
 if TYPE_CHECKING:
     from torchtop.agent.cuda_use import CudaUse
@@ -56,6 +59,7 @@ class TelemetryCollector:
         self._gpus: list[GpuSample] = []
         self._pcie: dict[int, tuple[float, float]] = {}
         self._host: HostSample | None = None
+        self._rss = 0  # this process's RSS at the last fast tick (0: not read)
         self._devices: list[int] = []
         self._devices_at = 0.0
         self._cuda_mem: Any = None
@@ -112,7 +116,10 @@ class TelemetryCollector:
 
     # -- sampling ------------------------------------------------------------------------------
     def fast(self) -> None:
-        """10 Hz: allocator stats and NVML's cheap figures."""
+        """10 Hz: allocator stats and NVML's cheap figures; the process's RSS (a memory leak on
+        CPU shows in its per-second low points, which a 1 Hz sample cannot give)."""
+        if self._host_sampler is not None:
+            self._rss = self_rss()
         if not self._cuda_ready():
             if self.enable_gpu and "gpu" not in self.unavailable:
                 self.unavailable["gpu"] = "CUDA not in use"
@@ -153,12 +160,15 @@ class TelemetryCollector:
                 self._frag = got
 
     def latest(self) -> Telemetry:
+        host = self._host
+        if host is not None and self._rss > 0 and host.proc_rss != self._rss:
+            host = msgspec.structs.replace(host, proc_rss=self._rss)
         return Telemetry(
             time=time.time(),
             memory=list(self._memory),
             frag=list(self._frag),
             gpus=list(self._gpus),
-            host=self._host,
+            host=host,
             unavailable=dict(self.unavailable),
         )
 

@@ -17,6 +17,32 @@ MAX_WORKERS = 64
 CHILDREN_REFRESH_S = 5.0  # new child processes (workers of a new epoch) are seen within this
 
 
+def runqueue_wait_ns(pid: int) -> int | None:
+    """Nanoseconds the process's main thread has spent runnable but waiting for a CPU (Linux
+    schedstat: run time, run-queue delay, time slices); None where the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as fh:
+            return int(fh.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def self_rss() -> int:
+    """This process's resident memory from /proc/self/statm (~10 us: cheap enough for the fast
+    tick, whose per-second low points are what the leak rule reads); 0 where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+try:
+    _PAGE = os.sysconf("SC_PAGE_SIZE")
+except (AttributeError, ValueError, OSError):
+    _PAGE = 4096
+
+
 class HostSampler:
     def __init__(self, pid: int | None = None) -> None:
         import psutil
@@ -28,6 +54,7 @@ class HostSampler:
         self._children: dict[int, Any] = {}
         self._new: set[int] = set()
         self._children_due = 0.0
+        self._waits: dict[int, tuple[float, int]] = {}  # pid -> (when, run-queue wait ns then)
         self.cpu_count = psutil.cpu_count() or 1
 
     def _workers(self) -> list[WorkerSample]:
@@ -52,15 +79,34 @@ class HostSampler:
             except psutil.Error:
                 self._children.pop(pid, None)  # exited
                 continue
+            wait = self._wait_percent(pid, time.monotonic())
             if pid in self._new:
                 self._new.discard(pid)
                 continue  # its CPU % is meaningful from the next sample on
             out.append(
                 WorkerSample(
-                    pid=pid, cpu_percent=cpu, rss=rss, name=name, dataloader=name == "pt_data_worker"
+                    pid=pid,
+                    cpu_percent=cpu,
+                    rss=rss,
+                    name=name,
+                    dataloader=name == "pt_data_worker",
+                    wait_percent=wait,
                 )
             )
+        for pid in [p for p in self._waits if p not in self._children]:
+            del self._waits[pid]
         return out
+
+    def _wait_percent(self, pid: int, now: float) -> float:
+        """Percent of the time since the last sample that `pid` waited for a CPU; -1 unknown."""
+        ns = runqueue_wait_ns(pid)
+        if ns is None:
+            return -1.0
+        last = self._waits.get(pid)
+        self._waits[pid] = (now, ns)
+        if last is None or now <= last[0]:
+            return -1.0
+        return max(0.0, min(100.0, (ns - last[1]) / 1e9 / (now - last[0]) * 100.0))
 
     def sample(self) -> HostSample:
         psutil = self.psutil

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from statistics import mean
+from statistics import mean, median
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
+from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding, Growth
 from torchtop.monitor.diagnosis.flags import FLAG_RULES
 from torchtop.monitor.diagnosis.verdicts import primary
 from torchtop.monitor.model.state import (
@@ -30,29 +30,44 @@ def judged_steps(state: RunState) -> list[StepRecord]:
     return train[-int(T["window_steps"]) :]
 
 
-def _growth(points: list[Point], cuda: bool) -> tuple[float, float, float, float] | None:
-    """(first, last, span, upward share) of the per-second low points of memory in use.
+def _growth(points: list[Point], cuda: bool) -> Growth | None:
+    """The trend of the per-second low points of memory in use (allocated CUDA memory, or RSS).
 
     The low point of each second is the memory held between steps; activations come and go
-    within a step and would hide a slow leak in noise.
+    within a step and would hide a slow leak in noise. Kendall's tau says how steadily it rises
+    (noise alone gives ~0) and the Theil-Sen slope (the median of the pairwise slopes) how fast:
+    both shrug off the odd outlier that a first-and-last comparison would take at face value.
     """
     if len(points) < 4:
         return None
     t0 = points[0].time
-    buckets: dict[int, float] = {}
+    buckets: dict[int, tuple[float, float]] = {}  # second -> (low, its time)
     for p in points:
         v = p.allocated if cuda else p.rss
         if v <= 0:
             continue
         k = int(p.time - t0)
-        buckets[k] = min(buckets.get(k, v), v)
+        if k not in buckets or v < buckets[k][0]:
+            buckets[k] = (float(v), p.time)
     series = [buckets[k] for k in sorted(buckets)]
-    if len(series) < 4:
+    n = len(series)
+    if n < 4:
         return None
-    diffs = [b - a for a, b in zip(series, series[1:]) if b != a]
-    upward = sum(1 for d in diffs if d > 0) / len(diffs) if diffs else 0.0
-    head, tail = series[: max(1, len(series) // 5)], series[-max(1, len(series) // 5) :]
-    return mean(head), mean(tail), float(max(buckets) - min(buckets)), upward
+    concordant = 0
+    slopes = []
+    for i in range(n - 1):
+        vi, ti = series[i]
+        for vj, tj in series[i + 1 :]:
+            concordant += (vj > vi) - (vj < vi)
+            if tj > ti:
+                slopes.append((vj - vi) / (tj - ti))
+    if not slopes:
+        return None
+    slope = median(slopes)
+    tau = concordant / (n * (n - 1) / 2)
+    span = series[-1][1] - series[0][1]
+    mid = median(v - slope * (t - series[0][1]) for v, t in series)  # the line's level at the start
+    return Growth(mid, mid + slope * span, span, tau, slope, n)
 
 
 def facts(state: RunState, steps: list[StepRecord]) -> Facts:
@@ -80,6 +95,8 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
         workers = [w for w in tel.host.workers if w.dataloader]
         f.workers = len(workers)
         f.worker_cpu = mean(w.cpu_percent for w in workers) if workers else -1.0
+        waits = [w.wait_percent for w in workers if w.wait_percent >= 0]
+        f.worker_wait = mean(waits) if waits and len(waits) == len(workers) else -1.0
     if tel is not None and tel.memory:
         m = tel.memory[0]
         f.mem_total, f.reserved, f.allocated = m.device_total, m.reserved, m.allocated

@@ -7,16 +7,25 @@ functions of `Facts`, so each is tested at its thresholds without sockets or a U
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 THRESHOLDS: dict[str, float] = {
     "warmup_steps": 10,  # first steps of a run are not judged (compilation, allocator warm-up)
     "min_steps": 5,  # fewer judged steps than this: verdict `unknown`
     "window_s": 10.0,  # judge the last 10 s or the last 50 steps, whichever holds more steps
     "window_steps": 50,
-    "input_moderate": 0.05,  # data wait / transfer share of step time: info
-    "input_high": 0.20,  # warning
+    # data wait / transfer share of step time. Under `input_high` it is a note under a healthy
+    # (compute) headline, not a bottleneck: a person would not rebuild a pipeline for 7%
+    "input_moderate": 0.05,  # a note
+    "input_high": 0.20,  # the verdict: warning
     "input_severe": 0.50,  # critical
+    # time outside the measured phases (`other`): the verdict once it is at least this share and
+    # more than forward+backward+optimizer (so compute never heads a step it is < 30% of) ...
+    "outside_high": 0.30,  # warning
+    "outside_severe": 0.60,  # critical
+    # ... unless the GPU is busy: then the host waits on it there (a .item(), a sync): compute.
+    # Busy: CUDA-event forward+backward+optimizer >= this share of the step, or NVML >= gpu_util_low
+    "gpu_busy": 0.50,
     "hysteresis": 0.8,  # the verdict in force keeps its thresholds scaled by this
     "gpu_util_low": 50.0,  # percent (NVML): below it, with the host busy, the GPU waits on Python
     "gpu_util_very_low": 25.0,  # critical
@@ -27,16 +36,41 @@ THRESHOLDS: dict[str, float] = {
     "frag_free_min_bytes": 256 * 2**20,
     "frag_reserved_ratio": 2.0,  # reserved >= 2x allocated ...
     "frag_reserved_device": 0.3,  # ... while reserved >= 30% of the device
-    # mean CPU percent of the DataLoader workers above which they are the limit: psutil over 1 s
-    # windows under-reads a busy worker on a shared machine (81% seen for one that never rested)
+    # DataLoader workers are the limit when data wait >= input_high and they are busy this share
+    # of the time: CPU plus the time they waited for a CPU (Linux run-queue delay), so a worker
+    # that never rests reads ~100% on a busy machine too (psutil's CPU alone read 55-81% there)
     "worker_saturated": 75.0,
-    "leak_growth": 0.10,  # memory grew >= 10% over the leak horizon ...
-    "leak_min_span_s": 10.0,  # ... measured over at least this long ...
-    "leak_horizon_s": 60.0,
-    "leak_monotonic": 0.7,  # ... with at least 70% of the changes upward
+    "worker_cpu_starved": 25.0,  # workers waiting this much for a CPU: the cores are taken
+    # a worker hands each batch over through shared memory and a pipe, which costs the training
+    # process a few tenths of a ms: below this much loading a step more workers win little
+    "workers_min_ms": 1.0,
+    # memory in use between steps (per-second low points of allocated CUDA memory, or of RSS)
+    "leak_horizon_s": 60.0,  # judged over the last minute past warm-up ...
+    "leak_min_span_s": 8.0,  # ... spanning at least this long ...
+    "leak_min_points": 8,  # ... in at least this many seconds' points
+    "leak_trend": 0.6,  # Kendall's tau of those points: most pairs later-higher (noise is ~0)
+    "leak_seen": 0.02,  # the fitted (Theil-Sen) growth over the span is >= 2% of the level ...
+    "leak_growth": 0.10,  # ... and at that rate it adds >= 10% of the level every leak_steps
+    "leak_steps": 1000,
 }
 T = THRESHOLDS
 SEVERITY_RANK = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
+
+
+class Growth(NamedTuple):
+    """The trend of memory in use between steps (per-second low points), robust to noise."""
+
+    first: float  # fitted level at the start of the span, bytes
+    last: float  # ... and at its end
+    span_s: float
+    trend: float  # Kendall's tau: +1 every later point higher, ~0 noise
+    slope: float  # bytes per second, Theil-Sen (the median of the pairwise slopes)
+    points: int
+
+
+def worker_busy(cpu: float, wait: float) -> float:
+    """A worker's busy percent: on a CPU, or runnable and waiting for one (when known)."""
+    return cpu + wait if cpu >= 0 and wait >= 0 else cpu
 
 
 @dataclass(frozen=True)
@@ -96,7 +130,8 @@ class Facts:
     frag_external: float = 0.0
     frag_free: int = 0
     expandable: bool = False
-    growth: tuple[float, float, float, float] | None = None  # (first, last, span_s, upward share)
+    worker_wait: float = -1.0  # their mean percent of time waiting for a CPU, -1 unknown
+    growth: Growth | None = None
     growth_what: str = "allocated"
 
 

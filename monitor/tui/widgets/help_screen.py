@@ -23,7 +23,8 @@ HELP = """\
 [b]Panels[/b]
   [b]step time[/b]   now / median / p90 of the training steps that ended
               in the last 10 s of the agent's clock, and steps per second
-  [b]verdict[/b]     data-loading, transfer, compute or host-overhead bound,
+  [b]verdict[/b]     data-loading, transfer, outside-phases, host-overhead
+              or compute bound (the healthy case; small waits are notes),
               with the numbers and what to try; flags for memory pressure,
               fragmentation, DataLoader workers, memory growth
   [b]phases[/b]      host time per step in data (dataloader wait), h2d
