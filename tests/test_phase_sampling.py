@@ -162,6 +162,7 @@ def test_an_eval_loop_that_starts_untimed_is_seen_as_eval(stopped) -> None:
     assert all(0.5e6 < s.wall_ns < 50e6 for s in timed[1:-1])  # one ~1 ms iteration each
 
 
+@pytest.mark.slow
 def test_short_eval_passes_are_one_eval_step_per_forward_whatever_the_timing(stopped) -> None:
     """Issue 18: 15 passes of 16 no-grad forwards, each pass far shorter than the 1 s after which
     an untimed stretch is timed again, counted 16 or 32 eval steps: a pass that began in an
@@ -184,6 +185,7 @@ def test_short_eval_passes_are_one_eval_step_per_forward_whatever_the_timing(sto
     assert len([s for s in train if s.phases]) < 0.5 * len(train)  # training is still sampled
 
 
+@pytest.mark.slow
 def test_a_teacher_forward_in_each_training_step_is_training(stopped) -> None:
     """One no-grad forward a step (a teacher, a target network) is part of the training step: it
     neither makes the step an eval step nor switches phase sampling off."""

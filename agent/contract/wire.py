@@ -101,6 +101,16 @@ class HostSample(msgspec.Struct, omit_defaults=True):
     workers: list[WorkerSample] = []
 
 
+class MemoryLow(msgspec.Struct, array_like=True):
+    """One second's low point of the training process's memory: RSS, and allocated CUDA memory
+    on the first device (0 when there is none). The agent keeps ten minutes of them
+    (agent/telemetry/memory_trend.py) for the leak rule of a monitor that joins later."""
+
+    time: float  # unix seconds, the start of that second's samples
+    rss: int
+    allocated: int = 0
+
+
 class Telemetry(msgspec.Struct, omit_defaults=True):
     """The latest samples; absent parts say why in `unavailable` (e.g. {"gpu": "no NVML"})."""
 
@@ -186,7 +196,7 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
 
     v: int
     id: int
-    cmd: str  # "hello" | "snapshot" | "ping"
+    cmd: str  # "hello" | "snapshot" | "ping" | "memory" | capture commands
     args: dict[str, Any] = {}
 
 
@@ -206,6 +216,7 @@ class Reply(msgspec.Struct, tag="reply", omit_defaults=True):
     data: dict[str, Any] = {}
     capture: Union[CaptureInfo, None] = None
     captures: list[CaptureInfo] = []
+    memory: list[MemoryLow] = []  # snapshot and `memory` replies: per-second lows, oldest first
 
 
 Message = Union[Hello, Batch, Request, Reply]

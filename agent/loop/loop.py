@@ -85,7 +85,14 @@ class AgentLoop(threading.Thread):
         self._stop_event = threading.Event()
         self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
         self.router = RequestRouter(
-            hello, self.history, lambda: self.seq - 1, run_id, rank, self._wall_offset, captures
+            hello,
+            self.history,
+            lambda: self.seq - 1,
+            run_id,
+            rank,
+            self._wall_offset,
+            captures,
+            telemetry.trend.lows if telemetry is not None else None,
         )
         self._untimed_seen = (-1, 0.0)  # (training steps, when that count was first seen)
         self.ticks = 0

@@ -1,6 +1,6 @@
 """Requests on the agent's ROUTER socket: read within a budget, decoded, answered.
 
-The router takes what a monitor sends (hello, ping, snapshot, captures) and answers each with a
+The router takes what a monitor sends (hello, ping, snapshot, memory, captures) and answers each with a
 `Reply` of the same id; a bad frame is counted and answered with an error. Nothing a client
 sends can stop the agent thread or make it do unbounded work: the loop gives it a budget of
 requests per tick.
@@ -36,8 +36,10 @@ class RequestRouter:
         rank: int,
         wall_offset: float,
         captures: CaptureController | None = None,
+        memory: Callable[[], list[wire.MemoryLow]] | None = None,
     ) -> None:
         self.hello = hello
+        self.memory = memory or list  # the per-second memory lows (telemetry/memory_trend.py)
         self.history = history
         self.last_seq = last_seq  # the last batch published when a reply is built
         self.run_id = run_id
@@ -82,6 +84,8 @@ class RequestRouter:
             return wire.Reply(v=v, id=req.id, ok=True, seq=self.last_seq())
         if req.cmd == "snapshot":
             return self._snapshot(req)
+        if req.cmd == "memory":
+            return wire.Reply(v=v, id=req.id, ok=True, run_id=self.run_id, memory=self.memory())
         if req.cmd in CAPTURE_COMMANDS and self.captures is not None:
             return self._capture(req, self.captures)
         self.bad_requests += 1
@@ -103,6 +107,7 @@ class RequestRouter:
             wall_offset=self.wall_offset,
             rank=self.rank,
             seq=self.last_seq(),
+            memory=self.memory(),
         )
 
     def _capture(self, req: wire.Request, captures: CaptureController) -> wire.Reply:

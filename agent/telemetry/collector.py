@@ -16,6 +16,7 @@ import msgspec
 
 from torchtop.agent.contract.wire import FragSample, GpuSample, HostSample, MemorySample, Telemetry
 from torchtop.agent.telemetry.host import self_rss
+from torchtop.agent.telemetry.memory_trend import MemoryTrend
 
 if TYPE_CHECKING:
     from torchtop.agent.cuda_use import CudaUse
@@ -60,6 +61,7 @@ class TelemetryCollector:
         self._pcie: dict[int, tuple[float, float]] = {}
         self._host: HostSample | None = None
         self._rss = 0  # this process's RSS at the last fast tick (0: not read)
+        self.trend = MemoryTrend()  # per-second lows, for monitors that join later
         self._devices: list[int] = []
         self._devices_at = 0.0
         self._cuda_mem: Any = None
@@ -120,6 +122,14 @@ class TelemetryCollector:
         CPU shows in its per-second low points, which a 1 Hz sample cannot give)."""
         if self._host_sampler is not None:
             self._rss = self_rss()
+        try:
+            self._fast_cuda()
+        finally:
+            allocated = self._memory[0].allocated if self._memory else 0
+            if self._rss > 0 or allocated > 0:
+                self.trend.add(time.time(), self._rss, allocated)
+
+    def _fast_cuda(self) -> None:
         if not self._cuda_ready():
             if self.enable_gpu and "gpu" not in self.unavailable:
                 self.unavailable["gpu"] = "CUDA not in use"

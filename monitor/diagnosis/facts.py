@@ -44,12 +44,16 @@ THRESHOLDS: dict[str, float] = {
     # a worker hands each batch over through shared memory and a pipe, which costs the training
     # process a few tenths of a ms: below this much loading a step more workers win little
     "workers_min_ms": 1.0,
-    # memory in use between steps (per-second low points of allocated CUDA memory, or of RSS)
-    "leak_horizon_s": 60.0,  # judged over the last minute past warm-up ...
-    "leak_min_span_s": 8.0,  # ... spanning at least this long ...
-    "leak_min_points": 8,  # ... in at least this many seconds' points
-    "leak_trend": 0.6,  # Kendall's tau of those points: most pairs later-higher (noise is ~0)
-    "leak_seen": 0.02,  # the fitted (Theil-Sen) growth over the span is >= 2% of the level ...
+    # memory in use between steps: the per-second low points of allocated CUDA memory, or of the
+    # RSS (read at 10 Hz; the agent keeps ten minutes of lows for monitors that join later)
+    "leak_horizon_s": 60.0,  # judged over the last minute ...
+    "leak_warmup_steps": 50,  # ... past the run's first 50 steps (caches, allocator arenas fill) ...
+    "leak_min_span_s": 20.0,  # ... spanning at least 20 s ...
+    "leak_min_steps": 50,  # ... and 50 steps: RSS on CPU rises for tens of steps and settles
+    "leak_min_points": 10,
+    "leak_trend": 0.6,  # Kendall's tau of the points: most pairs later-higher (noise gives ~0),
+    "leak_still": 0.5,  # the last third of the points rises at >= half the span's rate ...
+    "leak_seen": 0.05,  # the fitted (Theil-Sen) growth over the span is >= 5% of the level ...
     "leak_growth": 0.10,  # ... and at that rate it adds >= 10% of the level every leak_steps
     "leak_steps": 1000,
 }
@@ -66,6 +70,7 @@ class Growth(NamedTuple):
     trend: float  # Kendall's tau: +1 every later point higher, ~0 noise
     slope: float  # bytes per second, Theil-Sen (the median of the pairwise slopes)
     points: int
+    recent_slope: float = 0.0  # the same over the last third of the points: still rising?
 
 
 def worker_busy(cpu: float, wait: float) -> float:

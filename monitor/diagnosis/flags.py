@@ -88,7 +88,10 @@ def flag_dataloader_workers(f: Facts) -> Finding | None:
             "dataloader-workers",
             severity,
             data,
-            (f"num_workers=0 while data wait is {_pct(data)} of the step ({f.ms.get('data', 0):.1f} ms)",),
+            (
+                f"no DataLoader worker processes while data wait is {_pct(data)} of the step "
+                f"({f.ms.get('data', 0):.1f} ms): loading runs on the training thread",
+            ),
             (f"DataLoader(num_workers={max(2, f.cores - 1)}, persistent_workers=True)",),
         )
     if f.worker_cpu < 0:
@@ -124,12 +127,16 @@ def flag_dataloader_workers(f: Facts) -> Finding | None:
 
 
 def flag_memory_leak(f: Facts) -> Finding | None:
-    """Memory in use between steps rises steadily (Kendall's tau), visibly over the span, and
-    fast enough per step to matter: a slow run leaks per step too, a fast one per second."""
+    """Memory in use between steps rises steadily (Kendall's tau) over enough seconds and steps,
+    visibly over the span, and fast enough per step to matter: a slow run leaks per step too."""
     g = f.growth
     if g is None or g.first <= 0 or g.span_s < T["leak_min_span_s"] or g.points < T["leak_min_points"]:
         return None
-    if g.trend < T["leak_trend"] or g.slope <= 0:
+    if g.trend < T["leak_trend"] or g.slope <= 0 or f.step_ms <= 0:
+        return None
+    if g.recent_slope < T["leak_still"] * g.slope:  # it rose, then settled: caches filling
+        return None
+    if g.span_s * 1000.0 / f.step_ms < T["leak_min_steps"]:
         return None
     seen = (g.last - g.first) / g.first
     per_step = g.slope * f.step_ms / 1000.0

@@ -13,7 +13,7 @@ from statistics import median
 from typing import NamedTuple
 
 from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import Batch, Hello, Telemetry
+from torchtop.agent.contract.wire import Batch, Hello, MemoryLow, Telemetry
 from torchtop.monitor.model.steps import StepRecord
 
 HISTORY = 20_000
@@ -51,6 +51,8 @@ class RunState:
     telemetry: Telemetry | None = None  # the latest memory / GPU / host samples
     points: deque[Point] = field(default_factory=lambda: deque(maxlen=HISTORY))
     peak_window: dict[int, int] = field(default_factory=dict)  # per device: highest window peak seen
+    # the agent's per-second memory lows from before we joined (a snapshot, a `memory` request)
+    memory_lows: list[MemoryLow] = field(default_factory=list)
 
     # -- feeding -------------------------------------------------------------------------------
     def apply_hello(self, hello: Hello) -> None:
@@ -62,6 +64,7 @@ class RunState:
     def _new_run(self) -> None:
         self.steps.clear()
         self.points.clear()
+        self.memory_lows = []
         self.peak_window.clear()
         self.telemetry = None
         self.last_seq = None
@@ -104,6 +107,10 @@ class RunState:
             self.agent_time = max(self.agent_time, merged[-1].t0 + merged[-1].wall_ns / 1e9)
         if self.last_seq is None or seq > self.last_seq:
             self.last_seq = seq
+
+    def apply_memory(self, lows: list[MemoryLow]) -> None:
+        """The agent's memory lows: what the leak rule reads before the live points begin."""
+        self.memory_lows = list(lows)
 
     def apply_telemetry(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry

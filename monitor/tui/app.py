@@ -228,6 +228,8 @@ class TorchtopApp(App[int]):
 
     def on_snapshot_received(self, message: SnapshotReceived) -> None:
         self.state.apply_snapshot(message.steps, message.seq)
+        if message.memory:
+            self.state.apply_memory(message.memory)
         self._dirty = True
 
     def on_batches_received(self, message: BatchesReceived) -> None:

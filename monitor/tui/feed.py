@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from textual.message import Message
@@ -45,6 +45,7 @@ class SnapshotReceived(Message):
 
     steps: list[StepRecord]
     seq: int
+    memory: list[wire.MemoryLow] = field(default_factory=list)  # the agent's per-second memory lows
 
 
 @dataclass
@@ -148,7 +149,7 @@ def _loop(
             try:
                 reply, steps = client.snapshot(timeout=SNAPSHOT_TIMEOUT_S)
                 if reply.ok:
-                    post(SnapshotReceived(steps, reply.seq))
+                    post(SnapshotReceived(steps, reply.seq, list(reply.memory)))
             except AgentUnreachable:
                 pass  # live batches still come; only the history before we joined is missing
         serve_requests(client, requests, post, connected=True)
