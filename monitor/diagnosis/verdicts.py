@@ -97,10 +97,7 @@ def _loader_advice(f: Facts) -> str | None:
     if f.ms.get("data", 0.0) < T["workers_min_ms"]:
         return None
     if f.workers <= 0:
-        return (
-            f"load in worker processes: DataLoader num_workers={max(2, f.cores - 1)} with "
-            "persistent_workers=True (a generator's work moves into a Dataset's __getitem__)"
-        )
+        return f"load in worker processes: DataLoader(num_workers={max(2, f.cores - 1)}, persistent_workers=True)"
     if worker_saturated(f) and f.cores > f.workers + 1 and f.worker_wait < T["worker_cpu_starved"]:
         return f"raise DataLoader num_workers from {f.workers} toward {f.cores - 1} (cores are free)"
     return None
