@@ -10,95 +10,34 @@ then covers the next seconds.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.job_util import SEVERE, Job, report, show
+
 pytestmark = [pytest.mark.slow, pytest.mark.sampled_phases]  # the default policy, end to end
 
 LOOPS = Path(__file__).parent / "loops"
-SEVERE = ("warning", "critical")
 
 
-def _report(pid: int, seconds: float, *extra: str) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torchtop.monitor.commands.cli",
-        "report",
-        str(pid),
-        "--seconds",
-        str(seconds),
-    ]
-    out = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=seconds + 90)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+def _loop(name: str, *args: str) -> Job:
+    """tests/loops/<name>.py under TORCHTOP=1 (autostart, as `torchtop run` does)."""
+    env = dict(os.environ, TORCHTOP="1", PYTHONWARNINGS="ignore")
+    return Job([sys.executable, str(LOOPS / f"{name}.py"), *args], env)
 
 
-class Loop:
-    """A tests/loops script running under TORCHTOP=1, its output read line by line."""
-
-    def __init__(self, name: str, *args: str) -> None:
-        env = dict(os.environ, TORCHTOP="1", PYTHONWARNINGS="ignore")
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, str(LOOPS / f"{name}.py"), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, text: str, timeout: float = 240.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = next((line for line in self.lines if text in line), None)
-            if found is not None:
-                return found
-            if self.proc.poll() is not None:
-                self._reader.join(5)
-                raise AssertionError(f"exited {self.proc.returncode} before {text!r}: {self.lines[-20:]}")
-            time.sleep(0.2)
-        raise AssertionError(f"no {text!r} after {timeout} s: {self.lines[-20:]}")
-
-    def report(self, seconds: float = 12.0, *extra: str) -> dict[str, Any]:
-        self.wait_for("warm")
-        r = _report(self.proc.pid, seconds, *extra)
-        print(
-            f"\n{self.proc.args[1]}: {r['steps']} steps, median {r['step_time_ms']['median']:.1f} ms, "
-            f"breakdown {r['breakdown']}\n  verdict {r['verdict']}\n  flags {r['flag_details']}"
-        )
-        return r
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _run(name: str, *args: str, seconds: float = 12.0) -> dict[str, Any]:
-    loop = Loop(name, *args)
-    try:
-        return loop.report(seconds)
-    finally:
-        loop.stop()
+def _run(name: str, *args: str, seconds: float = 10.0) -> dict[str, Any]:
+    """The report a user gets once the loop is past its first steps: over the last 50 steps past
+    warm-up (--history), or the last 10 s if that holds more."""
+    with _loop(name, *args) as job:
+        job.wait_for("^warm$", timeout=400)
+        r = report(job.pid, seconds, "--history")
+    show(name, r)
+    return r
 
 
 def _healthy(r: dict[str, Any]) -> None:
@@ -118,7 +57,7 @@ def test_a_healthy_loop_is_called_healthy(name: str) -> None:
 
 def test_a_compiled_loop_with_a_little_indexing_is_healthy() -> None:
     """Issue 18: "no DataLoader worker processes" flagged 1 ms of TensorDataset indexing (7%)."""
-    _healthy(_run("compiled", "--seconds", "400"))
+    _healthy(_run("compiled"))
 
 
 def test_a_loop_starved_by_its_generator_says_so() -> None:
@@ -136,10 +75,7 @@ def test_a_loop_starved_by_its_generator_says_so() -> None:
 def test_each_eval_forward_is_one_eval_step() -> None:
     """Issue 18: two identical runs of 15 passes x 16 no-grad forwards reported 16 and 32."""
     for _ in range(2):
-        loop = Loop("train_eval", "--hold", "120")
-        try:
-            loop.wait_for("eval forwards 240")
-            r = _report(loop.proc.pid, 1.0, "--history")
-        finally:
-            loop.stop()
+        with _loop("train_eval", "--hold", "120") as job:
+            job.wait_for("^eval forwards 240$", timeout=400)
+            r = report(job.pid, 1.0, "--history")
         assert r["eval_steps"] == 240 and r["steps"] == 15 * 40, (r["eval_steps"], r["steps"])

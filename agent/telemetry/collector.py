@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from torchtop.agent.contract.wire import FragSample, GpuSample, HostSample, MemorySample, Telemetry
-from torchtop.agent.telemetry.host import self_rss
+from torchtop.agent.telemetry.host import SelfRss
 from torchtop.agent.telemetry.memory_trend import MemoryTrend
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class TelemetryCollector:
         self._pcie: dict[int, tuple[float, float]] = {}
         self._host: HostSample | None = None
         self._rss = 0  # this process's RSS at the last fast tick (0: not read)
+        self._self_rss = SelfRss()
         self.trend = MemoryTrend()  # per-second lows, for monitors that join later
         self._devices: list[int] = []
         self._devices_at = 0.0
@@ -121,7 +122,7 @@ class TelemetryCollector:
         """10 Hz: allocator stats and NVML's cheap figures; the process's RSS (a memory leak on
         CPU shows in its per-second low points, which a 1 Hz sample cannot give)."""
         if self._host_sampler is not None:
-            self._rss = self_rss()
+            self._rss = self._self_rss()
         try:
             self._fast_cuda()
         finally:
@@ -206,3 +207,4 @@ class TelemetryCollector:
             self._thread.join(2.0)
         if self._nvml is not None:
             self._nvml.close()
+        self._self_rss.close()

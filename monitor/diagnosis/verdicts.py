@@ -168,8 +168,8 @@ def rule_outside(f: Facts, scale: float = 1.0) -> Finding | None:
     evidence = [
         f"{_pct(other)} of step time is outside the measured phases: "
         f"{f.ms.get('other', 0):.1f} ms of {f.step_ms:.1f} ms",
-        f"forward+backward+optimizer are {_pct(compute)} of it "
-        f"({sum(f.ms.get(k, 0.0) for k in COMPUTE):.1f} ms)",
+        f"forward+backward+optimizer are only {_pct(compute)} of it "
+        f"({sum(f.ms.get(k, 0.0) for k in COMPUTE):.1f} ms a step)",
     ]
     untimed_input = f.ms.get("data", 0.0) == 0 and f.workers <= 0
     if untimed_input:

@@ -1,6 +1,6 @@
 """A torch.compile'd model fed by a DataLoader over a TensorDataset (no workers); no torchtop in it.
 
-    TORCHTOP=1 python tests/loops/compiled.py [--seconds 180]
+    TORCHTOP=1 python tests/loops/compiled.py [--seconds 600]
 
 The loader's indexing costs about a millisecond a step, a few percent: a person calls the loop
 compute bound and would not add worker processes for it. Prints "warm" once compiled and 20
@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seconds", type=float, default=180.0)
+    p.add_argument("--seconds", type=float, default=600.0)
     args = p.parse_args()
     torch.manual_seed(0)
     model = torch.compile(

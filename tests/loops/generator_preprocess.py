@@ -1,6 +1,6 @@
 """A loop fed by a plain Python generator that does heavy preprocessing; no torchtop in it.
 
-    TORCHTOP=1 python tests/loops/generator_preprocess.py [--seconds 120] [--wrapped]
+    TORCHTOP=1 python tests/loops/generator_preprocess.py [--seconds 600] [--wrapped]
 
 Each batch is built sample by sample (normalise, several blur passes, a random crop) on the
 training thread, and the model is small: most of each step is the generator, which no hook sees
@@ -36,7 +36,7 @@ def batches(batch_size: int, passes: int) -> Iterator[tuple[torch.Tensor, torch.
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seconds", type=float, default=120.0)
+    p.add_argument("--seconds", type=float, default=600.0)
     p.add_argument("--passes", type=int, default=12)
     p.add_argument("--wrapped", action="store_true", help="wrap the generator in torchtop.agent.data()")
     args = p.parse_args()

@@ -1,6 +1,6 @@
 """Gradient accumulation (4 micro-batches a step) under CPU bfloat16 autocast; no torchtop in it.
 
-    TORCHTOP=1 python tests/loops/grad_accum_autocast.py [--seconds 120]
+    TORCHTOP=1 python tests/loops/grad_accum_autocast.py [--seconds 600]
 
 A DataLoader over in-memory tensors, no workers: a few percent of data wait, which a person does
 not call a bottleneck. Prints "warm" after 20 optimizer steps.
@@ -21,7 +21,7 @@ ACCUMULATE = 4
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seconds", type=float, default=120.0)
+    p.add_argument("--seconds", type=float, default=600.0)
     args = p.parse_args()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))

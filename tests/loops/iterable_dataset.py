@@ -1,6 +1,6 @@
 """An IterableDataset streamed through a DataLoader with one worker; no torchtop in it.
 
-    TORCHTOP=1 python tests/loops/iterable_dataset.py [--seconds 120]
+    TORCHTOP=1 python tests/loops/iterable_dataset.py [--seconds 600]
 
 Records are made on the fly (a stand-in for reading shards) and cost little next to the model:
 a person calls it compute bound. Prints "warm" after 20 steps.
@@ -28,7 +28,7 @@ class Records(IterableDataset):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seconds", type=float, default=120.0)
+    p.add_argument("--seconds", type=float, default=600.0)
     args = p.parse_args()
     torch.manual_seed(0)
     model = nn.Sequential(

@@ -1,6 +1,6 @@
 """pytorch/examples' MNIST, its dataset swapped for random tensors; no torchtop in it.
 
-    TORCHTOP=1 python tests/loops/mnist_like.py [--seconds 120]
+    TORCHTOP=1 python tests/loops/mnist_like.py [--seconds 600]
 
 The model, optimizer, schedule, loaders and train/test loops are the example's (CPU: no loader
 workers, as there); a person calls it compute bound. Prints "warm" after 20 steps.
@@ -41,7 +41,7 @@ class Net(nn.Module):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seconds", type=float, default=120.0)
+    p.add_argument("--seconds", type=float, default=600.0)
     p.add_argument("--batch-size", type=int, default=64)
     args = p.parse_args()
     torch.manual_seed(1)

@@ -1,0 +1,106 @@
+"""A training job run as a user would (a demo, or a script under TORCHTOP=1) and judged with
+`torchtop report`: shared by the end-to-end verdict tests (test_scenarios, test_user_loops).
+
+The job's output is read as it comes, so a test waits for the job's own progress ("step 60",
+"warm") instead of for a fixed time: on a loaded machine a step can take a second.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+SEVERE = ("warning", "critical")
+
+
+def report(pid: int, seconds: float, *extra: str) -> dict[str, Any]:
+    """`torchtop report PID --seconds S [extra]`, parsed."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchtop.monitor.commands.cli",
+        "report",
+        str(pid),
+        "--seconds",
+        str(seconds),
+    ]
+    out = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=seconds + 90)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def flags(r: dict[str, Any]) -> dict[str, str]:
+    return {f["kind"]: f["severity"] for f in r["flag_details"]}
+
+
+def show(name: str, r: dict[str, Any]) -> None:
+    print(
+        f"\n{name}: {r['steps']} steps, median {r['step_time_ms']['median']:.1f} ms, "
+        f"breakdown {r['breakdown']}\n  verdict {r['verdict']}\n  flags {r['flag_details']}"
+    )
+
+
+class Job:
+    """A child process whose output lines are collected as they come."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_for(self, pattern: str, timeout: float = 300.0) -> re.Match[str]:
+        """The first output line matching `pattern` (a regex), waiting up to `timeout` s for it."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            found = next((m for m in map(rx.search, list(self.lines)) if m is not None), None)
+            if found is not None:
+                return found
+            self._alive(pattern)
+            assert time.monotonic() < deadline, f"no {pattern!r} after {timeout} s: {self.lines[-20:]}"
+            time.sleep(0.2)
+
+    def wait_for_step(self, n: int, timeout: float = 300.0) -> None:
+        """Until the job printed "step K" with K >= n (the demos' loss line, with --log-every)."""
+        rx = re.compile(r"^step\s+(\d+)\b")
+        deadline = time.monotonic() + timeout
+        while max((int(m.group(1)) for m in map(rx.search, list(self.lines)) if m), default=-1) < n:
+            self._alive(f"step {n}")
+            assert time.monotonic() < deadline, f"not at step {n} after {timeout} s: {self.lines[-5:]}"
+            time.sleep(0.3)
+
+    def _alive(self, waiting_for: str) -> None:
+        if self.proc.poll() is not None:
+            self._reader.join(5)
+            raise AssertionError(f"exited {self.proc.returncode} before {waiting_for!r}: {self.lines[-20:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
