@@ -37,6 +37,7 @@ from torchtop.agent.capture import files
 from torchtop.agent.contract import discovery
 from torchtop.monitor.link.client import AgentClient
 from torchtop.monitor.link.targets import from_discovery
+from torchtop.monitor.model.captures import describe
 
 torch = pytest.importorskip("torch")
 from remote_util import training_agent  # noqa: E402
@@ -237,6 +238,7 @@ def test_a_capture_never_overwrites_through_another_users_planted_links(
     # where the files went, and why: in the reply, in the capture, and once on stderr
     for note in (reply.capture.note, cap.note):
         assert str(fallback) in note and str(planted) in note and "another user" in note, note
+    assert f"note: {cap.note}" in describe(cap)  # what `torchtop capture` and the Captures screen show
     ours = [line for line in capfd.readouterr().err.splitlines() if line.startswith("torchtop:")]
     assert len(ours) == 1 and str(fallback) in ours[0], ours  # (the profiler prints its own lines)
     reply, cap = capture_profile(agent)  # warned once, said every time

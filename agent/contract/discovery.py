@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from torchtop.agent.contract.private import NotPrivate, open_private_dir
+from torchtop.agent.contract.private import NotPrivate, create_file, open_private_dir
 
 ENV_DIR = "TORCHTOP_RUNTIME_DIR"
 
@@ -62,9 +62,7 @@ def write(info: dict[str, Any]) -> Path:
         info = dict(info, proc_start=_process_start_time(pid))
         name, tmp = f"agent-{pid}.json", f".agent-{pid}.{secrets.token_hex(4)}.tmp"
         try:
-            out = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd
-            )
+            out = create_file(fd, tmp)  # O_EXCL|O_NOFOLLOW: a fresh name, never through a link
         except PermissionError:
             raise PermissionError(f"runtime directory {directory} is not writable") from None
         with os.fdopen(out, "w") as fh:
@@ -111,7 +109,7 @@ def list_agents(clean: bool = True) -> list[dict[str, Any]]:
         names = sorted(n for n in os.listdir(fd) if n.startswith("agent-") and n.endswith(".json"))
         for name in names:
             try:
-                with os.fdopen(os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)) as fh:
+                with os.fdopen(os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)) as fh:
                     info = json.load(fh)
                 if not isinstance(info, dict):
                     raise ValueError("not an object")
