@@ -225,8 +225,9 @@ def start(
                     f"torch is not importable ({exc}); install torch (pip install 'torchtop[torch]'); the agent is off"
                 )
                 return None
-            if port is None and os.environ.get("TORCHTOP_PORT", "").strip():
-                port = _env_int("TORCHTOP_PORT", 0)
+            env_port = os.environ.get("TORCHTOP_PORT", "").strip()
+            if port is None and env_port.isdigit():
+                port = int(env_port)
             bind = bind or os.environ.get("TORCHTOP_BIND") or None
             from torchtop.agent.loop.sockets import BindError
 

@@ -56,6 +56,7 @@ class AgentSockets:
     client: tuple[bytes, bytes] | None = None  # the ephemeral client (public, secret) admitted
     auth: Any = None  # the zmq.auth ThreadAuthenticator when CURVE is on
     files: list[Path] = field(default_factory=list)  # ipc socket files, removed on close
+    owner: int = field(default_factory=os.getpid)  # a forked child never removes the parent's files
 
     @property
     def transport(self) -> Literal["ipc", "tcp"]:
@@ -73,7 +74,7 @@ class AgentSockets:
             except Exception:
                 pass
         _stop_private(self.ctx, self.auth)
-        for path in self.files:
+        for path in self.files if os.getpid() == self.owner else []:
             try:
                 path.unlink()
             except OSError:
