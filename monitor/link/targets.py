@@ -30,6 +30,8 @@ class Endpoint:
     curve: keys.ClientCurve | None = field(default=None, compare=False, repr=False)  # CURVE agent
     # what is wrong with the way there ("" while fine): an ssh tunnel being rebuilt
     link: Callable[[], str] | None = field(default=None, compare=False, repr=False)
+    # made from this machine's discovery entry: a run restarted there may bring new keys (rediscover)
+    local_entry: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for address in (self.address, self.pub_address):
@@ -126,14 +128,15 @@ def from_discovery(
     if not label:
         label = f"pid {pid} ({where(info)})"
     request, stream = via or (address, pub)
-    return Endpoint(request, stream, pid, label, curve=agent_curve(info), link=link)
+    return Endpoint(request, stream, pid, label, curve=agent_curve(info), link=link, local_entry=via is None)
 
 
 def rediscover(endpoint: Endpoint) -> Endpoint | None:
     """The endpoint of the local agent listening now where `endpoint` points (a run restarted on
-    the same port has new keys), labelled as before; None when there is none or it is remote."""
-    if endpoint.link is not None:
-        return None  # through a tunnel: its entry is on the other machine
+    the same port has new keys), labelled as before; None when there is none, or `endpoint` was
+    not made from a local entry (keys given by hand, a tunnel: the entry is on the other machine)."""
+    if not endpoint.local_entry:
+        return None
     for info in discovery.list_agents():
         try:
             if agent_addresses(info) == (endpoint.address, endpoint.pub_address):
