@@ -53,6 +53,21 @@ def endpoint_for(agent: Any) -> Endpoint:
     return from_discovery(agent.discovery_info())
 
 
+def raw_connection(address: str, timeout: float = 1.0) -> socket.socket:
+    """A plain socket connected to an agent's ZeroMQ address (ipc:// or tcp://), for raw bytes."""
+    if address.startswith("ipc://"):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(timeout)
+        try:
+            s.connect(address.removeprefix("ipc://"))
+        except OSError:
+            s.close()
+            raise
+        return s
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    return socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+
+
 def client_for(agent: Any) -> AgentClient:
     """A monitor client connected to an in-process agent."""
     return AgentClient(endpoint_for(agent))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.auth
-from agent_util import median
+from agent_util import median, raw_connection
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from remote_util import training_agent
@@ -305,7 +304,7 @@ class Fuzzer:
                 self.dealer.recv_multipart()
             for address in self.addresses:
                 try:
-                    with _raw_connection(address) as s:
+                    with raw_connection(address) as s:
                         s.sendall(raw)
                 except OSError:
                     pass
@@ -315,16 +314,6 @@ class Fuzzer:
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)
-
-
-def _raw_connection(address: str) -> socket.socket:
-    if address.startswith("ipc://"):
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(1)
-        s.connect(address.removeprefix("ipc://"))
-        return s
-    host, port = address.removeprefix("tcp://").rsplit(":", 1)
-    return socket.create_connection((host.strip("[]"), int(port)), timeout=1)
 
 
 def _answers(endpoint: Endpoint) -> wire.Hello:
