@@ -158,14 +158,14 @@ class Agent:
         self.sockets.close()
 
     def stop(self) -> None:
-        self.probe.disable()
-        if getattr(self, "captures", None) is not None:
-            self.captures.close()
+        self.probe.disable()  # disarms a capture too: no boundary reaches it any more
         if self.hooks is not None:
             self.hooks.uninstall()
         loop = getattr(self, "loop", None)
         if loop is not None:
             loop.stop()
+        if getattr(self, "captures", None) is not None:
+            self.captures.close()  # after the agent thread, which owned the capture's record
         if self.telemetry is not None:
             self.telemetry.stop()
         self.sockets.close()

@@ -128,7 +128,7 @@ class TelemetryCollector:
             for d in devices:
                 s = gpu.run(self._nvml.sample, d)
                 if s is not None:
-                    s.pcie_tx_kbs, s.pcie_rx_kbs = self._pcie.get(d, (-1.0, -1.0))
+                    s.pcie_tx_kbs, s.pcie_rx_kbs = self._pcie.get(d, (None, None))
                     gpus.append(s)
             self._gpus = gpus
 

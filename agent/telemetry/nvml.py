@@ -116,13 +116,13 @@ class NvmlSampler:
             out.throttle = [label for bit, label in self._throttle_bits if reasons & bit]
         return out
 
-    def pcie(self, cuda_index: int) -> tuple[float, float]:
-        """(tx, rx) KB/s over NVML's ~20 ms window; (-1, -1) when unsupported."""
+    def pcie(self, cuda_index: int) -> tuple[float | None, float | None]:
+        """(tx, rx) KB/s over NVML's sampling window; None where unsupported."""
         nv = self.nvml
         h = self.handle(cuda_index)
-        tx = self._try(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES, default=-1)
-        rx = self._try(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES, default=-1)
-        return float(tx), float(rx)
+        tx = self._try(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._try(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES)
+        return (None if tx is None else float(tx)), (None if rx is None else float(rx))
 
     def close(self) -> None:
         if self.available:

@@ -25,12 +25,12 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from torchtop.agent.contract.wire import CAPTURE_DEFAULT_STEPS, Batch, CaptureKind, CaptureState
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.captures import (
-    DEFAULT_STEPS,
     CaptureBook,
     capture_lines,
     fetch_from,
@@ -46,6 +46,7 @@ from torchtop.monitor.model.panel_data import (
     y_top,
 )
 from torchtop.monitor.model.state import (
+    Link,
     RunState,
     breakdown,
     device_ms,
@@ -145,7 +146,7 @@ class TorchtopApp(App[int]):
         self.capture_line = CaptureLine(id="capture-line")
         self.diagnosis: Diagnosis | None = None  # the previous verdict: diagnose()'s hysteresis
         self.captures = CaptureBook()
-        self.capture_steps = DEFAULT_STEPS
+        self.capture_steps = CAPTURE_DEFAULT_STEPS
         self.requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] = (
             queue.SimpleQueue()
         )  # to the feed worker
@@ -335,8 +336,11 @@ class TorchtopApp(App[int]):
     def _refresh_status(self) -> None:
         state = self.state
         status = self.status_line
-        status.connection = state.connection(self.clock()) if self.endpoint else "choose an agent"
+        now = self.clock()
+        status.link = state.link(now) if self.endpoint else Link.UNCHOSEN
+        status.connection = state.connection(now) if self.endpoint else str(Link.UNCHOSEN)
         trouble = self.endpoint.link_trouble() if self.endpoint else ""
+        status.tunnel_down = bool(trouble)
         if trouble:
             status.connection = f"{trouble} · {status.connection}"
         status.batches = state.batches
@@ -354,12 +358,12 @@ class TorchtopApp(App[int]):
         """Queue a request for the feed worker; the answer comes back as RequestAnswered."""
         self.requests.put((cmd, args or {}))
 
-    def _capture_seen(self, batch: Any) -> None:
+    def _capture_seen(self, batch: Batch) -> None:
         if batch.capture is None or batch.capture == self.captures.current:
             return  # most batches: nothing new about captures
         finished = self.captures.see(batch.capture)
         if finished is not None:
-            if finished.state == "done":
+            if finished.state == CaptureState.DONE:
                 self.notify(progress_text(finished), title="capture done", timeout=10)
             else:
                 self.notify(progress_text(finished), title="capture failed", severity="error", timeout=10)
@@ -380,7 +384,7 @@ class TorchtopApp(App[int]):
             if reply.capture is not None:
                 self.notify(progress_text(reply.capture), title="capture requested")
         else:
-            what = "profile" if message.cmd == "capture-profile" else "memory snapshot"
+            what = "profile" if message.cmd == f"capture-{CaptureKind.PROFILE}" else "memory snapshot"
             self.notify(reply.error, title=f"{what} refused", severity="warning", timeout=10)
         self._refresh_captures()
 
