@@ -33,6 +33,7 @@ from torchtop.agent.contract.logcodes import BACKWARD, DATA, FORWARD, FORWARD_ST
 from torchtop.agent.hooks.optimizer import OptimizerSteps
 from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.timed import compiling_check, dynamo_check, timed, timed_forward
+from torchtop.agent.warn import ignore_warning
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
@@ -138,13 +139,12 @@ class AutoHooks:
 
     # -- forward -------------------------------------------------------------------------------
     def _hook_forward(self) -> None:
-        import warnings
-
         from torch.nn.modules import module as module_mod
 
-        # torch warns that global hooks fire twice around an OptimizedModule: ours count depth
-        warnings.filterwarnings(
-            "ignore", message=r"Using `torch.compile\(module\)` when there are global hooks"
+        # torch warns that global hooks fire twice around an OptimizedModule: ours count depth.
+        # Only while installed: uninstall removes exactly this filter.
+        self._undo.append(
+            ignore_warning(message=r"Using `torch.compile\(module\)` when there are global hooks")
         )
 
         self.discovery_hook = self._handle(module_mod.register_module_forward_pre_hook(self._discover))
