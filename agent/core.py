@@ -13,10 +13,16 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract import discovery, wire
 from torchtop.agent.warn import warn
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torchtop.agent.hooks.auto import AutoHooks
+    from torchtop.agent.telemetry.collector import TelemetryCollector
 
 VERSION = "0.1.0"
 _lock = threading.Lock()
@@ -33,7 +39,9 @@ def _env_int(name: str, default: int) -> int:
 class Agent:
     """One running agent: probe + hooks on the training thread; sockets and loop on its own."""
 
-    def __init__(self, torch: Any, port: int | None, bind: str, auto: bool, phase_every: int = 0) -> None:
+    def __init__(
+        self, torch: ModuleType, port: int | None, bind: str, auto: bool, phase_every: int = 0
+    ) -> None:
         from torchtop.agent.cuda_use import CudaUse
         from torchtop.agent.hooks.auto import AutoHooks
         from torchtop.agent.hooks.probe import Probe
@@ -50,8 +58,8 @@ class Agent:
         self.sockets = open_sockets(bind, port)  # BindError propagates to start()
         self.probe = Probe()
         self.probe.phase_every = max(0, phase_every)
-        self.hooks = None
-        self.telemetry = None
+        self.hooks: AutoHooks | None = None
+        self.telemetry: TelemetryCollector | None = None
         try:
             from torchtop.agent.capture.controller import CaptureController
 

@@ -7,13 +7,16 @@ period: on a CPU build the question costs ~15 us.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 PERIOD_S = 1.0
 
 
 class CudaUse:
-    def __init__(self, torch: Any, period_s: float = PERIOD_S) -> None:
+    def __init__(self, torch: ModuleType, period_s: float = PERIOD_S) -> None:
         self.torch = torch
         self.period_s = period_s
         self._initialised = False

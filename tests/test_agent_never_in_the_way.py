@@ -224,7 +224,7 @@ def test_fork_workers_train_with_the_agent_on() -> None:
 
     orig_next = dataloader_mod._BaseDataLoaderIter.__next__
 
-    class Probe(Dataset):
+    class WorkerCheck(Dataset):
         def __len__(self) -> int:
             return 64
 
@@ -241,7 +241,7 @@ def test_fork_workers_train_with_the_agent_on() -> None:
     assert agent is not None
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = DataLoader(Probe(), batch_size=8, num_workers=2, multiprocessing_context="fork")
+    loader = DataLoader(WorkerCheck(), batch_size=8, num_workers=2, multiprocessing_context="fork")
     flags = []
     n = 0
     for _epoch in range(2):

@@ -23,7 +23,7 @@ from torchtop.agent.contract import logcodes  # noqa: E402
 from torchtop.agent.hooks import probe as probe_mod  # noqa: E402
 from torchtop.monitor.model.state import breakdown  # noqa: E402
 
-pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
+pytestmark = pytest.mark.phase_sampling  # the default policy, end to end
 
 
 @pytest.fixture

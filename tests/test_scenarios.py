@@ -16,7 +16,7 @@ import pytest
 
 from torchtop.agent.contract import discovery
 
-pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
+pytestmark = pytest.mark.phase_sampling  # the default policy, end to end
 
 SEVERE = ("warning", "critical")
 

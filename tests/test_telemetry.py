@@ -66,7 +66,7 @@ def test_collector_on_cpu_says_why_cuda_parts_are_missing() -> None:
     tc.stop()
 
 
-def test_failing_probe_is_switched_off_with_its_reason() -> None:
+def test_failing_sampler_is_switched_off_with_its_reason() -> None:
     tc = TelemetryCollector(CudaUse(torch))
 
     class Broken:

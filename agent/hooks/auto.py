@@ -27,13 +27,21 @@ import functools
 import sys
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.logcodes import BACKWARD, DATA, FORWARD, FORWARD_START, GRAD, MAX_SLOT, SKIPPED
 from torchtop.agent.hooks.optimizer import OptimizerSteps
 from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.timed import compiling_check, dynamo_check, timed, timed_forward
 from torchtop.agent.warn import ignore_warning
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torch import nn
+    from torch.amp import GradScaler
+    from torch.optim import Optimizer
+    from torch.utils.hooks import RemovableHandle
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
@@ -42,18 +50,19 @@ DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 class AutoHooks:
     """Installs and removes every automatic hook for one probe."""
 
-    def __init__(self, probe: Probe, torch: Any, h2d: bool) -> None:
+    def __init__(self, probe: Probe, torch: ModuleType, h2d: bool) -> None:
         self.probe = probe
         self.torch = torch
         self.want_h2d = h2d
-        self._undo: list[Any] = []
-        self._roots: dict[int, Any] = {}  # id(module) -> weakref
+        self._undo: list[Callable[[], object]] = []
+        self._roots: dict[int, weakref.ref[nn.Module]] = {}
         self._slots: dict[int, int] = {}  # id(root module) -> its slot in the log's codes
         self._not_roots: set[int] = set()  # parameterless modules called on their own
-        self._patched: dict[type, tuple[list[Any], dict[int, int]]] = {}  # class -> its wrapper's roots
-        self._once: list[Any] = []  # one-shot hooks timing a root's discovery call
+        # class -> its wrapper's roots: [weakref to the first, its code], {id: code} of others
+        self._patched: dict[type, tuple[list[Any], dict[int, int]]] = {}
+        self._once: list[RemovableHandle] = []  # one-shot hooks timing a root's discovery call
         self._root_calls = 0
-        self.discovery_hook: Any = None
+        self.discovery_hook: RemovableHandle | None = None
         self.optimizers = OptimizerSteps(probe)
         self._grad_enabled = torch.is_grad_enabled
         self.scan_compiled: Callable[[], int] | None = (
@@ -105,7 +114,7 @@ class AutoHooks:
         if not self._roots and self.scan_compiled is not None and "torch._dynamo" in sys.modules:
             self.scan_compiled()
 
-    def _setattr(self, owner: Any, name: str, value: Any) -> None:
+    def _setattr(self, owner: object, name: str, value: object) -> None:
         if name in owner.__dict__:
             original = owner.__dict__[name]
             self._undo.append(lambda: setattr(owner, name, original))
@@ -113,11 +122,11 @@ class AutoHooks:
             self._undo.append(lambda: delattr(owner, name))
         setattr(owner, name, value)
 
-    def _handle(self, handle: Any) -> Any:
+    def _handle(self, handle: RemovableHandle) -> RemovableHandle:
         self._undo.append(handle.remove)
         return handle
 
-    def root_modules(self) -> list[Any]:
+    def root_modules(self) -> list[nn.Module]:
         return [m for m in (r() for r in self._roots.values()) if m is not None]
 
     # -- data ----------------------------------------------------------------------------------
@@ -149,7 +158,7 @@ class AutoHooks:
 
         self.discovery_hook = self._handle(module_mod.register_module_forward_pre_hook(self._discover))
 
-    def _discover(self, module: Any, args: Any) -> None:
+    def _discover(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if self.compiling():  # traced by dynamo: do nothing it would break a graph on
             return
         probe = self.probe
@@ -176,21 +185,21 @@ class AutoHooks:
         except Exception:
             probe.fail()
 
-    def add_root(self, module: Any) -> None:
+    def add_root(self, module: nn.Module) -> None:
         """Count `module` as a root: its forwards, outside any other root's, are the forward phase."""
         key = id(module)
         if key not in self._roots:
             self._roots[key] = weakref.ref(module)
             self._slots[key] = 1 + (len(self._slots) % MAX_SLOT)  # slot 0 is phase("forward")
 
-    def _once_post(self, module: Any, args: Any, output: Any) -> None:
+    def _once_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         try:
             self._once.pop().remove()
         except Exception:
             pass
         self.root_leave(module)
 
-    def _adopt(self, module: Any) -> None:
+    def _adopt(self, module: nn.Module) -> None:
         """Time a root's forward from now on as cheaply as possible.
 
         Wrapping the class's `forward` keeps nn.Module's fast call path (an instance hook would
@@ -230,15 +239,15 @@ class AutoHooks:
         if self.probe.steps >= DISCOVERY_STEPS:
             self._end_discovery()
 
-    def _hook_pre(self, module: Any, args: Any) -> None:
+    def _hook_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if not self.compiling() and self.probe.on_thread():
             self.root_enter(module)
 
-    def _hook_post(self, module: Any, args: Any, output: Any) -> None:
+    def _hook_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if not self.compiling() and self.probe.on_thread():
             self.root_leave(module)
 
-    def root_enter(self, module: Any) -> None:
+    def root_enter(self, module: nn.Module) -> None:
         """On the training thread: the outermost root forward opens the FORWARD phase."""
         probe = self.probe
         try:
@@ -248,7 +257,7 @@ class AutoHooks:
         except Exception:
             probe.fail()
 
-    def root_leave(self, module: Any) -> None:
+    def root_leave(self, module: nn.Module) -> None:
         probe = self.probe
         try:
             if probe.depth > 0:
@@ -276,7 +285,7 @@ class AutoHooks:
         hooks = self
 
         @functools.wraps(orig)
-        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        def step(scaler: GradScaler, optimizer: Optimizer, *args: Any, **kwargs: Any) -> Any:
             before = probe.steps
             probe.opt_ran = False
             out = orig(scaler, optimizer, *args, **kwargs)

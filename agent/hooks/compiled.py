@@ -16,27 +16,28 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torch import nn
+
     from torchtop.agent.hooks.auto import AutoHooks
+    from torchtop.agent.hooks.wrap import Fn, SetAttr, Undo
+
+    Wrapped = list[tuple[weakref.ref[nn.Module], Fn, Fn]]  # (module, our call, the compiled call)
 
 
-def patch_module_compile(
-    hooks: AutoHooks,
-    torch: Any,
-    setattr_: Callable[[Any, str, Any], None],
-    undo: Callable[[Callable[[], None]], None],
-) -> None:
+def patch_module_compile(hooks: AutoHooks, torch: ModuleType, setattr_: SetAttr, undo: Undo) -> None:
     """Wrap `torch.nn.Module.compile` through `setattr_` (which keeps its undo); `undo` takes
     what restores the modules compiled meanwhile."""
     module_cls = torch.nn.Module
     orig = module_cls.compile
-    wrapped: list[tuple[Any, Any, Any]] = []  # (weakref to module, our call, the compiled call)
+    wrapped: Wrapped = []
 
     @functools.wraps(orig)
-    def compile(module: Any, *args: Any, **kwargs: Any) -> Any:
+    def compile(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         out = orig(module, *args, **kwargs)
         try:
             _time_compiled_call(hooks, module, wrapped)
@@ -74,7 +75,7 @@ def patch_module_compile(
     hooks.scan_compiled = scan
 
 
-def _time_compiled_call(hooks: AutoHooks, module: Any, wrapped: list[tuple[Any, Any, Any]]) -> None:
+def _time_compiled_call(hooks: AutoHooks, module: nn.Module, wrapped: Wrapped) -> None:
     inner = module.__dict__.get("_compiled_call_impl")
     if inner is None:
         return

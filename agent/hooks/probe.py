@@ -26,9 +26,10 @@ import random
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from contextvars import ContextVar
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torchtop.agent.contract.logcodes import (
     BOUNDARY,
@@ -43,10 +44,16 @@ from torchtop.agent.contract.logcodes import (
     STEP_EVENT,
     TIMING_RESUMED,
     UNTIMED_END,
+    Item,
     code_of,
     count_step_ends,
     to_entries,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from torchtop.agent.loop.cuda_events import EventPool
 
 LOG_CAP = 1 << 19  # items (two an entry, ~20 a step): a stalled agent thread costs at most ~10 MB
 MAX_FAILURES = 20
@@ -132,7 +139,7 @@ class Probe:
     def __init__(self, thread_id: int | None = None) -> None:
         self.tid = thread_id if thread_id is not None else threading.get_ident()
         self.active = True
-        self.log: list[Any] = []  # never replaced: the agent thread takes a prefix (drain)
+        self.log: list[Item] = []  # never replaced: the agent thread takes a prefix (drain)
         self._append = self.log.append
         self.put = self._append
         self.lock = threading.Lock()  # drain vs shedding the oldest entries
@@ -140,7 +147,7 @@ class Probe:
         self.left = self._batch = 1  # boundaries until housekeeping, of a batch of that many
         self._steps = 0  # training steps cut here, as of the last housekeeping
         self.explicit = False  # step() was used: the hooks stop cutting steps
-        self.on_step: Any = None  # set while a capture is armed: called at each boundary
+        self.on_step: Callable[[], None] | None = None  # while a capture is armed: at each boundary
         self.failures = 0
         self.dropped = 0  # steps lost to the log's bound
         self.opt_fast = False  # one optimizer, marked: the optimizer hooks' fast path
@@ -149,10 +156,10 @@ class Probe:
         self._drained = 0  # step ends the agent thread has drained (or lost to shedding)
         self._shed_cuts = 0
         # CUDA sampling, driven by the agent thread: `pool` stays None off CUDA
-        self.pool: Any = None
+        self.pool: EventPool | None = None
         self.event_every = 0
         self.event_step = False
-        self._stream: Any = None
+        self._stream: torch.cuda.Stream | None = None
         self._record_ns = 0
         self.cuda_marks = False  # a mark holds a CUDA event: the agent must resolve it
         # phase sampling, decided at boundaries (housekeep): `untimed` is 0 on a timed step,
@@ -225,18 +232,27 @@ class Probe:
         self.opt_fast = False  # the optimizer hooks' fast path cuts steps
         self.stamp(OPEN_STEP)
 
-    def mark(self, name: str, value: Any) -> None:
+    def mark(self, name: str, value: float | tuple[torch.Tensor, torch.cuda.Event]) -> None:
+        """A user scalar: a number, or a CUDA one being copied to pinned memory (tensor, done event)."""
         a = self._append
         a(perf_counter_ns())
         a((MARK, name, value))
 
-    def h2d(self, start_ns: int, dt_ns: int, nbytes: int, pinned: bool, ev0: Any, ev1: Any) -> None:
+    def h2d(
+        self,
+        start_ns: int,
+        dt_ns: int,
+        nbytes: int,
+        pinned: bool,
+        ev0: torch.cuda.Event | None,
+        ev1: torch.cuda.Event | None,
+    ) -> None:
         a = self._append
         a(start_ns)
         a((H2D_COPY, dt_ns, nbytes, pinned, ev0, ev1))
 
     # -- CUDA events ---------------------------------------------------------------------------
-    def record(self) -> Any:
+    def record(self) -> torch.cuda.Event | None:
         """A pooled event recorded now on this step's stream (None if the pool ran dry)."""
         t = perf_counter_ns()
         ev = self.pool.recorded(self._stream)  # looked up once a step: current_stream() costs ~4 us
@@ -369,7 +385,7 @@ class Probe:
             self.dropped += cuts - counted
             self._shed_cuts += cuts - kept_cut  # the agent thread will not see these end
 
-    def _take(self) -> list[Any]:
+    def _take(self) -> list[Item]:
         """Agent thread: the log's whole pairs so far, oldest first; counts the shed step ends."""
         log = self.log
         with self.lock:
@@ -380,7 +396,7 @@ class Probe:
             self._shed_cuts = 0
         return raw
 
-    def drain_pairs(self) -> tuple[list[Any], int]:
+    def drain_pairs(self) -> tuple[list[Item], int]:
         """Agent thread, a run without CUDA sampling: the log as it was written (pairs), and the
         steps cut so far (drained and shed). A CPU run ships this as is. (A sampled step's end
         is a tuple, which only `drain` counts.)"""
@@ -389,7 +405,7 @@ class Probe:
         self._drained += count_step_ends(codes)
         return raw, self._drained
 
-    def drain(self) -> tuple[list[Any], int]:
+    def drain(self) -> tuple[list[Item], int]:
         """The log as wire entries (for the CUDA event resolver, which works on those), and the
         steps cut so far."""
         entries, cuts = to_entries(self._take())

@@ -12,9 +12,14 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.logcodes import BOUNDARY, H2D_COPY, MARK, MASK, SHIFT, STEP_END, STEP_EVENT
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torch.cuda import Event, Stream
 
 BUDGET = 0.0003  # event recording may take at most this share of step wall time. A sampled step
 # costs ~1.7x its record() calls (housekeeping, the stream lookup, the log's tuples, cold caches):
@@ -28,9 +33,9 @@ GIVE_UP_S = 30.0  # events not completed after this are abandoned (a hung kernel
 class EventPool:
     """Reusable timing events. `recorded` runs on the training thread; everything else on the agent's."""
 
-    def __init__(self, torch: Any, size: int = 512) -> None:
+    def __init__(self, torch: ModuleType, size: int = 512) -> None:
         self._torch = torch
-        self._free: deque[Any] = deque()
+        self._free: deque[Event] = deque()
         self.target = size
         self.misses = 0
         # the C method under torch.cuda.Event.record: a Python frame less on the training thread
@@ -44,10 +49,10 @@ class EventPool:
         while len(self._free) < self.target:
             self._free.append(self._torch.cuda.Event(enable_timing=True))
 
-    def current_stream(self) -> Any:
+    def current_stream(self) -> Stream:
         return self._torch.cuda.current_stream()
 
-    def recorded(self, stream: Any) -> Any:
+    def recorded(self, stream: Stream | None) -> Event | None:
         """Training thread: a pooled event, recorded now on `stream` (None if the pool ran dry)."""
         try:
             ev = self._free.pop()
@@ -57,7 +62,7 @@ class EventPool:
         self._record(ev, stream)
         return ev
 
-    def give(self, ev: Any) -> None:
+    def give(self, ev: Event | None) -> None:
         if ev is not None:
             self._free.append(ev)
 
@@ -75,7 +80,7 @@ class EventResolver:
     def __init__(self, pool: EventPool | None) -> None:
         self.pool = pool
         self._pending: deque[tuple[float, list[Any], int, list[int]]] = deque()
-        self._ref: Any = None  # the STEP_EVENT event of the sampled step being read
+        self._ref: Event | None = None  # the STEP_EVENT event of the event step being read
         self._ref_ns = 0
         self.abandoned = 0
         self.event_steps = 0  # sampled steps whose device times were read
@@ -109,11 +114,11 @@ class EventResolver:
         return len(self._pending)
 
     # -- one chunk -----------------------------------------------------------------------------
-    def _give(self, ev: Any, done: bool) -> None:
+    def _give(self, ev: Event | None, done: bool) -> None:
         if done and ev is not None and self.pool is not None and ev is not self._ref:
             self.pool.give(ev)
 
-    def _since_ref(self, ev: Any, done: bool) -> float | None:
+    def _since_ref(self, ev: Event | None, done: bool) -> float | None:
         return _elapsed(self._ref, ev) if done else None
 
     def _drop_ref(self, done: bool) -> None:
@@ -167,7 +172,7 @@ class EventResolver:
         return max(1, min(1000, math.ceil(rec / (BUDGET * wall))))
 
 
-def _elapsed(start: Any, end: Any) -> float | None:
+def _elapsed(start: Event | None, end: Event | None) -> float | None:
     """ms between two completed events; None when either is missing or cannot be read (never
     recorded, another device): no device time, nothing else lost."""
     if start is None or end is None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.wire import FragSample, MemorySample
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 SNAPSHOT_BUDGET = 0.001  # share of wall time the snapshot may take
 SNAPSHOT_MIN_INTERVAL = 1.0
@@ -62,7 +65,7 @@ def fragmentation(segments: list[dict[str, Any]], device: int) -> FragSample:
 
 
 class CudaMemorySampler:
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: ModuleType) -> None:
         self.torch = torch
         self._last_peak: dict[int, int] = {}
         self.snapshot_interval = SNAPSHOT_MIN_INTERVAL

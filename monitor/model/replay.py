@@ -12,7 +12,7 @@ A step whose phases were not timed (phase sampling on fast steps: agent/probe.py
 UNTIMED_END and keeps its wall time only (empty `phases`, `micro` 0); so does the step in which
 TIMING_RESUMED says timing resumed.
 Device times arrive resolved: on a sampled step each entry carries its CUDA event's time in ms
-from the step's start event (agent/cuda_timing.py), so a phase's device time is a difference.
+from the step's start event (agent/loop/cuda_events.py), so a phase's device time is a difference.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from torchtop.agent.contract.logcodes import (
     TIMING_RESUMED,
     UNTIMED_END,
 )
-from torchtop.monitor.model.steps import StepRecord
+from torchtop.monitor.model.steps import StepKind, StepRecord
 
 __all__ = ["BACKWARD", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder", "to_record"]
 N_PHASES = len(TIMED_PHASES)
@@ -283,7 +283,7 @@ class StepRecorder:
         if self._t0 != 0 and self._events is None and ms is not None:
             self._events = [(-1, ms, None)]
 
-    def boundary(self, kind: str, now: int, end_ms: float | None = None, timed: bool = True) -> None:
+    def boundary(self, kind: StepKind, now: int, end_ms: float | None = None, timed: bool = True) -> None:
         """End the open step at `now` and open the next one at once (steps are contiguous).
         With no step open (the log starts here, or after a RESET) it only opens one. A step
         whose phases were not timed (`timed` False: UNTIMED_END) keeps its wall time only."""

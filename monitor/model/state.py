@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from torchtop.agent.contract.logcodes import PHASES
 from torchtop.agent.contract.wire import Batch, Hello, Telemetry
-from torchtop.monitor.model.steps import StepRecord
+from torchtop.monitor.model.steps import StepKind, StepRecord
 
 HISTORY = 20_000
 STALE_AFTER_S = 3.0
@@ -159,7 +159,7 @@ class RunState:
             return f"{link} ({now - self.last_batch_at:.0f}s)"
         return str(link)
 
-    def window(self, seconds: float, kind: str = "train") -> list[StepRecord]:
+    def window(self, seconds: float, kind: StepKind = "train") -> list[StepRecord]:
         """Steps of `kind` that ended in the last `seconds` of the agent's clock."""
         horizon = self.agent_time - seconds
         out = []
