@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from torchtop.agent.contract import keys
+from torchtop.agent.contract.net import tcp_address
 
 PORT_RANGE = (20000, 60000)
 ZAP_DOMAIN = "torchtop"
@@ -56,11 +57,6 @@ class AgentSockets:
             except Exception:
                 pass
         _stop_private(self.ctx, self.auth)
-
-
-def _endpoint(bind: str, port: int) -> str:
-    host = f"[{bind}]" if ":" in bind and not bind.startswith("[") else bind
-    return f"tcp://{host}:{port}"
 
 
 def _server_curve(bind: str) -> keys.ServerCurve | None:
@@ -122,7 +118,7 @@ def open_sockets(bind: str = "127.0.0.1", port: int | None = None) -> AgentSocke
             router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # requests are small; refuse floods
             router.setsockopt(zmq.SNDHWM, 1000)
             _secure(router, curve)
-            router.bind(_endpoint(bind, p))
+            router.bind(tcp_address(bind, p))
             # XPUB: a PUB that hears (un)subscriptions, so the agent knows when anyone listens
             pub = ctx.socket(zmq.XPUB)
             pub.setsockopt(zmq.LINGER, 0)
@@ -131,7 +127,7 @@ def open_sockets(bind: str = "127.0.0.1", port: int | None = None) -> AgentSocke
             pub.setsockopt(zmq.RCVHWM, 100)
             pub.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # inbound: subscriptions (and the CURVE handshake)
             _secure(pub, curve)
-            pub.bind(_endpoint(bind, p + 1))
+            pub.bind(tcp_address(bind, p + 1))
             return AgentSockets(ctx, router, pub, bind, p, curve, auth)
         except zmq.ZMQError as exc:
             last_error = exc

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from torchtop.agent.contract.net import url_host
 from torchtop.monitor.link.targets import Endpoint, TargetError, describe, local_curve
 
 ENV_OPTS = "TORCHTOP_SSH_OPTS"
@@ -58,8 +59,7 @@ class SshTarget:
 
     def __str__(self) -> str:
         port = f":{self.port}" if self.port else ""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"ssh://{self.user + '@' if self.user else ''}{host}{port}"
+        return f"ssh://{self.user + '@' if self.user else ''}{url_host(self.host)}{port}"
 
 
 def is_ssh(target: str | None) -> bool:
@@ -192,7 +192,7 @@ def _remote_host(info: dict[str, Any]) -> str:
         return "127.0.0.1"
     if bind == "::":
         return "[::1]"
-    return f"[{bind}]" if ":" in bind else bind
+    return url_host(bind)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchtop.agent.contract import discovery, keys
+from torchtop.agent.contract.net import tcp_address
 
 
 class TargetError(Exception):
@@ -31,8 +32,7 @@ class Endpoint:
         return self.link() if self.link is not None else ""
 
     def address(self, port: int | None = None) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"tcp://{host}:{self.port if port is None else port}"
+        return tcp_address(self.host, self.port if port is None else port)
 
     @property
     def pub_address(self) -> str:

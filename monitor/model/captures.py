@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from torchtop.agent.contract.net import url_host
 from torchtop.agent.contract.wire import (
     CAPTURE_ACTIVE,
     CAPTURE_FINISHED,
@@ -121,10 +122,10 @@ def fetch_from(
         except ValueError:
             host = None
         if host:
-            host = f"[{host}]" if ":" in host else host
+            host = url_host(host)
             return (f"{user}@{host}" if user else host), (["-P", str(port)] if port else [])
     if endpoint_host and endpoint_host not in LOOPBACK:
-        return (f"[{endpoint_host}]" if ":" in endpoint_host else endpoint_host), []
+        return url_host(endpoint_host), []
     local = socket.gethostname() if local_host is None else local_host
     if capture_host and capture_host != local:
         return capture_host, []
