@@ -1,7 +1,7 @@
 """Whether the user's code uses CUDA: one check for the agent loop, the samplers and captures.
 
 Never initialises CUDA itself (that would create a context in a CPU job), and asks at most once a
-period: on a CPU build the question costs ~15 us.
+period: on a CPU build even the question is not free.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def test_every_step_is_timed_on_request_or_when_steps_are_long(stopped) -> None:
     assert len(steps) == 120 and all(s.phases for s in steps)
 
 
-def test_the_sampled_breakdown_is_the_runs_own_with_periodic_stalls(stopped) -> None:
+def test_the_timed_steps_breakdown_is_the_runs_own_with_periodic_stalls(stopped) -> None:
     """A loader that stalls on every 4th batch (as 4 workers would) and 1 timed step in ~4:
     a fixed stride of 4 would see every stall or none; random runs see a quarter of them."""
     agent = ta.start(phase_every=4)

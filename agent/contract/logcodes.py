@@ -31,7 +31,7 @@ GRAD = 5  # opens BACKWARD for torch.autograd.grad: backward time, but not a mic
 OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
 BOUNDARY = 21  # a training step ends here
 SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)
-STEP_EVENT = 23  # a step sampled for CUDA timing starts here
+STEP_EVENT = 23  # an event step (CUDA events recorded) starts here
 H2D_COPY = 24  # one host-to-device copy
 MARK = 25  # a user scalar
 RESET = 26  # entries were lost before this one: forget the open step
@@ -59,7 +59,7 @@ def count_step_ends(codes: list[Item]) -> int:
 def to_entries(raw: list[Item]) -> tuple[list[Item], int]:
     """The training thread's log pairs (agent/hooks/probe.py) as entries (`ns << SHIFT | code`, or a
     tuple headed by one), and the step ends among them. The monitor does this for a CPU run's
-    chunks (~80 ns an entry: not the agent's business); the agent, before it resolves CUDA
+    chunks (not the agent thread's business: it shares the GIL with training); the agent, before it resolves CUDA
     events. Pairs of plain ints convert at C speed. Malformed pairs raise."""
     times, codes = raw[0::2], raw[1::2]
     try:

@@ -1,24 +1,11 @@
 """Zero-code instrumentation: the patches and hooks that feed the probe on the training thread.
 
-- DataLoader wait: `_BaseDataLoaderIter.__next__` (shared by single- and multi-process iterators),
-  counted only on the training thread.
-- forward: one global forward pre-hook finds the root modules (modules with parameters called
-  while no root forward is open) during the first steps and removes itself; from then on the
-  roots' class `forward` is wrapped (nn.Module keeps its fast call path). Global hooks on every
-  module would cost ~1.7 us per module call; instance hooks force the slow path on the root.
-- backward: wraps `torch.autograd.backward` (which `Tensor.backward` calls) and `autograd.grad`.
-- optimizer: a wrapper inside torch's own step wrapper, between the step hooks
-  (`hooks_optimizer.py`); a step ends after the last optimizer of an iteration has stepped.
-- h2d (only where CUDA exists): `Tensor.to`, `Tensor.cuda`, `Tensor.copy_` from a CPU tensor to a
-  CUDA one (`hooks_h2d.py`).
-- `model.compile()` in place: the compiled call is timed as a root forward (`hooks_compile.py`);
-  one compiled before `start()` is found by the agent thread after the first steps.
-
-Each hook only logs timestamps into the `Probe` (see probe.py); the monitor makes steps of
-them. Step ends are decided here, at the optimizer, because a capture must start there.
-
-No global full-backward hooks: they cost milliseconds a step and break `ReLU(inplace=True)`.
-`uninstall()` restores everything, so start/stop can alternate in one process.
+data (`DataLoader` iterators, `queue.Queue.get`), forward (root modules found by a global
+pre-hook during the first steps, then their class `forward` wrapped), backward
+(`torch.autograd.backward`/`grad`), the optimizer (optimizer.py), host-to-device copies (h2d.py)
+and `model.compile()` in place (compiled.py). Each hook only logs into the `Probe`; step ends are
+decided at the optimizer, because a capture must start there. Why each hook is where it is:
+docs/architecture.md, "The step model". `uninstall()` restores everything.
 """
 
 from __future__ import annotations
@@ -107,7 +94,7 @@ class AutoHooks:
         """Agent thread, each tick: if the first steps went by and no root forward was seen,
         look for modules compiled in place before start() (no hook of ours runs in their calls)
         and time them from then on. Only then: the walk over the garbage collector's objects
-        holds the GIL for tens of milliseconds (~50 ms at 300k objects)."""
+        holds the GIL for tens of milliseconds."""
         if self._scanned or self.probe.steps < DISCOVERY_STEPS:
             return
         self._scanned = True
@@ -135,7 +122,7 @@ class AutoHooks:
 
         cls = dataloader._BaseDataLoaderIter
         # no CUDA events around the data wait: its device time means nothing, and two records are
-        # a fifth of a sampled step's cost
+        # a fifth of an event step's cost
         self._setattr(cls, "__next__", timed(self.probe, DATA, cls.__next__, events=False))
         self._patch_queue_get()
 

@@ -1,15 +1,10 @@
 """`model.compile()` in place: the module's compiled call timed as a root forward.
 
-`nn.Module.compile()` compiles the module's whole `_call_impl` and stores it on the instance
-(`_compiled_call_impl`). Dynamo then traces everything a forward runs, the global discovery hook
-and the forward wrapper included, as no-ops (they ask `compiling()` first), so such a module is
-never found as a root and its forward would land in `other`. `Module.compile` is wrapped so
-that, once it has compiled, the compiled call is wrapped in turn: eagerly, outside the compiled
-code, timed like any root forward (the outermost root open wins, so a block compiled in place
-inside an eager model adds nothing). Modules compiled in place before `start()` are looked for
-once, on the agent thread, when the first steps went by without any root forward
-(`AutoHooks.agent_tick`, `scan`: a walk over the garbage collector's objects), and timed the same
-way from then on.
+Dynamo traces our hooks inside a module compiled in place as no-ops (they ask `compiling()`
+first), so its forward would land in `other`. `Module.compile` is wrapped so that the compiled
+call (`_compiled_call_impl`) is wrapped in turn, eagerly, and timed like any root forward.
+Modules compiled before `start()` are found once by the agent thread (`scan`: a walk over the
+garbage collector's objects) when the first steps went by without any root forward.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 CUDA one, timed on the training thread (installed only where CUDA exists).
 
 A copy's host time moves from the open phase to h2d; its bytes are counted as pinned or
-pageable, and on a step sampled for CUDA timing a pair of events brackets it on the GPU.
+pageable, and on an event step a pair of CUDA events brackets it on the GPU.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Optimizer steps: the optimizer phase, and where a training step ends.
 
-torch wraps every optimizer class's `step` once (`Optimizer.profile_hook_step`, marked `hooked`):
-that wrapper runs the global and per-instance step hooks around the real `step`, which it holds
-in a closure cell. torchtop puts its timing wrapper in that cell, so it runs wherever torch's
-wrapper runs (through the class, or a bound method captured earlier, as an LR scheduler does),
-between the hooks, and once for a subclass's `super().step()` into another wrapped step (global
-step hooks fired twice there). Classes wrapped by torch after start() get it through
-`Optimizer._patch_step_function`. Where torch's wrapper has no such cell (another torch
-version), the global step pre/post hooks do the same work. (One frame instead of two hooks
-measured the same in a training loop: README, "What it costs".)
-
-With one optimizer (`probe.opt_fast`: the common case) a step is a context-variable check, a
-flag and two entries; the optimizer carries an attribute naming the probe (a weakref call costs
-~1.5 us in a loop), and its STEP_END closes the optimizer phase and the step at once. Several
-optimizers, or explicit steps, take the general path (`pre_any`, `post`).
-
-No compiling() check, unlike the forward and h2d wrappers: in an optimizer step compiled with
-torch.compile, dynamo breaks the graph at the context-variable read (torch's step breaks it
-anyway: `_use_grad` calls `graph_break()`), so this always runs eagerly and the step still ends.
+Our wrapper goes into the closure cell of torch's own step wrapper (`profile_hook_step`), so it
+runs between the step hooks wherever torch's wrapper runs, and once for a subclass's
+`super().step()`; classes wrapped after start() are caught at `_patch_step_function`, and
+another torch falls back to global step hooks (docs/architecture.md, "The step model"). With one
+optimizer (`probe.opt_fast`) the optimizer carries an attribute naming the probe (cheaper than a
+weakref call) and its STEP_END closes the phase and the step at once. No compiling() check:
+dynamo breaks the graph at the context-variable read, so this always runs eagerly.
 """
 
 from __future__ import annotations

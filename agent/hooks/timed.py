@@ -4,7 +4,7 @@ Each is generated with the wrapped function's own signature (wrap.py) from a tem
 check that this step is timed (`probe.untimed`: phase sampling) and that this is the training
 thread (a context variable), then a time and a code on each side (`probe.put`), with no call
 layer of ours in between. Every operation here was chosen by timing
-it right after a matmul, as it runs in a training loop (README: "How the step model works").
+it right after a matmul, as it runs in a training loop (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def timed(probe: Probe, phase: int, orig: Fn, enter: int | None = None, events: 
     then a time and a code on each side (`probe.put`), with orig's own signature and no call
     layer of ours in between (wrap.py). The try blocks are free in CPython 3.11 until they
     catch; nothing can raise into the user's code. Without `events` (the data wait: no device
-    work of its own) a sampled step records no CUDA event there (`probe._append`, not `put`).
+    work of its own) an event step records no CUDA event there (`probe._append`, not `put`).
     """
     names = {
         "_tt_current": current,

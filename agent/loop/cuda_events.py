@@ -1,6 +1,6 @@
 """CUDA device time of the phases, from pooled events resolved off the training thread.
 
-The training thread records events from a pool on sampled steps only; the agent thread polls
+The training thread records events from a pool on event steps only; the agent thread polls
 `Event.query()` (never `synchronize`) and calls `elapsed_time` once both events of a pair have
 completed, writes the device times into the log in place of the events (the monitor replays
 it), then returns the events to the pool. The sampling stride keeps event recording under
@@ -21,12 +21,11 @@ if TYPE_CHECKING:
 
     from torch.cuda import Event, Stream
 
-BUDGET = 0.0003  # event recording may take at most this share of step wall time. A sampled step
-# costs ~1.7x its record() calls (housekeeping, the stream lookup, the log's tuples, cold caches):
-# 81-96 us more than a timed step on a launch-bound ~2 ms step on an H100, where the budget of
-# 0.1% gave a stride of 25 (3.3 us a step). At 0.03% it measured 79-120 there (~1 us a step,
-# 4-6 sampled steps a second); on a 15 ms step, 16-22 (bench_modes.py, test_cuda.py).
-MAX_PENDING = 4096  # sampled steps waiting for the GPU; beyond this, their device times are dropped
+# The share of step wall time that event steps may cost. An event step costs more than its
+# record() calls (housekeeping, the stream lookup, cold caches): the stride counts its whole
+# measured cost. Strides as measured: docs/benchmarks.md.
+BUDGET = 0.0003
+MAX_PENDING = 4096  # event steps waiting for the GPU; beyond this, their device times are dropped
 GIVE_UP_S = 30.0  # events not completed after this are abandoned (a hung kernel, a dead context)
 
 
@@ -71,10 +70,10 @@ class EventResolver:
     """Replaces the CUDA events in drained log entries with device times, chunk by chunk, in
     order: a chunk leaves once every event in it has completed (or after GIVE_UP_S).
 
-    A phase entry's event becomes its time in ms from the sampled step's STEP_EVENT (the monitor
+    A phase entry's event becomes its time in ms from the event step's STEP_EVENT (the monitor
     subtracts pairs); an h2d copy's pair becomes its duration; a CUDA mark becomes its value.
     Events go back to the pool once read. Chunks without tuples (every chunk of a CPU run, the
-    unsampled steps of a CUDA one) cost one scan.
+    the other steps of a CUDA one) cost one scan.
     """
 
     def __init__(self, pool: EventPool | None) -> None:
@@ -83,9 +82,9 @@ class EventResolver:
         self._ref: Event | None = None  # the STEP_EVENT event of the event step being read
         self._ref_ns = 0
         self.abandoned = 0
-        self.event_steps = 0  # sampled steps whose device times were read
+        self.event_steps = 0  # event steps whose device times were read
         self._record_cost: deque[tuple[int, int]] = deque(maxlen=64)  # (record_ns, wall_ns)
-        self._costed = 0  # sampled steps read when the stride was last worked out
+        self._costed = 0  # event steps read when the stride was last worked out
 
     def run(self, entries: list[Any], steps: int) -> list[tuple[list[Any], int]]:
         """Submit one drained chunk; return every chunk now ready, in order."""
@@ -155,7 +154,7 @@ class EventResolver:
                     except Exception:
                         value = None
                     entries[k] = (head, e[1], value)
-            elif len(e) == 2:  # a phase entry of a sampled step
+            elif len(e) == 2:  # a phase entry of an event step
                 entries[k] = (head, self._since_ref(e[1], done))
                 self._give(e[1], done)
 

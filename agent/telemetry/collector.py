@@ -1,8 +1,8 @@
 """Memory, GPU and host sampling on the agent's threads, never the training thread.
 
-`fast()` runs in the publisher's 10 Hz tick: allocator stats (~70 us) and NVML's cheap figures.
-A separate 1 Hz thread takes what is slow: psutil (per-core CPU, children), NVML PCIe throughput
-(~20 ms a call), the allocator snapshot for fragmentation (adaptive rate). Each sampler that fails
+`fast()` runs in the agent loop's tick: allocator stats and NVML's cheap figures. A separate
+1 Hz thread takes what is slow: psutil (per-core CPU, children), NVML PCIe throughput (it waits
+in the driver), the allocator snapshot for fragmentation (adaptive rate). Each sampler that fails
 repeatedly is switched off and its reason reported in `unavailable`; none ever raises.
 """
 

@@ -1,8 +1,8 @@
 """CUDA caching-allocator figures and fragmentation, sampled off the training thread.
 
-`memory_stats()` costs 60-74 us, so it runs at ~10 Hz on the agent thread, never per step.
-`memory_snapshot()` (without traces) costs ~0.5 ms per 1k blocks: its interval adapts so it stays
-under 0.1% of wall time. Neither waits for queued GPU work. Nothing here initialises CUDA: the
+`memory_stats()` is too costly for every step, so it runs with the agent's tick; the cost of
+`memory_snapshot()` (without traces) grows with the blocks, so its interval adapts to stay under
+0.1% of wall time (figures: docs/benchmarks.md). Neither waits for queued GPU work. Nothing here initialises CUDA: the
 sampler is created only once the user's code has.
 """
 

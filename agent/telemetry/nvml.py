@@ -2,8 +2,8 @@
 
 CUDA device i of this process is NVML device CUDA_VISIBLE_DEVICES[i] (an index or a UUID), or i
 when the variable is unset. Without a driver (a CPU machine) `available` is False and `reason`
-says why; nothing raises. Utilisation, power, clocks: ~1 us a call, sampled with the fast tick.
-PCIe throughput takes ~20 ms a call (it measures a window): `pcie()` runs on the slow timer only.
+says why; nothing raises. Utilisation, power and clocks are cheap: sampled with the fast tick.
+PCIe throughput waits in the driver for a measuring window: `pcie()` runs on the slow thread only.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""What holds the run back, in plain words with the numbers: pure functions over RunState.
+"""What holds the run back, in plain words with the numbers: pure functions of `Facts`.
 
-One primary verdict (`data-loading`, `transfer`, `compute`, `host-overhead`; `unknown` while
-there are too few steps) with a severity, and independent flags (`memory-pressure`,
-`fragmentation`, `dataloader-workers`, `memory-leak`). A monitor follows one agent, so one rank:
-there is no straggler flag (it would need every rank's steps side by side).
-Every threshold is in facts.THRESHOLDS and in the README; each rule is a function of `Facts`, so
-each is tested at its thresholds without sockets or a UI.
-
-Where the numbers come from (public rules this starts from):
-- input share bands 5% / 20% (TensorFlow input-pipeline analysis: < 5% not input-bound,
-  5-20% moderately, >= 20% highly); >= 50% is `critical` here (more than half the step waits).
-- GPU utilisation < 50% and peak memory > 90% of the device (PyTorch TensorBoard profiler plugin).
-- reserved >= 2x allocated with reserved >= 30% of the device (TraceML) as one fragmentation sign.
-Hysteresis: the verdict in force is re-judged with thresholds x0.8, so it does not flap between
-neighbours on noise. Warm-up steps (the first 10, where compilation and caches fill) are not judged.
+One primary verdict (`data-loading`, `transfer`, `host-overhead`, else `compute`; `unknown` with
+too few steps) with a severity; the independent flags are in flags.py. A monitor follows one
+rank, so there is no straggler flag. Thresholds (and the public rules they start from: README,
+"What the verdict means") are in facts.THRESHOLDS. The verdict in force is re-judged with its
+thresholds x0.8 (hysteresis), so it does not flap between neighbours on noise.
 """
 
 from __future__ import annotations

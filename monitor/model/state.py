@@ -224,7 +224,7 @@ def phase_ms(steps: list[StepRecord]) -> dict[str, float]:
 
 
 def device_ms(steps: list[StepRecord]) -> dict[str, float]:
-    """Mean CUDA-event milliseconds per sampled step, by phase (and `step`); {} on CPU."""
+    """Mean CUDA-event milliseconds per event step, by phase (and `step`); {} on CPU."""
     sampled = [s for s in steps if s.device_ms]
     if not sampled:
         return {}

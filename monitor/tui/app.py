@@ -1,6 +1,6 @@
 """`torchtop attach`: the live TUI on one agent.
 
-Messages up, attributes down: a thread worker (monitor/feed.py) owns the AgentClient and posts
+Messages up, attributes down: a thread worker (tui/feed.py) owns the AgentClient and posts
 messages; the app applies them to a pure RunState, and a ~4 Hz timer pushes plain values from
 that state into the widgets' reactive attributes (never per batch: a 10 kHz loop must not
 make the terminal the bottleneck). Requests to the agent (captures) go to the worker through a
@@ -312,7 +312,7 @@ class TorchtopApp(App[int]):
         mem.retry_rate = retry_rate(state, WINDOW_S)
         mem.reason = missing.get("memory", "") if tel is not None else NO_TELEMETRY
         if self._tab() == "memory" and time.perf_counter() >= self._plot_due:
-            # plotext draws a 120x30 plot in ~20 ms: once a second keeps it near 2% of a core
+            # plotext takes milliseconds to draw: once a second keeps it a small share of a core
             self._plot_due = time.perf_counter() + PLOT_REFRESH_S
             total = tel.memory[0].device_total if tel is not None and tel.memory else 0
             cuda = bool(tel is not None and tel.memory)
