@@ -117,7 +117,8 @@ def test_prefetch_thread_time_is_not_counted() -> None:
     steps = snapshot_steps(ta.current(), n)
     assert len(steps) == n == 15
     check_records(steps)
-    assert median([s.phases["data"] / MS for s in steps[2:]]) < 2.0
+    # the queue stays full: the data wait is a small share of each step, whatever the machine's speed
+    assert median([s.phases["data"] / s.wall_ns for s in steps[2:]]) < 0.1
     assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 for s in steps)
 
 

@@ -180,7 +180,8 @@ def test_eval_loop_is_reported_as_eval_not_training() -> None:
     assert len(train) == 16 and len(evals) == 6
     assert all(s.phases["backward"] == 0 and s.phases["optimizer"] == 0 for s in evals)
     assert all(s.phases["data"] >= 7 * MS for s in evals)  # the eval loader's wait is in eval steps
-    assert median([s.phases["data"] for s in train]) < 3 * MS  # and not in training steps
+    # and not in training steps: theirs is a fraction of it, however loaded the machine
+    assert median([s.phases["data"] for s in train]) < 0.5 * median([s.phases["data"] for s in evals])
 
 
 def test_plain_generator_wrapped_with_data() -> None:
@@ -198,7 +199,9 @@ def test_plain_generator_wrapped_with_data() -> None:
         opt.zero_grad()
     steps = snapshot_steps(ta.current(), 7)
     assert len(steps) == 8
-    assert all(19 * MS <= s.phases["data"] <= 30 * MS for s in steps[1:])
+    assert all(s.phases["data"] >= 19 * MS for s in steps[1:])  # a sleep never ends early
+    # the generator's work is data, not forward or other: the largest phase of each step
+    assert all(max(s.phases, key=s.phases.get) == "data" for s in steps[1:])
 
 
 def test_iterable_dataset_through_dataloader() -> None:
@@ -251,8 +254,11 @@ def test_thread_prefetching_loader_counts_only_the_training_threads_wait() -> No
     assert len(steps) == 12
     assert sum(waits[:12]) >= 60 * MS  # the training thread did wait for the slower loader
     for s, wait in zip(steps, waits):
-        assert abs(s.phases["data"] - wait) <= 1 * MS, (s.phases["data"] / MS, wait / MS)
+        # the hook's interval lies inside the one timed here, and covers nearly all of it
+        assert s.phases["data"] <= wait, (s.phases["data"] / MS, wait / MS)
         assert s.phases["data"] < s.wall_ns
+    data = sum(s.phases["data"] for s in steps)
+    assert data >= 0.9 * sum(waits[:12]), (data / MS, sum(waits[:12]) / MS)
 
 
 def test_dataloader_workers_pin_memory_persistent() -> None:
@@ -278,7 +284,10 @@ def test_dataloader_workers_pin_memory_persistent() -> None:
     # when a loaded machine slows the training thread, as a concurrent test run does)
     assert max(waits) >= 30 * MS
     for s, wait in zip(steps, waits):
-        assert abs(s.phases["data"] - wait) <= 1 * MS, (s.phases["data"] / MS, wait / MS)
+        # the hook's interval lies inside the one timed here, and covers nearly all of it
+        assert s.phases["data"] <= wait, (s.phases["data"] / MS, wait / MS)
+    data = sum(s.phases["data"] for s in steps)
+    assert data >= 0.9 * sum(waits[:12]), (data / MS, sum(waits[:12]) / MS)
 
 
 @pytest.mark.parametrize("where", ["after_step", "mid_step"])
