@@ -21,6 +21,7 @@ from torchtop.agent.contract.wire import (
     CaptureKind,
     CaptureState,
 )
+from torchtop.monitor.model import fmt
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -140,10 +141,10 @@ def describe(c: CaptureInfo) -> str:
         lines.append(f"  fetch: scp {c.host}:{c.path} .")
     s = c.summary or {}
     if "buckets" in s:
-        parts = "  ".join(f"{k} {v * 100:.0f}%" for k, v in s["buckets"].items() if v >= 0.005)
+        parts = "  ".join(f"{k} {fmt.pct(v, 0)}" for k, v in s["buckets"].items() if v >= 0.005)
         lines.append(f"  {s.get('steps', 0)} steps of {s.get('step_ms', 0):.1f} ms: {parts}")
         if s.get("gpu_idle") is not None:
-            lines.append(f"  GPU idle {s['gpu_idle'] * 100:.0f}% of the steps")
+            lines.append(f"  GPU idle {fmt.pct(s['gpu_idle'], 0)} of the steps")
     for key, title in (
         ("top_device", "top ops by self device time"),
         ("top_cpu", "top ops by self CPU time"),
