@@ -163,6 +163,7 @@ def test_contract_imports_only_msgspec_and_starts_nothing() -> None:
     assert out["atexit"] == 0
 
 
+@pytest.mark.slow  # imports torch in a fresh interpreter
 def test_agent_start_imports_torch_and_zmq() -> None:
     """The other half of the boundary: start() is what pays for torch and zmq."""
     out = run_fresh(

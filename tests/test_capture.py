@@ -160,6 +160,7 @@ def test_unwritable_output_directory_is_refused(tmp_path, monkeypatch) -> None:
     assert not reply.ok and "TORCHTOP_DIR" in reply.error
 
 
+@pytest.mark.slow  # a training subprocess and the CLI
 def test_capture_cli_end_to_end(tmp_path) -> None:
     """`torchtop capture PID --steps 2 --json` against a training process."""
     import subprocess

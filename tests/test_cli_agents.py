@@ -117,6 +117,7 @@ def _check_report(report: dict, pid: int) -> None:
     assert shares["h2d"] == 0
 
 
+@pytest.mark.slow  # a training subprocess
 def test_report_and_ls_against_a_running_training_process(training_run: dict) -> None:
     pid, port = training_run["pid"], training_run["port"]
     targets = [str(pid), f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", None]
@@ -167,6 +168,7 @@ def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> Non
         assert needle in err, err
 
 
+@pytest.mark.slow  # one CLI subprocess per target
 def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
     gone = dead_pid()
     closed = free_port_pair()
@@ -192,6 +194,7 @@ def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
     )
 
 
+@pytest.mark.slow  # CLI subprocesses
 def test_stale_discovery_file_is_skipped_and_removed(runtime_dir: Path) -> None:
     gone = dead_pid()
     stale = runtime_dir / f"agent-{gone}.json"

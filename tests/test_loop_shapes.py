@@ -67,6 +67,7 @@ def test_amp_autocast_and_grad_scaler_skipped_steps() -> None:
     assert steps[3].phases["optimizer"] == 0 and steps[4].phases["optimizer"] > 0
 
 
+@pytest.mark.slow  # torch.compile
 def test_torch_compile_model() -> None:
     assert ta.start() is not None
     model = torch.compile(mlp(), backend="eager")
@@ -81,6 +82,7 @@ def test_torch_compile_model() -> None:
     assert steps[0].phases["forward"] > 5 * median([s.phases["forward"] for s in steps[2:]])  # compiling
 
 
+@pytest.mark.slow  # torch.compile; compile time against step time is load-sensitive
 def test_model_compiled_in_place() -> None:
     """`model.compile()` (in place, after start()): dynamo traces the module's whole call, so the
     forward is timed around the compiled call instead; stop() puts the compiled call back."""
@@ -108,6 +110,7 @@ def test_model_compiled_in_place() -> None:
     assert model(torch.randn(2, 32)).shape == (2, 4)  # still compiled, still works
 
 
+@pytest.mark.slow  # torch.compile
 def test_model_compiled_in_place_before_start() -> None:
     """`model.compile()` before start(): no hook of ours runs in its call, so the agent thread
     finds it once the first steps are done, and its forward is timed from then on."""
@@ -223,6 +226,7 @@ def test_iterable_dataset_through_dataloader() -> None:
     assert median([s.phases["data"] for s in steps[1:]]) >= 11 * MS  # 4 items x 3 ms
 
 
+@pytest.mark.slow  # timed against this test's own clock: load-sensitive
 def test_thread_prefetching_loader_counts_only_the_training_threads_wait() -> None:
     """The loader thread spends ~30 ms a batch, training ~10 ms: the data phase of each step is
     what the training thread itself waited in `get()` (timed here too), not the thread's work."""
@@ -261,6 +265,7 @@ def test_thread_prefetching_loader_counts_only_the_training_threads_wait() -> No
     assert data >= 0.9 * sum(waits[:12]), (data / MS, sum(waits[:12]) / MS)
 
 
+@pytest.mark.slow  # worker processes; timed against this test's own clock
 def test_dataloader_workers_pin_memory_persistent() -> None:
     """Worker processes: the data phase is the training thread's wait in next(), as timed here."""
     assert ta.start() is not None
@@ -334,6 +339,7 @@ def test_gradient_penalty_is_backward_time_but_not_a_micro_batch() -> None:
     assert all(s.phases["backward"] >= 4 * MS for s in steps)  # the penalty's sleep is backward time
 
 
+@pytest.mark.slow  # torch.compile
 def test_compiled_optimizer_step_still_ends_steps() -> None:
     """The recipe of PyTorch's "compiling the optimizer" tutorial: the hooks run (dynamo breaks the
     graph at them, as torch's own step does), so every iteration is still a step."""

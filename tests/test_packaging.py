@@ -20,6 +20,8 @@ import pytest
 
 from tests.extras import missing_integrations
 
+pytestmark = pytest.mark.slow  # builds and installs the wheel
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = {"agent": "torchtop.agent", "monitor": "torchtop.monitor", "demos": "torchtop.demos"}
 SHIPPED = (".py", ".tcss")

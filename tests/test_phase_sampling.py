@@ -80,6 +80,7 @@ def _expected_share(steps: list) -> float:
     return sum(shares) / len(shares)
 
 
+@pytest.mark.slow  # a 3000-step real loop
 def test_fast_steps_are_all_counted_and_a_sample_is_timed(stopped) -> None:
     agent = ta.start()
     assert agent is not None
@@ -115,6 +116,7 @@ def test_fast_steps_are_all_counted_and_a_sample_is_timed(stopped) -> None:
     assert len(runs) >= 5, runs
 
 
+@pytest.mark.slow  # long real loops
 def test_every_step_is_timed_on_request_or_when_steps_are_long(stopped) -> None:
     agent = ta.start(phase_every=1)
     assert agent is not None
@@ -130,6 +132,7 @@ def test_every_step_is_timed_on_request_or_when_steps_are_long(stopped) -> None:
     assert len(steps) == 120 and all(s.phases for s in steps)
 
 
+@pytest.mark.slow  # a 2400-step real loop
 def test_the_timed_steps_breakdown_is_the_runs_own_with_periodic_stalls(stopped) -> None:
     """A loader that stalls on every 4th batch (as 4 workers would) and 1 timed step in ~4:
     a fixed stride of 4 would see every stall or none; random runs see a quarter of them."""
@@ -152,6 +155,7 @@ def test_the_timed_steps_breakdown_is_the_runs_own_with_periodic_stalls(stopped)
     assert 0.12 * len(timed) <= stalled <= 0.4 * len(timed), (stalled, len(timed))
 
 
+@pytest.mark.slow  # waits out the idle timeout
 def test_an_eval_loop_that_starts_untimed_is_seen_as_eval(stopped) -> None:
     agent = ta.start(phase_every=64)  # long untimed stretches: the loop below starts in one
     assert agent is not None
