@@ -275,6 +275,26 @@ def test_a_start_timeout_is_final_even_if_a_boundary_comes_late(controller, monk
     assert controller.current.state == CaptureState.FAILED
 
 
+def test_a_failing_profiler_step_fails_the_capture_and_stops_the_profiler(controller) -> None:
+    from torchtop.agent.contract.wire import CaptureState
+
+    probe = controller.probe
+    controller.request("capture-profile", {"steps": 3})
+    probe.on_step()  # started
+    assert torch.autograd._profiler_enabled()
+
+    def broken() -> None:
+        raise RuntimeError("profiler step broke")
+
+    controller._run.prof.step = broken
+    probe.on_step()  # never raises into the training loop
+    assert probe.on_step is None and not torch.autograd._profiler_enabled()
+    controller.poll()
+    assert (
+        controller.current.state == CaptureState.FAILED and "profiler step broke" in controller.current.error
+    )
+
+
 def test_the_agent_leaves_the_warning_filters_as_it_found_them(tmp_path, monkeypatch) -> None:
     """Its own filters (torch.compile's global-hook warning, the profiler export's) go with it:
     none stays in the user's process after stop()."""

@@ -259,6 +259,12 @@ class CaptureController:
         except Exception as exc:
             self.probe.on_step = None
             run.over = True
+            prof, run.prof = run.prof, None
+            try:
+                if prof is not None:
+                    prof.stop()  # a profiler left running would slow every step after
+            except Exception:
+                pass
             self._news.append((run.id, {"state": FAILED, "error": f"{type(exc).__name__}: {exc}"}))
 
     def _start(self, run: _Run) -> None:
