@@ -17,7 +17,7 @@ from torchtop.agent.contract.logcodes import FORWARD_START, TIMED_PHASES
 from torchtop.agent.warn import warn
 
 if TYPE_CHECKING:
-    import torch
+    from torch import Tensor
 
 T = TypeVar("T")
 _PHASE_INDEX = {name: i for i, name in enumerate(TIMED_PHASES)}
@@ -106,7 +106,7 @@ def phase(name: str) -> _Phase:
     return found
 
 
-def mark(name: str, value: float | torch.Tensor) -> None:
+def mark(name: str, value: float | Tensor) -> None:
     """Attach a user scalar (loss, tokens/s, lr) to the current step; shown by the monitor.
 
     A CUDA tensor is never read on the training thread (that would synchronize): it is copied
