@@ -238,7 +238,9 @@ def test_thread_prefetching_loader_counts_only_the_training_threads_wait() -> No
     """The loader thread spends ~30 ms a batch, training ~10 ms: the data phase of each step is
     what the training thread itself waited in `get()` (timed here too), not the thread's work."""
     q: queue.Queue = queue.Queue(maxsize=2)
-    loader = DataLoader(SleepyItems(48, 7.5), batch_size=4)
+    loader = DataLoader(
+        SleepyItems(48, 15.0), batch_size=4
+    )  # 60 ms a batch: slower than training, even loaded
 
     def produce() -> None:
         for item in loader:
