@@ -34,6 +34,8 @@ def ignore_warning(message: str = "", module: str = "") -> Callable[[], None]:
         re.compile(module) if module else None,
         0,
     )
+    if entry not in warnings.filters:  # a Python that stores filters otherwise: the one just added
+        entry = warnings.filters[0]
 
     def remove() -> None:
         try:
