@@ -4,7 +4,8 @@ Three threads take part and one owns the record: the agent thread validates a re
 training thread and publishes each `CaptureInfo` (a new frozen one at every change). The training
 thread starts, steps and stops the profiler at step boundaries (it records only the thread that
 started it); a writer thread exports the files. Both post what happened to the agent thread.
-Files go only under $TORCHTOP_DIR (else ./torchtop-captures): the client names no path.
+The client names no path: files go under $TORCHTOP_DIR (else ./torchtop-captures), and only as
+files.py allows (a private directory, new 0600 files, never through a link).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import socket
 import threading
 import time
 from collections import deque
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from torchtop.agent.capture import files
 from torchtop.agent.contract.wire import (
     CAPTURE_ACTIVE,
     CAPTURE_DEFAULT_STEPS,
@@ -31,7 +32,7 @@ from torchtop.agent.contract.wire import (
     CaptureKind,
     CaptureState,
 )
-from torchtop.agent.warn import ignore_warning
+from torchtop.agent.warn import ignore_warning, warn
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,14 +54,10 @@ class CaptureError(ValueError):
     """A request refused; the message is sent back to the client."""
 
 
-def output_dir() -> Path:
-    return Path(os.environ.get("TORCHTOP_DIR") or (Path.cwd() / "torchtop-captures")).resolve()
-
-
 def _check_args(args: dict[str, Any], allowed: dict[str, Any]) -> None:
     for key, value in args.items():
         if key not in allowed:
-            raise CaptureError(f"unknown argument {key!r}; allowed: {', '.join(allowed)}")
+            raise CaptureError(f"unknown argument {key[:64]!r}; allowed: {', '.join(allowed)}")
         kind = allowed[key]
         if isinstance(value, bool) and kind is not bool:
             raise CaptureError(f"argument {key!r} must be a number, not a boolean")
@@ -79,6 +76,7 @@ class _Run:
         self.options = options
         self.over = False
         self.started = False
+        self.started_at = 0.0
         self.steps_done = 0
         self.prof: Profiler | None = None
 
@@ -88,7 +86,9 @@ class CaptureController:
         self.cuda = cuda
         self.torch: ModuleType = cuda.torch
         self.probe = probe
-        self.dir = output_dir()
+        self.wanted = files.wanted_dir()  # from the cwd at start; checked again at each request
+        self._dest: files.Destination | None = None  # the current capture's verified directory
+        self._warned = ""  # the fallback note already said on stderr
         self.host = socket.gethostname()
         # the agent thread's (close()'s once that thread has stopped): published, never mutated
         self.current: CaptureInfo | None = None
@@ -108,15 +108,13 @@ class CaptureController:
             )
         kind, steps, seconds = self._validate(cmd, args)
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CaptureError(
-                f"cannot create the output directory {self.dir} ({exc}); set TORCHTOP_DIR"
-            ) from None
-        if not os.access(self.dir, os.W_OK):
-            raise CaptureError(
-                f"output directory {self.dir} is not writable; set TORCHTOP_DIR to one that is"
-            )
+            dest = files.open_destination(self.wanted)
+        except files.CaptureDirError as exc:
+            raise CaptureError(str(exc)) from None
+        if dest.note and dest.note != self._warned:
+            warn(dest.note)  # once per reason; every capture it applies to carries it too
+            self._warned = dest.note
+        self._dest = dest  # the last capture's was closed when it finished
         self._ids += 1
         info = CaptureInfo(
             id=self._ids,
@@ -125,6 +123,7 @@ class CaptureController:
             steps_total=steps,
             seconds=seconds,
             host=self.host,
+            note=dest.note,
             requested_at=time.time(),
         )
         self.current = info
@@ -185,7 +184,7 @@ class CaptureController:
             run.over = True
             self.probe.on_step = None
             self._publish(c.id, state=WRITING)
-            self._spawn(self._write_memory, c.id, c.kind)
+            self._spawn(self._write_memory, c.id, c.kind, c.started_at, self._dest)
 
     def status(self) -> list[CaptureInfo]:
         self._apply_news()
@@ -209,9 +208,15 @@ class CaptureController:
             changes["error"] = changes["error"][:500]
         c = msgspec.structs.replace(c, **changes)
         if c.state not in CAPTURE_ACTIVE:
+            self._close_dest()  # before the state says so: the next request may open its own
             c = msgspec.structs.replace(c, finished_at=time.time())
             self.done.append(c)
         self.current = c
+
+    def _close_dest(self) -> None:
+        dest, self._dest = self._dest, None
+        if dest is not None:
+            dest.close()
 
     def close(self) -> None:
         """On agent stop, once the agent thread has stopped (this thread owns the record now):
@@ -248,14 +253,15 @@ class CaptureController:
             if run.steps and run.steps_done >= run.steps:
                 self.probe.on_step = None
                 run.over = True
+                dest = self._dest  # set before arming; closed only once the capture has finished
                 if run.prof is not None:
                     prof, run.prof = run.prof, None
                     prof.stop()
                     self._news.append((run.id, {"state": WRITING}))
-                    self._spawn(self._write_profile, run.id, run.kind, prof)
+                    self._spawn(self._write_profile, run.id, run.kind, run.started_at, dest, prof)
                 else:
                     self._news.append((run.id, {"state": WRITING}))
-                    self._spawn(self._write_memory, run.id, run.kind)
+                    self._spawn(self._write_memory, run.id, run.kind, run.started_at, dest)
         except Exception as exc:
             self.probe.on_step = None
             run.over = True
@@ -271,7 +277,7 @@ class CaptureController:
         with self._start_lock:  # once a capture: cheap, and a timeout cannot cancel it half-started
             if run.over:
                 return
-            started_at = time.time()
+            run.started_at = started_at = time.time()
             if run.kind == CaptureKind.PROFILE:
                 run.prof = self._profiler(run)
                 run.prof.start()
@@ -301,19 +307,22 @@ class CaptureController:
     def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
         threading.Thread(target=fn, args=args, name="torchtop-capture", daemon=True).start()
 
-    def _path(self, cid: int, kind: CaptureKind, suffix: str) -> Path:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        return self.dir / f"{kind}-{os.getpid()}-{stamp}-{cid}{suffix}"
+    def _stem(self, cid: int, kind: CaptureKind, started_at: float) -> str:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started_at))
+        return f"{kind}-{os.getpid()}-{stamp}-{cid}"
 
-    def _write_profile(self, cid: int, kind: CaptureKind, prof: Profiler) -> None:
+    def _write_profile(
+        self, cid: int, kind: CaptureKind, started_at: float, dest: files.Destination | None, prof: Profiler
+    ) -> None:
         from torchtop.agent.capture.trace_summary import summarize
 
         quiet = ignore_warning(module=r"torch\.(autograd\.)?profiler")  # its export warns on this thread
         try:
-            path = self._path(cid, kind, ".pt.trace.json.gz")
-            prof.export_chrome_trace(str(path))
-            with gzip.open(path, "rt") as fh:
-                events = json.load(fh).get("traceEvents", [])
+            assert dest is not None
+            stem = self._stem(cid, kind, started_at)
+            path, events = files.export(
+                dest, stem, ".pt.trace.json.gz", prof.export_chrome_trace, _trace_events
+            )
             summary = summarize(events) | _top_ops(prof)
             self._news.append((cid, {"state": DONE, "path": str(path), "summary": summary}))
         except Exception as exc:
@@ -323,17 +332,20 @@ class CaptureController:
         finally:
             quiet()
 
-    def _write_memory(self, cid: int, kind: CaptureKind) -> None:
+    def _write_memory(
+        self, cid: int, kind: CaptureKind, started_at: float, dest: files.Destination | None
+    ) -> None:
         from torchtop.agent.capture.memory_summary import top_allocation_sites
 
         torch = self.torch
         try:
-            path = self._path(cid, kind, ".memory.pickle")
             snapshot = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             import pickle
 
-            with open(path, "wb") as fh:  # the format pytorch.org/memory_viz opens; never sent on the wire
+            assert dest is not None
+            path, fd = files.create(dest, self._stem(cid, kind, started_at), ".memory.pickle")
+            with os.fdopen(fd, "wb") as fh:  # the format pytorch.org/memory_viz opens; never sent on the wire
                 pickle.dump(snapshot, fh)
             summary = {
                 "top_sites": top_allocation_sites(snapshot),
@@ -348,6 +360,11 @@ class CaptureController:
             self._news.append(
                 (cid, {"state": FAILED, "error": f"snapshot failed: {type(exc).__name__}: {exc}"})
             )
+
+
+def _trace_events(path: str) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as fh:
+        return json.load(fh).get("traceEvents", [])
 
 
 def _top_ops(prof: Profiler, n: int = 10) -> dict[str, Any]:
