@@ -51,6 +51,7 @@ class TelemetryCollector:
         self.unavailable: dict[str, str] = {}
         self.busy_ns = 0  # the slow thread's CPU time at work
         self.attended = False  # a subscriber is on the stream (the agent thread says so)
+        self.recording = False  # a recording is kept: the host is sampled every period anyway
         self._memory: list[MemorySample] = []
         self._frag: list[FragSample] = []
         self._gpus: list[GpuSample] = []
@@ -132,13 +133,13 @@ class TelemetryCollector:
                     gpus.append(s)
             self._gpus = gpus
 
-    def slow(self) -> None:
+    def slow(self, host_only: bool = False) -> None:
         """1 Hz: host, PCIe throughput, fragmentation (when due)."""
         if self._host_sampler is not None and self._breakers["host"].on:
             host = self._breakers["host"].run(self._host_sampler.sample)
             if host is not None:
                 self._host = host
-        if self._cuda_mem is None:
+        if self._cuda_mem is None or host_only:
             return
         devices = list(self._devices)
         if self._nvml is not None and self._breakers["pcie"].on:
@@ -171,11 +172,12 @@ class TelemetryCollector:
         quiet = 0
         while not self._stop.wait(SLOW_PERIOD_S):
             quiet = 0 if self.attended else quiet + 1
-            if quiet % UNATTENDED_SLOW_PERIODS != 0:
+            full = quiet % UNATTENDED_SLOW_PERIODS == 0
+            if not full and not self.recording:
                 continue  # nobody is watching: host, PCIe and fragmentation every 10 s only
             busy = time.thread_time_ns()
             try:
-                self.slow()
+                self.slow(host_only=not full)  # a recording keeps the host's figures at 1 Hz
             except Exception:
                 pass
             self.busy_ns += time.thread_time_ns() - busy
