@@ -237,6 +237,31 @@ def build_parser() -> argparse.ArgumentParser:
     replay_cli.add_arguments(p)
     p.set_defaults(func=replay_cli.run)
 
+    from torchtop.monitor.commands import compare as compare_cli
+
+    p = sub.add_parser(
+        "compare", help="recordings side by side, each against the first (or --demo amp|workers)"
+    )
+    compare_cli.add_arguments(p)
+    p.set_defaults(func=compare_cli.run)
+
+    from torchtop.monitor.commands import export as export_cli
+
+    p = sub.add_parser(
+        "export", help="headless: agents' figures as Prometheus (/metrics) and/or OTLP metrics"
+    )
+    export_cli.add_arguments(p)
+    remote.add_arguments(p)
+    p.set_defaults(func=export_cli.run)
+
+    from torchtop.monitor.commands import trace as trace_cli
+
+    p = sub.add_parser(
+        "trace", help="recordings (and capture traces) to one Perfetto/Chrome trace, a track per rank"
+    )
+    trace_cli.add_arguments(p)
+    p.set_defaults(func=trace_cli.run)
+
     from torchtop.monitor.commands.demo import add_demo_arguments
 
     p = sub.add_parser("demo", help="run a demo training job with the agent and open the TUI on it")
