@@ -220,10 +220,13 @@ def read_rank(path: Path) -> RankRecording:
         thin = _read_track(segments(path, "thin"), rec.warnings.append)
         start = next((m.time for m in full if isinstance(m, wire.Batch)), None)
         if start is not None and thin:
-            older = [m for m in thin if not isinstance(m, wire.Batch) or m.time < start]
+            cut = next(
+                (k for k, m in enumerate(thin) if isinstance(m, wire.Batch) and m.time >= start), len(thin)
+            )
+            older = thin[:cut]  # the thin track up to where the full one starts
             if any(isinstance(m, wire.Batch) for m in older):
                 rec.thinned_until = start
-            full = older + full
+                full = older + full
         rec.messages = full or thin
     rec.messages, runs = _last_run(rec.messages)
     if runs > 1:

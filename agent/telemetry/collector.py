@@ -170,6 +170,11 @@ class TelemetryCollector:
 
     def _run(self) -> None:
         quiet = 0
+        if self.recording:  # a short run's recording has the host's figures too
+            try:
+                self.slow(host_only=True)
+            except Exception:
+                pass
         while not self._stop.wait(SLOW_PERIOD_S):
             quiet = 0 if self.attended else quiet + 1
             full = quiet % UNATTENDED_SLOW_PERIODS == 0

@@ -80,7 +80,7 @@ class HostSampler:
             mem_available=vm.available,
             mem_percent=vm.percent,
             workers=self._workers(),
-            proc_rss_peak=peak_rss(),
+            proc_rss_peak=max(peak_rss(), rss),  # the kernel's high-water mark may lag a read
         )
 
 
