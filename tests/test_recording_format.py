@@ -7,47 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.recording_util import T0, batch, hello, write
 from torchtop.agent.contract import logcodes, wire
 from torchtop.agent.contract import recording as rec
 from torchtop.agent.contract import recording_store as store
 from torchtop.monitor.model.playback import Playback, load, parse_when
-
-V = wire.PROTOCOL_VERSION
-T0 = 1_800_000_000.0
-
-
-def hello(run_id: str = "run-a", rank: int = 0) -> wire.Hello:
-    return wire.Hello(
-        v=V, run_id=run_id, pid=42, host="h", port=1, pub_port=2, device="cpu", start_time=T0, rank=rank
-    )
-
-
-def batch(k: int, steps_per_chunk: int = 10, run_id: str = "run-a", rank: int = 0) -> wire.Batch:
-    """Batch k: one chunk of `steps_per_chunk` whole steps (pairs, as a CPU agent ships them),
-    a step every ms, ten batches a second."""
-    base = int(1e9) + k * steps_per_chunk * 1_000_000
-    items: list[int] = []
-    for s in range(steps_per_chunk):
-        t = base + s * 1_000_000
-        items += [
-            t + 100,
-            logcodes.FORWARD,
-            t + 400,
-            logcodes.EXIT | logcodes.FORWARD,
-            t + 1_000_000,
-            logcodes.BOUNDARY,
-        ]
-    chunk = wire.LogChunk(k, (k + 1) * steps_per_chunk, items, True)
-    tel = wire.Telemetry(time=T0 + k * 0.1)
-    return wire.Batch(v=V, run_id=run_id, seq=k, time=T0 + k * 0.1, log=[chunk], telemetry=tel, rank=rank)
-
-
-def write(path: Path, n: int, max_bytes: int = store.DEFAULT_MAX_BYTES, **kw: object) -> None:
-    w = store.RecordingWriter(path, 0, max_bytes)
-    w.write(hello())
-    for k in range(n):
-        w.write(batch(k, **kw))  # type: ignore[arg-type]
-    w.close()
 
 
 def steps_of(path: Path) -> list[int]:
