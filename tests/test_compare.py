@@ -103,3 +103,41 @@ def test_amp_and_fp32_demos_compare_with_the_right_signs(tmp_path: Path) -> None
     assert (speed["delta"] > 0) == (own["bf16"][0] > own["fp32"][0])
     assert (memory["delta"] > 0) == (own["bf16"][1] > own["fp32"][1])
     assert speed["verdict"] == "better" and memory["verdict"] == "better", err
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_amp_and_fp32_demos_compare_on_cuda(tmp_path: Path, dtype: str) -> None:
+    """On a GPU: autocast is faster and its CUDA allocator peak is lower (half-size activations),
+    as the demos measure themselves (torch.cuda.max_memory_allocated)."""
+    code, out, err = run_cli(
+        "compare",
+        "--demo",
+        "amp",
+        "--device",
+        "cuda",
+        "--amp-dtype",
+        dtype,
+        "--demo-seconds",
+        "20",
+        "--json",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 0, err
+    own = {
+        name: (float(rate), float(peak))
+        for name, rate, peak in re.findall(
+            r"(\w+): stopped after .*\(([\d.]+) steps/s\).*CUDA peak allocated ([\d.]+) MiB", err
+        )
+    }
+    assert set(own) == {"fp32", dtype}, err
+    result = json.loads(out)
+    assert [r["memory_kind"] for r in result["runs"]] == ["CUDA peak allocated"] * 2
+    r = rows(result)
+    speed, memory = r["steps_per_s"]["changes"][0], r["memory_peak"]["changes"][0]
+    assert (speed["delta"] > 0) == (own[dtype][0] > own["fp32"][0])
+    assert (memory["delta"] > 0) == (own[dtype][1] > own["fp32"][1])
+    assert speed["verdict"] == "better" and memory["verdict"] == "better", err
+    print(f"\n{dtype} vs fp32 on CUDA: speed x{speed['ratio']:.2f}, memory peak x{memory['ratio']:.2f}")

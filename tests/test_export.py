@@ -282,3 +282,18 @@ def test_samples_name_only_known_metrics_with_bounded_labels() -> None:
     assert by[("torchtop_verdict", "data-loading")] == 2 and by[("torchtop_flag", "memory-leak")] == 2
     assert by[("torchtop_process_cpu_ratio", None)] == 1.5
     assert all(dict(s.labels)["rank"] == "3" for s in got)
+
+
+def test_the_grafana_dashboard_names_only_exported_metrics() -> None:
+    import re
+
+    dashboard = json.loads(
+        (Path(__file__).resolve().parent.parent / "docs" / "grafana-torchtop.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    names = {re.sub(r"_total$", "", n) for e in exprs for n in re.findall(r"torchtop_\w+", e)}
+    assert names and names <= set(METRICS), names - set(METRICS)
+    counters = {n for e in exprs for n in re.findall(r"torchtop_\w+_total", e)}
+    assert all(METRICS[n.removesuffix("_total")][0] == "counter" for n in counters)
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"job", "node", "rank"} <= variables
