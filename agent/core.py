@@ -181,6 +181,11 @@ class Agent:
         if self.hooks is not None:
             self.hooks.uninstall()
         loop = getattr(self, "loop", None)
+        if self.recorder is not None and self.telemetry is not None:
+            try:  # the recording ends with the host as it is now (unattended it is read every 10 s)
+                self.telemetry.slow(host_only=True)
+            except Exception:
+                pass
         if loop is not None:
             loop.stop()
         if self.recorder is not None:  # after the loop's last tick: its batch is recorded too

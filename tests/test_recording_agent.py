@@ -19,12 +19,14 @@ import pytest
 
 from tests.agent_util import mlp, tensor_loader, train
 from torchtop.agent.contract import wire
-from torchtop.monitor.commands.cli import collect, main
+from torchtop.monitor.commands.cli import main
 from torchtop.monitor.commands.launch import wait_for_agents
 from torchtop.monitor.diagnosis.report import build_report
+from torchtop.monitor.link.client import AgentClient
 from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model.playback import load
+from torchtop.monitor.model.state import RunState
 from torchtop.monitor.tui.feed import run_feed
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread_warm_torch")]
@@ -81,19 +83,37 @@ def test_a_recorded_run_replays_with_every_step(tmp_path: Path) -> None:
     assert host and host[-1].proc_rss_peak >= host[-1].proc_rss > 0
 
 
+def watch(endpoint: Endpoint, seconds: float, timeout: float = 120.0) -> RunState:
+    """A live monitor's state (as `torchtop report` collects it) once the run has trained for
+    `seconds` while it watched: a loaded machine may take a while to start training."""
+    client = AgentClient(endpoint)
+    state = RunState()
+    try:
+        state.apply_hello(client.hello())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for got in client.recv_batches(0.5):
+                state.apply_batch(got.batch, got.steps, time.monotonic(), got.log_errors)
+            if state.steps and state.agent_time - state.steps[0].t0 > seconds:
+                return state
+        raise AssertionError(f"the run did not train for {seconds} s within {timeout} s")
+    finally:
+        client.close()
+
+
 def test_report_file_equals_the_live_report(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    """A monitor watches the run from its first step for 4 s; `report FILE --until` its last
-    batch gives the same JSON (the target and the batch count aside: the file has the batches
-    recorded before anyone listened too)."""
+    """A monitor watches the run from its first step until it has trained for 5 s; `report FILE
+    --until` its last batch gives the same JSON over the last 4 s (the target and the batch
+    count aside: the file has the batches recorded before anyone listened too)."""
     record = tmp_path / "run"
-    proc = child(tmp_path, record, "watched", 8.0, subprocess_env)
+    proc = child(tmp_path, record, "watched", 120.0, subprocess_env)
     try:
         (info,) = wait_for_agents(proc, timeout=60)
-        live_state = collect(from_discovery(info), 4.0)
+        live_state = watch(from_discovery(info), 5.0)
         live = build_report(live_state, 4.0, "live")
-        proc.wait(timeout=60)
     finally:
         proc.kill()
+        proc.wait(10)
     assert live["steps"] > 50 and live_state.gaps == 0
     out = io.StringIO()
     with redirect_stdout(out):

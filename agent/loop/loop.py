@@ -141,6 +141,9 @@ class AgentLoop(threading.Thread):
                     return
                 time.sleep(self.period)
         try:
+            self._telemetry_due = (
+                0.0  # the last batch carries the latest samples (a recording ends with them)
+            )
             self._tick()  # the last steps before stop
         except Exception:
             pass

@@ -51,7 +51,7 @@ class TelemetryCollector:
         self.unavailable: dict[str, str] = {}
         self.busy_ns = 0  # the slow thread's CPU time at work
         self.attended = False  # a subscriber is on the stream (the agent thread says so)
-        self.recording = False  # a recording is kept: the host is sampled every period anyway
+        self.recording = False  # a recording is kept: the host is sampled at the start too
         self._memory: list[MemorySample] = []
         self._frag: list[FragSample] = []
         self._gpus: list[GpuSample] = []
@@ -64,6 +64,7 @@ class TelemetryCollector:
         self._host_sampler: Any = None
         self._breakers = {n: _Breaker(n, self.unavailable) for n in ("memory", "frag", "gpu", "pcie", "host")}
         self._stop = threading.Event()
+        self._slow_lock = threading.Lock()  # the slow thread, and a last host sample at stop
         self._thread: threading.Thread | None = None
         self.enable_host = enable_host
         self.enable_gpu = enable_gpu
@@ -135,6 +136,10 @@ class TelemetryCollector:
 
     def slow(self, host_only: bool = False) -> None:
         """1 Hz: host, PCIe throughput, fragmentation (when due)."""
+        with self._slow_lock:
+            self._slow(host_only)
+
+    def _slow(self, host_only: bool) -> None:
         if self._host_sampler is not None and self._breakers["host"].on:
             host = self._breakers["host"].run(self._host_sampler.sample)
             if host is not None:
@@ -177,12 +182,11 @@ class TelemetryCollector:
                 pass
         while not self._stop.wait(SLOW_PERIOD_S):
             quiet = 0 if self.attended else quiet + 1
-            full = quiet % UNATTENDED_SLOW_PERIODS == 0
-            if not full and not self.recording:
+            if quiet % UNATTENDED_SLOW_PERIODS != 0:
                 continue  # nobody is watching: host, PCIe and fragmentation every 10 s only
             busy = time.thread_time_ns()
             try:
-                self.slow(host_only=not full)  # a recording keeps the host's figures at 1 Hz
+                self.slow()
             except Exception:
                 pass
             self.busy_ns += time.thread_time_ns() - busy

@@ -210,57 +210,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_report)
 
-    from torchtop.monitor.commands import capture as capture_cli
-
-    p = sub.add_parser(
-        "capture", help="capture a torch.profiler trace (or CUDA memory snapshot) of the next steps"
-    )
-    capture_cli.add_arguments(p)
-    remote.add_arguments(p)
-    p.set_defaults(func=capture_cli.run)
-
-    p = sub.add_parser("keys", help="make CURVE keys for direct remote access (SSH needs none)")
-    keys_cli.add_arguments(p)
-    p.set_defaults(func=keys_cli.run)
-
+    from torchtop.monitor.commands import capture, compare, export, replay, trace
     from torchtop.monitor.commands import run as run_cmd
 
-    p = sub.add_parser(
-        "run", help="run a training command with the agent injected: torchtop run -- python train.py"
-    )
-    run_cmd.add_arguments(p)
-    p.set_defaults(func=run_cmd.run)
-
-    from torchtop.monitor.commands import replay as replay_cli
-
-    p = sub.add_parser("replay", help="the TUI over a recording: pause, speed, seek, jump to a step or time")
-    replay_cli.add_arguments(p)
-    p.set_defaults(func=replay_cli.run)
-
-    from torchtop.monitor.commands import compare as compare_cli
-
-    p = sub.add_parser(
-        "compare", help="recordings side by side, each against the first (or --demo amp|workers)"
-    )
-    compare_cli.add_arguments(p)
-    p.set_defaults(func=compare_cli.run)
-
-    from torchtop.monitor.commands import export as export_cli
-
-    p = sub.add_parser(
-        "export", help="headless: agents' figures as Prometheus (/metrics) and/or OTLP metrics"
-    )
-    export_cli.add_arguments(p)
-    remote.add_arguments(p)
-    p.set_defaults(func=export_cli.run)
-
-    from torchtop.monitor.commands import trace as trace_cli
-
-    p = sub.add_parser(
-        "trace", help="recordings (and capture traces) to one Perfetto/Chrome trace, a track per rank"
-    )
-    trace_cli.add_arguments(p)
-    p.set_defaults(func=trace_cli.run)
+    # commands with their own module: (name, module, help, takes remote options)
+    for name, module, text, remote_options in (
+        (
+            "capture",
+            capture,
+            "capture a torch.profiler trace (or CUDA memory snapshot) of the next steps",
+            True,
+        ),
+        ("keys", keys_cli, "make CURVE keys for direct remote access (SSH needs none)", False),
+        (
+            "run",
+            run_cmd,
+            "run a training command with the agent injected: torchtop run -- python train.py",
+            False,
+        ),
+        ("replay", replay, "the TUI over a recording: pause, speed, seek, jump to a step or time", False),
+        (
+            "compare",
+            compare,
+            "recordings side by side, each against the first (or --demo amp|workers)",
+            False,
+        ),
+        ("export", export, "headless: agents' figures as Prometheus (/metrics) and/or OTLP metrics", True),
+        (
+            "trace",
+            trace,
+            "recordings (and capture traces) to one Perfetto/Chrome trace, a track per rank",
+            False,
+        ),
+    ):
+        p = sub.add_parser(name, help=text)
+        module.add_arguments(p)
+        if remote_options:
+            remote.add_arguments(p)
+        p.set_defaults(func=module.run)
 
     from torchtop.monitor.commands.demo import add_demo_arguments
 
