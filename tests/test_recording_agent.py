@@ -175,3 +175,38 @@ def test_a_monitor_records_what_it_receives(tmp_path: Path) -> None:
     got = [s.i for p in playback.play() for s in p.steps if s.kind == "train"]
     assert got == list(range(steps))
     assert playback.hello is not None and playback.hello.run_id == agent.run_id
+
+
+@pytest.mark.cuda
+def test_a_recorded_cuda_run_keeps_device_times_and_memory(tmp_path: Path) -> None:
+    import torch
+
+    import torchtop.agent as ta
+
+    agent = ta.start(record=tmp_path)
+    assert agent is not None
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)
+    ).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(256, 1024, device="cuda"), torch.randint(0, 10, (256,), device="cuda")
+    steps, end = 0, time.monotonic() + 4
+    while time.monotonic() < end:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+    torch.cuda.synchronize()
+    ta.stop()
+    playback, _ = load(tmp_path)
+    got = [s for p in playback.play() for s in p.steps if s.kind == "train"]
+    assert [s.i for s in got] == list(range(steps))
+    assert any(s.device_ms for s in got)  # CUDA-event times of the sampled steps
+    assert playback.hello is not None and playback.hello.device == "cuda"
+    memory = [
+        m.telemetry.memory
+        for m in playback.messages
+        if isinstance(m, wire.Batch) and m.telemetry and m.telemetry.memory
+    ]
+    assert memory and memory[-1][0].peak_allocated > 0

@@ -164,9 +164,11 @@ class SegmentWriter:
     frame is in the kernel's hands when `append` returns, so a killed process loses nothing it
     appended."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, exclusive: bool = False) -> None:
+        """`exclusive`: a new file or FileExistsError (two writers never share a segment)."""
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_EXCL if exclusive else 0)
+        self._fd = os.open(path, flags, 0o644)
         self.size = os.fstat(self._fd).st_size
         if self.size == 0:
             self._write(header())

@@ -80,9 +80,14 @@ class _Track:
     def _rotate(self, hello: bytes | None) -> SegmentWriter:
         if self.current is not None:
             self.current.close()
-        path = self.directory / f"{self.name}-{self.next_index:06d}{SUFFIX}"
-        self.next_index += 1
-        self.current = SegmentWriter(path)
+        while True:  # another writer in the same directory (a second process of this rank) skips ahead
+            path = self.directory / f"{self.name}-{self.next_index:06d}{SUFFIX}"
+            self.next_index += 1
+            try:
+                self.current = SegmentWriter(path, exclusive=True)
+                break
+            except FileExistsError:
+                continue
         if hello is not None:  # every segment can be read on its own
             self.current.append(hello)
         self.sizes[path] = self.current.size

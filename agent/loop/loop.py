@@ -141,9 +141,7 @@ class AgentLoop(threading.Thread):
                     return
                 time.sleep(self.period)
         try:
-            self._telemetry_due = (
-                0.0  # the last batch carries the latest samples (a recording ends with them)
-            )
+            self._telemetry_due = self._hello_due = 0.0  # a recording ends with the latest of both
             self._tick()  # the last steps before stop
         except Exception:
             pass
@@ -159,6 +157,7 @@ class AgentLoop(threading.Thread):
                 self.resolver.pool = pool
                 self.probe.event_every = 8
                 self.probe.pool = pool
+                self._hello_due = 0.0  # the run is on CUDA now: a recording's Hello says so
         except Exception:
             self.errors += 1
 

@@ -88,12 +88,17 @@ def report_file(args: argparse.Namespace) -> int:
     from torchtop.monitor.model.playback import load, resolve_until
 
     try:
-        playback, _ = load(args.target, args.rank)
+        playback, ranks = load(args.target, args.rank)
         until = resolve_until(playback, args.until)
     except (RecordingError, ValueError) as exc:
         return _fail(str(exc))
     for line in playback.warnings:
         print(f"torchtop: {line}", file=sys.stderr)
+    if len(ranks) > 1 and args.rank is None:
+        print(
+            f"torchtop: {len(ranks)} ranks recorded; reporting rank {min(ranks)} (--rank N for another)",
+            file=sys.stderr,
+        )
     state = playback.state_until(until)
     window = float("inf") if args.history else args.seconds
     report = build_report(state, args.seconds, str(args.target), window=window)
