@@ -68,6 +68,10 @@ METRICS: tuple[Metric, ...] = (
     *(Metric(f"phase.{p}", f"  {p}", "ms", "lower", _path("phase_ms", p)) for p in PHASES),
     *(Metric(f"share.{p}", f"  {p} share", "share", None, _path("breakdown", p)) for p in PHASES),
     Metric("memory_peak", "memory peak", "bytes", "lower", lambda r: memory_peak(r)[0]),
+    # where the report carries throughput (samples, tokens, FLOPs: the `throughput` section)
+    Metric("samples_per_s", "samples/s", "/s", "higher", _path("throughput", "samples_per_s")),
+    Metric("tokens_per_s", "tokens/s", "/s", "higher", _path("throughput", "tokens_per_s")),
+    Metric("tflops", "achieved TFLOP/s", "/s", "higher", _path("throughput", "achieved_tflops")),
     Metric("mfu", "MFU", "ratio", "higher", mfu),
 )
 
@@ -106,7 +110,8 @@ def device_metrics(reports: list[dict[str, Any]]) -> list[Metric]:
 
 def compare(reports: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
     """The comparison as JSON-able data: runs (name, steps, verdict, flags, memory kind) and rows."""
-    metrics = [*METRICS[:3], *METRICS[3 : 3 + 2 * len(PHASES)], *device_metrics(reports), *METRICS[-2:]]
+    head = 3 + 2 * len(PHASES)  # steps/s, step times, then phase times and shares
+    metrics = [*METRICS[:head], *device_metrics(reports), *METRICS[head:]]
     rows = []
     for m in metrics:
         values = [m.get(r) for r in reports]
