@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_util import mlp, tensor_loader, train
+from tests.agent_util import endpoint_for, mlp, tensor_loader, train
 from torchtop.agent.contract import wire
 from torchtop.monitor.commands.cli import main
 from torchtop.monitor.commands.launch import wait_for_agents
@@ -36,7 +36,7 @@ import sys, time, torch
 sys.path.insert(0, {root!r})
 torch.set_num_threads(1)
 import torchtop.agent as ta
-from tests.agent_util import mlp, tensor_loader, train
+from tests.agent_util import endpoint_for, mlp, tensor_loader, train
 agent = ta.start(record={record!r})
 assert agent is not None and agent.recorder is not None
 mode, seconds = sys.argv[1], float(sys.argv[2])
@@ -157,7 +157,7 @@ def test_a_monitor_records_what_it_receives(tmp_path: Path) -> None:
     recorder = MonitorRecorder(tmp_path / "seen")
     feed = threading.Thread(
         target=run_feed,
-        args=(Endpoint("127.0.0.1", agent.port), posted.append, stop.is_set),
+        args=(endpoint_for(agent), posted.append, stop.is_set),
         kwargs={"recorder": recorder},
     )
     feed.start()

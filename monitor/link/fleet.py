@@ -60,10 +60,10 @@ class Fleet:
         self._rescan_at = 0.0
         self._pinned: set[str] = set()  # endpoints asked for by name: watched even while down
         for e in endpoints or []:
-            self._pinned.add(self.add(e).endpoint.address())
+            self._pinned.add(self.add(e).endpoint.address)
 
     def add(self, endpoint: Endpoint) -> Watched:
-        key = endpoint.address()
+        key = endpoint.address
         if key not in self.agents:
             client = AgentClient(endpoint, self.ctx)
             client.budget = StepBudget(self.replay_steps_per_s)
@@ -80,7 +80,7 @@ class Fleet:
         now = time.monotonic()
         if self.discover and now >= self._rescan_at:
             self._rescan_at = now + RESCAN_S
-            found = {self.add(from_discovery(info)).endpoint.address() for info in local_agents()}
+            found = {self.add(from_discovery(info)).endpoint.address for info in local_agents()}
             for key in [k for k, w in self.agents.items() if k not in found | self._pinned and not w.up]:
                 self.agents.pop(key).client.close()  # a run that ended: its series go stale
         for w in self.agents.values():
