@@ -85,20 +85,15 @@ def report_file(args: argparse.Namespace) -> int:
     """`report FILE`: the same JSON as live, over the recording's last S seconds (or up to --until)."""
     from torchtop.agent.contract.recording import RecordingError
     from torchtop.monitor.diagnosis.report import build_report
-    from torchtop.monitor.model.playback import load, resolve_until
+    from torchtop.monitor.model.playback import load, notes, resolve_until
 
     try:
         playback, ranks = load(args.target, args.rank)
         until = resolve_until(playback, args.until)
     except (RecordingError, ValueError) as exc:
         return _fail(str(exc))
-    for line in playback.warnings:
+    for line in notes(playback, ranks, args.rank, "reporting"):
         print(f"torchtop: {line}", file=sys.stderr)
-    if len(ranks) > 1 and args.rank is None:
-        print(
-            f"torchtop: {len(ranks)} ranks recorded; reporting rank {min(ranks)} (--rank N for another)",
-            file=sys.stderr,
-        )
     state = playback.state_until(until)
     window = float("inf") if args.history else args.seconds
     report = build_report(state, args.seconds, str(args.target), window=window)

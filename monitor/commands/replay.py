@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from torchtop.agent.contract.recording import RecordingError
-    from torchtop.monitor.model.playback import load
+    from torchtop.monitor.model.playback import load, notes
 
     try:
         playback, ranks = load(args.path, args.rank)
@@ -31,13 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         print("torchtop: --speed must be positive", file=sys.stderr)
         return 2
-    for line in playback.warnings:
+    for line in notes(playback, ranks, args.rank, "replaying"):
         print(f"torchtop: {line}", file=sys.stderr)
-    if len(ranks) > 1 and args.rank is None:
-        print(
-            f"torchtop: {len(ranks)} ranks recorded; replaying rank {min(ranks)} (--rank N for another)",
-            file=sys.stderr,
-        )
     from torchtop.monitor.tui.replay_app import ReplayApp, jump_target
 
     at = None

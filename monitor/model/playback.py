@@ -134,6 +134,15 @@ def load(path: Path | str, rank: int | None = None) -> tuple[Playback, dict[int,
     return Playback(read_rank(found[rank])), found
 
 
+def notes(playback: Playback, ranks: dict[int, Path], asked: int | None, doing: str) -> list[str]:
+    """The lines a command says on opening a recording: its damage, and which rank of a job
+    it `doing` (reports, replays) when none was asked for."""
+    out = list(playback.warnings)
+    if len(ranks) > 1 and asked is None:
+        out.append(f"{len(ranks)} ranks recorded; {doing} rank {min(ranks)} (--rank N for another)")
+    return out
+
+
 def parse_when(text: str) -> float:
     """Seconds from "90", "90s", "1:30", "1:02:03" or "2m"; ValueError otherwise."""
     text = text.strip().lower()
