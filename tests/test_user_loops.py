@@ -19,7 +19,7 @@ import pytest
 
 from tests.job_util import SEVERE, Job, report, show
 
-pytestmark = [pytest.mark.slow, pytest.mark.sampled_phases]  # the default policy, end to end
+pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]  # real loops; the default policy
 
 LOOPS = Path(__file__).parent / "loops"
 

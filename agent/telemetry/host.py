@@ -2,12 +2,13 @@
 
 DataLoader workers are children of the training process (their main thread is named
 `pt_data_worker`); their CPU % is the first thing to look at when a run is data-bound.
-Runs on the agent's slow sampler thread (~1 Hz): per-core CPU alone costs ~100 us.
+Runs on the agent's slow sampler thread (~1 Hz): psutil's per-core CPU is too slow for the tick.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -87,7 +88,7 @@ class HostSampler:
     def _workers(self) -> list[WorkerSample]:
         psutil = self.psutil
         now = time.monotonic()
-        if now >= self._children_due:  # listing children scans all of /proc (~2 ms): not every time
+        if now >= self._children_due:  # listing children scans all of /proc: not every time
             self._children_due = now + CHILDREN_REFRESH_S
             try:
                 kids = self.proc.children(recursive=False)[:MAX_WORKERS]
@@ -124,15 +125,15 @@ class HostSampler:
             del self._waits[pid]
         return out
 
-    def _wait_percent(self, pid: int, now: float) -> float:
-        """Percent of the time since the last sample that `pid` waited for a CPU; -1 unknown."""
+    def _wait_percent(self, pid: int, now: float) -> float | None:
+        """Percent of the time since the last sample that `pid` waited for a CPU (None: unknown)."""
         ns = runqueue_wait_ns(pid)
         if ns is None:
-            return -1.0
+            return None
         last = self._waits.get(pid)
         self._waits[pid] = (now, ns)
         if last is None or now <= last[0]:
-            return -1.0
+            return None
         return max(0.0, min(100.0, (ns - last[1]) / 1e9 / (now - last[0]) * 100.0))
 
     def sample(self) -> HostSample:
@@ -152,4 +153,16 @@ class HostSampler:
             mem_available=vm.available,
             mem_percent=vm.percent,
             workers=self._workers(),
+            proc_rss_peak=max(peak_rss(), rss),  # the kernel's high-water mark may lag a read
         )
+
+
+def peak_rss() -> int:
+    """The process's peak resident set in bytes (0 where getrusage does not say)."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, OSError):
+        return 0
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS says bytes, Linux KiB

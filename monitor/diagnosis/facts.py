@@ -7,7 +7,7 @@ functions of `Facts`, so each is tested at its thresholds without sockets or a U
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 THRESHOLDS: dict[str, float] = {
     "warmup_steps": 10,  # first steps of a run are not judged (compilation, allocator warm-up)
@@ -58,7 +58,8 @@ THRESHOLDS: dict[str, float] = {
     "leak_steps": 1000,
 }
 T = THRESHOLDS
-SEVERITY_RANK = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
+Severity = Literal["ok", "info", "warning", "critical"]
+SEVERITY_RANK: dict[Severity, int] = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
 
 
 class Growth(NamedTuple):
@@ -73,15 +74,17 @@ class Growth(NamedTuple):
     recent_slope: float = 0.0  # the same over the last third of the points: still rising?
 
 
-def worker_busy(cpu: float, wait: float) -> float:
+def worker_busy(cpu: float | None, wait: float | None) -> float | None:
     """A worker's busy percent: on a CPU, or runnable and waiting for one (when known)."""
-    return cpu + wait if cpu >= 0 and wait >= 0 else cpu
+    if cpu is None:
+        return None
+    return cpu + wait if wait is not None else cpu
 
 
 @dataclass(frozen=True)
 class Finding:
     kind: str
-    severity: str
+    severity: Severity
     share: float
     evidence: tuple[str, ...] = ()
     advice: tuple[str, ...] = ()
@@ -120,11 +123,13 @@ class Facts:
     ms: dict[str, float]
     device: str = "cpu"
     device_ms: dict[str, float] = field(default_factory=dict)
-    gpu_util: float = -1.0  # mean NVML utilisation over the window, -1 unknown
-    proc_cpu: float = -1.0  # mean training-process CPU percent
+    # None: not known (no NVML, no host sample yet, no run-queue figures)
+    gpu_util: float | None = None  # mean NVML utilisation over the window
+    proc_cpu: float | None = None  # mean training-process CPU percent
     cores: int = 0
-    workers: int = -1  # DataLoader worker processes, -1 unknown
-    worker_cpu: float = -1.0  # their mean CPU percent
+    workers: int | None = None  # DataLoader worker processes
+    worker_cpu: float | None = None  # their mean CPU percent
+    worker_wait: float | None = None  # their mean percent of time waiting for a CPU
     mem_total: int = 0
     reserved: int = 0
     allocated: int = 0
@@ -135,14 +140,6 @@ class Facts:
     frag_external: float = 0.0
     frag_free: int = 0
     expandable: bool = False
-    worker_wait: float = -1.0  # their mean percent of time waiting for a CPU, -1 unknown
     growth: Growth | None = None
     growth_what: str = "allocated"
 
-
-def _pct(x: float) -> str:
-    return f"{x * 100:.0f}%"
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"

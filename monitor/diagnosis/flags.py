@@ -4,7 +4,8 @@ memory growth. Pure functions of `Facts`; thresholds live in diagnosis.THRESHOLD
 from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Facts, Finding, _gib, _pct, worker_busy
+from torchtop.monitor.diagnosis.facts import Facts, Finding, worker_busy
+from torchtop.monitor.model.fmt import pct, size
 
 
 def flag_memory_pressure(f: Facts) -> Finding | None:
@@ -16,8 +17,8 @@ def flag_memory_pressure(f: Facts) -> Finding | None:
         return None
     severity = "critical" if used >= T["memory_critical"] or f.ooms > 0 else "warning"
     evidence = [
-        f"reserved {_gib(f.reserved)} of {_gib(f.mem_total)} ({_pct(f.reserved / f.mem_total)}), "
-        f"peak allocated {_gib(f.window_peak)}"
+        f"reserved {size(f.reserved)} of {size(f.mem_total)} ({pct(f.reserved / f.mem_total, 0)}), "
+        f"peak allocated {size(f.window_peak)}"
     ]
     if retrying:
         evidence.append(f"{f.retry_rate:.2f} allocator retries/s: each flushes the cache and stalls the step")
@@ -53,16 +54,16 @@ def flag_fragmentation(f: Facts) -> Finding | None:
     evidence = []
     if retrying:
         evidence.append(
-            f"{f.retry_rate:.2f} allocator retries/s while {_gib(free_in_cache)} sat free in the cache"
+            f"{f.retry_rate:.2f} allocator retries/s while {size(free_in_cache)} sat free in the cache"
         )
     if f.frag_free:
         evidence.append(
-            f"{_gib(f.frag_free)} free inside segments but {_pct(f.frag_external)} of it is "
+            f"{size(f.frag_free)} free inside segments but {pct(f.frag_external, 0)} of it is "
             "unusable for one large block (external fragmentation)"
         )
     evidence.append(
-        f"reserved {_gib(f.reserved)} for {_gib(f.allocated)} allocated; "
-        f"{_gib(f.inactive_split)} cached in split blocks"
+        f"reserved {size(f.reserved)} for {size(f.allocated)} allocated; "
+        f"{size(f.inactive_split)} cached in split blocks"
     )
     advice = []
     if not f.expandable:
@@ -80,7 +81,7 @@ def flag_dataloader_workers(f: Facts) -> Finding | None:
     workers are why: there are none, they are saturated (busy on a CPU or waiting for one), or
     they keep the queue empty while mostly idle (waiting on I/O)."""
     data = f.shares.get("data", 0.0)
-    if data < T["input_high"] or f.workers < 0 or f.ms.get("data", 0.0) < T["workers_min_ms"]:
+    if data < T["input_high"] or f.workers is None or f.ms.get("data", 0.0) < T["workers_min_ms"]:
         return None
     severity = "critical" if data >= T["input_severe"] else "warning"
     if f.workers == 0:
@@ -89,18 +90,18 @@ def flag_dataloader_workers(f: Facts) -> Finding | None:
             severity,
             data,
             (
-                f"no DataLoader worker processes while data wait is {_pct(data)} of the step "
+                f"no DataLoader worker processes while data wait is {pct(data, 0)} of the step "
                 f"({f.ms.get('data', 0):.1f} ms): loading runs on the training thread",
             ),
             (f"DataLoader(num_workers={max(2, f.cores - 1)}, persistent_workers=True)",),
         )
-    if f.worker_cpu < 0:
+    busy = worker_busy(f.worker_cpu, f.worker_wait)
+    if busy is None:
         return None
     s = "" if f.workers == 1 else "s"
-    busy = worker_busy(f.worker_cpu, f.worker_wait)
-    waits = f" + {f.worker_wait:.0f}% waiting for a CPU" if f.worker_wait >= 0 else ""
+    waits = f" + {f.worker_wait:.0f}% waiting for a CPU" if f.worker_wait is not None else ""
     if busy >= T["worker_saturated"]:
-        if f.worker_wait >= T["worker_cpu_starved"]:
+        if f.worker_wait is not None and f.worker_wait >= T["worker_cpu_starved"]:
             advice = (
                 "the workers wait for a CPU: the cores are taken (by this job or others), so more "
                 "workers would not help; make the per-sample work cheaper or move it to the GPU",
@@ -113,9 +114,9 @@ def flag_dataloader_workers(f: Facts) -> Finding | None:
             f"{f.workers} worker{s} busy {busy:.0f}% of the time ({f.worker_cpu:.0f}% CPU{waits}): saturated",
         )
         return Finding("dataloader-workers", severity, data, evidence, advice)
-    if f.worker_wait >= 0:  # known to be mostly idle while the loop waits on them: not CPU
+    if f.worker_wait is not None:  # known to be mostly idle while the loop waits on them: not CPU
         evidence = (
-            f"the loop waits on data {_pct(data)} of the step while {f.workers} worker{s} are busy "
+            f"the loop waits on data {pct(data, 0)} of the step while {f.workers} worker{s} are busy "
             f"only {busy:.0f}% of the time: they wait on something else (disk, network, a lock)",
         )
         advice = (
@@ -142,10 +143,9 @@ def flag_memory_leak(f: Facts) -> Finding | None:
     per_step = g.slope * f.step_ms / 1000.0
     if seen < T["leak_seen"] or per_step * T["leak_steps"] < T["leak_growth"] * g.first:
         return None
-    size = _gib(per_step) if per_step >= 2**20 else f"{per_step / 2**10:.0f} KiB"
     evidence = (
-        f"{f.growth_what} grew {_gib(g.first)} -> {_gib(g.last)} (+{_pct(seen)}) in {g.span_s:.0f} s, "
-        f"steadily: about {size} a step",
+        f"{f.growth_what} grew {size(g.first)} -> {size(g.last)} (+{pct(seen, 0)}) in {g.span_s:.0f} s, "
+        f"steadily: about {size(per_step)} a step",
     )
     advice = (
         "look for tensors kept across steps: losses or outputs appended to a list without .item()/.detach()",

@@ -1,33 +1,24 @@
-"""What holds the run back, in plain words with the numbers: pure functions over RunState.
+"""What holds the run back, in plain words with the numbers: pure functions of `Facts`.
 
-One primary verdict (`data-loading`, `transfer`, `outside-phases`, `host-overhead`, `compute`;
-`unknown` while there are too few steps) with a severity, and independent flags
-(`memory-pressure`, `fragmentation`, `dataloader-workers`, `memory-leak`). `compute` is the healthy
-headline; it never stands where the model's work is a small share of the step, and the small
-data or transfer waits under it are notes in its evidence, not a headline of their own. A monitor follows one agent, so one rank:
-there is no straggler flag (it would need every rank's steps side by side).
-Every threshold is in facts.THRESHOLDS and in the README; each rule is a function of `Facts`, so
-each is tested at its thresholds without sockets or a UI.
-
-Where the numbers come from (public rules this starts from):
-- input share bands 5% / 20% (TensorFlow input-pipeline analysis: < 5% not input-bound,
-  5-20% moderately, >= 20% highly): >= 20% is the verdict, >= 50% `critical` (more than half the
-  step waits); 5-20% is a note under a healthy headline.
-- GPU utilisation < 50% and peak memory > 90% of the device (PyTorch TensorBoard profiler plugin).
-- reserved >= 2x allocated with reserved >= 30% of the device (TraceML) as one fragmentation sign.
-Hysteresis: the verdict in force is re-judged with thresholds x0.8, so it does not flap between
-neighbours on noise. Warm-up steps (the first 10, where compilation and caches fill) are not judged.
+One primary verdict (`data-loading`, `transfer`, `outside-phases`, `host-overhead`, else
+`compute`; `unknown` with too few steps) with a severity; the independent flags are in flags.py.
+`compute` is the healthy headline: it never stands where the model's work is a small share of
+the step, and data or transfer waits under 20% are notes in its evidence, not a headline of
+their own. A monitor follows one rank, so there is no straggler flag. Thresholds (and the public
+rules they start from: README, "What the verdict means") are in facts.THRESHOLDS. The verdict in
+force is re-judged with its thresholds x0.8 (hysteresis), so it does not flap on noise.
 """
 
 from __future__ import annotations
 
-from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, _pct, worker_busy
+from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, Severity, worker_busy
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.model.fmt import pct
 
 COMPUTE = ("forward", "backward", "optimizer")
 
 
-def _band(share: float, scale: float = 1.0) -> str | None:
+def _band(share: float, scale: float = 1.0) -> Severity | None:
     if share >= T["input_severe"] * scale:
         return "critical"
     if share >= T["input_high"] * scale:
@@ -57,7 +48,7 @@ def gpu_busy(f: Facts) -> bool | None:
         known = True
         if dev / f.step_ms >= T["gpu_busy"]:
             return True
-    if f.gpu_util >= 0:
+    if f.gpu_util is not None:
         known = True
         if f.gpu_util >= T["gpu_util_low"]:
             return True
@@ -80,7 +71,7 @@ def notes(f: Facts) -> list[str]:
         share = f.shares.get(key, 0.0)
         if share >= T["input_moderate"]:
             out.append(
-                f"note: {words} {_pct(share)} of step time ({f.ms.get(key, 0):.1f} ms a step): "
+                f"note: {words} {pct(share, 0)} of step time ({f.ms.get(key, 0):.1f} ms a step): "
                 "small, not what holds the run back"
             )
     return out
@@ -88,7 +79,8 @@ def notes(f: Facts) -> list[str]:
 
 def worker_saturated(f: Facts) -> bool:
     """The DataLoader workers never rest: on a CPU, or waiting for one, most of the time."""
-    return f.workers > 0 and worker_busy(f.worker_cpu, f.worker_wait) >= T["worker_saturated"]
+    busy = worker_busy(f.worker_cpu, f.worker_wait)
+    return bool(f.workers) and busy is not None and busy >= T["worker_saturated"]
 
 
 def _loader_advice(f: Facts) -> str | None:
@@ -96,9 +88,10 @@ def _loader_advice(f: Facts) -> str | None:
     idle cores, and enough loading a step to be worth a hand-over between processes."""
     if f.ms.get("data", 0.0) < T["workers_min_ms"]:
         return None
-    if f.workers <= 0:
+    if not f.workers:
         return f"load in worker processes: DataLoader(num_workers={max(2, f.cores - 1)}, persistent_workers=True)"
-    if worker_saturated(f) and f.cores > f.workers + 1 and f.worker_wait < T["worker_cpu_starved"]:
+    starved = f.worker_wait is not None and f.worker_wait >= T["worker_cpu_starved"]
+    if f.workers and worker_saturated(f) and f.cores > f.workers + 1 and not starved:
         return f"raise DataLoader num_workers from {f.workers} toward {f.cores - 1} (cores are free)"
     return None
 
@@ -110,12 +103,12 @@ def rule_data(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     severity = _band(share) or "warning"  # hysteresis keeps the verdict; it does not raise the severity
     evidence = [
-        f"data wait is {_pct(share)} of step time: {f.ms.get('data', 0):.1f} ms of {f.step_ms:.1f} ms"
+        f"data wait is {pct(share, 0)} of step time: {f.ms.get('data', 0):.1f} ms of {f.step_ms:.1f} ms"
     ]
     if f.workers == 0:
         evidence.append("no DataLoader worker processes: loading runs on the training process")
-    elif f.workers > 0 and f.worker_cpu >= 0:
-        evidence.append(f"{_workers(f)} on average ({f.cores} cores)")
+    elif f.workers and f.worker_cpu is not None:
+        evidence.append(f"{_workers(f.workers, f.worker_cpu, f.worker_wait)} on average ({f.cores} cores)")
     advice = []
     more = _loader_advice(f)
     if more:
@@ -125,11 +118,10 @@ def rule_data(f: Facts, scale: float = 1.0) -> Finding | None:
     return Finding("data-loading", severity, share, tuple(evidence), tuple(advice[:3]))
 
 
-def _workers(f: Facts) -> str:
-    s = "" if f.workers == 1 else "s"
-    line = f"{f.workers} DataLoader worker{s} at {f.worker_cpu:.0f}% CPU"
-    if f.worker_wait >= 0:
-        line += f", {f.worker_wait:.0f}% waiting for a CPU"
+def _workers(n: int, cpu: float, wait: float | None) -> str:
+    line = f"{n} DataLoader worker{'' if n == 1 else 's'} at {cpu:.0f}% CPU"
+    if wait is not None:
+        line += f", {wait:.0f}% waiting for a CPU"
     return line
 
 
@@ -142,11 +134,11 @@ def rule_transfer(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     severity = _band(share) or "warning"  # hysteresis keeps the verdict; it does not raise the severity
     evidence = [
-        f"host-to-device copies take {_pct(host)} of step time ({f.ms.get('h2d', 0):.1f} ms of {f.step_ms:.1f} ms)"
+        f"host-to-device copies take {pct(host, 0)} of step time ({f.ms.get('h2d', 0):.1f} ms of {f.step_ms:.1f} ms)"
     ]
     if dev > 0:
         evidence.append(
-            f"on the GPU the copies take {_pct(dev)} of the step ({f.device_ms.get('h2d', 0):.1f} ms)"
+            f"on the GPU the copies take {pct(dev, 0)} of the step ({f.device_ms.get('h2d', 0):.1f} ms)"
         )
     advice = (
         "DataLoader(pin_memory=True) and .to(device, non_blocking=True): pinned copies overlap compute",
@@ -166,17 +158,17 @@ def rule_outside(f: Facts, scale: float = 1.0) -> Finding | None:
     severity = "critical" if other >= T["outside_severe"] else "warning"
     compute = compute_share(f)
     evidence = [
-        f"{_pct(other)} of step time is outside the measured phases: "
+        f"{pct(other, 0)} of step time is outside the measured phases: "
         f"{f.ms.get('other', 0):.1f} ms of {f.step_ms:.1f} ms",
-        f"forward+backward+optimizer are only {_pct(compute)} of it "
+        f"forward+backward+optimizer are only {pct(compute, 0)} of it "
         f"({sum(f.ms.get(k, 0.0) for k in COMPUTE):.1f} ms a step)",
     ]
-    untimed_input = f.ms.get("data", 0.0) == 0 and f.workers <= 0
+    untimed_input = f.ms.get("data", 0.0) == 0 and not f.workers
     if untimed_input:
         evidence.append(
             "no data wait was measured: the loop's input (a generator? an iterator?) is not timed"
         )
-    if f.device == "cuda" and f.gpu_util >= 0:
+    if f.device == "cuda" and f.gpu_util is not None:
         evidence.append(f"GPU busy only {f.gpu_util:.0f}% of the time (NVML)")
     evidence += notes(f)
     advice = []
@@ -196,7 +188,7 @@ def rule_outside(f: Facts, scale: float = 1.0) -> Finding | None:
 
 
 def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
-    if f.device != "cuda" or f.gpu_util < 0:
+    if f.device != "cuda" or f.gpu_util is None:
         return None
     if f.shares.get("data", 0.0) >= T["input_moderate"] or f.shares.get("h2d", 0.0) >= T["input_moderate"]:
         return None
@@ -207,7 +199,7 @@ def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     severity = "critical" if f.gpu_util < T["gpu_util_very_low"] else "warning"
     evidence = [f"GPU busy {f.gpu_util:.0f}% of the time (NVML) with no data or transfer wait"]
-    if f.proc_cpu >= 0:
+    if f.proc_cpu is not None:
         evidence.append(
             f"the training process uses {f.proc_cpu:.0f}% CPU: Python and kernel launches set the pace"
         )
@@ -222,25 +214,25 @@ def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
 def rule_compute(f: Facts) -> Finding:
     """The healthy headline: the model's own work fills the step (on CUDA: keeps the GPU busy)."""
     share = compute_share(f)
-    evidence = [f"forward+backward+optimizer are {_pct(share)} of step time ({f.step_ms:.1f} ms a step)"]
+    evidence = [f"forward+backward+optimizer are {pct(share, 0)} of step time ({f.step_ms:.1f} ms a step)"]
     busy = gpu_busy(f)
     dev = device_compute_ms(f)
     if f.device == "cuda":
         if dev > 0 and f.step_ms > 0:
-            evidence.append(f"on the GPU they take {dev:.1f} ms a step ({_pct(min(1.0, dev / f.step_ms))})")
+            evidence.append(f"on the GPU they take {dev:.1f} ms a step ({pct(min(1.0, dev / f.step_ms), 0)})")
             share = max(share, min(1.0, dev / f.step_ms)) if busy else share
-        if f.gpu_util >= 0:
+        if f.gpu_util is not None:
             evidence.append(f"GPU busy {f.gpu_util:.0f}% of the time (NVML)")
     other = f.shares.get("other", 0.0)
     if other >= T["input_high"]:
         if busy:
             evidence.append(
-                f"{_pct(other)} of the host's step is outside the measured phases, where it waits on the "
+                f"{pct(other, 0)} of the host's step is outside the measured phases, where it waits on the "
                 "busy GPU (a .item(), .cpu() or synchronize): the GPU sets the pace"
             )
         else:
             evidence.append(
-                f"{_pct(other)} of the step is outside the measured phases (logging, metrics, checkpoints?)"
+                f"{pct(other, 0)} of the step is outside the measured phases (logging, metrics, checkpoints?)"
             )
     evidence += notes(f)
     if f.device == "cuda":
