@@ -142,4 +142,3 @@ class Facts:
     expandable: bool = False
     growth: Growth | None = None
     growth_what: str = "allocated"
-
