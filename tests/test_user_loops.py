@@ -79,3 +79,20 @@ def test_each_eval_forward_is_one_eval_step() -> None:
             job.wait_for("^eval forwards 240$", timeout=400)
             r = report(job.pid, 1.0, "--history")
         assert r["eval_steps"] == 240 and r["steps"] == 15 * 40, (r["eval_steps"], r["steps"])
+
+
+@pytest.mark.cuda
+def test_a_gpu_bound_loop_that_syncs_each_step_is_compute() -> None:
+    """On CUDA the host's `other` may be it waiting on the GPU (`loss.item()` each step): with
+    CUDA-event times or NVML saying the GPU is busy, that is compute, not outside-phases."""
+    r = _run("gpu_item_sync")
+    assert r["verdict"]["kind"] == "compute", r["verdict"]
+    if r["breakdown"]["other"] >= 0.2:
+        assert any("busy GPU" in line for line in r["verdict"]["evidence"]), r["verdict"]
+
+
+@pytest.mark.cuda
+def test_a_cuda_loop_starved_by_its_generator_says_so() -> None:
+    """The same starved loop with its model on the GPU: the GPU idles, so outside-phases."""
+    r = _run("generator_preprocess", "--device", "cuda")
+    assert r["verdict"]["kind"] == "outside-phases", r["verdict"]

@@ -111,7 +111,7 @@ def flag_dataloader_workers(f: Facts) -> Finding | None:
         else:
             advice = ("all cores are busy: make the per-sample work cheaper or move it to the GPU",)
         evidence = (
-            f"{f.workers} worker{s} busy {busy:.0f}% of the time ({f.worker_cpu:.0f}% CPU{waits}): saturated",
+            f"{f.workers} worker{s} busy {min(busy, 100.0):.0f}% of the time ({f.worker_cpu:.0f}% CPU{waits}): saturated",
         )
         return Finding("dataloader-workers", severity, data, evidence, advice)
     if f.worker_wait is not None:  # known to be mostly idle while the loop waits on them: not CPU

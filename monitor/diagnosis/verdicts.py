@@ -151,7 +151,8 @@ def rule_transfer(f: Facts, scale: float = 1.0) -> Finding | None:
 def rule_outside(f: Facts, scale: float = 1.0) -> Finding | None:
     """Most of the step is spent outside data/h2d/forward/backward/optimizer: an input that is
     not a DataLoader (a generator doing the preprocessing), per-step host work (logging,
-    metrics, checkpoints), or model code torchtop does not see. Never on a busy GPU's host."""
+    metrics, checkpoints), or model code torchtop does not see. Never on a busy GPU's host.
+    A finer rule (stack samples saying where `other` goes) refines it where `outside_dominates`."""
     if not outside_dominates(f, scale):
         return None
     other = f.shares.get("other", 0.0)

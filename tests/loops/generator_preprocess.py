@@ -39,9 +39,11 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=600.0)
     p.add_argument("--passes", type=int, default=12)
     p.add_argument("--wrapped", action="store_true", help="wrap the generator in torchtop.agent.data()")
+    p.add_argument("--device", default="cpu", help="where the model trains (the generator runs on the CPU)")
     args = p.parse_args()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 64), nn.ReLU(), nn.Linear(64, 10))
+    dev = torch.device(args.device)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 64), nn.ReLU(), nn.Linear(64, 10)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     source = batches(32, args.passes)
     if args.wrapped:
@@ -50,7 +52,7 @@ def main() -> None:
         source = torchtop.agent.data(source)
     end = time.monotonic() + args.seconds
     for step, (x, y) in enumerate(source, 1):
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(model(x.to(dev)), y.to(dev))
         opt.zero_grad()
         loss.backward()
         opt.step()
