@@ -160,6 +160,7 @@ def test_unwritable_output_directory_is_refused(tmp_path, monkeypatch) -> None:
     assert not reply.ok and "TORCHTOP_DIR" in reply.error
 
 
+@pytest.mark.slow
 def test_capture_cli_end_to_end(tmp_path) -> None:
     """`torchtop capture PID --steps 2 --json` against a training process."""
     import subprocess
@@ -199,6 +200,23 @@ def test_capture_cli_end_to_end(tmp_path) -> None:
         cap = json.loads(out.stdout)
         assert cap["state"] == "done" and Path(cap["path"]).parent == tmp_path / "out"
         assert cap["summary"]["steps"] == 2
+        text = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torchtop.monitor.commands.cli",
+                "capture",
+                str(child.pid),
+                "--steps",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert text.returncode == 0, text.stderr
+        assert f"  file: {tmp_path / 'out'}" in text.stdout  # this machine's path, as it is
+        assert "scp" not in text.stdout  # nothing to fetch from a local run
         bad = subprocess.run(
             [sys.executable, "-m", "torchtop.monitor.commands.cli", "capture", str(child.pid), "--memory"],
             capture_output=True,

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchtop.monitor.commands.launch import LaunchError, _show_tail, open_log, wait_for_agents
+from torchtop.monitor.commands.launch import LaunchError, _family, _show_tail, open_log, wait_for_agents
 
 EXIT_USAGE = 2
 
@@ -77,6 +77,23 @@ def _wait_forwarding(child: subprocess.Popen) -> int:
         signal.signal(signal.SIGINT, previous)
 
 
+def signal_job(child: subprocess.Popen, sig: int) -> None:
+    """Send `sig` where Ctrl-C in the terminal would have: the job's process group when it has
+    its own, else the job and its descendants (it shares ours, and we are not to get it)."""
+    try:
+        pgid = os.getpgid(child.pid)
+    except ProcessLookupError:
+        return  # it ended meanwhile: nothing left to stop
+    if pgid != os.getpgrp():
+        os.killpg(pgid, sig)
+        return
+    for pid in sorted(_family(child.pid)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as shells report it
 
@@ -94,9 +111,14 @@ def run(args: argparse.Namespace) -> int:
     env = child_env(args.port)
     if args.no_tui:
         return _run_headless(command, env)
-    from torchtop.monitor.tui.app import (
-        run_tui,  # before the job starts: a broken install leaves nothing running
-    )
+    from torchtop.monitor.commands.tui_entry import EXIT_NO_TUI, TuiMissing, require_tui
+
+    try:  # before the job starts: a broken install leaves nothing running
+        require_tui()
+    except TuiMissing as exc:
+        print(f"torchtop: {exc}", file=sys.stderr)
+        return EXIT_NO_TUI
+    from torchtop.monitor.tui.app import run_tui
 
     try:
         log_path, log = open_log(job_name(command), args.log_dir, kind="run")
@@ -124,8 +146,18 @@ def run(args: argparse.Namespace) -> int:
         code = child.wait()
         _show_tail(log_path, f"the job exited (code {code}) before an agent started")
         return _exit_code(code)
-    run_tui(None, agents, log_path=log_path)
-    if child.poll() is None:
+    stopped: list[bool] = []  # Ctrl-C in the TUI signalled the job
+
+    def stop_job() -> None:
+        signal_job(child, signal.SIGINT)
+        stopped.append(True)
+
+    run_tui(None, agents, log_path=log_path, mode="run", stop_job=stop_job)
+    if stopped:
+        print(
+            f"torchtop: Ctrl-C: SIGINT sent to the job (pid {child.pid}); waiting for it to end", flush=True
+        )
+    elif child.poll() is None:
         print(
             f"torchtop: the job goes on (pid {child.pid}); its output: {log_path}\n"
             f"          attach again with `torchtop attach {agents[0]['pid']}`; Ctrl-C stops the job",

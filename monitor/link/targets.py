@@ -85,7 +85,9 @@ def parse(target: str) -> Endpoint:
         if not 0 < port < 65535:
             raise TargetError(f"port {port} is out of range in target {target!r}")
         return Endpoint(host, port, None, f"{host}:{port}")
-    raise TargetError(f"unknown target {target!r}: use a pid, HOST:PORT or tcp://HOST:PORT")
+    raise TargetError(
+        f"unknown target {target!r}: use a pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid]"
+    )
 
 
 def local_agents() -> list[dict[str, Any]]:

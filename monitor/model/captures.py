@@ -10,8 +10,6 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit
 
-import msgspec
-
 from torchtop.agent.contract.wire import CaptureInfo
 
 ACTIVE = ("pending", "running", "writing")
@@ -129,11 +127,8 @@ def fetch_from(
 
 
 def describe(c: CaptureInfo) -> str:
-    """Human lines for a finished capture (also used by the TUI's Captures screen)."""
+    """Human lines for a finished capture, without its file: capture_lines says where that is."""
     lines = [f"{c.kind} capture {c.id}: {c.state}" + (f" ({c.error})" if c.error else "")]
-    if c.path:
-        lines.append(f"  file: {c.host}:{c.path}")
-        lines.append(f"  fetch: scp {c.host}:{c.path} .")
     s = c.summary or {}
     if "buckets" in s:
         parts = "  ".join(f"{k} {v * 100:.0f}%" for k, v in s["buckets"].items() if v >= 0.005)
@@ -156,8 +151,9 @@ def describe(c: CaptureInfo) -> str:
 
 
 def capture_lines(c: CaptureInfo, source: tuple[str, list[str]] | None) -> list[str]:
-    """A capture for the Captures screen: state, file (with host and scp line when remote), summary."""
-    lines = describe(msgspec.structs.replace(c, path="")).splitlines()
+    """A capture for the Captures screen and `torchtop capture`: state, file (with its host and
+    the scp line when it is on another machine: `source`, from fetch_from), summary."""
+    lines = describe(c).splitlines()
     if c.path:
         if source is None:
             lines.insert(1, f"  file: {c.path}")

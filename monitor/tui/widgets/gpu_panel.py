@@ -15,7 +15,14 @@ from textual.widget import Widget
 
 from torchtop.agent.contract.wire import GpuSample
 from torchtop.monitor.model import fmt
-from torchtop.monitor.tui.widgets.meter import LEVEL_STYLES, meter, pairs, set_level_class, unavailable
+from torchtop.monitor.tui.widgets.meter import (
+    LEVEL_STYLES,
+    bar_width,
+    meter,
+    pairs,
+    set_level_class,
+    unavailable,
+)
 
 BENIGN_THROTTLE = {"idle", "app-clocks", "display-clocks", "sync-boost"}  # agent/sample_nvml.py names
 
@@ -35,22 +42,17 @@ def gpu_level(g: GpuSample) -> str:
 
 
 def gpu_lines(g: GpuSample, width: int) -> list[Text]:
-    bar_w = max(8, min(30, width - 50))
     lines = [Text.assemble((f"GPU {g.index}", "bold"), ("  " + (g.name or "unknown GPU"), ""))]
+    util = ""
     if g.util_gpu >= 0:
-        extra = f" · memory controller {g.util_mem:.0f}%" if g.util_mem >= 0 else ""
-        lines.append(meter("util", g.util_gpu / 100, bar_w, f"{g.util_gpu:.0f}%{extra}"))
+        util = f"{g.util_gpu:.0f}%" + (f" · memory controller {g.util_mem:.0f}%" if g.util_mem >= 0 else "")
+    share = g.mem_used / g.mem_total if g.mem_total else 0.0
+    memory = f"{fmt.size(g.mem_used)} / {fmt.size(g.mem_total)} · {fmt.pct(share)}"
+    bar_w = bar_width(width, [util, memory if g.mem_total else ""], most=30)
+    if util:
+        lines.append(meter("util", g.util_gpu / 100, bar_w, util))
     if g.mem_total:
-        share = g.mem_used / g.mem_total
-        lines.append(
-            meter(
-                "memory",
-                share,
-                bar_w,
-                f"{fmt.size(g.mem_used)} / {fmt.size(g.mem_total)} · {fmt.pct(share)}",
-                fmt.level(share),
-            )
-        )
+        lines.append(meter("memory", share, bar_w, memory, fmt.level(share)))
     items: list[tuple[str, str] | tuple[str, str, str]] = []
     if g.power_w >= 0:
         limit = f" / {g.power_limit_w:.0f}" if g.power_limit_w > 0 else ""
@@ -63,12 +65,15 @@ def gpu_lines(g: GpuSample, width: int) -> list[Text]:
         items.append(("temp", f"{g.temp_c:.0f} °C", f"bold {LEVEL_STYLES[lvl]}" if lvl != "ok" else "bold"))
     if g.sm_clock_mhz >= 0:
         items.append(("SM clock", f"{g.sm_clock_mhz:.0f} MHz"))
-    if g.pcie_tx_kbs >= 0:
-        items.append(("PCIe tx", fmt.throughput(g.pcie_tx_kbs)))
-    if g.pcie_rx_kbs >= 0:
-        items.append(("rx", fmt.throughput(g.pcie_rx_kbs)))
+    pcie = [
+        f"{way} {fmt.throughput(kbs)}"
+        for way, kbs in (("tx", g.pcie_tx_kbs), ("rx", g.pcie_rx_kbs))
+        if kbs >= 0
+    ]
+    if pcie:
+        items.append(("PCIe", " · ".join(pcie)))
     if items:
-        lines.append(pairs(*items))
+        lines.append(pairs(*items, width=width))
     if g.throttle:
         bad = any(t not in BENIGN_THROTTLE for t in g.throttle)
         lines.append(pairs(("throttle", ", ".join(g.throttle), "bold yellow" if bad else "bold")))
