@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssh-option", metavar="OPT", action="append", default=[], help="extra ssh -o option")
     p.set_defaults(func=cmd_ls)
 
-    p = sub.add_parser("attach", help="open the live TUI on a run")
+    p = sub.add_parser("attach", help="open the live TUI on a run (the TUI needs torchtop[tui])")
     p.add_argument(
         "target",
         nargs="?",
@@ -198,14 +198,18 @@ def build_parser() -> argparse.ArgumentParser:
     from torchtop.monitor.commands import run as run_cmd
 
     p = sub.add_parser(
-        "run", help="run a training command with the agent injected: torchtop run -- python train.py"
+        "run",
+        help="run a training command with the agent injected: torchtop run -- python train.py "
+        "(its TUI needs torchtop[tui]; --no-tui does not)",
     )
     run_cmd.add_arguments(p)
     p.set_defaults(func=run_cmd.run)
 
     from torchtop.monitor.commands.demo import add_demo_arguments
 
-    p = sub.add_parser("demo", help="run a demo training job with the agent and open the TUI on it")
+    p = sub.add_parser(
+        "demo", help="run a demo training job with the agent and open the TUI on it (--no-tui: without)"
+    )
     add_demo_arguments(p)
     p.set_defaults(func=cmd_demo)
     return parser
