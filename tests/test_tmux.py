@@ -205,7 +205,6 @@ def test_ctrl_c_in_the_tui_of_torchtop_run_stops_the_job(tmp_path: Path, runtime
         screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)))
         pids = [a["pid"] for a in discovery.list_agents()]
         assert step_time_shown(screen), f"no steps on screen:\n{screen}"
-        assert "Stop job" in screen, screen  # the footer names Ctrl-C's job here
         tmux("send-keys", "-t", session, "C-c")
         deadline = time.monotonic() + EXIT_TIMEOUT_S
         while not rc_file.exists() and time.monotonic() < deadline:
@@ -215,6 +214,7 @@ def test_ctrl_c_in_the_tui_of_torchtop_run_stops_the_job(tmp_path: Path, runtime
         assert rc_file.read_text().strip() == "7", log  # the job's own code, after its KeyboardInterrupt
         assert "job: KeyboardInterrupt" in log
         assert [p for p in pids if _running(p)] == []
+        assert "Stop job" in screen, screen  # and the footer said what Ctrl-C would do
     finally:
         tmux.kill_server()
         for pid in pids:

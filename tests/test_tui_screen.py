@@ -168,14 +168,15 @@ async def test_help_lists_the_tabs_this_tui_has(tmp_path: Path) -> None:
         async with app.run_test(size=SMALL) as pilot:
             await pilot.press("question_mark")
             await pilot.pause()
-            rows = [line for line in app.screen.plain(100).splitlines() if "tabs:" in line]
+            rows = [line.strip("│ ") for line in screen_text(app).splitlines() if "tabs:" in line]
             assert len(rows) == 1 and rows[0].startswith(tab_keys), rows
             assert ("the job's output" in rows[0]) is (log_path is not None)
 
 
 @pytest.mark.parametrize("mode", ["attach", "demo"])
 async def test_ctrl_c_quits_like_q_when_the_tui_started_no_job(mode: keys.LeaveMode) -> None:
-    app = TorchtopApp(endpoint=Endpoint("127.0.0.1", 5555), feed=False, leaving=keys.Leaving(mode))
+    how = {"leaving": keys.Leaving(mode)} if mode != "attach" else {}  # attach: the default
+    app = TorchtopApp(endpoint=Endpoint("127.0.0.1", 5555), feed=False, **how)
     async with app.run_test(size=SMALL) as pilot:
         await pilot.press("ctrl+c")
         await pilot.pause()
