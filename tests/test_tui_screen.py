@@ -24,6 +24,7 @@ from torchtop.monitor.tui.feed import HelloReceived
 from torchtop.monitor.tui.widgets import HelpScreen
 
 SMALL, LARGE = (80, 24), (160, 50)
+ENDPOINT = Endpoint("127.0.0.1", 5555)  # feed=False: nothing connects to it
 ARGV = ["train.py", "--lr", "3e-4", "--epochs", "10"]
 PHASE_ROWS = ("■ data", "■ forward", "■ backward", "■ optimizer", "■ other")
 BLOCKS = set("▁▂▃▄▅▆▇")  # eighth blocks: a scrollbar's thumb ends, or a sparkline
@@ -142,9 +143,7 @@ def footer_words(app: TorchtopApp) -> dict[str, str]:
 async def test_footer_and_help_say_what_q_and_ctrl_c_do(
     mode: keys.LeaveMode, q_words: str, ctrl_c_shown: bool
 ) -> None:
-    app = TorchtopApp(
-        endpoint=Endpoint("127.0.0.1", 5555), feed=False, clock=lambda: 50.0, leaving=keys.Leaving(mode)
-    )
+    app = TorchtopApp(endpoint=ENDPOINT, feed=False, clock=lambda: 50.0, leaving=keys.Leaving(mode))
     async with app.run_test(size=SMALL) as pilot:
         await fed(pilot, the_hello())
         words = footer_words(app)
@@ -164,7 +163,7 @@ async def test_help_lists_the_tabs_this_tui_has(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_text("epoch 1\n")
     for log_path, tab_keys in ((None, "1 2 3 "), (log, "1 2 3 4 ")):
-        app = TorchtopApp(endpoint=Endpoint("127.0.0.1", 5555), feed=False, log_path=log_path)
+        app = TorchtopApp(endpoint=ENDPOINT, feed=False, log_path=log_path)
         async with app.run_test(size=SMALL) as pilot:
             await pilot.press("question_mark")
             await pilot.pause()
@@ -176,7 +175,7 @@ async def test_help_lists_the_tabs_this_tui_has(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["attach", "demo"])
 async def test_ctrl_c_quits_like_q_when_the_tui_started_no_job(mode: keys.LeaveMode) -> None:
     how = {"leaving": keys.Leaving(mode)} if mode != "attach" else {}  # attach: the default
-    app = TorchtopApp(endpoint=Endpoint("127.0.0.1", 5555), feed=False, **how)
+    app = TorchtopApp(endpoint=ENDPOINT, feed=False, **how)
     async with app.run_test(size=SMALL) as pilot:
         await pilot.press("ctrl+c")
         await pilot.pause()
@@ -186,7 +185,7 @@ async def test_ctrl_c_quits_like_q_when_the_tui_started_no_job(mode: keys.LeaveM
 async def test_ctrl_c_under_run_signals_the_job_then_quits() -> None:
     signalled: list[str] = []
     app = TorchtopApp(
-        endpoint=Endpoint("127.0.0.1", 5555),
+        endpoint=ENDPOINT,
         feed=False,
         leaving=keys.Leaving("run", lambda: signalled.append("SIGINT")),
     )
@@ -197,7 +196,7 @@ async def test_ctrl_c_under_run_signals_the_job_then_quits() -> None:
         await pilot.pause()
         assert signalled == ["SIGINT"] and app.return_code == 0
     quitter = TorchtopApp(
-        endpoint=Endpoint("127.0.0.1", 5555),
+        endpoint=ENDPOINT,
         feed=False,
         leaving=keys.Leaving("run", lambda: signalled.append("q?")),
     )
@@ -223,7 +222,7 @@ def test_snapshot(snap_compare, tab: str, size: tuple[int, int], tmp_path: Path,
             await pilot.pause()
 
     app = TorchtopApp(
-        endpoint=Endpoint("127.0.0.1", 5555),
+        endpoint=ENDPOINT,
         feed=False,
         clock=lambda: 50.0,
         log_path=Path("job.log"),
