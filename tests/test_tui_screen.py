@@ -24,7 +24,7 @@ from torchtop.monitor.tui.feed import HelloReceived
 from torchtop.monitor.tui.widgets import HelpScreen
 
 SMALL, LARGE = (80, 24), (160, 50)
-ENDPOINT = Endpoint("127.0.0.1", 5555)  # feed=False: nothing connects to it
+ENDPOINT = Endpoint.tcp("127.0.0.1", 5555)  # feed=False: nothing connects to it
 ARGV = ["train.py", "--lr", "3e-4", "--epochs", "10"]
 PHASE_ROWS = ("■ data", "■ forward", "■ backward", "■ optimizer", "■ other")
 BLOCKS = set("▁▂▃▄▅▆▇")  # eighth blocks: a scrollbar's thumb ends, or a sparkline

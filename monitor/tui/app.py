@@ -409,11 +409,10 @@ def run_tui(
     choices: list[dict[str, Any]] | None,
     log_path: Path | None = None,
     mode: keys.LeaveMode = "attach",
-    stop_job: Callable[[], None] | None = None,
 ) -> int:
     """Run the TUI on `endpoint`, or on one of `choices` (discovery entries); the exit code.
     With `log_path`, a Log tab follows the job's output. `mode` says what q and Ctrl-C do
-    (keys.QUIT_WORDS); `stop_job` is the launcher's "signal the job" for Ctrl-C under `run`."""
-    app = TorchtopApp(endpoint, choices, log_path=log_path, leaving=keys.Leaving(mode, stop_job))
+    (keys.QUIT_WORDS); `torchtop run` builds its app itself, with the job's Ctrl-C callback."""
+    app = TorchtopApp(endpoint, choices, log_path=log_path, leaving=keys.Leaving(mode))
     app.run()
     return app.return_code or 0
