@@ -22,6 +22,7 @@ from torchtop.monitor.tui import keys
 from torchtop.monitor.tui.app import TorchtopApp
 from torchtop.monitor.tui.feed import HelloReceived
 from torchtop.monitor.tui.widgets import HelpScreen
+from torchtop.monitor.tui.widgets.run_header import header_lines
 
 SMALL, LARGE = (80, 24), (160, 50)
 ENDPOINT = Endpoint.tcp("127.0.0.1", 5555)  # feed=False: nothing connects to it
@@ -83,6 +84,24 @@ async def test_the_header_keeps_the_torch_version_and_the_command_at_80_columns(
         await fed(pilot, *data())
         first = screen_text(wide).splitlines()[0]
         assert "torch 2.13.0" in first and "train.py --lr 3e-4 --epochs 10" in first
+
+
+def test_a_cluster_nodes_header_keeps_the_torch_version_and_the_command_at_80_columns() -> None:
+    """A long host name and device name: the labels and the host's domain go, not the figures."""
+    node = hello(
+        device_name="NVIDIA H100 80GB HBM3",
+        host="gpu-node-017.cluster.example.com",
+        pid=1234567,
+        torch_version="2.11.0+cu130",
+        world_size=8,
+        rank=3,
+        argv=["train.py", "--config", "configs/exp.yaml"],
+    )
+    lines = [line.plain[:80] for line in header_lines(node, "", 62.0, 80)]  # what 80 columns show
+    assert len(lines) == 2, lines
+    for shown in ("1234567 @ gpu-node-017", "cuda (NVIDIA H100 80GB HBM3)", "rank 3/8", "torch 2.11.0+cu130"):
+        assert shown in "\n".join(lines), (shown, lines)
+    assert "train.py --config configs/exp.yaml" in lines[1]
 
 
 async def test_the_memory_plot_shows_its_units_at_80x24() -> None:

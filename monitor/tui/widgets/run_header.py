@@ -1,8 +1,9 @@
 """The header: which run this is (pid, host, device, uptime, rank, torch, run id, command).
 
 One line where it fits; otherwise two, so a narrow terminal (80 columns) still shows the torch
-version and the command: the first line says where and what (pid, device, uptime, rank, torch),
-the second which run (run id, command), each cut with an ellipsis only at its end.
+version and the command: the figures fill the first line in order of importance (pid and host,
+device, uptime, rank, torch) and what does not fit starts the second, before the run id and the
+command; only the command is ever cut (with an ellipsis, at its end).
 """
 
 from __future__ import annotations
@@ -17,47 +18,59 @@ from torchtop.agent.contract.wire import Hello
 from torchtop.monitor.model import fmt
 
 BADGE = " torchtop "
+UPTIME_CELLS = 7  # the longest uptime ("10d 04h"): the layout never changes as it grows
 
 
-def _pairs(text: Text, parts: list[tuple[str, str]]) -> None:
-    for label, value in parts:
-        text.append(f"  {label} " if label else "  ", style="dim")
-        text.append(value, style="bold")
+def _pair(label: str, value: str) -> Text:
+    return Text.assemble((f"  {label} " if label else "  ", "dim"), (value, "bold"))
+
+
+def _items(hello: Hello, uptime: str, short: bool) -> list[Text]:
+    """The header's figures in order of importance; `short` drops the pid and device labels and
+    the host's domain (a cluster node's long name)."""
+    host = hello.host.split(".")[0] if short else hello.host
+    device = hello.device + (f" ({hello.device_name})" if hello.device_name else "")
+    items = [_pair("" if short else "pid", f"{hello.pid} @ {host}"), _pair("" if short else "device", device)]
+    items.append(_pair("up", uptime))
+    if hello.world_size > 1:
+        items.append(_pair("rank", f"{hello.rank}/{hello.world_size}"))
+    if hello.torch_version:
+        items.append(_pair("torch", hello.torch_version))
+    items.append(_pair("run", hello.run_id))
+    if hello.argv:
+        items.append(Text("  " + " ".join(hello.argv), style="dim"))
+    return items
+
+
+def _join(parts: list[Text]) -> Text:
+    return Text("", no_wrap=True, overflow="ellipsis").join(parts)
 
 
 def header_lines(hello: Hello | None, target: str, age_s: float, width: int = 200) -> list[Text]:
-    """The header as one line if it fits in `width` cells, else two."""
-    first = Text(no_wrap=True, overflow="ellipsis")
-    first.append(BADGE, style="bold reverse")
+    """The header as one line if it fits in `width` cells, else two (see the module's doc)."""
+    badge = Text(BADGE, style="bold reverse")
     if hello is None:
-        first.append(f"  {target or 'no agent chosen'}", style="dim")
-        return [first]
-    device = hello.device + (f" ({hello.device_name})" if hello.device_name else "")
-    where: list[tuple[str, str]] = [
-        ("pid", f"{hello.pid} @ {hello.host}"),
-        ("device", device),
-        ("up", fmt.duration(age_s)),
-    ]
-    if hello.world_size > 1:
-        where.append(("rank", f"{hello.rank}/{hello.world_size}"))
-    if hello.torch_version:
-        where.append(("torch", hello.torch_version))
-    which = [("run", hello.run_id)]
-    command = " ".join(hello.argv)
-    _pairs(first, where)
-    one = first.copy()
-    _pairs(one, which)
-    if command:
-        one.append(f"  {command}", style="dim")
-    # decided as if the uptime were 7 cells wide, so its growth never changes the height
-    if one.cell_len - len(fmt.duration(age_s)) + 7 <= width:
-        return [one]
-    second = Text(no_wrap=True, overflow="ellipsis")
-    second.append(" " * len(BADGE))
-    _pairs(second, which)
-    if command:
-        second.append(f"  {command}", style="dim")
-    return [first, second]
+        return [_join([badge, Text(f"  {target or 'no agent chosen'}", style="dim")])]
+    uptime = fmt.duration(age_s)
+    slack = UPTIME_CELLS - len(uptime)  # decided as if the uptime were at its widest
+    command = 1 if hello.argv else 0
+    indent = Text(" " * (len(BADGE) - 2))
+    lines: list[Text] = []
+    for short in (False, True):
+        items = _items(hello, uptime, short)
+        line = _join([badge, *items])
+        if line.cell_len + slack <= width:
+            return [line]
+        split = 1  # the first line takes what fits, in order; the run id and command go below
+        while (
+            split < len(items) - 1 - command and _join([badge, *items[: split + 1]]).cell_len + slack <= width
+        ):
+            split += 1
+        lines = [_join([badge, *items[:split]]), _join([indent, *items[split:]])]
+        below = _join([indent, *items[split : len(items) - command]])  # all but the command must fit
+        if lines[0].cell_len + slack <= width and below.cell_len + slack <= width:
+            return lines
+    return lines
 
 
 def header_text(hello: Hello | None, target: str, age_s: float, width: int = 200) -> Text:
