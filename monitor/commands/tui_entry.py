@@ -1,8 +1,9 @@
 """Opening the TUI from a command, and the one line it prints when the TUI is not installed.
 
 An agent-only install (`pip install torchtop`, without the [tui] extra) has no textual, rich or
-plotext: the agent and the headless commands (ls, report, capture, keys, run/demo --no-tui) work,
-and the commands that open the TUI say what to install instead of a traceback.
+plotext: the agent and the headless commands (ls, report, capture, compare, trace, keys,
+run/demo --no-tui) work, and the commands that open a TUI (attach, demo, run, replay) say what
+to install instead of a traceback.
 """
 
 from __future__ import annotations

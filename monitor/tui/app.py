@@ -29,6 +29,7 @@ from textual.worker import get_current_worker
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.captures import (
@@ -119,9 +120,11 @@ class TorchtopApp(CaptureApp):
         clock: Callable[[], float] = time.monotonic,
         log_path: Path | None = None,
         leaving: keys.Leaving | None = None,
+        record: Path | None = None,
     ) -> None:
         super().__init__()
         self.leaving = leaving or keys.Leaving()
+        self.record = record  # attach --record: the feed keeps what it receives here
         self.log_tail = LogTail(log_path, id="log-tail") if log_path is not None else None
         self.endpoint = endpoint
         self.choices = choices or []
@@ -209,7 +212,14 @@ class TorchtopApp(CaptureApp):
     @work(thread=True, exclusive=True, group="feed")
     def _feed(self, endpoint: Endpoint) -> None:
         worker = get_current_worker()
-        run_feed(endpoint, self.post_message, lambda: worker.is_cancelled, requests=self.requests)
+        recorder = MonitorRecorder(self.record) if self.record is not None else None
+        run_feed(
+            endpoint,
+            self.post_message,
+            lambda: worker.is_cancelled,
+            requests=self.requests,
+            recorder=recorder,
+        )
 
     # -- messages up ---------------------------------------------------------------------------
     def on_hello_received(self, message: HelloReceived) -> None:
@@ -409,10 +419,12 @@ def run_tui(
     choices: list[dict[str, Any]] | None,
     log_path: Path | None = None,
     mode: keys.LeaveMode = "attach",
+    record: Path | None = None,
 ) -> int:
     """Run the TUI on `endpoint`, or on one of `choices` (discovery entries); the exit code.
-    With `log_path`, a Log tab follows the job's output. `mode` says what q and Ctrl-C do
-    (keys.QUIT_WORDS); `torchtop run` builds its app itself, with the job's Ctrl-C callback."""
-    app = TorchtopApp(endpoint, choices, log_path=log_path, leaving=keys.Leaving(mode))
+    With `log_path`, a Log tab follows the job's output; with `record`, what it receives is
+    recorded there. `mode` says what q and Ctrl-C do (keys.QUIT_WORDS); `torchtop run` builds
+    its app itself, with the job's Ctrl-C callback."""
+    app = TorchtopApp(endpoint, choices, log_path=log_path, leaving=keys.Leaving(mode), record=record)
     app.run()
     return app.return_code or 0

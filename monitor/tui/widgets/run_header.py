@@ -1,9 +1,9 @@
-"""The header: which run this is (pid, host, device, uptime, rank, torch, run id, command).
+"""The header: which run this is (pid, host, device, uptime, rank, torch, command, run id).
 
 One line where it fits; otherwise two, so a narrow terminal (80 columns) still shows the torch
 version and the command: the figures fill the first line in order of importance (pid and host,
-device, uptime, rank, torch) and what does not fit starts the second, before the run id and the
-command; only the command is ever cut (with an ellipsis, at its end).
+device, uptime, rank, torch) and what does not fit starts the second, before the command and
+the run id; only those two are ever cut (with an ellipsis, at the end).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def _items(hello: Hello, uptime: str, short: bool) -> list[Text]:
         items.append(_pair("rank", f"{hello.rank}/{hello.world_size}"))
     if hello.torch_version:
         items.append(_pair("torch", hello.torch_version))
-    items.append(_pair("run", hello.run_id))
     if hello.argv:
         items.append(Text("  " + " ".join(hello.argv), style="dim"))
+    items.append(_pair("run", hello.run_id))
     return items
 
 
@@ -53,7 +53,7 @@ def header_lines(hello: Hello | None, target: str, age_s: float, width: int = 20
         return [_join([badge, Text(f"  {target or 'no agent chosen'}", style="dim")])]
     uptime = fmt.duration(age_s)
     slack = UPTIME_CELLS - len(uptime)  # decided as if the uptime were at its widest
-    command = 1 if hello.argv else 0
+    tail = 2 if hello.argv else 1  # the command and the run id: the end of the second line
     indent = Text(" " * (len(BADGE) - 2))
     lines: list[Text] = []
     for short in (False, True):
@@ -61,13 +61,11 @@ def header_lines(hello: Hello | None, target: str, age_s: float, width: int = 20
         line = _join([badge, *items])
         if line.cell_len + slack <= width:
             return [line]
-        split = 1  # the first line takes what fits, in order; the run id and command go below
-        while (
-            split < len(items) - 1 - command and _join([badge, *items[: split + 1]]).cell_len + slack <= width
-        ):
+        split = 1  # the first line takes what fits, in order; the command and run id go below
+        while split < len(items) - tail and _join([badge, *items[: split + 1]]).cell_len + slack <= width:
             split += 1
         lines = [_join([badge, *items[:split]]), _join([indent, *items[split:]])]
-        below = _join([indent, *items[split : len(items) - command]])  # all but the command must fit
+        below = _join([indent, *items[split : len(items) - tail]])  # what must fit whole
         if lines[0].cell_len + slack <= width and below.cell_len + slack <= width:
             return lines
     return lines
