@@ -362,11 +362,14 @@ class TorchtopApp(CaptureApp):
 
     # -- keys ----------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """q and Ctrl-C: only the pair of this way of opening; tab 4 only with a Log tab."""
+        """q and Ctrl-C: only the pair of this way of opening; tab 4 only with a Log tab; a scroll
+        key that a subclass binds itself (the replay's Home and End seek) is the subclass's."""
         if action in ("leave", "interrupt"):
             return parameters[:1] == (self.leaving.mode,)
         if action == "tab":
             return parameters[:1] != ("log",) or self.log_tail is not None
+        if action == "scroll" and type(self) is not TorchtopApp:  # a subclass's own key wins
+            return all(str(parameters[0]) not in b.key.split(",") for b in type(self).BINDINGS)
         return True
 
     def action_leave(self, _mode: str) -> None:

@@ -130,7 +130,7 @@ def help_rows(enabled: Callable[[str, tuple[object, ...]], bool | None]) -> list
             continue
         shown = "ctrl+c" if name == "interrupt" else b.key_display or b.key
         if name == "scroll":
-            shown = dict(SCROLL_KEYS)[b.key]
+            shown = dict(SCROLL_KEYS)[b.key] or b.key  # home, end: named in the row's words
         if name in grouped:
             if not grouped[name]:
                 rows.append((name, ""))  # where the group's row goes
@@ -139,11 +139,13 @@ def help_rows(enabled: Callable[[str, tuple[object, ...]], bool | None]) -> list
             rows.append((shown, b.tooltip))
     words = {
         "tab": "tabs: " + " · ".join(w for _, w in grouped["tab"]),
-        "scroll": "scroll the tab, also Home and End (a small terminal scrolls the overview)",
+        "scroll": "scroll the tab"
+        + (", also Home and End" if {"home", "end"} & {k for k, _ in grouped["scroll"]} else "")
+        + " (a small terminal scrolls the overview)",
         "steps": "change N (default 5, at most 100)",
     }
     return [
-        (" ".join(k for k, _ in grouped[key] if k), words[key])
+        (" ".join(k for k, _ in grouped[key] if k not in ("home", "end")), words[key])
         if not text and key in grouped
         else (key, text)
         for key, text in rows
