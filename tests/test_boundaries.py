@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.extras import missing_integrations
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"agent": "torchtop.agent", "monitor": "torchtop.monitor", "demos": "torchtop.demos"}
 
 WALK = """
 import importlib, pkgutil, sys
-FRAMEWORKS = {"transformers", "lightning", "pytorch_lightning", "accelerate"}  # [integrations]
-SKIPPED = []  # integrations whose framework is not installed: not importable here
 def walk(name, skip=()):
     pkg = importlib.import_module(name)
     names = [name]
@@ -36,13 +36,7 @@ def walk(name, skip=()):
     for info in pkgutil.walk_packages(pkg.__path__, name + "."):
         if any(info.name == s or info.name.startswith(s + ".") for s in skip):
             continue
-        try:
-            importlib.import_module(info.name)
-        except ModuleNotFoundError as exc:  # an integration whose framework is not installed
-            if ".integrations." not in info.name or (exc.name or "").split(".")[0] not in FRAMEWORKS:
-                raise
-            SKIPPED.append(info.name)
-            continue
+        importlib.import_module(info.name)
         names.append(info.name)
     return names
 """
@@ -133,17 +127,16 @@ def test_monitor_link_needs_no_tui() -> None:
 
 
 def test_agent_never_imports_textual() -> None:
+    missing = missing_integrations()  # an integration whose framework is not installed: left out
     out = run_fresh(
         f"""
         import json
-        names = walk("torchtop.agent")
-        print(json.dumps({{"modules": names, "skipped": SKIPPED, "loaded": {loaded("textual")}}}))
+        names = walk("torchtop.agent", skip={missing!r})
+        print(json.dumps({{"modules": names, "loaded": {loaded("textual")}}}))
         """
     )
-    on_disk = {_dotted(p) for p in (ROOT / "agent").rglob("*.py") if "_boot" not in p.parts}
-    assert all(".integrations." in name for name in out["skipped"]), out["skipped"]
-    walked = set(out["modules"]) | set(out["skipped"])
-    assert on_disk <= walked, f"not walked: {on_disk - walked}"
+    on_disk = {_dotted(p) for p in (ROOT / "agent").rglob("*.py") if "_boot" not in p.parts} - set(missing)
+    assert on_disk <= set(out["modules"]), f"not walked: {on_disk - set(out['modules'])}"
     assert out["loaded"] == {"textual": False}
 
 
@@ -186,6 +179,7 @@ def test_contract_imports_only_msgspec_and_starts_nothing() -> None:
     assert out["atexit"] == 0
 
 
+@pytest.mark.slow  # imports torch in a fresh interpreter
 def test_agent_start_imports_torch_and_zmq() -> None:
     """The other half of the boundary: start() is what pays for torch and zmq."""
     out = run_fresh(

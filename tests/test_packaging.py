@@ -23,6 +23,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.extras import missing_integrations
+
+pytestmark = pytest.mark.slow  # builds and installs the wheel
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = {"agent": "torchtop.agent", "monitor": "torchtop.monitor", "demos": "torchtop.demos"}
 SHIPPED = (".py", ".tcss")
@@ -153,25 +157,17 @@ def test_wheel_metadata_and_entry_point(wheel: Path) -> None:
 
 
 def test_installed_wheel_imports_from_its_folder(installed: Path, tmp_path: Path) -> None:
-    code = r"""
-import importlib, importlib.resources, importlib.util, json, pkgutil
-FRAMEWORKS = {"transformers", "lightning", "pytorch_lightning", "accelerate"}  # the [integrations] extra
-
-def load(name):
-    try:
-        return importlib.import_module(name).__file__
-    except ModuleNotFoundError as exc:  # an integration whose framework is not installed: its file
-        if ".integrations." not in name or (exc.name or "").split(".")[0] not in FRAMEWORKS:
-            raise
-        return importlib.util.find_spec(name).origin
-
+    code = (
+        f"SKIP = {missing_integrations()!r}  # their frameworks are not installed here\n"
+        + r"""
+import importlib, importlib.resources, json, pkgutil
 out = {}
 for name in ("torchtop.agent", "torchtop.monitor", "torchtop.demos"):
     pkg = importlib.import_module(name)
     out[name] = [pkg.__file__] + [
-        load(m.name)
+        importlib.import_module(m.name).__file__
         for m in pkgutil.walk_packages(pkg.__path__, name + ".")
-        if not m.name.split(".")[-1].startswith("_")
+        if not m.name.split(".")[-1].startswith("_") and m.name not in SKIP
     ]
 out["tcss"] = importlib.resources.files("torchtop.monitor.tui").joinpath("app.tcss").is_file()
 import torchtop.agent
@@ -180,6 +176,7 @@ out["started"] = agent is not None
 torchtop.agent.stop()
 print(json.dumps(out))
 """
+    )
     env = isolated_env(installed)
     env["TORCHTOP_QUIET"] = "1"
     env["TORCHTOP_RUNTIME_DIR"] = str(tmp_path / "rt")

@@ -29,7 +29,7 @@ import pytest
 from tests.tui_util import outside_the_panels
 from torchtop.agent.contract import discovery
 
-pytestmark = [pytest.mark.tmux, pytest.mark.sampled_phases, pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.tmux, pytest.mark.phase_sampling]
 
 SIZES = [(80, 24), (120, 40)]
 SCREEN_TIMEOUT_S = 90.0

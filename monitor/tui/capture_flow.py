@@ -12,6 +12,7 @@ from typing import Any
 
 from textual.app import App
 
+from torchtop.agent.contract.wire import Batch, CaptureKind, CaptureState
 from torchtop.monitor.link.targets import Endpoint
 from torchtop.monitor.model.captures import (
     CaptureBook,
@@ -37,12 +38,12 @@ class CaptureApp(App[int]):
         """Queue a request for the feed worker; the answer comes back as RequestAnswered."""
         self.requests.put((cmd, args or {}))
 
-    def _capture_seen(self, batch: Any) -> None:
+    def _capture_seen(self, batch: Batch) -> None:
         if batch.capture is None or batch.capture == self.captures.current:
             return  # most batches: nothing new about captures
         finished = self.captures.see(batch.capture)
         if finished is not None:
-            if finished.state == "done":
+            if finished.state == CaptureState.DONE:
                 self.notify(progress_text(finished), title="capture done", timeout=10)
             else:
                 self.notify(progress_text(finished), title="capture failed", severity="error", timeout=10)
@@ -63,7 +64,7 @@ class CaptureApp(App[int]):
             if reply.capture is not None:
                 self.notify(progress_text(reply.capture), title="capture requested")
         else:
-            what = "profile" if message.cmd == "capture-profile" else "memory snapshot"
+            what = "profile" if message.cmd == f"capture-{CaptureKind.PROFILE}" else "memory snapshot"
             self.notify(reply.error, title=f"{what} refused", severity="warning", timeout=10)
         self._refresh_captures()
 

@@ -29,8 +29,8 @@ PANELS: tuple[tuple[str, str], ...] = (
     (
         "phases",
         "host time per step in data (dataloader wait), h2d (host-to-device copies), forward, "
-        "backward, optimizer and other (the rest of the step); device ms are CUDA-event times on "
-        "sampled steps",
+        "backward, optimizer and other (the rest of the step), over the timed steps; device ms "
+        "are CUDA-event times on event steps (1 step in k)",
     ),
     ("marks", 'values from torchtop.agent.mark("loss", loss)'),
     (
