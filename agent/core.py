@@ -33,7 +33,16 @@ def _env_int(name: str, default: int) -> int:
 class Agent:
     """One running agent: probe + hooks on the training thread; sockets and loop on its own."""
 
-    def __init__(self, torch: Any, port: int | None, bind: str, auto: bool, phase_every: int = 0) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        port: int | None,
+        bind: str,
+        auto: bool,
+        phase_every: int = 0,
+        peak_tflops: float | None = None,
+        flops_per_step: float | None = None,
+    ) -> None:
         from torchtop.agent.cuda_use import CudaUse
         from torchtop.agent.hooks.auto import AutoHooks
         from torchtop.agent.hooks.probe import Probe
@@ -52,6 +61,7 @@ class Agent:
         self.probe.phase_every = max(0, phase_every)
         self.hooks = None
         self.telemetry = None
+        self.why = None
         try:
             from torchtop.agent.capture.controller import CaptureController
 
@@ -64,6 +74,10 @@ class Agent:
             if auto:
                 self.hooks = AutoHooks(self.probe, torch, h2d=torch.cuda.is_available())
                 self.hooks.install()
+            from torchtop.agent.telemetry.why import WhyCollector
+
+            self.why = WhyCollector(torch, self.probe, self.cuda, self.hooks, peak_tflops, flops_per_step)
+            self.why.start()
             self.loop = AgentLoop(
                 self.probe,
                 self.sockets,
@@ -74,6 +88,7 @@ class Agent:
                 telemetry=self.telemetry,
                 captures=self.captures,
                 chores=self.hooks.agent_tick if self.hooks is not None else None,
+                why=self.why,
             )
             self.loop.start()
         except BaseException:
@@ -151,6 +166,8 @@ class Agent:
 
     def _teardown(self) -> None:
         self.probe.disable()
+        if self.why is not None:
+            self.why.stop()
         if self.telemetry is not None:
             self.telemetry.stop()
         if self.hooks is not None:
@@ -166,6 +183,8 @@ class Agent:
         loop = getattr(self, "loop", None)
         if loop is not None:
             loop.stop()
+        if self.why is not None:
+            self.why.stop()
         if self.telemetry is not None:
             self.telemetry.stop()
         self.sockets.close()
@@ -180,7 +199,12 @@ class Agent:
 
 
 def start(
-    port: int | None = None, bind: str | None = None, auto: bool = True, phase_every: int | None = None
+    port: int | None = None,
+    bind: str | None = None,
+    auto: bool = True,
+    phase_every: int | None = None,
+    peak_tflops: float | None = None,
+    flops_per_step: float | None = None,
 ) -> Agent | None:
     """Start the agent in this process (once). Returns at once; never raises into training.
 
@@ -189,6 +213,9 @@ def start(
     phase_every: time the phases of every step (1), of about 1 step in N (N), or by step time
     (0, the default, or $TORCHTOP_PHASE_EVERY): every step of 10 ms or more, a random sample of
     faster ones. Every step's end and wall time is logged whatever this says.
+    peak_tflops: the device's peak TFLOP/s for MFU (default $TORCHTOP_PEAK_TFLOPS, else the
+    monitor's table of common GPUs). flops_per_step: the model's FLOPs a step, when counting
+    them over one step (FlopCounterMode) will not do (default $TORCHTOP_FLOPS_PER_STEP).
     """
     global _agent
     try:
@@ -210,7 +237,7 @@ def start(
             try:
                 if phase_every is None:
                     phase_every = _env_int("TORCHTOP_PHASE_EVERY", 0)
-                _agent = Agent(torch, port, bind, auto, phase_every)
+                _agent = Agent(torch, port, bind, auto, phase_every, peak_tflops, flops_per_step)
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")
                 return None

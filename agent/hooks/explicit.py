@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchtop.agent import core
-from torchtop.agent.contract.logcodes import FORWARD_START, TIMED_PHASES
+from torchtop.agent.contract.logcodes import DATA, FORWARD_START, TIMED_PHASES
+from torchtop.agent.hooks.wrap import note_phase
 from torchtop.agent.warn import warn
 
 _PHASE_INDEX = {name: i for i, name in enumerate(TIMED_PHASES)}
@@ -162,6 +163,9 @@ class _TimedIterable:
 
     def __len__(self) -> int:
         return len(self._it)  # type: ignore[arg-type]
+
+
+note_phase(_TimedIterable.__iter__, DATA)  # its frame is on the stack only inside next()
 
 
 def data(iterable: Any) -> Any:

@@ -12,8 +12,10 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
+from torchtop.agent.contract.logcodes import H2D
 from torchtop.agent.hooks.probe import Probe, current
 from torchtop.agent.hooks.timed import compiling_check
+from torchtop.agent.hooks.wrap import note_phase
 
 
 def _may_be_cuda(args: tuple, kwargs: dict) -> bool:
@@ -97,6 +99,6 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
         settle(t, ev0, True, src)
         return out
 
-    setattr_(Tensor, "to", to)
-    setattr_(Tensor, "cuda", cuda)
-    setattr_(Tensor, "copy_", copy_)
+    setattr_(Tensor, "to", note_phase(to, H2D))
+    setattr_(Tensor, "cuda", note_phase(cuda, H2D))
+    setattr_(Tensor, "copy_", note_phase(copy_, H2D))

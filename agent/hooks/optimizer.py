@@ -28,7 +28,7 @@ from typing import Any
 
 from torchtop.agent.contract.logcodes import OPTIMIZER, STEP_END, UNTIMED_END
 from torchtop.agent.hooks.probe import Probe, current
-from torchtop.agent.hooks.wrap import signature_wrapper
+from torchtop.agent.hooks.wrap import note_phase, signature_wrapper
 
 MARK = "_torchtop_probe"  # on the one optimizer: the probe whose fast path it takes
 _OURS = "_torchtop_step"  # on our wrapper: never wrapped twice
@@ -115,6 +115,7 @@ class OptimizerSteps:
                 inner = cell.cell_contents
                 name = getattr(inner, "__name__", "step")
                 wrapper = signature_wrapper(inner, _STEP, self._names(), name, follow_wrapped=True)
+                note_phase(wrapper, OPTIMIZER)
                 setattr(wrapper, _OURS, True)
                 self._cells.append((cell, inner))
                 cell.cell_contents = wrapper

@@ -14,7 +14,7 @@ from typing import Any
 
 from torchtop.agent.contract.logcodes import EXIT, FORWARD
 from torchtop.agent.hooks.probe import Probe, current
-from torchtop.agent.hooks.wrap import signature_wrapper
+from torchtop.agent.hooks.wrap import note_phase, signature_wrapper
 
 _TIMED = """
 def {name}({params}):
@@ -55,7 +55,7 @@ def timed(probe: Probe, phase: int, orig: Any, enter: int | None = None, events:
         "_tt_leave": EXIT | phase,
     }
     template = _TIMED if events else _TIMED.replace("_tt_probe.put", "_tt_probe._append")
-    return signature_wrapper(orig, template, names, getattr(orig, "__name__", "wrapper"))
+    return note_phase(signature_wrapper(orig, template, names, getattr(orig, "__name__", "wrapper")), phase)
 
 
 _FORWARD = """
@@ -124,4 +124,4 @@ def timed_forward(
         "_tt_grad": grad_enabled,
         "_tt_leave": EXIT | FORWARD,
     }
-    return signature_wrapper(orig, _FORWARD, names, "forward")
+    return note_phase(signature_wrapper(orig, _FORWARD, names, "forward"), FORWARD)

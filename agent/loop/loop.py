@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe
     from torchtop.agent.loop.sockets import AgentSockets
     from torchtop.agent.telemetry.collector import TelemetryCollector
+    from torchtop.agent.telemetry.why import WhyCollector
 
 RATE_HZ = 10.0
 QUIET_RATE_HZ = 2.0  # ticks while nobody is subscribed: the log still drains into the history
@@ -62,6 +63,7 @@ class AgentLoop(threading.Thread):
         captures: CaptureController | None = None,
         rate_hz: float = RATE_HZ,
         chores: Callable[[], None] | None = None,
+        why: WhyCollector | None = None,
     ) -> None:
         super().__init__(name="torchtop-agent", daemon=True)
         self.probe = probe
@@ -73,6 +75,7 @@ class AgentLoop(threading.Thread):
         self.telemetry = telemetry
         self.captures = captures
         self.chores = chores  # the hooks' work for this thread (AutoHooks.agent_tick)
+        self.why = why  # stack samples, sync windows, the FLOP count (telemetry/why.py)
         self.period = 1.0 / rate_hz
         self.seq = 0
         self.chunk_seq = 0
@@ -215,6 +218,8 @@ class AgentLoop(threading.Thread):
         if self.captures is not None:
             self.captures.poll()
         attended = self.subscribed or self._catch_up
+        if self.why is not None:
+            self.why.tick(attended)
         if self.telemetry is not None:
             self.telemetry.attended = attended
             now = time.monotonic()
@@ -223,7 +228,8 @@ class AgentLoop(threading.Thread):
                 self.telemetry.fast()
         if not attended:
             return  # nobody listens: the chunks wait in the history; nothing to encode or send
-        if self._catch_up:  # a first subscriber: what it may have missed between snapshot and now
+        catch_up = self._catch_up
+        if catch_up:  # a first subscriber: what it may have missed between snapshot and now
             self._catch_up = False
             log = self.history.recent(CATCH_UP_CHUNKS, CATCH_UP_ENTRIES)
         else:
@@ -240,6 +246,7 @@ class AgentLoop(threading.Thread):
             hook_errors=probe.failures,
             telemetry=self.telemetry.latest() if self.telemetry is not None else None,
             capture=self.captures.current if self.captures is not None else None,
+            why=self.why.message(catch_up) if self.why is not None else None,
         )
         try:
             self.sockets.pub.send(wire.encode(batch), zmq.NOBLOCK)

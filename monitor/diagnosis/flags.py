@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Facts, Finding, _gib, _pct
+from torchtop.monitor.diagnosis.why import WHY_FLAGS
 
 
 def flag_memory_pressure(f: Facts) -> Finding | None:
@@ -122,4 +123,4 @@ def flag_memory_leak(f: Facts) -> Finding | None:
     return Finding("memory-leak", "warning", grew, evidence, advice)
 
 
-FLAG_RULES = (flag_memory_pressure, flag_fragmentation, flag_dataloader_workers, flag_memory_leak)
+FLAG_RULES = (flag_memory_pressure, flag_fragmentation, flag_dataloader_workers, flag_memory_leak, *WHY_FLAGS)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, _pct
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.why import WHY_VERDICTS, refine
 
 
 def _band(share: float, scale: float = 1.0) -> str | None:
@@ -128,6 +129,7 @@ def rule_compute(f: Facts) -> Finding:
 
 
 VERDICT_RULES = {"data-loading": rule_data, "transfer": rule_transfer, "host-overhead": rule_host_overhead}
+VERDICT_RULES.update(WHY_VERDICTS)  # sync, host-code: why.py
 
 
 def primary(f: Facts, previous: str | None = None) -> Finding:
@@ -138,5 +140,5 @@ def primary(f: Facts, previous: str | None = None) -> Finding:
         if result is not None:
             found.append(result)
     if not found:
-        return rule_compute(f)
-    return max(found, key=lambda x: (SEVERITY_RANK[x.severity], x.kind == previous, x.share))
+        return refine(rule_compute(f), f)
+    return refine(max(found, key=lambda x: (SEVERITY_RANK[x.severity], x.kind == previous, x.share)), f)

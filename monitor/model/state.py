@@ -15,6 +15,7 @@ from typing import NamedTuple
 from torchtop.agent.contract.logcodes import PHASES
 from torchtop.agent.contract.wire import Batch, Hello, Telemetry
 from torchtop.monitor.model.steps import StepRecord
+from torchtop.monitor.model.why_state import WhyState
 
 HISTORY = 20_000
 STALE_AFTER_S = 3.0
@@ -51,6 +52,7 @@ class RunState:
     telemetry: Telemetry | None = None  # the latest memory / GPU / host samples
     points: deque[Point] = field(default_factory=lambda: deque(maxlen=HISTORY))
     peak_window: dict[int, int] = field(default_factory=dict)  # per device: highest window peak seen
+    why: WhyState = field(default_factory=WhyState)  # stack samples, sync detection, FLOPs
 
     # -- feeding -------------------------------------------------------------------------------
     def apply_hello(self, hello: Hello) -> None:
@@ -63,6 +65,7 @@ class RunState:
         self.steps.clear()
         self.points.clear()
         self.peak_window.clear()
+        self.why = WhyState()
         self.telemetry = None
         self.last_seq = None
         self.new_runs += 1
@@ -86,12 +89,17 @@ class RunState:
         self.gone = False
         if batch.telemetry is not None:
             self.apply_telemetry(batch.telemetry)
+        why = self.why
+        if batch.why is not None and why.apply(batch.why, batch.wall_offset):
+            self.steps = deque((s for s in self.steps if not why.excluded(s)), maxlen=HISTORY)
         last_t0 = self.steps[-1].t0 if self.steps else float("-inf")
-        self.steps.extend(s for s in steps if s.t0 > last_t0)  # steps are in order, once
+        # steps are in order, once; the FLOP-counted step is not a step of the run's pace
+        self.steps.extend(s for s in steps if s.t0 > last_t0 and not why.excluded(s))
 
     def apply_snapshot(self, steps: list[StepRecord], seq: int) -> None:
         """History from before we joined; batches up to `seq` are then ignored. Where it
         overlaps steps already held, the snapshot's are kept."""
+        steps = [s for s in steps if not self.why.excluded(s)]
         if steps:
             first, last = steps[0].t0, steps[-1].t0
             merged = (
