@@ -62,6 +62,8 @@ def step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) ->
 def main(argv: list[str] | None = None) -> int:
     args = common.build_parser(__doc__).parse_args(argv)
     device, stop = common.setup(args, CPU, CUDA)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # the same work on a shared machine, without threads fighting
     model, x = build(device, args.batch_size, args.width)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     flops = flops_per_step(args.batch_size, args.width, DEPTH)

@@ -21,7 +21,7 @@ from torch import nn
 from torchtop.demos import common
 
 FEATURES = 256
-CPU = common.Sizes(batch_size=64, width=256, workers=0)
+CPU = common.Sizes(batch_size=32, width=128, workers=0)
 CUDA = common.Sizes(batch_size=512, width=4096, workers=0)
 DEPTH = 8
 
@@ -37,6 +37,8 @@ def make_batch(batch: int, rows: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
 def main(argv: list[str] | None = None) -> int:
     args = common.build_parser(__doc__).parse_args(argv)
     device, stop = common.setup(args, CPU, CUDA)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # a small model: more threads only fight over a shared machine
     layers: list[nn.Module] = [nn.Linear(FEATURES, args.width)]
     for _ in range(DEPTH):
         layers += [nn.GELU(), nn.Linear(args.width, args.width)]

@@ -75,7 +75,7 @@ class CaptureController:
                     f"busy: capture {c.id} ({c.kind}) is {c.state}, {c.steps_done}/{c.steps_total} steps"
                 )
             info = self._validate(cmd, args)
-            if self.probe.on_step is not None:  # the one-step FLOP count (telemetry/why.py)
+            if getattr(self.probe.on_step, "entered", False):  # the one-step FLOP count (telemetry/why.py)
                 raise CaptureError("busy: torchtop is counting the model's FLOPs over one step; ask again")
             try:
                 self.dir.mkdir(parents=True, exist_ok=True)

@@ -58,31 +58,27 @@ class Site:
 
 
 def call_name(code: CodeType, lasti: int) -> str:
-    """What is called at instruction `lasti` of `code`, as written there (".item()", "print()",
-    "[...]" for indexing), read off the bytecode; "" when it cannot tell."""
+    """The call at instruction `lasti` of `code` as written in the source: "loss.item()",
+    "print()", "x[mask]" (from the instruction's source position); "" when it cannot tell."""
     try:
-        ins = list(dis.get_instructions(code))
+        op = next(i for i in dis.get_instructions(code) if i.offset == lasti)
+        pos = op.positions
     except Exception:
         return ""
-    at = next((k for k, i in enumerate(ins) if i.offset == lasti), None)
-    if at is None:
+    if pos is None or pos.lineno is None or pos.lineno != pos.end_lineno or pos.col_offset is None:
         return ""
-    op = ins[at]
-    if "SUBSCR" in op.opname:
-        return "[...]"
-    if not op.opname.startswith("CALL") or not isinstance(op.arg, int):
+    text = linecache.getline(code.co_filename, pos.lineno)[pos.col_offset : pos.end_col_offset]
+    if not text:
         return ""
-    line = op.positions.lineno if op.positions else None
-    loads = [
-        i
-        for i in ins[:at]
-        if i.opname.startswith("LOAD_") and (line is None or (i.positions and i.positions.lineno == line))
-    ]
-    k = len(loads) - 1 - (op.arg if op.opname != "CALL_KW" else op.arg)
-    if not 0 <= k < len(loads) or not isinstance(loads[k].argval, str):
-        return ""
-    name = loads[k].argval
-    return f".{name}()" if loads[k].opname in ("LOAD_ATTR", "LOAD_METHOD") else f"{name}()"
+    if op.opname.startswith("CALL"):
+        depth = 0
+        for k, ch in enumerate(text):  # the callee: the text before the call's own "("
+            depth += ch in "[{"
+            depth -= ch in "]}"
+            if ch == "(" and depth == 0:
+                text = text[:k] + "()"
+                break
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class SyncWindow:
@@ -100,6 +96,7 @@ class SyncWindow:
         self.cost_ns = 0  # training-thread time in `_showwarning`
         self.reason = ""
         self._prev: Any = None
+        self._hook = self._showwarning  # one bound method: `is` tells whether it is still installed
         self._filter: Any = None
         self._steps0 = 0
 
@@ -128,7 +125,7 @@ class SyncWindow:
         warnings.filterwarnings("always", message=MESSAGE, category=UserWarning)
         self._filter = warnings.filters[0]
         self._prev = warnings.showwarning
-        warnings.showwarning = self._showwarning
+        warnings.showwarning = self._hook
         self._steps0 = self.probe.steps
         self.is_open = True
         try:
@@ -150,7 +147,7 @@ class SyncWindow:
         except Exception:
             pass
         self.is_open = False
-        if warnings.showwarning is self._showwarning:
+        if warnings.showwarning is self._hook:
             warnings.showwarning = self._prev
         try:
             warnings.filters.remove(self._filter)

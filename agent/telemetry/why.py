@@ -19,7 +19,7 @@ from torchtop.agent.warn import warn
 if TYPE_CHECKING:
     from torchtop.agent.cuda_use import CudaUse
     from torchtop.agent.hooks.auto import AutoHooks
-    from torchtop.agent.hooks.flop_step import FlopResult
+    from torchtop.agent.hooks.flop_step import FlopResult, FlopStep
     from torchtop.agent.hooks.probe import Probe
     from torchtop.agent.hooks.sync_window import SyncWindow
 
@@ -74,7 +74,8 @@ class WhyCollector:
         elif os.environ.get("TORCHTOP_FLOPS", "1") == "0":
             self.flops = FlopInfo(state="off", reason="TORCHTOP_FLOPS=0", peak_tflops=peak)
         self._flop_armed_at = 0.0
-        self._flop_step: Any = None
+        self._flop_step: FlopStep | None = None
+        self._flop_step_announced = False
 
     def start(self) -> None:
         self.sampler.start()
@@ -124,25 +125,25 @@ class WhyCollector:
                 self._next_window = now + WINDOW_EVERY_S
             return
         if not self._cuda():
-            if self.cuda is None or (
-                self.probe.steps >= FIRST_WINDOW_AFTER_STEPS and not self.cuda.initialised()
-            ):
-                self.sync_state = "waiting"
-                self.sync_reason = (
-                    "CPU run: nothing to wait for (on CPU .item() and print(tensor) read values already "
-                    "computed); their host time shows in the stack samples"
-                )
+            self.sync_state = "waiting"
+            self.sync_reason = (
+                "CPU run: nothing to wait for (on CPU .item() and print(tensor) read values already "
+                "computed); their host time shows in the stack samples"
+            )
             return
+        if self.sync_reason.startswith("CPU run"):
+            self.sync_reason = ""
         if self.probe.steps < FIRST_WINDOW_AFTER_STEPS:
             return
-        if self.window is not None and (not attended or now < self._next_window):
+        if (self.window is not None and not attended) or now < self._next_window:
             return
         if w is None:
             from torchtop.agent.hooks.sync_window import SyncWindow
 
             w = self.window = SyncWindow(self.torch, self.probe, self.classifier, self.sampler.sync_keys)
-        if not w.open():
-            self.sync_state, self.sync_reason = "off", w.reason
+        if not w.open():  # the run set a sync debug mode of its own: ask again later
+            self.sync_state, self.sync_reason = "waiting", w.reason
+            self._next_window = now + WINDOW_EVERY_S
             return
         if not self._announced:
             self._announced = True
@@ -159,8 +160,11 @@ class WhyCollector:
         f = self.flops
         probe = self.probe
         if f.state == "counting":
-            if time.monotonic() - self._flop_armed_at > FLOP_GIVE_UP_S and self._flop_step is not None:
-                if not self._flop_step.entered and probe.on_step is self._flop_step:
+            fs = self._flop_step
+            if fs is not None and not fs.entered:
+                if probe.on_step is not fs:  # a capture took the next boundary: count later
+                    self.flops = FlopInfo(state="waiting", peak_tflops=f.peak_tflops)
+                elif time.monotonic() - self._flop_armed_at > FLOP_GIVE_UP_S:
                     probe.on_step = None
                     self.flops = FlopInfo(
                         state="failed", reason="no step boundary came", peak_tflops=f.peak_tflops
@@ -182,10 +186,12 @@ class WhyCollector:
         self._flop_step = FlopStep(self.torch, probe, lambda: roots, self._flops_done)
         self._flop_armed_at = time.monotonic()
         self.flops = FlopInfo(state="counting", peak_tflops=f.peak_tflops)
-        warn(
-            "counting the model's FLOPs over one step with torch.utils.flop_counter (that step runs "
-            "slower and is left out of the figures); TORCHTOP_FLOPS=0 turns it off"
-        )
+        if self._flop_step_announced is False:
+            self._flop_step_announced = True
+            warn(
+                "counting the model's FLOPs over one step with torch.utils.flop_counter (that step runs "
+                "slower and is left out of the figures); TORCHTOP_FLOPS=0 turns it off"
+            )
         probe.on_step = self._flop_step
 
     def _flops_done(self, r: FlopResult) -> None:

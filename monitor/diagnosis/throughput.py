@@ -51,26 +51,26 @@ class Throughput:
 
     def to_json(self) -> dict[str, Any]:
         def r(x: float | None, n: int = 4) -> float | None:
-            return None if x is None else round(x, n)
+            return None if x is None else float(f"{x:.{n}g}")  # significant digits: TFLOP/s of a CPU are tiny
 
         return {
             "steps_per_s": r(self.steps_per_s),
-            "samples_per_s": r(self.samples_per_s, 2),
+            "samples_per_s": r(self.samples_per_s, 6),
             "samples_from": self.samples_from or None,
-            "tokens_per_s": r(self.tokens_per_s, 1),
+            "tokens_per_s": r(self.tokens_per_s, 6),
             "tokens_from": self.tokens_from or None,
             "flops_per_step": self.flops_per_step,
             "flops_from": self.flops_from or None,
             "flops_note": self.flops_note or None,
             "achieved_tflops": r(self.achieved_tflops),
             "precision": self.precision or None,
-            "peak_tflops": r(self.peak_tflops, 1),
+            "peak_tflops": r(self.peak_tflops, 5),
             "peak_from": self.peak_from or None,
             "mfu": r(self.mfu),
             "device_busy": r(self.device_busy),
             "device_busy_ms": r(self.device_busy_ms),
             "device_step_ms": r(self.device_step_ms),
-            "gpu_util": r(self.gpu_util, 1),
+            "gpu_util": r(self.gpu_util, 3),
         }
 
 

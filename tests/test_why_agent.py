@@ -1,0 +1,344 @@
+"""The agent's side of "why": the stack sampler, sync windows, the one-step FLOP count.
+
+Real threads and real torch on CPU. A sync window needs CUDA's sync debug mode; here it runs on
+a stand-in for `torch.cuda` that has the mode's two functions, and the synchronising call is a
+warning with torch's message raised at a known line (what torch's warning handler does on
+CUDA). On a real GPU: tests/test_why_cuda.py.
+"""
+
+from __future__ import annotations
+
+import dis
+import json
+import sys
+import threading
+import time
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.agent_util import client_for
+from torchtop.agent.contract.logcodes import BACKWARD, DATA, FORWARD, FORWARD_START, H2D_COPY, MARK, STEP_END
+from torchtop.agent.hooks.probe import Probe
+from torchtop.agent.hooks.sync_window import MESSAGE, SyncWindow, call_name
+from torchtop.agent.hooks.timed import timed
+from torchtop.agent.telemetry.stacks import OTHER, Kind, StackSampler, classifier_for, log_phase
+
+torch = pytest.importorskip("torch")
+
+
+def line_of(fn: Any, text: str) -> int:
+    """The line of `fn`'s source that holds `text`."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(k for k, line in enumerate(lines) if text in line)
+
+
+class Blocked:
+    """Runs `body` on a thread of its own, which the probe takes as the training thread."""
+
+    def __init__(self, body: Any) -> None:
+        self.ready = threading.Event()
+        self.release = threading.Event()
+        self.probe: Probe | None = None
+        self.body = body
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.probe = Probe()
+        self.body(self)
+
+    def __enter__(self) -> Blocked:
+        self.thread.start()
+        assert self.ready.wait(5)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release.set()
+        self.thread.join(5)
+
+
+def wait_here(b: Blocked) -> None:
+    b.ready.set()
+    b.release.wait(10)  # the site: a stdlib frame (threading.Event.wait) called from here
+
+
+# -- classifying frames ------------------------------------------------------------------------------
+def test_classifier_kinds() -> None:
+    c = classifier_for(torch)
+    assert (
+        c.kind(
+            torch.nn.functional.linear.__code__
+            if hasattr(torch.nn.functional.linear, "__code__")
+            else torch.nn.Module.__call__.__code__
+        )[1]
+        is Kind.TORCH
+    )
+    assert c.kind(json.dumps.__code__)[1] is Kind.STDLIB
+    assert c.kind(line_of.__code__)[1] is Kind.USER
+    import zmq
+
+    assert c.kind(zmq.Context.instance.__code__)[1] is Kind.LIB
+    wrapper = timed(Probe(thread_id=0), DATA, wait_here)
+    assert c.kind(wrapper.__code__)[1:] == (Kind.OURS, DATA)
+
+
+# -- sampling ----------------------------------------------------------------------------------------
+def test_a_sample_names_the_phase_from_our_wrapper_and_the_users_frame() -> None:
+    def body(b: Blocked) -> None:
+        timed(b.probe, DATA, fetch)(b)
+
+    def fetch(b: Blocked) -> None:
+        wait_here(b)
+
+    with Blocked(body) as b:
+        s = StackSampler(b.probe, classifier_for(torch)).sample()
+    assert s is not None and s.phase == DATA and not s.sync and not s.late
+    assert s.site.endswith(f"test_why_agent.py:{line_of(wait_here, 'b.release.wait')} wait_here"), s.site
+    assert s.callee == "threading:Event.wait"
+
+
+def test_an_explicit_phase_is_read_off_the_log() -> None:
+    """`with phase(...)` has no frame on the stack: the log says which phase is open."""
+
+    def body(b: Blocked) -> None:
+        b.probe.forward(FORWARD_START + 2 * 0 + 1)
+        wait_here(b)
+
+    with Blocked(body) as b:
+        s = StackSampler(b.probe, classifier_for(torch)).sample()
+    assert s is not None and s.phase == FORWARD
+
+
+def test_log_phase() -> None:
+    p = Probe(thread_id=0)
+    assert log_phase(p) == OTHER  # nothing logged
+    p.enter(BACKWARD)
+    assert log_phase(p) == BACKWARD
+    p.mark("loss", 1.0)  # a mark says nothing of the phase: look further back
+    p._append(5)
+    p._append((H2D_COPY, 1, 2, False, None))
+    assert log_phase(p) == BACKWARD
+    p._append(6)  # half a pair: its code is not written yet
+    assert log_phase(p) == BACKWARD
+    p.log.pop()
+    p.exit(BACKWARD)
+    assert log_phase(p) == OTHER
+    p.enter(DATA)
+    p._take()  # drained by the agent thread: the tail it kept still says
+    assert p.log == [] and log_phase(p) == DATA
+    p._append(7)
+    p._append(STEP_END)
+    assert log_phase(p) == OTHER
+    assert MARK  # (imported for the mark code's sake)
+
+
+def block_in_c(b: Blocked) -> None:
+    b.ready.set()
+    b.lock.acquire(timeout=10)  # a C call straight from this frame, as `loss.item()` is
+
+
+def test_a_blocked_call_known_to_sync_is_a_sync_sample_unless_late() -> None:
+    lock = threading.Lock()
+    lock.acquire()
+
+    def body(b: Blocked) -> None:
+        b.lock = lock  # type: ignore[attr-defined]
+        block_in_c(b)
+
+    with Blocked(body) as b:
+        sampler = StackSampler(b.probe, classifier_for(torch))
+        code = block_in_c.__code__
+        line = line_of(block_in_c, "b.lock.acquire")
+        call = [
+            i
+            for i in dis.get_instructions(code)
+            if i.opname.startswith("CALL") and i.positions.lineno == line
+        ][-1]
+        sampler.sync_keys[(id(code), call.offset)] = 1
+        time.sleep(0.05)
+        on_time, late = sampler.sample(), sampler.sample(late=True)
+        lock.release()
+    assert on_time is not None and on_time.sync and on_time.callee == ""
+    assert on_time.site.endswith(f"test_why_agent.py:{line} block_in_c")
+    assert late is not None and late.late and not late.sync
+
+
+def test_the_sampler_thread_samples_only_while_attended() -> None:
+    def body(b: Blocked) -> None:
+        wait_here(b)
+
+    with Blocked(body) as b:
+        sampler = StackSampler(b.probe, classifier_for(torch), hz=100.0)
+        sampler.start()
+        try:
+            time.sleep(0.3)
+            assert sampler.take() == []
+            sampler.attended = True
+            time.sleep(0.5)
+            got = sampler.take()
+        finally:
+            sampler.stop()
+    assert len(got) >= 10 and all(s.phase == OTHER for s in got)
+    assert sampler.cost_us is not None and sampler.busy_ns > 0
+    assert len(sampler.take(catch_up=True)) >= len(got)  # a joining monitor gets the recent ones again
+
+
+# -- sync windows ------------------------------------------------------------------------------------
+class FakeCuda:
+    """`torch.cuda`'s sync debug mode, without CUDA."""
+
+    def __init__(self, mode: int = 0) -> None:
+        self.mode = mode
+
+    def get_sync_debug_mode(self) -> int:
+        return self.mode
+
+    def set_sync_debug_mode(self, mode: int) -> None:
+        self.mode = mode
+
+
+def a_sync(loss: Any) -> None:
+    warnings.warn(MESSAGE + " (Triggered internally at CUDAFunctions.cpp:1.)", UserWarning, stacklevel=1)
+
+
+def test_a_window_finds_the_call_and_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    probe = Probe(thread_id=threading.get_ident())
+    sampler = StackSampler(probe, classifier_for(torch))
+    fake = SimpleNamespace(cuda=FakeCuda())
+    w = SyncWindow(fake, probe, sampler.classifier, sampler.sync_keys)
+    before = (warnings.showwarning, list(warnings.filters))
+    assert w.open() and fake.cuda.mode == 1
+    for _ in range(3):
+        a_sync(None)
+    other = threading.Thread(target=a_sync, args=(None,))  # another thread's sync: not the loop's
+    other.start()
+    other.join()
+    probe._steps, probe.left = 3, probe._batch  # three steps went by
+    w.close()
+    assert fake.cuda.mode == 0 and (warnings.showwarning, warnings.filters) == before
+    assert w.seen == 3 and w.windows == 1 and len(w.sites) == 1
+    (site,) = w.described()
+    assert site.site.endswith(f"test_why_agent.py:{line_of(a_sync, 'warnings.warn')} a_sync")
+    assert site.call == "warnings.warn()"
+    assert site.calls == 3 and site.steps == 3 and "warnings.warn(MESSAGE" in site.line
+    assert len(sampler.sync_keys) == 1
+    assert MESSAGE not in capsys.readouterr().err
+    a_sync(None) if False else None  # noqa: B018 - outside a window the warning would be the user's again
+
+
+def test_a_window_leaves_a_users_own_mode_alone() -> None:
+    probe = Probe(thread_id=threading.get_ident())
+    fake = SimpleNamespace(cuda=FakeCuda(mode=2))
+    w = SyncWindow(fake, probe, classifier_for(torch), {})
+    assert not w.open() and "set torch.cuda.set_sync_debug_mode() itself" in w.reason
+    assert fake.cuda.mode == 2
+
+
+def test_closing_keeps_a_mode_the_run_set_meanwhile() -> None:
+    probe = Probe(thread_id=threading.get_ident())
+    fake = SimpleNamespace(cuda=FakeCuda())
+    w = SyncWindow(fake, probe, classifier_for(torch), {})
+    assert w.open()
+    fake.cuda.mode = 2  # the user's own "error" mode, set during the window
+    w.close()
+    assert fake.cuda.mode == 2
+
+
+def test_other_warnings_still_reach_the_user_during_a_window() -> None:
+    probe = Probe(thread_id=threading.get_ident())
+    w = SyncWindow(SimpleNamespace(cuda=FakeCuda()), probe, classifier_for(torch), {})
+    shown: list[str] = []
+    old = warnings.showwarning
+    warnings.showwarning = lambda m, *a, **k: shown.append(str(m))  # type: ignore[assignment]
+    try:
+        assert w.open()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = w._showwarning  # catch_warnings restored the module's; ours again
+            warnings.warn("the user's own warning", UserWarning, stacklevel=1)
+        w.close()
+    finally:
+        warnings.showwarning = old
+    assert shown == ["the user's own warning"]
+
+
+def calls(loss: Any, x: Any, mask: Any, m: Any) -> None:
+    loss.item()
+    print(x)
+    y = x[mask]
+    x.cpu()
+    torch.nonzero(m)
+    print(f"loss {loss.item():.4f}")
+    return y
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("loss.item()", "loss.item()"),
+        ("print(x)", "print()"),
+        ("y = x[mask]", "x[mask]"),
+        ("x.cpu()", "x.cpu()"),
+        ("torch.nonzero(m)", "torch.nonzero()"),
+        ('print(f"loss', "loss.item()"),  # the innermost call of that line, not the print
+    ],
+)
+def test_call_name(text: str, name: str) -> None:
+    code = calls.__code__
+    line = line_of(calls, text)
+    ops = [i for i in dis.get_instructions(code) if i.positions and i.positions.lineno == line]
+    op = [i for i in ops if i.opname.startswith("CALL") or "SUBSCR" in i.opname]
+    target = op[0] if text.startswith("print(f") else op[-1]
+    assert call_name(code, target.offset) == name
+
+
+# -- the FLOP count ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_flops_of_one_step_are_counted_and_that_step_kept_out(agent: Any) -> None:
+    """A bias-free matmul chain on CPU: the count is the closed form, samples the batch rows."""
+    from torchtop.demos.known_flops import build, flops_per_step, step
+    from torchtop.monitor.model.state import RunState
+
+    torch.set_num_threads(1)
+    model, x = build(torch.device("cpu"), 64, 128, depth=4)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    client = client_for(agent)
+    state = RunState()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        step(model, opt, x)
+        for got in client.recv_batches(0.0):
+            state.apply_batch(got.batch, got.steps, time.monotonic())
+        f = state.why.flops
+        if f is not None and f.state == "done" and len(state.steps) > 30:
+            break
+    client.close()
+    f = state.why.flops
+    assert f is not None and f.state == "done", f
+    assert f.flops == flops_per_step(64, 128, 4) and f.by_dtype == {"float32": f.flops}
+    assert f.samples == 64 and f.tokens is None and f.input_shape == [64, 128]
+    assert f.cost_ms is not None and f.cost_ms > 0
+    assert not any(state.why.excluded(s) for s in state.steps)
+    assert agent.probe.on_step is None and agent.probe.failures == 0
+
+
+def test_a_capture_waits_while_the_flop_count_runs() -> None:
+    from torchtop.agent.capture.controller import CaptureController, CaptureError
+    from torchtop.agent.cuda_use import CudaUse
+
+    probe = Probe(thread_id=threading.get_ident())
+    probe.on_step = SimpleNamespace(entered=True)  # a FLOP count between its two boundaries
+    c = CaptureController(CudaUse(torch), probe)
+    with pytest.raises(CaptureError, match="counting the model's FLOPs"):
+        c.request("capture-profile", {"steps": 2})
+    probe.on_step = SimpleNamespace(entered=False)  # armed only: the capture takes the boundary
+    assert c.request("capture-profile", {"steps": 2}).state == "pending"
+    c.close()
+
+
+def test_sys_module_is_untouched() -> None:
+    assert sys.getswitchinterval() == pytest.approx(0.005)  # the sampler never tunes the interpreter
