@@ -6,14 +6,62 @@ CPU here; the CUDA runs (the sync verdict, MFU on an H100) are in tests/test_why
 from __future__ import annotations
 
 import inspect
+import json
 import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
 
 import pytest
 
-from tests.test_scenarios import _scenario
+from torchtop.agent.contract import discovery
 from torchtop.demos import host_code, known_flops
 
 pytestmark = [pytest.mark.slow, pytest.mark.sampled_phases]
+
+
+def run_demo(name: str, device: str, warm_s: float, report_s: float) -> dict[str, Any]:
+    """demos/<name>.py for real, `torchtop report` on it once its agent is up and `warm_s` went by.
+
+    Its output goes to a file, not a pipe: the sync demo prints every step, and a pipe nobody
+    reads would fill and stop it."""
+    with tempfile.TemporaryFile("w+") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-m", f"torchtop.demos.{name}", "--device", device, "--seconds", "240"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 90
+            while not any(a.get("pid") == child.pid for a in discovery.list_agents()):
+                assert child.poll() is None, f"{name} exited {child.returncode}"
+                assert time.monotonic() < deadline, f"{name}: no agent after 90 s"
+                time.sleep(0.2)
+            time.sleep(warm_s)
+            cli = [sys.executable, "-m", "torchtop.monitor.commands.cli", "report", str(child.pid)]
+            got = subprocess.run(
+                [*cli, "--seconds", str(report_s)], capture_output=True, text=True, timeout=report_s + 60
+            )
+            if got.returncode != 0:
+                out.seek(0)
+                raise AssertionError(f"{got.stderr.strip()}\n{name}'s output:\n{out.read()[-3000:]}")
+            r = json.loads(got.stdout)
+            print(
+                f"\n{name} on {device}: {r['steps']} steps, median {r['step_time_ms']['median']:.1f} ms, "
+                f"breakdown {r['breakdown']}\n  verdict {r['verdict']}\n  flags {r['flag_details']}\n"
+                f"  sync {r['sync']}\n  throughput {r['throughput']}\n  stack samples {r['stack_samples']}"
+            )
+            return r
+        finally:
+            child.terminate()
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
 
 
 def lines_of(fn: object) -> range:
@@ -22,7 +70,7 @@ def lines_of(fn: object) -> range:
 
 
 def test_host_code_names_log_metrics_within_10_s() -> None:
-    r = _scenario("host_code", "cpu", warm_s=4, report_s=6)
+    r = run_demo("host_code", "cpu", warm_s=4, report_s=6)
     v = r["verdict"]
     assert v["kind"] == "host-code" and v["severity"] in ("warning", "critical"), v
     found = [m for e in v["evidence"] for m in re.finditer(r"host_code\.py:(\d+) (\S+)", e)]
@@ -38,7 +86,7 @@ def test_host_code_names_log_metrics_within_10_s() -> None:
 def test_sync_stall_on_cpu_waits_for_nothing() -> None:
     """On CPU `.item()` reads a value already computed: no sync verdict or flag, and the report
     says why the detector did not look; the print shows up as ordinary host time."""
-    r = _scenario("sync_stall", "cpu", warm_s=4, report_s=6)
+    r = run_demo("sync_stall", "cpu", warm_s=4, report_s=6)
     assert r["verdict"]["kind"] != "sync", r["verdict"]
     assert "sync" not in [f["kind"] for f in r["flag_details"]]
     assert r["sync"]["state"] == "waiting" and "CPU run" in r["sync"]["reason"]
@@ -46,7 +94,7 @@ def test_sync_stall_on_cpu_waits_for_nothing() -> None:
 
 
 def test_known_flops_counts_the_closed_form_on_cpu() -> None:
-    r = _scenario("known_flops", "cpu", warm_s=4, report_s=6)
+    r = run_demo("known_flops", "cpu", warm_s=4, report_s=6)
     t = r["throughput"]
     sizes = known_flops.CPU
     assert t["flops_per_step"] == known_flops.flops_per_step(sizes.batch_size, sizes.width, known_flops.DEPTH)
