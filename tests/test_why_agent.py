@@ -322,7 +322,8 @@ def test_the_flops_of_one_step_are_counted_and_that_step_kept_out(agent: Any) ->
     assert f.flops == flops_per_step(64, 128, 4) and f.by_dtype == {"float32": f.flops}
     assert f.samples == 64 and f.tokens is None and f.input_shape == [64, 128]
     assert f.cost_ms is not None and f.cost_ms > 0
-    assert not any(state.why.excluded(s) for s in state.steps)
+    assert sum(state.why.excluded(s) for s in state.steps) == 2  # the counted step and the next
+    assert not any(state.why.excluded(s) for s in state.window(60.0))
     assert agent.probe.on_step is None and agent.probe.failures == 0
 
 

@@ -317,9 +317,9 @@ def test_the_flop_counted_step_and_the_next_are_left_out() -> None:
     t1 = counted.t0 + counted.wall_ns / 1e9 + 0.0002  # ... left just after the next one
     flops = FlopInfo(state="done", flops=10, t0=int(t0 * 1e9), t1=int(t1 * 1e9))
     state = state_with(recs[:20], [], flops=flops)
-    assert [s.i for s in state.steps] == [*range(15), *range(17, 20)]
-    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=1, time=1e9), recs[20:], 0.0)
-    assert len(state.steps) == 28
+    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=1, time=recs[-1].t0 + 0.01), recs[20:], 0.0)
+    assert [s.i for s in state.steps] == list(range(30))  # the run's steps, every one
+    assert [s.i for s in state.window(60.0)] == [*range(15), *range(17, 30)]  # its figures, without the two
 
 
 def test_catch_up_samples_are_not_counted_twice() -> None:

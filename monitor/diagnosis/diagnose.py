@@ -28,7 +28,7 @@ def judged_steps(state: RunState) -> list[StepRecord]:
     recent = [s for s in state.window(T["window_s"]) if s.i >= warm]
     if len(recent) >= T["window_steps"]:
         return recent
-    train = [s for s in state.steps if s.kind == "train" and s.i >= warm]
+    train = [s for s in state.steps if s.kind == "train" and s.i >= warm and not state.why.excluded(s)]
     return train[-int(T["window_steps"]) :]
 
 

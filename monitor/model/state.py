@@ -89,17 +89,14 @@ class RunState:
         self.gone = False
         if batch.telemetry is not None:
             self.apply_telemetry(batch.telemetry)
-        why = self.why
-        if batch.why is not None and why.apply(batch.why, batch.wall_offset):
-            self.steps = deque((s for s in self.steps if not why.excluded(s)), maxlen=HISTORY)
+        if batch.why is not None:
+            self.why.apply(batch.why, batch.wall_offset)
         last_t0 = self.steps[-1].t0 if self.steps else float("-inf")
-        # steps are in order, once; the FLOP-counted step is not a step of the run's pace
-        self.steps.extend(s for s in steps if s.t0 > last_t0 and not why.excluded(s))
+        self.steps.extend(s for s in steps if s.t0 > last_t0)  # steps are in order, once
 
     def apply_snapshot(self, steps: list[StepRecord], seq: int) -> None:
         """History from before we joined; batches up to `seq` are then ignored. Where it
         overlaps steps already held, the snapshot's are kept."""
-        steps = [s for s in steps if not self.why.excluded(s)]
         if steps:
             first, last = steps[0].t0, steps[-1].t0
             merged = (
@@ -147,13 +144,15 @@ class RunState:
         return "connected"
 
     def window(self, seconds: float, kind: str = "train") -> list[StepRecord]:
-        """Steps of `kind` that ended in the last `seconds` of the agent's clock."""
+        """Steps of `kind` that ended in the last `seconds` of the agent's clock (not the two
+        the FLOP count slowed: they are not the run's pace)."""
         horizon = self.agent_time - seconds
+        excluded = self.why.excluded
         out = []
         for s in reversed(self.steps):
             if s.t0 + s.wall_ns / 1e9 < horizon:
                 break
-            if s.kind == kind:
+            if s.kind == kind and not excluded(s):
                 out.append(s)
         out.reverse()
         return out

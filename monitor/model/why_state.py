@@ -3,7 +3,8 @@
 Pure data, fed by RunState.apply_batch. Samples keep their time on the wall clock (the agent's
 perf_counter stamp + the batch's wall offset), like the steps, so they fold onto the steps they
 fell in (model/hotspots.py). The step the FLOPs were counted over ran under a dispatch mode,
-and the step after it paid for leaving it: both are kept out of the steps (`excluded`).
+and the step after it paid for leaving it: both stay in the run's steps (their count, the
+replay's numbering) and out of every figure over a window (`excluded`, RunState.window).
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ class WhyState:
     flops: FlopInfo | None = None
     flop_span: tuple[float, float] | None = None  # wall clock: the counted step and the exit's cost
 
-    def apply(self, why: Why, wall_offset: float) -> bool:
-        """Take one batch's `why`; True when the FLOP-counted span became known just now (the
-        steps already held that overlap it are then to be dropped)."""
+    def apply(self, why: Why, wall_offset: float) -> None:
+        """Take one batch's `why`."""
         last = self.samples[-1][0] if self.samples else float("-inf")
         for s in why.stacks:
             t = s.t / 1e9 + wall_offset
@@ -39,14 +39,11 @@ class WhyState:
         self.stack_cost_us = why.stack_cost_us
         if why.sync is not None:
             self.sync = why.sync
-        fresh = False
         if why.flops is not None:
             self.flops = why.flops
             f = why.flops
             if f.state == "done" and f.t1 > f.t0 > 0 and self.flop_span is None:
                 self.flop_span = (f.t0 / 1e9 + wall_offset, f.t1 / 1e9 + wall_offset)
-                fresh = True
-        return fresh
 
     def excluded(self, s: StepRecord) -> bool:
         """A step that overlaps the FLOP count (the counted step, and the next one)."""

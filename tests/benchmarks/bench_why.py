@@ -123,7 +123,11 @@ def flop_step_cost(agent: Any) -> dict[str, float]:
             step(x, y)
             times.append(time.perf_counter() - t)
     f = agent.why.flops
-    return {"counted_step_ms": f.cost_ms or 0.0, "median_step_ms": statistics.median(times) * 1e3, "flops": f.flops}
+    return {
+        "counted_step_ms": f.cost_ms or 0.0,
+        "median_step_ms": statistics.median(times) * 1e3,
+        "flops": f.flops,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
