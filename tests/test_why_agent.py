@@ -20,7 +20,16 @@ from typing import Any
 import pytest
 
 from tests.agent_util import client_for
-from torchtop.agent.contract.logcodes import BACKWARD, DATA, FORWARD, FORWARD_START, H2D_COPY, MARK, STEP_END
+from torchtop.agent.contract.logcodes import (
+    BACKWARD,
+    DATA,
+    FORWARD,
+    FORWARD_START,
+    H2D,
+    H2D_COPY,
+    MARK,
+    STEP_END,
+)
 from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.sync_window import MESSAGE, SyncWindow, call_name
 from torchtop.agent.hooks.timed import timed
@@ -228,6 +237,21 @@ def test_a_window_finds_the_call_and_prints_nothing(capsys: pytest.CaptureFixtur
     assert len(sampler.sync_keys) == 1
     assert MESSAGE not in capsys.readouterr().err
     a_sync(None) if False else None  # noqa: B018 - outside a window the warning would be the user's again
+
+
+def test_a_sync_inside_a_wrapper_of_ours_is_the_users_call() -> None:
+    """A pageable `.to()` synchronises inside torchtop's h2d wrapper: the site is the user's
+    line, and nothing of torchtop's is named."""
+    probe = Probe(thread_id=threading.get_ident())
+    classifier = classifier_for(torch)
+    w = SyncWindow(SimpleNamespace(cuda=FakeCuda()), probe, classifier, {})
+    to = timed(probe, H2D, warnings.warn)  # a C call made from our wrapper's frame, as orig_to is
+    assert w.open()
+    to(MESSAGE, UserWarning)  # the user's call
+    w.close()
+    (site,) = w.described()
+    assert site.site.endswith(f"{test_a_sync_inside_a_wrapper_of_ours_is_the_users_call.__name__}")
+    assert site.via == "" and site.call == "to()"
 
 
 def test_a_window_leaves_a_users_own_mode_alone() -> None:

@@ -38,8 +38,12 @@ def test_cuda_sync_stall_names_the_item_call_within_10_s() -> None:
     assert v["kind"] == "sync" and v["severity"] in ("warning", "critical"), v
     assert f"`loss.item()` at sync_stall.py:{item_line()} main waits" in v["evidence"][0], v["evidence"]
     assert v["upside"] and v["upside"]["kind"] == "estimate" and v["upside"]["speedup"] > 1.2
-    site = r["sync"]["sites"][0]
-    assert site["call"] == "loss.item()" and site["calls_per_step"] == pytest.approx(1.0, abs=0.1)
+    calls = {s["call"]: s for s in r["sync"]["sites"]}
+    # the pageable `.to(device)` copies synchronise too (torch waits for them): found, barely waited on
+    site = calls["loss.item()"]
+    assert site["calls_per_step"] == pytest.approx(1.0, abs=0.1)
+    assert site["wait_ms_per_step"] == max(s["wait_ms_per_step"] or 0 for s in r["sync"]["sites"])
+    assert not [s for s in r["sync"]["sites"] if "torchtop" in (s["site"] + (s["via"] or ""))]
     assert r["sync"]["wait_ms_per_step"] > 0.3 * r["step_time_ms"]["mean"]
     assert r["sync"]["cost_us_per_sync"] is not None
 

@@ -60,8 +60,8 @@ class Site:
 def call_name(code: CodeType, lasti: int) -> str:
     """The call at instruction `lasti` of `code` as written in the source: "loss.item()",
     "print()", "x[mask]" (from the instruction's source position); "" when it cannot tell."""
-    try:
-        op = next(i for i in dis.get_instructions(code) if i.offset == lasti)
+    try:  # a frame in a Python call stands past the CALL, on its inline caches: the last one before
+        op = [i for i in dis.get_instructions(code) if i.offset <= lasti][-1]
         pos = op.positions
     except Exception:
         return ""
@@ -210,13 +210,17 @@ class SyncWindow:
         s.calls += 1
 
     def _site(self, frame: FrameType) -> Site:
-        """The call's place; the user's frame that led to it (walked out once a site)."""
+        """The call's place; the user's frame that led to it (walked out once a site). A frame
+        of torchtop's (the h2d wrapper around a pageable `.to()`) is looked through."""
         from torchtop.agent.telemetry.stacks import site
 
         kind_of = self.classifier.kind
-        user: FrameType | None = frame
+        inner: FrameType | None = frame
+        while inner is not None and kind_of(inner.f_code)[1] is Kind.OURS:
+            inner = inner.f_back
+        user = inner
         while user is not None and kind_of(user.f_code)[1] is not Kind.USER:
             user = user.f_back
-        via = "" if user is frame else self.classifier.callee(frame)
-        at = user if user is not None else frame
+        via = "" if inner is None or inner is user else self.classifier.callee(inner)
+        at = user or inner or frame
         return Site(frame.f_code, frame.f_lasti, frame.f_lineno, site(at), via, at.f_code, at.f_lasti)

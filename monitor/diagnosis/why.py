@@ -53,10 +53,10 @@ def why_facts(state: RunState, steps: list[StepRecord], gpu_util: float | None) 
     )
 
 
-def site_words(s: SiteShare) -> str:
-    """ "71% in train.py:88 log_metrics → wandb…Run.log"."""
+def site_words(s: SiteShare, joiner: str = " in ") -> str:
+    """A site and its share: "71% in train.py:88 log_metrics → wandb…Run.log"."""
     callee = f" → {short_callee(s.callee)}" if s.callee else ""
-    return f"{_pct(s.share)} in {short_site(s.site) if s.site else 'code outside any Python frame of yours'}{callee}"
+    return f"{_pct(s.share)}{joiner}{short_site(s.site) if s.site else 'no Python frame of yours'}{callee}"
 
 
 def _sync_sites(w: WhyFacts) -> list[tuple[SyncSite | None, str, float]]:

@@ -15,9 +15,9 @@ from textual.widget import Widget
 
 from torchtop.agent.contract.logcodes import PHASES
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.why import WhyFacts
+from torchtop.monitor.diagnosis.why import WhyFacts, site_words
 from torchtop.monitor.model import fmt
-from torchtop.monitor.model.hotspots import SiteShare, short_callee, short_site
+from torchtop.monitor.model.hotspots import short_site
 
 SHOWN_PHASE = 0.05  # phases under this share of the step are not listed
 SITES_A_PHASE = 2
@@ -28,11 +28,6 @@ def _si(x: float) -> str:
         if x >= div:
             return f"{x / div:.3g}{unit}"
     return f"{x:.3g}"
-
-
-def _site(s: SiteShare) -> str:
-    callee = f" → {short_callee(s.callee)}" if s.callee else ""
-    return f"{s.share * 100:.0f}% {short_site(s.site) if s.site else '(no frame of yours)'}{callee}"
 
 
 def why_rows(w: WhyFacts | None, shares: dict[str, float], step_ms: float) -> list[tuple[str, str]]:
@@ -90,7 +85,9 @@ def why_rows(w: WhyFacts | None, shares: dict[str, float], step_ms: float) -> li
         sites = fo.sites.get(phase, [])
         if share < SHOWN_PHASE or not sites or fo.by_phase.get(phase, 0) < T["min_phase_samples"]:
             continue
-        rows.append((f"{phase} {fmt.pct(share)}", " · ".join(_site(s) for s in sites[:SITES_A_PHASE])))
+        rows.append(
+            (f"{phase} {fmt.pct(share)}", " · ".join(site_words(s, " ") for s in sites[:SITES_A_PHASE]))
+        )
     return rows
 
 
