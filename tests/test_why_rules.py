@@ -169,6 +169,21 @@ def test_host_code_below_the_threshold_or_without_samples_there() -> None:
     assert rule_host_code(facts_with(0.8, [(2, SITE, "", False)])) is None  # no sample in other
 
 
+def test_a_verdict_that_time_outside_the_phases_dominates_becomes_host_code_where_samples_say_where() -> None:
+    outside = Finding(
+        "outside-phases", "critical", 0.8, ("80% of step time is outside", "no data wait was measured")
+    )
+    f = facts_with(0.8, [(OTHER, SITE, "json:dumps", False)])
+    got = refine(outside, f)
+    assert got.kind == "host-code" and got.severity == "critical"
+    assert (
+        any("train.py:88 log_metrics" in e for e in got.evidence)
+        and "no data wait was measured" in got.evidence
+    )
+    f = facts_with(0.8, [(2, SITE, "", False)])  # no sample in `other` yet: it stays as it was
+    assert refine(outside, f) is outside
+
+
 def test_low_mfu_flag_needs_busy_nvml_and_a_low_mfu() -> None:
     t = Throughput(
         mfu=0.03, gpu_util=97.0, achieved_tflops=29.7, peak_tflops=989.4, peak_from="H100 SXM bf16"

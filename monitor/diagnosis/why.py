@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, _pct
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Facts, Finding, _pct
 from torchtop.monitor.diagnosis.throughput import Throughput, throughput
 from torchtop.monitor.model.hotspots import Fold, SiteShare, fold, short_callee, short_site
 
@@ -183,10 +183,23 @@ def flag_low_mfu(f: Facts) -> Finding | None:
     return Finding("low-mfu", "warning", t.mfu, tuple(evidence), tuple(advice))
 
 
+#: Verdicts that say time outside the measured phases dominates without saying where (the
+#: `outside-phases` verdict of issue 18): host-code takes their place once samples say where.
+OUTSIDE_KINDS = ("outside-phases",)
+
+
 def refine(verdict: Finding, f: Facts) -> Finding:
-    """The hot frames and the MFU as evidence of the verdicts that do not name code themselves."""
+    """The hot frames and the MFU as evidence of the verdicts that do not name code themselves;
+    a verdict that time outside the phases dominates becomes host-code where samples say where."""
     w = f.why
     if w is None:
+        return verdict
+    if verdict.kind in OUTSIDE_KINDS:
+        host = rule_host_code(f, 0.0)
+        if host is not None:
+            severity = max(verdict.severity, host.severity, key=SEVERITY_RANK.__getitem__)
+            notes = tuple(e for e in verdict.evidence[1:] if e not in host.evidence)
+            return replace(host, severity=severity, evidence=(*host.evidence, *notes))
         return verdict
     extra: list[str] = []
     if verdict.kind == "host-overhead" and w.enough:  # on the host side of a launch-bound step
