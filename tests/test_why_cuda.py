@@ -223,3 +223,44 @@ def test_the_stack_sampler_reads_a_cuda_loop_without_touching_cuda(agent: Any) -
     )
     assert len(got) >= 20 and agent.loop.errors == errors0
     assert {s.phase for s in got} & {2, 3, 4}  # forward, backward, optimizer seen
+
+
+class Elementwise(torch.nn.Module):
+    """A small linear layer, then long elementwise work on a big tensor: the GPU is always
+    running a kernel (NVML ~100%) that does almost no matmul FLOPs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(1024, 1024)
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x: Any, big: Any) -> Any:
+        for _ in range(20):
+            big = big * self.scale + 0.5
+        return self.head(x).mean() + big.mean()
+
+
+def test_low_mfu_flag_when_nvml_says_busy(agent: Any) -> None:
+    from torchtop.monitor.diagnosis.diagnose import diagnose
+
+    model = Elementwise().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    x = torch.randn(64, 1024, device="cuda")
+    big = torch.randn(64 * 2**20, device="cuda")  # 256 MiB: each elementwise kernel takes a while
+    feed = Feed(agent)
+    try:
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            loss = model(x, big)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            feed.poll()
+        d = diagnose(feed.state)
+        t = d.verdict  # whatever the headline, the flag says NVML's busy is not useful work
+        flags = {f.kind: f for f in d.flags}
+    finally:
+        feed.close()
+    print(f"\n[low-mfu] verdict {t.kind}; flags {[(f.kind, f.evidence) for f in d.flags]}")
+    assert "low-mfu" in flags, d
+    assert flags["low-mfu"].upside is not None and flags["low-mfu"].upside.kind == "estimate"

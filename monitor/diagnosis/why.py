@@ -161,7 +161,7 @@ def rule_host_code(f: Facts, scale: float = 1.0) -> Finding | None:
 
 
 def flag_low_mfu(f: Facts) -> Finding | None:
-    """NVML says busy; the FLOPs say little useful work: a trickle of small kernels."""
+    """NVML says busy; the FLOPs say little useful work: small kernels, or memory-bound ones."""
     w = f.why
     if w is None or f.device != "cuda":
         return None
@@ -172,6 +172,7 @@ def flag_low_mfu(f: Facts) -> Finding | None:
         f"NVML: the GPU is busy {t.gpu_util:.0f}% of the time, yet the model's FLOPs run at {_pct(t.mfu)} "
         f"of its peak (MFU: {t.achieved_tflops:.1f} of {t.peak_tflops:.0f} TFLOP/s, {t.peak_from})"
     ]
+    evidence.append("NVML counts the time a kernel runs, not how much of the GPU it uses")
     if t.device_busy is not None:
         evidence.append(f"CUDA events: kernels run through {_pct(t.device_busy)} of the step")
     advice = [
