@@ -201,6 +201,7 @@ class StackSampler:
         t = now_ns if now_ns is not None else time.perf_counter_ns()
         sync = not late and (id(frame.f_code), frame.f_lasti) in self.sync_keys
         kind_of = self.classifier.kind
+        cached = self.classifier._cache.get  # the lookup inlined: a call less per frame
         phase = -1
         user: FrameType | None = None
         lib: FrameType | None = None
@@ -208,7 +209,11 @@ class StackSampler:
         depth = 0
         f: FrameType | None = frame
         while f is not None and depth < MAX_DEPTH:
-            _, kind, ph = kind_of(f.f_code)
+            code = f.f_code
+            got = cached(id(code))
+            if got is None or got[0] is not code:
+                got = kind_of(code)
+            _, kind, ph = got
             if ph >= 0 and phase < 0:
                 phase = ph  # the innermost wrapper: a nested phase pauses its outer one
             if kind is Kind.USER:
