@@ -33,6 +33,7 @@ from torchtop.agent.contract.logcodes import (
 from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.sync_window import MESSAGE, SyncWindow, call_name
 from torchtop.agent.hooks.timed import timed
+from torchtop.agent.telemetry import stacks
 from torchtop.agent.telemetry.stacks import OTHER, Kind, StackSampler, classifier_for, log_phase
 
 torch = pytest.importorskip("torch")
@@ -150,6 +151,23 @@ def block_in_c(b: Blocked) -> None:
     b.lock.acquire(timeout=10)  # a C call straight from this frame, as `loss.item()` is
 
 
+def test_dear_samples_make_the_sampler_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stacks, "BUDGET", 1e-6)  # a budget no sample fits in
+
+    def body(b: Blocked) -> None:
+        wait_here(b)
+
+    with Blocked(body) as b:
+        sampler = StackSampler(b.probe, classifier_for(torch), hz=50.0)
+        sampler.attended = True
+        sampler.start()
+        try:
+            time.sleep(1.5)
+        finally:
+            sampler.stop()
+    assert sampler.rate == stacks.MIN_HZ and sampler.samples <= 2 * 1.5 * stacks.MIN_HZ + 2
+
+
 def test_a_blocked_call_known_to_sync_is_a_sync_sample_unless_late() -> None:
     lock = threading.Lock()
     lock.acquire()
@@ -186,12 +204,14 @@ def test_the_sampler_thread_samples_only_while_attended() -> None:
         try:
             time.sleep(0.3)
             assert sampler.take() == []
-            sampler.attended = True
-            time.sleep(0.5)
+            sampler.attended = True  # seen within QUIET_CHECK_S
+            time.sleep(1.5)
             got = sampler.take()
         finally:
             sampler.stop()
     assert len(got) >= 10 and all(s.phase == OTHER for s in got)
+    # 100 Hz asked; the budget (BUDGET of wall time at its cost a sample) allows what it allows
+    assert stacks.MIN_HZ <= sampler.rate <= 100.0
     assert sampler.cost_us is not None and sampler.busy_ns > 0
     assert len(sampler.take(catch_up=True)) >= len(got)  # a joining monitor gets the recent ones again
 

@@ -1,9 +1,9 @@
 """The training thread's Python stack, sampled from a thread of torchtop's: where host time goes.
 
-A daemon thread wakes at a jittered rate (~20 Hz: a fixed period would alias with a periodic
-loop), reads the training thread's innermost frame from `sys._current_frames()` and walks it
-outward (docs/benchmarks.md: ~5-15 us a sample, holding the GIL; nothing on the training
-thread). Each sample says which phase the thread was in, read off torchtop's own wrapper frames
+A daemon thread wakes at a jittered rate (up to 20 Hz, fewer where a sample costs more than
+BUDGET allows; a fixed period would alias with a periodic loop), reads the training thread's
+innermost frame from `sys._current_frames()` and walks it outward (a few tens of microseconds,
+holding the GIL: docs/benchmarks.md; nothing on the training thread). Each sample says which phase the thread was in, read off torchtop's own wrapper frames
 on the stack (wrap.WRAPPER_PHASES: right on untimed steps too) or, where no wrapper is on it,
 the probe's log (an explicit `phase()`, whose body has no frame of ours); the innermost frame of
 the user's own code; what that frame was calling; and whether the innermost frame sat at a call
@@ -52,6 +52,10 @@ CACHE_CAP = 20_000  # code objects classified (a strong reference each): cleared
 NEW_CAP = 4_000  # samples waiting for the next batch (a monitor that stopped reading loses the oldest)
 RECENT_S = 10.0  # samples kept for a monitor that joins (its catch-up)
 QUIET_CHECK_S = 0.5  # nobody listens: how often the thread looks again
+# the sampler's CPU (most of it holding the GIL the training thread needs) stays under this share of
+# wall time: at ~15 us a sample that allows the full rate; a loaded machine's dearer samples, fewer
+BUDGET = 0.0005
+MIN_HZ = 2.0
 
 
 class Kind(IntEnum):
@@ -174,7 +178,8 @@ class StackSampler:
     def __init__(self, probe: Probe, classifier: Classifier, hz: float = DEFAULT_HZ) -> None:
         self.probe = probe
         self.classifier = classifier
-        self.hz = max(0.0, hz)
+        self.hz = max(0.0, hz)  # the most samples a second
+        self.rate = self.hz  # the rate now, under the budget
         self.sync_keys: dict[tuple[int, int], int] = {}  # (id(code), offset): SyncWindow keeps the code
         self.attended = False
         self.busy_ns = 0  # this thread's CPU time at work
@@ -252,8 +257,10 @@ class StackSampler:
             self._thread.join(2.0)
 
     def _run(self) -> None:
-        period = 1.0 / self.hz
-        due = time.monotonic() + period
+        # a sample's CPU time, smoothed (a first sighting of many code objects is dearer once):
+        # the rate backs off where samples cost more
+        cost_ns = 15_000.0
+        due = time.monotonic() + 1.0 / self.hz
         while not self._stop.wait(max(0.0, due - time.monotonic())):
             if not self.attended:
                 due = time.monotonic() + QUIET_CHECK_S
@@ -269,8 +276,11 @@ class StackSampler:
                 self._new.append(got)
                 self._recent.append(got)
                 self.samples += 1
-            self.busy_ns += time.thread_time_ns() - busy
-            due += period * (0.5 + self._rand.random())  # jittered: no aliasing with a periodic loop
+            spent = time.thread_time_ns() - busy
+            self.busy_ns += spent
+            cost_ns = 0.95 * cost_ns + 0.05 * min(spent, 4 * cost_ns)
+            self.rate = min(self.hz, max(MIN_HZ, BUDGET / (cost_ns / 1e9)))
+            due += (0.5 + self._rand.random()) / self.rate  # jittered: no aliasing with a periodic loop
             due = max(due, time.monotonic())
 
     def take(self, catch_up: bool = False) -> list[StackSample]:

@@ -241,7 +241,7 @@ class WhyCollector:
         s = self.sampler
         return Why(
             stacks=s.take(catch_up),
-            stack_hz=s.hz,
+            stack_hz=round(s.rate, 1) if s.hz else 0.0,
             stack_cost_us=s.cost_us,
             sync=self.sync_info(),
             flops=self.flops,
