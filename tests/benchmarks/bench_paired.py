@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "meets" if hi_t <= goal else "misses" if lo_t > goal else "undecided"
         print(
             f"  agent threads at work {threads_us:+.2f} us a step (loop {loop_us:.2f}, slow samplers {slow_us:.2f}, "
-            f"stack sampler {stacks_us:.2f}{' at ' + format(agent.why.sampler.hz, 'g') + ' Hz' if listener else ', idle: nobody listens'}; "
+            f"stack sampler {stacks_us:.2f}{' at ' + format(agent.why.sampler.rate, '.1f') + ' Hz' if listener else ', idle: nobody listens'}; "
             f"their whole CPU time, waking up included: {cpu_us:.2f} us)"
         )
         print(
