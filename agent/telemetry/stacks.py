@@ -56,6 +56,7 @@ QUIET_CHECK_S = 0.5  # nobody listens: how often the thread looks again
 # wall time: at ~15 us a sample that allows the full rate; a loaded machine's dearer samples, fewer
 BUDGET = 0.0005
 MIN_HZ = 2.0
+FIRST_SAMPLES = 5
 
 
 class Kind(IntEnum):
@@ -257,8 +258,8 @@ class StackSampler:
             self._thread.join(2.0)
 
     def _run(self) -> None:
-        # a sample's CPU time, smoothed (a first sighting of many code objects is dearer once):
-        # the rate backs off where samples cost more
+        # a sample's CPU time, smoothed, past the first few (a first sighting of many code objects
+        # is dearer once): the rate backs off where samples cost more
         cost_ns = 15_000.0
         due = time.monotonic() + 1.0 / self.hz
         while not self._stop.wait(max(0.0, due - time.monotonic())):
@@ -278,7 +279,8 @@ class StackSampler:
                 self.samples += 1
             spent = time.thread_time_ns() - busy
             self.busy_ns += spent
-            cost_ns = 0.95 * cost_ns + 0.05 * min(spent, 4 * cost_ns)
+            if self.samples > FIRST_SAMPLES:
+                cost_ns = 0.9 * cost_ns + 0.1 * spent
             self.rate = min(self.hz, max(MIN_HZ, BUDGET / (cost_ns / 1e9)))
             due += (0.5 + self._rand.random()) / self.rate  # jittered: no aliasing with a periodic loop
             due = max(due, time.monotonic())
