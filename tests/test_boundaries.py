@@ -5,7 +5,8 @@
 - the agent never imports textual; importing `torchtop.agent` imports nothing else;
 - the contract (`torchtop.agent.contract`) imports only msgspec and the standard library;
 - the monitor's pure layers (model, diagnosis) import neither textual, zmq nor torch; its link
-  to agents imports neither textual nor torch;
+  to agents imports neither textual nor torch; its export layer neither textual, zmq nor torch,
+  and its exporters' libraries (prometheus_client, opentelemetry: the `export` extra) only when used;
 - no module of either side takes part in an import circle.
 """
 
@@ -19,6 +20,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.extras import missing_integrations
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"agent": "torchtop.agent", "monitor": "torchtop.monitor", "demos": "torchtop.demos"}
@@ -96,6 +99,21 @@ def test_monitor_pure_layers(layer: str) -> None:
     assert out["loaded"] == {"torch": False, "zmq": False, "textual": False}, out["modules"]
 
 
+def test_monitor_export_layer_is_pure_and_loads_its_libraries_on_use() -> None:
+    out = run_fresh(
+        f"""
+        import json
+        names = walk("torchtop.monitor.export")
+        print(json.dumps({{"modules": names, "loaded": {loaded("torch", "zmq", "textual", "prometheus_client", "opentelemetry")}}}))
+        """
+    )
+    assert (
+        "torchtop.monitor.export.perfetto" in out["modules"]
+        and "torchtop.monitor.export.otlp" in out["modules"]
+    )
+    assert not any(out["loaded"].values()), out["loaded"]
+
+
 def test_monitor_link_needs_no_tui() -> None:
     out = run_fresh(
         f"""
@@ -109,14 +127,15 @@ def test_monitor_link_needs_no_tui() -> None:
 
 
 def test_agent_never_imports_textual() -> None:
+    missing = missing_integrations()  # an integration whose framework is not installed: left out
     out = run_fresh(
         f"""
         import json
-        names = walk("torchtop.agent")
+        names = walk("torchtop.agent", skip={missing!r})
         print(json.dumps({{"modules": names, "loaded": {loaded("textual")}}}))
         """
     )
-    on_disk = {_dotted(p) for p in (ROOT / "agent").rglob("*.py") if "_boot" not in p.parts}
+    on_disk = {_dotted(p) for p in (ROOT / "agent").rglob("*.py") if "_boot" not in p.parts} - set(missing)
     assert on_disk <= set(out["modules"]), f"not walked: {on_disk - set(out['modules'])}"
     assert out["loaded"] == {"textual": False}
 
@@ -160,6 +179,7 @@ def test_contract_imports_only_msgspec_and_starts_nothing() -> None:
     assert out["atexit"] == 0
 
 
+@pytest.mark.slow  # imports torch in a fresh interpreter
 def test_agent_start_imports_torch_and_zmq() -> None:
     """The other half of the boundary: start() is what pays for torch and zmq."""
     out = run_fresh(

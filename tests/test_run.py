@@ -18,7 +18,7 @@ from torchtop.agent.autostart import is_launcher
 from torchtop.agent.contract import discovery
 from torchtop.monitor.commands.run import child_env, job_name
 
-pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
+pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]  # subprocesses; the default policy, end to end
 
 TRAIN = textwrap.dedent(
     """
@@ -288,6 +288,8 @@ def test_helpers() -> None:
         env["PYTHONPATH"].endswith(os.pathsep + "/a")
         and (Path(env["PYTHONPATH"].split(os.pathsep)[0]) / "sitecustomize.py").exists()
     )
+    assert "TORCHTOP_RECORD" not in env
+    assert child_env(None, {}, record="runs/x")["TORCHTOP_RECORD"] == str(Path("runs/x").resolve())
     assert job_name(["python", "-m", "pkg.train"]) == "pkg_train"
     assert job_name(["python", "/x/train.py", "--lr", "1"]) == "train"
 

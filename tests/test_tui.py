@@ -90,7 +90,7 @@ async def fed_app(pilot, *messages) -> None:
 
 
 def app_without_feed(**kw) -> TorchtopApp:
-    return TorchtopApp(endpoint=Endpoint("127.0.0.1", 5555), feed=False, clock=lambda: 50.0, **kw)
+    return TorchtopApp(endpoint=Endpoint.tcp("127.0.0.1", 5555), feed=False, clock=lambda: 50.0, **kw)
 
 
 # -- pure pieces --------------------------------------------------------------------------------
@@ -178,6 +178,7 @@ async def test_device_ms_gaps_and_bad_frames_show_up() -> None:
         assert "gaps 2" in status and "bad frames 3" in status and "malformed frame: junk" in status
 
 
+@pytest.mark.slow  # a real agent through its life
 async def test_snapshot_history_and_agent_gone() -> None:
     app = app_without_feed()
     recs = steps()
@@ -198,7 +199,7 @@ async def test_snapshot_history_and_agent_gone() -> None:
 # -- keys -----------------------------------------------------------------------------------------
 async def test_status_line_says_when_the_ssh_tunnel_is_being_rebuilt() -> None:
     trouble = ["ssh tunnel to gpu-box down 12s, rebuilding, 3 attempts"]
-    endpoint = Endpoint("127.0.0.1", 5555, label="ssh://gpu-box/1", link=lambda: trouble[0])
+    endpoint = Endpoint.tcp("127.0.0.1", 5555, label="ssh://gpu-box/1", link=lambda: trouble[0])
     app = TorchtopApp(endpoint=endpoint, feed=False, clock=lambda: 50.0)
     async with app.run_test(size=(160, 40)) as pilot:
         await fed_app(pilot)
@@ -300,7 +301,7 @@ def test_feed_retries_hello_then_streams_and_stops_when_cancelled(monkeypatch) -
         clients.append(FakeClient(endpoint))
         return clients[-1]
 
-    feed.run_feed(Endpoint("127.0.0.1", 1), posted.append, lambda: len(posted) >= 5, factory)
+    feed.run_feed(Endpoint.tcp("127.0.0.1", 1), posted.append, lambda: len(posted) >= 5, factory)
     kinds = [type(m).__name__ for m in posted]
     assert kinds == ["FeedError", "FeedError", "HelloReceived", "SnapshotReceived", "BatchesReceived"]
     assert not posted[0].lost and posted[4].bad_frames == 1
@@ -316,6 +317,7 @@ def start_training(tmp_path: Path, env: dict[str, str], port: int) -> subprocess
     return subprocess.Popen([sys.executable, str(script), "60"], env={**env, "TORCHTOP_PORT": str(port)})
 
 
+@pytest.mark.slow  # a training subprocess, stopped and restarted
 async def test_real_agent_steps_then_gone_then_restarted(tmp_path: Path, subprocess_env) -> None:
     port = free_port_pair()
     first = start_training(tmp_path, subprocess_env, port)
@@ -360,7 +362,7 @@ def feed_threads() -> list[int]:
 
 
 async def test_closed_port_shows_waiting_and_the_feed_stops_on_quit() -> None:
-    app = TorchtopApp(endpoint=Endpoint("127.0.0.1", free_port_pair()))
+    app = TorchtopApp(endpoint=Endpoint.tcp("127.0.0.1", free_port_pair()))
     async with app.run_test() as pilot:
         assert await wait_for(pilot, lambda: "no answer" in app.status_line.plain(), 10)
         assert app.status_line.connection == "waiting"

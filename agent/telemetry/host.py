@@ -2,12 +2,13 @@
 
 DataLoader workers are children of the training process (their main thread is named
 `pt_data_worker`); their CPU % is the first thing to look at when a run is data-bound.
-Runs on the agent's slow sampler thread (~1 Hz): per-core CPU alone costs ~100 us.
+Runs on the agent's slow sampler thread (~1 Hz): psutil's per-core CPU is too slow for the tick.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -33,7 +34,7 @@ class HostSampler:
     def _workers(self) -> list[WorkerSample]:
         psutil = self.psutil
         now = time.monotonic()
-        if now >= self._children_due:  # listing children scans all of /proc (~2 ms): not every time
+        if now >= self._children_due:  # listing children scans all of /proc: not every time
             self._children_due = now + CHILDREN_REFRESH_S
             try:
                 kids = self.proc.children(recursive=False)[:MAX_WORKERS]
@@ -79,4 +80,16 @@ class HostSampler:
             mem_available=vm.available,
             mem_percent=vm.percent,
             workers=self._workers(),
+            proc_rss_peak=max(peak_rss(), rss),  # the kernel's high-water mark may lag a read
         )
+
+
+def peak_rss() -> int:
+    """The process's peak resident set in bytes (0 where getrusage does not say)."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, OSError):
+        return 0
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS says bytes, Linux KiB

@@ -7,7 +7,7 @@ functions of `Facts`, so each is tested at its thresholds without sockets or a U
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from torchtop.monitor.diagnosis.upside import Upside
@@ -48,13 +48,14 @@ THRESHOLDS: dict[str, float] = {
     "util_busy": 80.0,  # ... while NVML says the GPU is busy at least this: low-mfu (warning)
 }
 T = THRESHOLDS
-SEVERITY_RANK = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
+Severity = Literal["ok", "info", "warning", "critical"]
+SEVERITY_RANK: dict[Severity, int] = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
 
 
 @dataclass(frozen=True)
 class Finding:
     kind: str
-    severity: str
+    severity: Severity
     share: float
     evidence: tuple[str, ...] = ()
     advice: tuple[str, ...] = ()
@@ -95,11 +96,12 @@ class Facts:
     ms: dict[str, float]
     device: str = "cpu"
     device_ms: dict[str, float] = field(default_factory=dict)
-    gpu_util: float = -1.0  # mean NVML utilisation over the window, -1 unknown
-    proc_cpu: float = -1.0  # mean training-process CPU percent
+    # None: not known (no NVML, no host sample yet)
+    gpu_util: float | None = None  # mean NVML utilisation over the window
+    proc_cpu: float | None = None  # mean training-process CPU percent
     cores: int = 0
-    workers: int = -1  # DataLoader worker processes, -1 unknown
-    worker_cpu: float = -1.0  # their mean CPU percent
+    workers: int | None = None  # DataLoader worker processes
+    worker_cpu: float | None = None  # their mean CPU percent
     mem_total: int = 0
     reserved: int = 0
     allocated: int = 0
@@ -113,11 +115,3 @@ class Facts:
     growth: tuple[float, float, float, float] | None = None  # (first, last, span_s, upward share)
     growth_what: str = "allocated"
     why: WhyFacts | None = None  # stack samples, sync windows, throughput and MFU (why.py)
-
-
-def _pct(x: float) -> str:
-    return f"{x * 100:.0f}%"
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding, _gib
+from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
 from torchtop.monitor.diagnosis.why import host_code_share, sync_evidence
+from torchtop.monitor.model.fmt import size
 from torchtop.monitor.model.hotspots import short_site
 
 Kind = Literal["bound", "estimate"]
@@ -73,7 +74,7 @@ def _device_busy_ms(f: Facts) -> tuple[float | None, str]:
     t = f.why.throughput if f.why is not None else None
     if t is not None and t.device_busy_ms is not None:
         return t.device_busy_ms, "CUDA events"
-    if f.gpu_util >= 0:
+    if f.gpu_util is not None:
         return f.gpu_util / 100.0 * f.step_ms, "NVML"
     return None, ""
 
@@ -143,14 +144,14 @@ def _memory_pressure(f: Facts) -> Upside | None:
     if f.mem_total <= 0:
         return None
     left = max(0, f.mem_total - max(f.reserved, f.window_peak))
-    return Upside(f"room: {_gib(left)} left of {_gib(f.mem_total)} before out-of-memory", "bound")
+    return Upside(f"room: {size(left)} left of {size(f.mem_total)} before out-of-memory", "bound")
 
 
 def _fragmentation(f: Facts) -> Upside | None:
     free = max(f.frag_free, f.reserved - f.allocated)
     if free <= 0:
         return None
-    return Upside(f"up to {_gib(free)} of the cache usable again for large blocks", "bound")
+    return Upside(f"up to {size(free)} of the cache usable again for large blocks", "bound")
 
 
 def _memory_leak(f: Facts) -> Upside | None:
@@ -160,7 +161,7 @@ def _memory_leak(f: Facts) -> Upside | None:
     if span <= 0 or last <= first:
         return None
     rate = (last - first) / span * 60
-    text = f"stops a growth of {_gib(rate)} a minute"
+    text = f"stops a growth of {size(rate)} a minute"
     if f.mem_total > 0 and "CUDA" in f.growth_what:
         left = max(0, f.mem_total - last)
         text += f" (the device fills in ~{left / rate:.0f} min at this rate)"

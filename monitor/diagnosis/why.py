@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, _pct
+from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.throughput import Throughput, throughput
+from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.hotspots import Fold, SiteShare, fold, short_callee, short_site
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def why_facts(state: RunState, steps: list[StepRecord], gpu_util: float | None) 
 def site_words(s: SiteShare, joiner: str = " in ") -> str:
     """A site and its share: "71% in train.py:88 log_metrics → wandb…Run.log"."""
     callee = f" → {short_callee(s.callee)}" if s.callee else ""
-    return f"{_pct(s.share)}{joiner}{short_site(s.site) if s.site else 'no Python frame of yours'}{callee}"
+    return f"{pct(s.share, 0)}{joiner}{short_site(s.site) if s.site else 'no Python frame of yours'}{callee}"
 
 
 def _sync_sites(w: WhyFacts) -> list[tuple[SyncSite | None, str, float]]:
@@ -89,7 +90,7 @@ def sync_evidence(f: Facts) -> tuple[float, list[str], list[str]]:
         via = f" (inside {short_callee(rec.via)})" if rec is not None and rec.via else ""
         evidence.append(
             f"{_call(rec)} at {short_site(site)}{via} waits ~{s_share * f.step_ms:.1f} ms a step for the GPU "
-            f"({_pct(s_share)} of the step{per_call})"
+            f"({pct(s_share, 0)} of the step{per_call})"
         )
         calls.add(rec.call if rec is not None else "")
     t = w.throughput
@@ -148,7 +149,7 @@ def rule_host_code(f: Facts, scale: float = 1.0) -> Finding | None:
     severity = "critical" if share >= T["input_severe"] else "warning"
     other = f.shares.get("other", 0.0)
     evidence = [
-        f"outside data/h2d/forward/backward/optimizer: {_pct(other)} of the step "
+        f"outside data/h2d/forward/backward/optimizer: {pct(other, 0)} of the step "
         f"({f.ms.get('other', 0.0):.1f} of {f.step_ms:.1f} ms)"
     ]
     evidence += [f"{site_words(s)} (of the stack samples there)" for s in sites[:2] if s.share >= 0.05]
@@ -169,12 +170,12 @@ def flag_low_mfu(f: Facts) -> Finding | None:
     if t.mfu is None or t.gpu_util is None or t.mfu >= T["mfu_low"] or t.gpu_util < T["util_busy"]:
         return None
     evidence = [
-        f"NVML: the GPU is busy {t.gpu_util:.0f}% of the time, yet the model's FLOPs run at {_pct(t.mfu)} "
+        f"NVML: the GPU is busy {t.gpu_util:.0f}% of the time, yet the model's FLOPs run at {pct(t.mfu, 0)} "
         f"of its peak (MFU: {t.achieved_tflops:.1f} of {t.peak_tflops:.0f} TFLOP/s, {t.peak_from})"
     ]
     evidence.append("NVML counts the time a kernel runs, not how much of the GPU it uses")
     if t.device_busy is not None:
-        evidence.append(f"CUDA events: kernels run through {_pct(t.device_busy)} of the step")
+        evidence.append(f"CUDA events: kernels run through {pct(t.device_busy, 0)} of the step")
     advice = [
         "larger batches: more work per kernel",
         "torch.compile (mode='reduce-overhead' adds CUDA graphs) fuses and batches small kernels",
@@ -211,7 +212,7 @@ def refine(verdict: Finding, f: Facts) -> Finding:
     t = w.throughput
     if verdict.kind in ("compute", "host-overhead") and t.mfu is not None:
         extra.append(
-            f"MFU {_pct(t.mfu)}: {t.achieved_tflops:.1f} of {t.peak_tflops:.0f} TFLOP/s ({t.peak_from})"
+            f"MFU {pct(t.mfu, 0)}: {t.achieved_tflops:.1f} of {t.peak_tflops:.0f} TFLOP/s ({t.peak_from})"
         )
     if not extra:
         return verdict
@@ -226,7 +227,7 @@ def why_report(state: RunState, steps: list[StepRecord], seconds: float) -> dict
     """The report's `sync`, `hot_frames`, `stack_samples` and `throughput` sections over `steps`."""
     from torchtop.monitor.model.state import recent_points
 
-    utils = [p.gpu_util for p in recent_points(state, seconds) if p.gpu_util >= 0]
+    utils = [p.gpu_util for p in recent_points(state, seconds) if p.gpu_util is not None]
     w = why_facts(state, steps, sum(utils) / len(utils) if utils else None)
     fo = w.fold
     step_ms = w.throughput.step_ms

@@ -1,6 +1,6 @@
 """`torchtop attach`: the live TUI on one agent.
 
-Messages up, attributes down: a thread worker (monitor/feed.py) owns the AgentClient and posts
+Messages up, attributes down: a thread worker (tui/feed.py) owns the AgentClient and posts
 messages; the app applies them to a pure RunState, and a ~4 Hz timer pushes plain values from
 that state into the widgets' reactive attributes (never per batch: a 10 kHz loop must not
 make the terminal the bottleneck). Requests to the agent (captures) go to the worker through a
@@ -25,13 +25,14 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from torchtop.agent.contract.wire import CAPTURE_DEFAULT_STEPS, Batch, CaptureKind, CaptureState
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.diagnosis.why import why_facts
+from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.captures import (
-    DEFAULT_STEPS,
     CaptureBook,
     capture_lines,
     fetch_from,
@@ -47,6 +48,7 @@ from torchtop.monitor.model.panel_data import (
     y_top,
 )
 from torchtop.monitor.model.state import (
+    Link,
     RunState,
     breakdown,
     device_ms,
@@ -121,8 +123,10 @@ class TorchtopApp(App[int]):
         feed: bool = True,
         clock: Callable[[], float] = time.monotonic,
         log_path: Path | None = None,
+        record: Path | None = None,
     ) -> None:
         super().__init__()
+        self.record = record  # attach --record: the feed keeps what it receives here
         self.log_tail = LogTail(log_path, id="log-tail") if log_path is not None else None
         self.endpoint = endpoint
         self.choices = choices or []
@@ -148,7 +152,7 @@ class TorchtopApp(App[int]):
         self.capture_line = CaptureLine(id="capture-line")
         self.diagnosis: Diagnosis | None = None  # the previous verdict: diagnose()'s hysteresis
         self.captures = CaptureBook()
-        self.capture_steps = DEFAULT_STEPS
+        self.capture_steps = CAPTURE_DEFAULT_STEPS
         self.requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] = (
             queue.SimpleQueue()
         )  # to the feed worker
@@ -212,7 +216,14 @@ class TorchtopApp(App[int]):
     @work(thread=True, exclusive=True, group="feed")
     def _feed(self, endpoint: Endpoint) -> None:
         worker = get_current_worker()
-        run_feed(endpoint, self.post_message, lambda: worker.is_cancelled, requests=self.requests)
+        recorder = MonitorRecorder(self.record) if self.record is not None else None
+        run_feed(
+            endpoint,
+            self.post_message,
+            lambda: worker.is_cancelled,
+            requests=self.requests,
+            recorder=recorder,
+        )
 
     # -- messages up ---------------------------------------------------------------------------
     def on_hello_received(self, message: HelloReceived) -> None:
@@ -294,7 +305,7 @@ class TorchtopApp(App[int]):
         self.phase_panel.timed = len(timed(steps))
         self.phase_panel.count = len(steps)
 
-        utils = [p.gpu_util for p in recent_points(state, WINDOW_S) if p.gpu_util >= 0]
+        utils = [p.gpu_util for p in recent_points(state, WINDOW_S) if p.gpu_util is not None]
         self.why_panel.shares = self.phase_panel.shares
         self.why_panel.step_ms = stats["mean_ms"]
         self.why_panel.why = why_facts(state, steps, sum(utils) / len(utils) if utils else None)
@@ -320,7 +331,7 @@ class TorchtopApp(App[int]):
         mem.retry_rate = retry_rate(state, WINDOW_S)
         mem.reason = missing.get("memory", "") if tel is not None else NO_TELEMETRY
         if self._tab() == "memory" and time.perf_counter() >= self._plot_due:
-            # plotext draws a 120x30 plot in ~20 ms: once a second keeps it near 2% of a core
+            # plotext takes milliseconds to draw: once a second keeps it a small share of a core
             self._plot_due = time.perf_counter() + PLOT_REFRESH_S
             total = tel.memory[0].device_total if tel is not None and tel.memory else 0
             cuda = bool(tel is not None and tel.memory)
@@ -344,8 +355,11 @@ class TorchtopApp(App[int]):
     def _refresh_status(self) -> None:
         state = self.state
         status = self.status_line
-        status.connection = state.connection(self.clock()) if self.endpoint else "choose an agent"
+        now = self.clock()
+        status.link = state.link(now) if self.endpoint else Link.UNCHOSEN
+        status.connection = state.connection(now) if self.endpoint else str(Link.UNCHOSEN)
         trouble = self.endpoint.link_trouble() if self.endpoint else ""
+        status.tunnel_down = bool(trouble)
         if trouble:
             status.connection = f"{trouble} · {status.connection}"
         status.batches = state.batches
@@ -363,12 +377,12 @@ class TorchtopApp(App[int]):
         """Queue a request for the feed worker; the answer comes back as RequestAnswered."""
         self.requests.put((cmd, args or {}))
 
-    def _capture_seen(self, batch: Any) -> None:
+    def _capture_seen(self, batch: Batch) -> None:
         if batch.capture is None or batch.capture == self.captures.current:
             return  # most batches: nothing new about captures
         finished = self.captures.see(batch.capture)
         if finished is not None:
-            if finished.state == "done":
+            if finished.state == CaptureState.DONE:
                 self.notify(progress_text(finished), title="capture done", timeout=10)
             else:
                 self.notify(progress_text(finished), title="capture failed", severity="error", timeout=10)
@@ -389,7 +403,7 @@ class TorchtopApp(App[int]):
             if reply.capture is not None:
                 self.notify(progress_text(reply.capture), title="capture requested")
         else:
-            what = "profile" if message.cmd == "capture-profile" else "memory snapshot"
+            what = "profile" if message.cmd == f"capture-{CaptureKind.PROFILE}" else "memory snapshot"
             self.notify(reply.error, title=f"{what} refused", severity="warning", timeout=10)
         self._refresh_captures()
 
@@ -439,10 +453,14 @@ class TorchtopApp(App[int]):
 
 
 def run_tui(
-    endpoint: Endpoint | None, choices: list[dict[str, Any]] | None, log_path: Path | None = None
+    endpoint: Endpoint | None,
+    choices: list[dict[str, Any]] | None,
+    log_path: Path | None = None,
+    record: Path | None = None,
 ) -> int:
     """Run the TUI on `endpoint`, or on one of `choices` (discovery entries); the exit code.
-    With `log_path`, a Log tab follows the job's output."""
-    app = TorchtopApp(endpoint, choices, log_path=log_path)
+    With `log_path`, a Log tab follows the job's output; with `record`, what it receives is
+    recorded there."""
+    app = TorchtopApp(endpoint, choices, log_path=log_path, record=record)
     app.run()
     return app.return_code or 0

@@ -2,6 +2,8 @@
 
     python tests/benchmarks/bench_overhead.py [--device cpu|cuda] [--split] [--rounds R] [--steps N]
 
+Its figures go in docs/benchmarks.md (a dated section per round).
+
 Not collected by pytest. One process, alternating: each round times one block of N steps with
 the agent on (`torchtop.agent.start()`) and one with it off (`stop()`), in alternating order so
 drift cancels. Each block is preceded by untimed warm-up steps (the same for both), so the agent
@@ -172,7 +174,7 @@ def calibrate_cuda(batch: int, target_ms: float, start_depth: int = 8) -> int:
     return depth
 
 
-# -- CUDA event probe costs ------------------------------------------------------------------------
+# -- CUDA event costs -----------------------------------------------------------------------------
 def event_costs(n: int = 2000) -> dict[str, float]:
     """Median us per call of the CUDA event calls the agent makes (record on the training thread)."""
     ns = time.perf_counter_ns
@@ -227,7 +229,7 @@ SUBSCRIBER = """
 import sys, zmq
 sub = zmq.Context().socket(zmq.SUB)
 sub.setsockopt(zmq.SUBSCRIBE, b"")
-sub.connect(f"tcp://127.0.0.1:{int(sys.argv[1]) + 1}")  # reconnects by itself across agent restarts
+sub.connect(sys.argv[1])  # the agent's ipc stream: the same path (same pid) across restarts
 while True:
     sub.recv()
 """
@@ -398,12 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.attached:
         import subprocess
 
-        agent = torchtop.agent.start(auto=False)  # a free port pair, kept for every block
+        agent = torchtop.agent.start(auto=False)  # ipc: the same socket path for every block
         if agent is None:
             raise SystemExit("the agent did not start")
-        port = agent.port
+        stream = agent.sockets.pub_address
         torchtop.agent.stop()
-        listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(port)])
+        listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, stream])
     try:
         cores = sorted(os.sched_getaffinity(0))
         pin = (
