@@ -19,7 +19,7 @@ import pytest
 from torchtop.agent.contract import discovery
 from torchtop.demos import host_code, known_flops
 
-pytestmark = [pytest.mark.slow, pytest.mark.sampled_phases]
+pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
 
 
 def run_demo(name: str, device: str, warm_s: float, report_s: float) -> dict[str, Any]:
