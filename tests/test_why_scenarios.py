@@ -18,6 +18,7 @@ import pytest
 
 from torchtop.agent.contract import discovery
 from torchtop.demos import host_code, known_flops
+from torchtop.monitor.commands.launch import stop_child
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
 
@@ -33,6 +34,7 @@ def run_demo(name: str, device: str, warm_s: float, report_s: float) -> dict[str
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,
         )
         try:
             deadline = time.monotonic() + 90
@@ -56,12 +58,7 @@ def run_demo(name: str, device: str, warm_s: float, report_s: float) -> dict[str
             )
             return r
         finally:
-            child.terminate()
-            try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+            stop_child(child)  # SIGTERM, then its whole process group (loader workers too)
 
 
 def lines_of(fn: object) -> range:
