@@ -57,6 +57,19 @@ def test_cuda_host_code_names_log_metrics_within_10_s() -> None:
     assert m and "log_metrics" in m.group(2) and int(m.group(1)) in lines_of(host_code.MetricsLog.log_metrics)
 
 
+@pytest.mark.slow
+def test_cuda_known_flops_is_compute_bound_with_its_mfu_within_10_s() -> None:
+    r = run_demo("known_flops", "cuda", warm_s=4, report_s=6)
+    t = r["throughput"]
+    sizes = known_flops.CUDA
+    assert r["verdict"]["kind"] == "compute", r["verdict"]
+    assert t["flops_per_step"] == known_flops.flops_per_step(sizes.batch_size, sizes.width, known_flops.DEPTH)
+    assert t["precision"] == "bf16" and t["mfu"] is not None and 0.2 <= t["mfu"] <= 1.0, t
+    assert any(e.startswith("MFU ") for e in r["verdict"]["evidence"]), r["verdict"]["evidence"]
+    up = r["verdict"]["upside"]
+    assert up and up["kind"] == "bound" and up["new_step_ms"] < up["step_ms"], up
+
+
 # -- in process ---------------------------------------------------------------------------------------
 @pytest.fixture
 def agent(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
