@@ -279,6 +279,8 @@ def test_upside_of_each_kind_says_bound_or_estimate() -> None:
     host = with_upside(Finding("host-overhead", "critical", 0.75), f).upside
     assert host is not None and host.kind == "bound" and "busy 20% of the step (CUDA events)" in host.text
     assert with_upside(Finding("memory-pressure", "warning", 0.95), f).upside is None  # no device total
+    outside = with_upside(Finding("outside-phases", "warning", 0.125), f).upside
+    assert outside is not None and outside.kind == "bound" and outside.new_step_ms == pytest.approx(70.0)
 
 
 def test_upside_of_sync_host_code_and_mfu() -> None:

@@ -118,6 +118,13 @@ def _sync(f: Facts) -> Upside | None:
     )
 
 
+def _outside(f: Facts) -> Upside | None:
+    """Issue 18's outside-phases verdict, where no stack sample says where yet."""
+    return _faster(
+        "without the time outside the phases", f.step_ms, f.step_ms - f.ms.get("other", 0.0), "bound"
+    )
+
+
 def _host_code(f: Facts) -> Upside | None:
     share, sites = host_code_share(f)
     if not sites:
@@ -176,6 +183,7 @@ UPSIDES: dict[str, Callable[[Facts], Upside | None]] = {
     "compute": _compute,
     "sync": _sync,
     "host-code": _host_code,
+    "outside-phases": _outside,
     "low-mfu": _low_mfu,
     "memory-pressure": _memory_pressure,
     "fragmentation": _fragmentation,
