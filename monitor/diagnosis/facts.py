@@ -7,7 +7,11 @@ functions of `Facts`, so each is tested at its thresholds without sockets or a U
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from torchtop.monitor.diagnosis.upside import Upside
+    from torchtop.monitor.diagnosis.why import WhyFacts
 
 THRESHOLDS: dict[str, float] = {
     "warmup_steps": 10,  # first steps of a run are not judged (compilation, allocator warm-up)
@@ -34,6 +38,14 @@ THRESHOLDS: dict[str, float] = {
     "leak_min_span_s": 10.0,  # ... measured over at least this long ...
     "leak_horizon_s": 60.0,
     "leak_monotonic": 0.7,  # ... with at least 70% of the changes upward
+    # why.py: stack samples and sync windows (docs/why.md)
+    "min_stack_samples": 20,  # fewer samples in the judged steps: no sync or host-code finding
+    "min_phase_samples": 8,  # fewer in a phase: its sites are not named
+    "sync_flag": 0.05,  # time blocked on the device, share of the step: a flag (info) ...
+    # ... and a verdict from input_high (warning) and input_severe (critical); so is host-code:
+    # time in user code outside the measured phases, not blocked on the device
+    "mfu_low": 0.10,  # MFU under this ...
+    "util_busy": 80.0,  # ... while NVML says the GPU is busy at least this: low-mfu (warning)
 }
 T = THRESHOLDS
 Severity = Literal["ok", "info", "warning", "critical"]
@@ -47,6 +59,7 @@ class Finding:
     share: float
     evidence: tuple[str, ...] = ()
     advice: tuple[str, ...] = ()
+    upside: Upside | None = None  # what fixing it would buy (upside.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +68,7 @@ class Finding:
             "share": round(self.share, 4),
             "evidence": list(self.evidence),
             "advice": list(self.advice),
+            "upside": self.upside.to_json() if self.upside is not None else None,
         }
 
 
@@ -100,3 +114,4 @@ class Facts:
     expandable: bool = False
     growth: tuple[float, float, float, float] | None = None  # (first, last, span_s, upward share)
     growth_what: str = "allocated"
+    why: WhyFacts | None = None  # stack samples, sync windows, throughput and MFU (why.py)

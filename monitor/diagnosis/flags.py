@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Facts, Finding
+from torchtop.monitor.diagnosis.why import WHY_FLAGS
 from torchtop.monitor.model.fmt import pct, size
 
 
@@ -123,4 +124,4 @@ def flag_memory_leak(f: Facts) -> Finding | None:
     return Finding("memory-leak", "warning", grew, evidence, advice)
 
 
-FLAG_RULES = (flag_memory_pressure, flag_fragmentation, flag_dataloader_workers, flag_memory_leak)
+FLAG_RULES = (flag_memory_pressure, flag_fragmentation, flag_dataloader_workers, flag_memory_leak, *WHY_FLAGS)

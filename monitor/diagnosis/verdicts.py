@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, Severity
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.why import WHY_VERDICTS, refine
 from torchtop.monitor.model.fmt import pct
 
 
@@ -121,6 +122,7 @@ def rule_compute(f: Facts) -> Finding:
 
 
 VERDICT_RULES = {"data-loading": rule_data, "transfer": rule_transfer, "host-overhead": rule_host_overhead}
+VERDICT_RULES.update(WHY_VERDICTS)  # sync, host-code: why.py
 
 
 def primary(f: Facts, previous: str | None = None) -> Finding:
@@ -131,5 +133,5 @@ def primary(f: Facts, previous: str | None = None) -> Finding:
         if result is not None:
             found.append(result)
     if not found:
-        return rule_compute(f)
-    return max(found, key=lambda x: (SEVERITY_RANK[x.severity], x.kind == previous, x.share))
+        return refine(rule_compute(f), f)
+    return refine(max(found, key=lambda x: (SEVERITY_RANK[x.severity], x.kind == previous, x.share)), f)

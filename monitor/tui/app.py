@@ -30,6 +30,7 @@ from textual.worker import get_current_worker
 from torchtop.agent.contract.wire import CAPTURE_DEFAULT_STEPS
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.why import why_facts
 from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model import fmt
@@ -77,6 +78,7 @@ from torchtop.monitor.tui.widgets import (
     StatusLine,
     StepPanel,
     VerdictPanel,
+    WhyPanel,
     WorkerTable,
 )
 
@@ -137,6 +139,7 @@ class TorchtopApp(CaptureApp):
         self.header = RunHeader(id="run-header")
         self.step_panel = StepPanel(WINDOW_S, id="step-panel")
         self.phase_panel = PhasePanel(id="phase-panel")
+        self.why_panel = WhyPanel(id="why-panel")
         self.status_line = StatusLine(id="status-line")
         self.verdict_panel = VerdictPanel(id="verdict-panel")
         self.marks_panel = MarksPanel(id="marks-panel")
@@ -160,6 +163,7 @@ class TorchtopApp(CaptureApp):
                 yield self.step_panel
                 yield self.verdict_panel
                 yield self.phase_panel
+                yield self.why_panel
                 yield self.marks_panel
             with (
                 TabPane("Memory", id="memory"),
@@ -299,6 +303,11 @@ class TorchtopApp(CaptureApp):
         self.phase_panel.event_every = hello.cuda_event_every if hello else 0
         self.phase_panel.timed = len(timed(steps))
         self.phase_panel.count = len(steps)
+
+        utils = [p.gpu_util for p in recent_points(state, WINDOW_S) if p.gpu_util is not None]
+        self.why_panel.shares = self.phase_panel.shares
+        self.why_panel.step_ms = stats["mean_ms"]
+        self.why_panel.why = why_facts(state, steps, sum(utils) / len(utils) if utils else None)
 
         skipped, evals = step_counts(steps, state.window(WINDOW_S, kind="eval"))
         self.step_panel.evals = evals

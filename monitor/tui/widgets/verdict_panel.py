@@ -31,6 +31,8 @@ VERDICT_WORDS: dict[str, tuple[str, str]] = {
     "transfer": ("Transfer bound", "host-to-device copies take a large share of each step"),
     "compute": ("Compute bound", "the model's own work fills the step: the healthy case"),
     "host-overhead": ("Host-overhead bound", "the GPU idles while Python launches kernels"),
+    "sync": ("Sync stalls", "the host waits for the GPU at a call of yours; the GPU then waits for the host"),
+    "host-code": ("Host-code bound", "your Python between the phases holds the step back"),
     "unknown": ("Warming up", "not judged yet"),
 }
 
@@ -39,6 +41,8 @@ FLAG_WORDS = {
     "fragmentation": "allocator fragmentation",
     "dataloader-workers": "DataLoader workers",
     "memory-leak": "memory keeps growing",
+    "sync": "waits on the GPU",
+    "low-mfu": "busy, little useful work",
 }
 
 
@@ -70,12 +74,17 @@ def verdict_rows(d: Diagnosis | None) -> list[tuple[Text, Text]]:
     rows = [(Text("●", style=f"bold {style}"), title)]
     rows += [(Text("  •", style=style), Text(line)) for line in v.evidence]
     rows += [(Text("  →", style="bold"), Text(line, style="italic")) for line in v.advice[:3]]
+    if v.upside is not None:
+        rows.append((Text("  ↑", style="bold"), Text(v.upside.text)))
     for flag in d.flags:
         fs = _style(flag)
         row = Text.assemble((FLAG_WORDS.get(flag.kind, flag.kind), f"bold {fs}"), (f" {flag.severity}", fs))
         if flag.evidence:
             row.append(f": {flag.evidence[0]}")
         rows.append((Text("  ⚑", style=f"bold {fs}"), row))
+        # a flag's upside is said once: not again where the verdict already says the same
+        if flag.upside is not None and (v.upside is None or flag.upside.text != v.upside.text):
+            rows.append((Text("  ↑", style="dim"), Text(flag.upside.text, style="dim")))
     return rows
 
 
