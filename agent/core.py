@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from torchtop.agent.hooks.auto import AutoHooks
     from torchtop.agent.loop.recorder import Recorder
     from torchtop.agent.telemetry.collector import TelemetryCollector
+    from torchtop.agent.telemetry.why import WhyCollector
 
 VERSION = "0.1.0"
 _lock = threading.Lock()
@@ -50,6 +51,8 @@ class Agent:
         auto: bool,
         phase_every: int = 0,
         record: str | os.PathLike[str] | None = None,
+        peak_tflops: float | None = None,
+        flops_per_step: float | None = None,
     ) -> None:
         from torchtop.agent.cuda_use import CudaUse
         from torchtop.agent.hooks.auto import AutoHooks
@@ -73,6 +76,7 @@ class Agent:
         self.hooks: AutoHooks | None = None
         self.telemetry: TelemetryCollector | None = None
         self.recorder: Recorder | None = None
+        self.why: WhyCollector | None = None
         try:
             from torchtop.agent.capture.controller import CaptureController
 
@@ -87,6 +91,10 @@ class Agent:
             if auto:
                 self.hooks = AutoHooks(self.probe, torch, h2d=torch.cuda.is_available())
                 self.hooks.install()
+            from torchtop.agent.telemetry.why import WhyCollector
+
+            self.why = WhyCollector(torch, self.probe, self.cuda, self.hooks, peak_tflops, flops_per_step)
+            self.why.start()
             self.loop = AgentLoop(
                 self.probe,
                 self.sockets,
@@ -97,6 +105,7 @@ class Agent:
                 telemetry=self.telemetry,
                 captures=self.captures,
                 chores=self.hooks.agent_tick if self.hooks is not None else None,
+                why=self.why,
                 recorder=self.recorder,
             )
             if self.recorder is not None:
@@ -191,6 +200,8 @@ class Agent:
 
     def _teardown(self) -> None:
         self.probe.disable()
+        if self.why is not None:
+            self.why.stop()
         if self.telemetry is not None:
             self.telemetry.stop()
         if self.recorder is not None:
@@ -215,6 +226,8 @@ class Agent:
             self.captures.close()  # after the agent thread, which owned the capture's record
         if self.recorder is not None:  # after the loop's last tick: its batch is recorded too
             self.recorder.close()
+        if self.why is not None:
+            self.why.stop()
         if self.telemetry is not None:
             self.telemetry.stop()
         self.sockets.close()
@@ -251,6 +264,8 @@ def start(
     auto: bool = True,
     phase_every: int | None = None,
     record: str | os.PathLike[str] | None = None,
+    peak_tflops: float | None = None,
+    flops_per_step: float | None = None,
 ) -> Agent | None:
     """Start the agent in this process (once). Returns at once; never raises into training.
 
@@ -265,6 +280,9 @@ def start(
     record: a directory to record the run into (rank r writes PATH/rank{r}), watched or not;
     default $TORCHTOP_RECORD (none). Its size is bounded by $TORCHTOP_RECORD_MB (1024 MiB a
     rank): older steps are thinned to one a tick, the oldest then deleted (docs/recording.md).
+    peak_tflops: the device's peak TFLOP/s for MFU (default $TORCHTOP_PEAK_TFLOPS, else the
+    monitor's table of common GPUs). flops_per_step: the model's FLOPs a step, when counting
+    them over one step (FlopCounterMode) will not do (default $TORCHTOP_FLOPS_PER_STEP).
     """
     global _agent
     try:
@@ -287,7 +305,7 @@ def start(
             try:
                 if phase_every is None:
                     phase_every = _env_int("TORCHTOP_PHASE_EVERY", 0)
-                _agent = Agent(torch, port, bind, auto, phase_every, record)
+                _agent = Agent(torch, port, bind, auto, phase_every, record, peak_tflops, flops_per_step)
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")
                 return None

@@ -284,7 +284,7 @@ def test_a_saturated_worker_on_a_busy_machine_is_recognised() -> None:
     f.worker_wait = 39.0
     got = flag_dataloader_workers(f)
     assert got is not None and got.severity == "critical"
-    assert "1 worker busy 97% of the time (58% CPU + 39% waiting for a CPU): saturated" in got.evidence[0]
+    assert "1 worker saturated: busy 97% (58% CPU + 39% waiting for a CPU)" in got.evidence[0]
     assert "more workers would not help" in got.advice[0]  # the cores are taken
     f.cores, f.worker_wait = 16, 2.0
     f.worker_cpu = 96.0
@@ -342,6 +342,8 @@ def test_memory_leak_on_a_slow_noisy_cpu_run() -> None:
     rss += [386, 389, 387]
     rss += [v + 47 for v in rss]
     assert _leaks(_rss_state(rss))
+    leak = next(x for x in diagnose(_rss_state(rss)).flags if x.kind == "memory-leak")
+    assert leak.upside is not None and "a minute" in leak.upside.text  # what stopping it buys
     assert not _leaks(_rss_state([v - 1.2 * i for i, v in enumerate(rss)]))  # the same noise, no trend
 
 

@@ -408,3 +408,25 @@ def test_a_host_is_bracketed_once_in_an_address() -> None:
     assert (
         tcp_address("fe80::1", 5) == "tcp://[fe80::1]:5" and tcp_address("10.0.0.1", 5) == "tcp://10.0.0.1:5"
     )
+
+
+def test_why_round_trips_and_is_left_out_when_absent() -> None:
+    """Stack samples (array-like: a few bytes each), sync sites and the FLOP count on a batch."""
+    why = wire.Why(
+        stacks=[wire.StackSample(123, 5, "/u/train.py:88 log_metrics", "json:dumps", False, True)],
+        stack_hz=20.0,
+        stack_cost_us=14.5,
+        sync=wire.SyncInfo(
+            state="idle",
+            windows=2,
+            sites=[wire.SyncSite("/u/train.py:57 main", "loss.item()", calls=9, steps=9)],
+        ),
+        flops=wire.FlopInfo(
+            state="done", source="counted", flops=10**12, by_dtype={"bfloat16": 10**12}, samples=64
+        ),
+    )
+    batch = wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=1, time=1.0, why=why)
+    assert wire.decode(wire.encode(batch)) == batch
+    bare = wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=1, time=1.0)
+    assert b"why" not in wire.encode(bare) and wire.decode(wire.encode(bare)).why is None
+    assert wire.FlopInfo(state="waiting").samples is None  # unknown is None

@@ -107,6 +107,8 @@ class CaptureController:
                 f"busy: capture {c.id} ({c.kind}) is {c.state}, {c.steps_done}/{c.steps_total} steps"
             )
         kind, steps, seconds = self._validate(cmd, args)
+        if getattr(self.probe.on_step, "entered", False):  # the one-step FLOP count (telemetry/why.py)
+            raise CaptureError("busy: torchtop is counting the model's FLOPs over one step; ask again")
         try:
             dest = files.open_destination(self.wanted)
         except files.CaptureDirError as exc:

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from torchtop.agent import core
-from torchtop.agent.contract.logcodes import FORWARD_START, TIMED_PHASES
+from torchtop.agent.contract.logcodes import DATA, FORWARD_START, TIMED_PHASES
+from torchtop.agent.hooks.wrap import note_phase
 from torchtop.agent.warn import warn
 
 if TYPE_CHECKING:
@@ -167,6 +168,9 @@ class _TimedIterable(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._it)  # type: ignore[arg-type]
+
+
+note_phase(_TimedIterable.__iter__, DATA)  # its frame is on the stack only inside next()
 
 
 def data(iterable: Iterable[T]) -> _TimedIterable[T]:

@@ -11,8 +11,10 @@ import functools
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+from torchtop.agent.contract.logcodes import H2D
 from torchtop.agent.hooks.probe import Probe, current
 from torchtop.agent.hooks.timed import compiling_check
+from torchtop.agent.hooks.wrap import note_phase
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -104,6 +106,6 @@ def patch_h2d(probe: Probe, torch: ModuleType, setattr_: SetAttr) -> None:
         settle(t, ev0, True, src)
         return out
 
-    setattr_(tensor_cls, "to", to)
-    setattr_(tensor_cls, "cuda", cuda)
-    setattr_(tensor_cls, "copy_", copy_)
+    setattr_(tensor_cls, "to", note_phase(to, H2D))
+    setattr_(tensor_cls, "cuda", note_phase(cuda, H2D))
+    setattr_(tensor_cls, "copy_", note_phase(copy_, H2D))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.logcodes import OPTIMIZER, STEP_END, UNTIMED_END
 from torchtop.agent.hooks.probe import Probe, current
-from torchtop.agent.hooks.wrap import Fn, SetAttr, Undo, signature_wrapper
+from torchtop.agent.hooks.wrap import Fn, SetAttr, Undo, note_phase, signature_wrapper
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
@@ -108,6 +108,7 @@ class OptimizerSteps:
                 inner = cell.cell_contents
                 name = getattr(inner, "__name__", "step")
                 wrapper = signature_wrapper(inner, _STEP, self._names(), name, follow_wrapped=True)
+                note_phase(wrapper, OPTIMIZER)
                 setattr(wrapper, _OURS, True)
                 self._cells.append((cell, inner))
                 cell.cell_contents = wrapper

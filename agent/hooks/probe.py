@@ -120,6 +120,7 @@ class Probe:
         "_hk_ns",
         "_hk_steps",
         "_nograd",
+        "tail",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
@@ -157,6 +158,9 @@ class Probe:
         self._hk_ns = 0
         self._hk_steps = 0
         self._nograd: tuple[int, int] = (-1, -1)  # (steps, root code) of an untimed step's no-grad forward
+        # the last pairs the agent thread drained: where the stack sampler reads the open explicit
+        # phase when the log was just emptied (agent/telemetry/stacks.py)
+        self.tail: list[Item] = []
         if thread_id is None:
             _current.set(self)
 
@@ -394,6 +398,8 @@ class Probe:
             n = len(log) & ~1  # a pair the training thread is half-way through stays
             raw = log[:n]
             del log[:n]
+            if n:
+                self.tail = raw[-8:]
             self._drained += self._shed_cuts
             self._shed_cuts = 0
         return raw

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from torchtop.agent.contract.logcodes import EXIT, FORWARD
 from torchtop.agent.hooks.probe import Probe, current
-from torchtop.agent.hooks.wrap import Fn, signature_wrapper
+from torchtop.agent.hooks.wrap import Fn, note_phase, signature_wrapper
 
 if TYPE_CHECKING:
     import weakref
@@ -62,7 +62,7 @@ def timed(probe: Probe, phase: int, orig: Fn, enter: int | None = None, events: 
         "_tt_leave": EXIT | phase,
     }
     template = _TIMED if events else _TIMED.replace("_tt_probe.put", "_tt_probe._append")
-    return signature_wrapper(orig, template, names, getattr(orig, "__name__", "wrapper"))
+    return note_phase(signature_wrapper(orig, template, names, getattr(orig, "__name__", "wrapper")), phase)
 
 
 _FORWARD = """
@@ -139,4 +139,4 @@ def timed_forward(
         "_tt_grad": grad_enabled,
         "_tt_leave": EXIT | FORWARD,
     }
-    return signature_wrapper(orig, _FORWARD, names, "forward")
+    return note_phase(signature_wrapper(orig, _FORWARD, names, "forward"), FORWARD)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import inspect
 import keyword
+import weakref
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 Fn = Callable[..., Any]  # a function of the user's or torch's, wrapped as it is
@@ -21,6 +23,17 @@ Undo = Callable[[Callable[[], object]], None]  # keeps a function that undoes a 
 
 _VAR_POS, _VAR_KW = inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD
 _PREFIX = "_tt_"  # the template's own names start with this; a parameter that does is not mirrored
+#: The code of each timing wrapper and the phase it times: the stack sampler (an agent thread)
+#: tells the training thread's phase from the wrapper frames on its stack, on untimed steps too.
+WRAPPER_PHASES: weakref.WeakKeyDictionary[CodeType, int] = weakref.WeakKeyDictionary()
+
+
+def note_phase(fn: Fn, phase: int) -> Fn:
+    """Record that frames of `fn` (a wrapper of ours) are inside `phase`; returns `fn`."""
+    code = getattr(fn, "__code__", None)  # its own code, not the wrapped function's
+    if code is not None:
+        WRAPPER_PHASES[code] = phase
+    return fn
 
 
 def mirror(fn: Fn, follow_wrapped: bool = False) -> tuple[str, str, str, dict[str, Any]] | None:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from torchtop.agent.loop.recorder import Recorder
     from torchtop.agent.loop.sockets import AgentSockets
     from torchtop.agent.telemetry.collector import TelemetryCollector
+    from torchtop.agent.telemetry.why import WhyCollector
 
 RATE_HZ = 10.0
 QUIET_RATE_HZ = 2.0  # ticks while nobody is subscribed: the log still drains into the history
@@ -62,6 +63,7 @@ class AgentLoop(threading.Thread):
         captures: CaptureController | None = None,
         rate_hz: float = RATE_HZ,
         chores: Callable[[], None] | None = None,
+        why: WhyCollector | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         super().__init__(name="torchtop-agent", daemon=True)
@@ -74,6 +76,7 @@ class AgentLoop(threading.Thread):
         self.telemetry = telemetry
         self.captures = captures
         self.chores = chores  # the hooks' work for this thread (AutoHooks.agent_tick)
+        self.why = why  # stack samples, sync windows, the FLOP count (telemetry/why.py)
         self.period = 1.0 / rate_hz
         self.seq = 0
         self.chunk_seq = 0
@@ -227,6 +230,8 @@ class AgentLoop(threading.Thread):
         if self.captures is not None:
             self.captures.poll()
         attended = self.subscribed or self._catch_up
+        if self.why is not None:
+            self.why.tick(attended)
         sampled = False
         if self.telemetry is not None:
             self.telemetry.attended = attended
@@ -245,12 +250,14 @@ class AgentLoop(threading.Thread):
                 recorder.put(self._batch(new, sampled))
                 self.seq += 1
             return
-        if self._catch_up:  # a first subscriber: what it may have missed between snapshot and now
+        catch_up = self._catch_up
+        why = self.why.message(catch_up) if self.why is not None else None
+        if catch_up:  # a first subscriber: what it may have missed between snapshot and now
             self._catch_up = False
             log = self.history.recent(CATCH_UP_CHUNKS, CATCH_UP_ENTRIES)
         else:
             log = new
-        batch = self._batch(log, True)
+        batch = self._batch(log, True, why)
         frame = wire.encode(batch)
         try:
             self.sockets.pub.send(frame, zmq.NOBLOCK)
@@ -260,10 +267,10 @@ class AgentLoop(threading.Thread):
             if log is new:
                 recorder.put(batch, frame)
             else:
-                recorder.put(self._batch(new, True))
+                recorder.put(self._batch(new, True, why))
         self.seq += 1  # batches built (sent, or recorded): a subscriber counts missing numbers as gaps
 
-    def _batch(self, log: list[wire.LogChunk], telemetry: bool) -> wire.Batch:
+    def _batch(self, log: list[wire.LogChunk], telemetry: bool, why: wire.Why | None = None) -> wire.Batch:
         capture = self.captures.current if self.captures is not None else None
         return wire.Batch(
             v=wire.PROTOCOL_VERSION,
@@ -277,6 +284,7 @@ class AgentLoop(threading.Thread):
             hook_errors=self.probe.failures,
             telemetry=self.telemetry.latest() if telemetry and self.telemetry is not None else None,
             capture=capture,
+            why=why,
         )
 
     def _record_hello(self, recorder: Recorder) -> None:

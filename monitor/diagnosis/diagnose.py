@@ -7,7 +7,9 @@ from statistics import mean, median
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding, Growth
 from torchtop.monitor.diagnosis.flags import FLAG_RULES
+from torchtop.monitor.diagnosis.upside import with_upsides
 from torchtop.monitor.diagnosis.verdicts import primary
+from torchtop.monitor.diagnosis.why import why_facts
 from torchtop.monitor.model.state import (
     RunState,
     breakdown,
@@ -25,7 +27,7 @@ def judged_steps(state: RunState) -> list[StepRecord]:
     recent = [s for s in state.window(T["window_s"]) if s.i >= warm]
     if len(recent) >= T["window_steps"]:
         return recent
-    train = [s for s in state.steps if s.kind == "train" and s.i >= warm]
+    train = [s for s in state.steps if s.kind == "train" and s.i >= warm and not state.why.excluded(s)]
     return train[-int(T["window_steps"]) :]
 
 
@@ -142,6 +144,7 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     since = _leak_since(state, f.step_ms / 1000.0)
     f.growth = _growth(memory_samples(state, cuda, since)) if since is not None else None
     f.growth_what = "allocated CUDA memory" if cuda else "process RSS"
+    f.why = why_facts(state, steps, f.gpu_util)
     return f
 
 
@@ -163,4 +166,4 @@ def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
     f = facts(state, steps)
     verdict = primary(f, previous.verdict.kind if previous else None)
     flags = tuple(x for x in (rule(f) for rule in FLAG_RULES) if x is not None)
-    return Diagnosis(verdict, flags, len(steps))
+    return with_upsides(Diagnosis(verdict, flags, len(steps)), f)

@@ -7,7 +7,11 @@ functions of `Facts`, so each is tested at its thresholds without sockets or a U
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    from torchtop.monitor.diagnosis.upside import Upside
+    from torchtop.monitor.diagnosis.why import WhyFacts
 
 THRESHOLDS: dict[str, float] = {
     "warmup_steps": 10,  # first steps of a run are not judged (compilation, allocator warm-up)
@@ -56,6 +60,14 @@ THRESHOLDS: dict[str, float] = {
     "leak_seen": 0.05,  # the fitted (Theil-Sen) growth over the span is >= 5% of the level ...
     "leak_growth": 0.10,  # ... and at that rate it adds >= 10% of the level every leak_steps
     "leak_steps": 1000,
+    # why.py: stack samples and sync windows (docs/why.md)
+    "min_stack_samples": 20,  # fewer samples in the judged steps: no sync or host-code finding
+    "min_phase_samples": 8,  # fewer in a phase: its sites are not named
+    "sync_flag": 0.05,  # time blocked on the device, share of the step: a flag (info) ...
+    # ... and a verdict from input_high (warning) and input_severe (critical); so is host-code:
+    # time in user code outside the measured phases, not blocked on the device
+    "mfu_low": 0.10,  # MFU under this ...
+    "util_busy": 80.0,  # ... while NVML says the GPU is busy at least this: low-mfu (warning)
 }
 T = THRESHOLDS
 Severity = Literal["ok", "info", "warning", "critical"]
@@ -88,6 +100,7 @@ class Finding:
     share: float
     evidence: tuple[str, ...] = ()
     advice: tuple[str, ...] = ()
+    upside: Upside | None = None  # what fixing it would buy (upside.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +109,7 @@ class Finding:
             "share": round(self.share, 4),
             "evidence": list(self.evidence),
             "advice": list(self.advice),
+            "upside": self.upside.to_json() if self.upside is not None else None,
         }
 
 
@@ -142,3 +156,4 @@ class Facts:
     expandable: bool = False
     growth: Growth | None = None
     growth_what: str = "allocated"
+    why: WhyFacts | None = None  # stack samples, sync windows, throughput and MFU (why.py)

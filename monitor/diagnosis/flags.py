@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Facts, Finding, worker_busy
+from torchtop.monitor.diagnosis.why import WHY_FLAGS
 from torchtop.monitor.model.fmt import pct, size
 
 
@@ -111,7 +112,7 @@ def flag_dataloader_workers(f: Facts) -> Finding | None:
         else:
             advice = ("all cores are busy: make the per-sample work cheaper or move it to the GPU",)
         evidence = (
-            f"{f.workers} worker{s} busy {min(busy, 100.0):.0f}% of the time ({f.worker_cpu:.0f}% CPU{waits}): saturated",
+            f"{f.workers} worker{s} saturated: busy {min(busy, 100.0):.0f}% ({f.worker_cpu:.0f}% CPU{waits})",
         )
         return Finding("dataloader-workers", severity, data, evidence, advice)
     if f.worker_wait is not None:  # known to be mostly idle while the loop waits on them: not CPU
@@ -154,4 +155,4 @@ def flag_memory_leak(f: Facts) -> Finding | None:
     return Finding("memory-leak", "warning", seen, evidence, advice)
 
 
-FLAG_RULES = (flag_memory_pressure, flag_fragmentation, flag_dataloader_workers, flag_memory_leak)
+FLAG_RULES = (flag_memory_pressure, flag_fragmentation, flag_dataloader_workers, flag_memory_leak, *WHY_FLAGS)

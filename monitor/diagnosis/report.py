@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis.why import why_report
 from torchtop.monitor.model.state import (
     RunState,
     breakdown,
@@ -58,6 +59,7 @@ def build_report(
             "hook_errors": state.hook_errors,
         }
         | telemetry_report(state, seconds)
+        | why_report(state, steps, seconds)
         | diagnose(state).to_json()
     )
 

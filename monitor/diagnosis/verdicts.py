@@ -4,7 +4,9 @@ One primary verdict (`data-loading`, `transfer`, `outside-phases`, `host-overhea
 `compute`; `unknown` with too few steps) with a severity; the independent flags are in flags.py.
 `compute` is the healthy headline: it never stands where the model's work is a small share of
 the step, and data or transfer waits under 20% are notes in its evidence, not a headline of
-their own. A monitor follows one rank, so there is no straggler flag. Thresholds (and the public
+their own. `sync` and `host-code` (why.py) say where the step waits on the device or runs user
+code, and `refine` turns `outside-phases` into `host-code` where stack samples name the code.
+A monitor follows one rank, so there is no straggler flag. Thresholds (and the public
 rules they start from: README, "What the verdict means") are in facts.THRESHOLDS. The verdict in
 force is re-judged with its thresholds x0.8 (hysteresis), so it does not flap on noise.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, Severity, worker_busy
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.why import WHY_VERDICTS, refine
 from torchtop.monitor.model.fmt import pct
 
 COMPUTE = ("forward", "backward", "optimizer")
@@ -257,6 +260,7 @@ VERDICT_RULES = {
     "outside-phases": rule_outside,
     "host-overhead": rule_host_overhead,
 }
+VERDICT_RULES.update(WHY_VERDICTS)  # sync, host-code: why.py
 
 
 def primary(f: Facts, previous: str | None = None) -> Finding:
@@ -267,5 +271,5 @@ def primary(f: Facts, previous: str | None = None) -> Finding:
         if result is not None:
             found.append(result)
     if not found:
-        return rule_compute(f)
-    return max(found, key=lambda x: (SEVERITY_RANK[x.severity], x.kind == previous, x.share))
+        return refine(rule_compute(f), f)
+    return refine(max(found, key=lambda x: (SEVERITY_RANK[x.severity], x.kind == previous, x.share)), f)

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from torchtop.agent.contract.logcodes import PHASES
 from torchtop.agent.contract.wire import Batch, Hello, MemoryLow, Telemetry
 from torchtop.monitor.model.steps import StepKind, StepRecord
+from torchtop.monitor.model.why_state import WhyState
 
 HISTORY = 20_000
 STALE_AFTER_S = 3.0
@@ -67,6 +68,7 @@ class RunState:
     peak_window: dict[int, int] = field(default_factory=dict)  # per device: highest window peak seen
     # the agent's per-second memory lows from before we joined (a snapshot, a `memory` request)
     memory_lows: list[MemoryLow] = field(default_factory=list)
+    why: WhyState = field(default_factory=WhyState)  # stack samples, sync detection, FLOPs
 
     # -- feeding -------------------------------------------------------------------------------
     def apply_hello(self, hello: Hello) -> None:
@@ -80,6 +82,7 @@ class RunState:
         self.points.clear()
         self.memory_lows = []
         self.peak_window.clear()
+        self.why = WhyState()
         self.telemetry = None
         self.last_seq = None
         self.new_runs += 1
@@ -103,6 +106,8 @@ class RunState:
         self.gone = False
         if batch.telemetry is not None:
             self.apply_telemetry(batch.telemetry)
+        if batch.why is not None:
+            self.why.apply(batch.why, batch.wall_offset)
         last_t0 = self.steps[-1].t0 if self.steps else float("-inf")
         self.steps.extend(s for s in steps if s.t0 > last_t0)  # steps are in order, once
 
@@ -167,13 +172,15 @@ class RunState:
         return str(link)
 
     def window(self, seconds: float, kind: StepKind = "train") -> list[StepRecord]:
-        """Steps of `kind` that ended in the last `seconds` of the agent's clock."""
+        """Steps of `kind` that ended in the last `seconds` of the agent's clock (not the two
+        the FLOP count slowed: they are not the run's pace)."""
         horizon = self.agent_time - seconds
+        excluded = self.why.excluded
         out = []
         for s in reversed(self.steps):
             if s.t0 + s.wall_ns / 1e9 < horizon:
                 break
-            if s.kind == kind:
+            if s.kind == kind and not excluded(s):
                 out.append(s)
         out.reverse()
         return out

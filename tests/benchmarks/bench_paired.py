@@ -46,7 +46,7 @@ from torchtop.agent.hooks.optimizer import _step_cell
 from torchtop.agent.loop import cuda_events as cuda_timing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import GOALS, calibrate_cpu, calibrate_cuda  # noqa: E402
+from bench_overhead import GOALS, SUBSCRIBER, calibrate_cpu, calibrate_cuda  # noqa: E402
 
 PARTS = ("next", "forward", "loss+zero", "backward", "optimizer", "step")
 
@@ -117,13 +117,16 @@ def trimmed_ci(values: list[int], n: int = 300) -> tuple[float, float]:
     return means[int(0.025 * n)], means[int(0.975 * n) - 1]
 
 
-def agent_busy_ns(agent: Any) -> tuple[int, int, int]:
+def agent_busy_ns(agent: Any) -> tuple[int, int, int, int]:
     """CPU time so far of the agent's threads at work (each counts its own): the agent loop,
-    the slow samplers, the recorder (0 without a recording)."""
+    the slow samplers, the recorder (0 without a recording), the stack sampler (which samples
+    only while a monitor listens: `--attached`)."""
+    why = getattr(agent, "why", None)
     return (
         agent.loop.busy_ns,
         agent.telemetry.busy_ns if agent.telemetry is not None else 0,
         agent.recorder.busy_ns if agent.recorder is not None else 0,
+        why.sampler.busy_ns if why is not None else 0,
     )
 
 
@@ -247,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=5000)
     p.add_argument("--phase-every", type=int, default=0)
     p.add_argument(
+        "--attached",
+        action="store_true",
+        help="a subscriber process listens all along (as an open TUI does): 10 Hz ticks, stack samples",
+    )
+    p.add_argument(
         "--size", type=int, default=0, help="cpu: hidden width; cuda: depth (default: calibrated to ~2 ms)"
     )
     p.add_argument("--markdown", action="store_true", help="also print the row for docs/benchmarks.md")
@@ -265,6 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the agent did not start")
     agent = ta.current()
     probe = agent.probe  # type: ignore[union-attr]
+    listener = None
+    if (
+        args.attached
+    ):  # a monitor in another process, as an open TUI: the agent ticks at 10 Hz and samples stacks
+        import subprocess
+
+        listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(agent.port)])  # type: ignore[union-attr]
     stride = cuda_timing.EventResolver.stride
     try:
         for _ in range(300):
@@ -280,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu0, busy0 = agent_threads_cpu_ns(), agent_busy_ns(agent)
         diffs, base = paired(step, hooked, args.pairs)
         busy1 = agent_busy_ns(agent)
-        loop_us, slow_us, rec_us = ((b - a) / (2 * args.pairs) / 1e3 for a, b in zip(busy0, busy1))
-        threads_us = loop_us + slow_us + rec_us
+        loop_us, slow_us, rec_us, stacks_us = ((b - a) / (2 * args.pairs) / 1e3 for a, b in zip(busy0, busy1))
+        threads_us = loop_us + slow_us + rec_us + stacks_us
         cpu_us = (agent_threads_cpu_ns() - cpu0) / (2 * args.pairs) / 1e3
         if args.device == "cuda":
             torch.cuda.synchronize()
@@ -312,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  agent threads at work {threads_us:+.2f} us a step (loop {loop_us:.2f}, slow samplers {slow_us:.2f}"
             + (f", recorder {rec_us:.2f}" if args.record else "")
+            + f", stack sampler {stacks_us:.2f}"
+            + (f" at {agent.why.sampler.rate:.1f} Hz" if listener else " (idle: nobody listens)")
             + "; "
             f"their whole CPU time, waking up included: {cpu_us:.2f} us)"
         )
@@ -327,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         cuda_timing.EventResolver.stride = stride  # type: ignore[method-assign]
+        if listener is not None:
+            listener.kill()
         ta.stop()
     return 0
 
