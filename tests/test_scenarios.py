@@ -97,11 +97,13 @@ def test_compute_bound() -> None:
 
 def test_memory_leak_in_a_short_report_and_with_history() -> None:
     """Issue 18: RSS grew ~330 -> 590 MiB over 80 s and nothing flagged it, live or with
-    --history. A leak needs 50 steps past the first 50 to tell from RSS settling: at step 110
-    the default 10 s report (which reads the agent's memory lows of the last minute) and a
-    --history one both flag it."""
+    --history. A leak needs 20 s and 50 steps past the first 50 to tell from RSS settling:
+    from then on the default 10 s report (which reads the agent's memory lows of the last
+    minute) and a --history one both flag it."""
     with _demo("memory_leak", "cpu") as job:
+        started = time.monotonic()
         job.wait_for_step(110, timeout=420)
+        time.sleep(max(0.0, 30.0 - (time.monotonic() - started)))  # fast steps: 20 s past step 50
         short = report(job.pid, 10.0)
         history = report(job.pid, 5.0, "--history")
     for r in (short, history):

@@ -64,7 +64,8 @@ def test_a_loop_starved_by_its_generator_says_so() -> None:
     """Issue 18: data 0 ms, `other` 38.7 of 40.3 ms, headlined "Compute bound · ok"."""
     r = _run("generator_preprocess")
     v = r["verdict"]
-    assert v["kind"] == "outside-phases" and v["severity"] in SEVERE, v
+    # outside-phases; host-code (issue 21) where the stack samples already name the generator
+    assert v["kind"] in ("outside-phases", "host-code") and v["severity"] in SEVERE, v
     assert r["breakdown"]["other"] >= 0.5 and r["breakdown"]["data"] == 0
     assert any("torchtop.agent.data(" in a for a in v["advice"]), v
     wrapped = _run("generator_preprocess", "--wrapped")  # as the advice says: now it is data wait
@@ -95,4 +96,4 @@ def test_a_gpu_bound_loop_that_syncs_each_step_is_compute() -> None:
 def test_a_cuda_loop_starved_by_its_generator_says_so() -> None:
     """The same starved loop with its model on the GPU: the GPU idles, so outside-phases."""
     r = _run("generator_preprocess", "--device", "cuda")
-    assert r["verdict"]["kind"] == "outside-phases", r["verdict"]
+    assert r["verdict"]["kind"] in ("outside-phases", "host-code"), r["verdict"]

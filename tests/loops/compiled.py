@@ -24,7 +24,7 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(0)
     model = torch.compile(
-        nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+        nn.Sequential(nn.Linear(128, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(

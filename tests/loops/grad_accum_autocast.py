@@ -24,7 +24,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=600.0)
     args = p.parse_args()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
+    model = nn.Sequential(
+        nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 10)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(
         TensorDataset(torch.randn(8192, 256), torch.randint(0, 10, (8192,))), batch_size=64, shuffle=True

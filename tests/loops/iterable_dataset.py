@@ -32,7 +32,7 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 2)
+        nn.Linear(64, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2)
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loader = DataLoader(Records(), batch_size=64, num_workers=1, persistent_workers=True)
