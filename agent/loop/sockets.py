@@ -119,8 +119,9 @@ def open_sockets(bind: str = "127.0.0.1", port: int | None = None) -> AgentSocke
             router = ctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.IPV6, ipv6)
-            router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # requests are small; refuse floods
-            router.setsockopt(zmq.SNDHWM, 1000)
+            router.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # requests are small; refuse floods
+            router.setsockopt(zmq.RCVHWM, 4)  # per peer: a monitor waits for each answer
+            router.setsockopt(zmq.SNDHWM, 16)  # per peer: replies (snapshots ~2 MB) to one not reading
             _secure(router, curve)
             router.bind(_endpoint(bind, p))
             # XPUB: a PUB that hears (un)subscriptions, so the agent knows when anyone listens

@@ -52,7 +52,6 @@ from torchtop.monitor.model.state import (
     phase_ms,
     recent_points,
     retry_rate,
-    step_stats,
     timed,
 )
 from torchtop.monitor.tui.feed import (
@@ -227,7 +226,7 @@ class TorchtopApp(App[int]):
         self._refresh_captures()
 
     def on_snapshot_received(self, message: SnapshotReceived) -> None:
-        self.state.apply_snapshot(message.steps, message.seq)
+        self.state.apply_snapshot(message.steps, message.seq, message.tally, message.wall_offset)
         self._dirty = True
 
     def on_batches_received(self, message: BatchesReceived) -> None:
@@ -267,8 +266,8 @@ class TorchtopApp(App[int]):
         """Recompute every panel's values from the state and push them into the widgets."""
         self._dirty = False
         state = self.state
-        steps = state.window(WINDOW_S)
-        stats = step_stats(steps)
+        summary = state.summary(WINDOW_S)
+        steps, stats = summary.in_full, summary.stats
 
         hello = state.hello
         self.header.hello = hello
@@ -277,10 +276,12 @@ class TorchtopApp(App[int]):
         )
 
         self.step_panel.stats = stats
-        self.step_panel.count = len(steps)
+        self.step_panel.count = summary.steps
+        self.step_panel.in_full = len(steps)
         self.step_panel.last_step = steps[-1].i if steps else None
         self.step_panel.series = [s.wall_ns / 1e6 for s in steps[-SPARK_POINTS:]]
-        self.step_panel.span_s = round(min(WINDOW_S, state.agent_time - steps[0].t0), 1) if steps else None
+        covered = summary.covered_s if summary.thinned else state.agent_time - steps[0].t0 if steps else 0.0
+        self.step_panel.span_s = round(min(WINDOW_S, covered), 1) if steps else None
 
         self.phase_panel.shares = breakdown(steps)
         self.phase_panel.ms = phase_ms(steps)
@@ -290,7 +291,7 @@ class TorchtopApp(App[int]):
         self.phase_panel.timed = len(timed(steps))
         self.phase_panel.count = len(steps)
 
-        skipped, evals = step_counts(steps, state.window(WINDOW_S, kind="eval"))
+        skipped, evals = step_counts(steps, summary.evals)
         self.step_panel.evals = evals
         self.step_panel.skipped = skipped
         self.diagnosis = diagnose(state, self.diagnosis)
