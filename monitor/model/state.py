@@ -6,6 +6,7 @@ functions that the TUI, `report` and the diagnosis rules share.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ class Summary(NamedTuple):
     in_full: list[StepRecord]  # those kept whole (phases, marks, device times): the breakdown's
     evals: list[StepRecord]
     covered_s: float  # agent time from the window's first step's start to its last step's end
+    start: float  # the agent time the window's first step started (nan with no step)
     stats: dict[str, float]  # step_stats over every step counted (quantiles binned when thinned)
 
     @property
@@ -208,8 +210,10 @@ class RunState:
         newest = max(tally.n, records[-1].i + 1 if records else 0)
         counted = max(len(in_full), newest - ended - len(evals) - evals_before)
         if counted == len(in_full):
-            covered = (in_full[-1].t0 + in_full[-1].wall_ns / 1e9 - in_full[0].t0) if in_full else 0.0
-            return Summary(counted, in_full, evals, covered, step_stats(in_full))
+            if not in_full:
+                return Summary(0, in_full, evals, 0.0, math.nan, step_stats(in_full))
+            covered = in_full[-1].t0 + in_full[-1].wall_ns / 1e9 - in_full[0].t0
+            return Summary(counted, in_full, evals, covered, in_full[0].t0, step_stats(in_full))
         span = tally.span(horizon)
         start = max(horizon, tally.base[0]) if tally.base is not None else horizon
         covered = max(0.0, (tally.last_end or start) - start)
@@ -220,7 +224,7 @@ class RunState:
             "mean_ms": span.wall_ns / span.steps / 1e6 if span.steps else 0.0,
             "steps_per_s": counted / covered if covered > 0 else 0.0,
         }
-        return Summary(counted, in_full, evals, covered, stats)
+        return Summary(counted, in_full, evals, covered, start, stats)
 
 
 def _pct(sorted_values: list[float], q: float) -> float:

@@ -280,8 +280,7 @@ class TorchtopApp(App[int]):
         self.step_panel.in_full = len(steps)
         self.step_panel.last_step = steps[-1].i if steps else None
         self.step_panel.series = [s.wall_ns / 1e6 for s in steps[-SPARK_POINTS:]]
-        covered = summary.covered_s if summary.thinned else state.agent_time - steps[0].t0 if steps else 0.0
-        self.step_panel.span_s = round(min(WINDOW_S, covered), 1) if steps else None
+        self.step_panel.span_s = round(min(WINDOW_S, state.agent_time - summary.start), 1) if steps else None
 
         self.phase_panel.shares = breakdown(steps)
         self.phase_panel.ms = phase_ms(steps)
