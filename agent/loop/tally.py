@@ -5,9 +5,9 @@ Pure (no sockets, no torch). The agent loop hands `keep` each log chunk it drain
 reply carries `tally()`. The probe already counts the step ends of every chunk at C speed
 (`LogChunk.steps`); here each chunk adds at most one point, (time of its last step end, steps
 ended so far), found by reading back from the chunk's end: no step is replayed on this thread,
-which shares the GIL with training. Points closer than `width_ns` replace the newest one; past
-`limit` points the width doubles and every other point goes, so the run is covered from its
-first step at one point a second for the first ~2 hours, then coarser.
+which shares the GIL with training. The newest point moves forward until it is `width_ns` past
+the one before it; past `limit` points the width doubles and the points closer than that go, so
+the run is covered from its first step at about a point a second for ~2 hours, then coarser.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class StepCounter:
         if end is None:
             return  # its step ends were shed (log overflow): they count at the next point
         ends, counts = self.ends, self.counts
-        if len(ends) >= 2 and end - ends[-2] < self.width:
+        if len(ends) >= 2 and ends[-1] - ends[-2] < self.width:
             ends[-1], counts[-1] = end, chunk.steps
         else:
             ends.append(end)
