@@ -13,6 +13,15 @@ from torchtop.monitor.link.client import AgentClient
 from torchtop.monitor.link.targets import Endpoint
 
 
+def send_raw(port: int, data: bytes) -> None:
+    """`data` on a fresh TCP connection to a loopback port (ignored when it cannot connect)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(data)
+    except OSError:
+        pass
+
+
 class Watcher(threading.Thread):
     """A monitor on the stream: every step the agent publishes, as (end wall time, wall ms)."""
 

@@ -12,7 +12,6 @@ its memory, and count what it refused.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.agent_util import median
-from tests.load_util import Watcher
+from tests.load_util import Watcher, send_raw
 from tests.remote_util import training_agent
 from torchtop.agent.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
@@ -102,12 +101,7 @@ class SocketFuzzer:
             self._send(self.xsub, subs)
             while self.dealer.poll(0):
                 self.dealer.recv_multipart()
-            port = self.port + (self.examples & 1)
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(blob)
-            except OSError:
-                pass
+            send_raw(self.port + (self.examples & 1), blob)
             self.examples += 1
 
         throw()
