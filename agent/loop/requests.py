@@ -146,7 +146,7 @@ class RequestRouter:
         if snapshot:
             self._snapshot_due = now + SNAPSHOT_EVERY_S
         self._count(peer)
-        self._send(router, envelope, self.answer_request(req))
+        self._send(router, envelope, self.answer(req))
 
     def _count(self, peer: bytes) -> None:
         self._answered[peer] = self._answered.get(peer, 0) + 1
@@ -221,12 +221,7 @@ class RequestRouter:
             return wire.Reply(v=v, id=-1, ok=False, error=f"expected a request, got {type(req).__name__}")
         return req
 
-    def answer(self, payload: bytes) -> wire.Reply:
-        """The reply to one request frame (no budget: for tests and tools)."""
-        req = self._decode(payload)
-        return req if isinstance(req, wire.Reply) else self.answer_request(req)
-
-    def answer_request(self, req: wire.Request) -> wire.Reply:
+    def answer(self, req: wire.Request) -> wire.Reply:
         v = wire.PROTOCOL_VERSION
         if req.cmd == "hello":
             return wire.Reply(v=v, id=req.id, ok=True, hello=self.hello(), seq=self.last_seq())
