@@ -118,6 +118,7 @@ class AgentLoop(threading.Thread):
         window_end = 0.0  # request budgets refill when a wake finds this passed
         while not self._stop_event.is_set():
             try:
+                busy = time.thread_time_ns()  # work from waking to waiting again, both sides of a wait
                 now = time.monotonic()
                 if now >= window_end:
                     window_end = now + WINDOW_S
@@ -134,6 +135,7 @@ class AgentLoop(threading.Thread):
                 if len(socks) < 2 or requests.waiting():
                     wake = min(wake, window_end)
                 wait_ms = math.ceil(max(0.0, wake - now) * 1000)
+                self.busy_ns += time.thread_time_ns() - busy
                 if socks:
                     ready = dict(pollers[socks].poll(wait_ms))
                 else:
