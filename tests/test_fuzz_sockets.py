@@ -4,7 +4,7 @@ and the XPUB (the stream: subscriptions, and whatever else a peer sends up it).
 Hypothesis makes the traffic: random frames and multipart messages of every size up to
 thousands of frames, (un)subscriptions to random topics, valid but hostile requests in bursts
 (snapshots of the whole history, hellos, capture-status, captures with bad arguments) and raw
-bytes on both ports. A real training loop runs in a child process with a real monitor on its
+bytes on both sockets. A real training loop runs in a child process with a real monitor on its
 stream and asking it hellos all along. Quiet and fuzzed windows alternate, so the machine's own
 load drifts out of the ratios. The agent must keep training at speed, answer the monitor, keep
 its memory, and count what it refused.
@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.agent_util import median
-from tests.load_util import Watcher, send_raw
+from tests.load_util import Watcher, addresses, send_raw
 from tests.remote_util import training_agent
 from torchtop.agent.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
-from torchtop.monitor.link.targets import Endpoint
+from torchtop.monitor.link.targets import Endpoint, from_discovery
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -65,18 +65,18 @@ FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthC
 class SocketFuzzer:
     """Throws hypothesis-made traffic at an agent's two ports from zmq peers and raw TCP."""
 
-    def __init__(self, port: int) -> None:
-        self.port = port
+    def __init__(self, addresses: tuple[str, str]) -> None:
+        self.addresses = addresses  # (requests, stream)
         self.ctx = zmq.Context()
-        self.dealer = self._sock(zmq.DEALER, port)  # decodable junk and hostile requests
-        self.xsub = self._sock(zmq.XSUB, port + 1)  # sends anything upstream as "subscriptions"
+        self.dealer = self._sock(zmq.DEALER, addresses[0])  # decodable junk and hostile requests
+        self.xsub = self._sock(zmq.XSUB, addresses[1])  # sends anything upstream as "subscriptions"
         self.examples = 0
 
-    def _sock(self, kind: int, port: int) -> zmq.Socket:
+    def _sock(self, kind: int, address: str) -> zmq.Socket:
         sock = self.ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.connect(f"tcp://127.0.0.1:{port}")
+        sock.connect(address)
         return sock
 
     def _send(self, sock: zmq.Socket, parts: list[bytes]) -> None:
@@ -95,13 +95,13 @@ class SocketFuzzer:
             for _ in range(times):
                 self._send(self.dealer, [payload])
             if big is not None:  # from a peer of its own: the agent ignores a peer that sent one
-                bomber = self._sock(zmq.DEALER, self.port)
+                bomber = self._sock(zmq.DEALER, self.addresses[0])
                 self._send(bomber, big)
                 bomber.close(linger=200)
             self._send(self.xsub, subs)
             while self.dealer.poll(0):
                 self.dealer.recv_multipart()
-            send_raw(self.port + (self.examples & 1), blob)
+            send_raw(self.addresses[self.examples & 1], blob)
             self.examples += 1
 
         throw()
@@ -137,11 +137,11 @@ def test_fuzzing_both_sockets_leaves_training_monitors_and_memory_alone(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     with training_agent(tmp_path, subprocess_env) as (proc, info):
-        endpoint = Endpoint("127.0.0.1", info["port"])
+        endpoint = from_discovery(info)
         watcher = Watcher(endpoint)
         watcher.start()
         pinger = Pinger(endpoint)
-        fuzzer = SocketFuzzer(info["port"])
+        fuzzer = SocketFuzzer(addresses(info))
         quiet: list[float] = []
         fuzzed: list[float] = []
         try:

@@ -14,10 +14,10 @@ import pytest
 import zmq
 
 from tests.agent_util import median
-from tests.load_util import RawPeer, Watcher, empty_frames, request
+from tests.load_util import RawPeer, Watcher, addresses, empty_frames, request
 from tests.remote_util import training_agent
 from torchtop.agent.contract import wire
-from torchtop.monitor.link.targets import Endpoint
+from torchtop.monitor.link.targets import from_discovery
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -32,8 +32,7 @@ def test_a_frame_bomb_costs_training_nothing_and_is_never_echoed(
     frame at a time within the agent's budget, never kept whole, never echoed; the sender is
     ignored. Training keeps its pace and the agent keeps publishing it."""
     with training_agent(tmp_path, subprocess_env) as (proc, info):
-        endpoint = Endpoint("127.0.0.1", info["port"])
-        watcher = Watcher(endpoint)
+        watcher = Watcher(from_discovery(info))
         watcher.start()
         try:
             watcher.wait_steps(500)
@@ -41,7 +40,7 @@ def test_a_frame_bomb_costs_training_nothing_and_is_never_echoed(
             start = time.time()
             time.sleep(4.0)
             quiet_window = (start, time.time())
-            bomber = RawPeer(info["port"], empty_frames(100_000) * 12)
+            bomber = RawPeer(addresses(info)[0], empty_frames(100_000) * 12)
             bomber.start()
             start = time.time()
             peak = rss
@@ -76,13 +75,13 @@ def test_a_frame_bomb_costs_training_nothing_and_is_never_echoed(
         assert bomber.received < 4096, f"{bomber.received} bytes came back to the bomber"  # no echo
 
 
-def hello_latencies(port: int, count: int) -> list[float]:
+def hello_latencies(address: str, count: int) -> list[float]:
     """Seconds each of `count` hellos took, one after the other, from a bare DEALER (no stream
     subscription: the agent stays at its quiet tick rate)."""
     ctx = zmq.Context.instance()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(f"tcp://127.0.0.1:{port}")
+    dealer.connect(address)
     out = []
     try:
         for k in range(count):
@@ -104,14 +103,14 @@ def test_a_monitor_is_answered_within_a_tick_while_others_flood(
     still answered within about a tick (0.1 s), not after the flood's queue, and each flooder
     gets its share (ZeroMQ reads peers round-robin; a peer's excess over its share is dropped)."""
     with training_agent(tmp_path, subprocess_env) as (proc, info):
-        port = info["port"]
-        quiet = hello_latencies(port, 10)
-        flooders = [RawPeer(port, request("hello") * 200_000) for _ in range(4)]
+        address = addresses(info)[0]
+        quiet = hello_latencies(address, 10)
+        flooders = [RawPeer(address, request("hello") * 200_000) for _ in range(4)]
         for f in flooders:
             f.start()
         try:
             time.sleep(1.0)
-            flooded = hello_latencies(port, 40)
+            flooded = hello_latencies(address, 40)
             answered = [f.received for f in flooders]
         finally:
             for f in flooders:

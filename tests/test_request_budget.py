@@ -9,6 +9,7 @@ import time
 import pytest
 import zmq
 
+from tests.load_util import addresses, own_agent
 from torchtop.agent.contract import wire
 from torchtop.agent.loop import requests
 
@@ -16,9 +17,10 @@ V = wire.PROTOCOL_VERSION
 
 
 def dealer(agent) -> zmq.Socket:  # type: ignore[no-untyped-def]
+    """A bare DEALER on the in-process agent's request socket."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"tcp://127.0.0.1:{agent.port}")
+    sock.connect(addresses(own_agent())[0])
     return sock
 
 
