@@ -1,7 +1,8 @@
 """The agent's lifecycle: start, stop, fork and exit handling.
 
 `start()` returns at once and never raises: any problem (no torch, a port in use, an unwritable
-runtime directory) is one line on stderr and training goes on, unobserved at worst.
+runtime directory) is one line on stderr and training goes on, unobserved at worst. The agent
+listens on private ipc:// sockets unless a port or bind address asks for TCP (sockets.py).
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ def _env_int(name: str, default: int) -> int:
 class Agent:
     """One running agent: probe + hooks on the training thread; sockets and loop on its own."""
 
-    def __init__(self, torch: Any, port: int | None, bind: str, auto: bool, phase_every: int = 0) -> None:
+    def __init__(
+        self, torch: Any, port: int | None, bind: str | None, auto: bool, phase_every: int = 0
+    ) -> None:
         from torchtop.agent.cuda_use import CudaUse
         from torchtop.agent.hooks.auto import AutoHooks
         from torchtop.agent.hooks.probe import Probe
         from torchtop.agent.loop.loop import AgentLoop
-        from torchtop.agent.loop.sockets import open_sockets
+        from torchtop.agent.loop.sockets import open_ipc, open_sockets, socket_dir
 
         self.torch = torch
         self.pid = os.getpid()
@@ -47,7 +50,10 @@ class Agent:
         self.rank = _env_int("RANK", 0)
         self.world_size = _env_int("WORLD_SIZE", 1)
         self.local_rank = _env_int("LOCAL_RANK", 0)
-        self.sockets = open_sockets(bind, port)  # BindError propagates to start()
+        if port is None and bind is None:  # the default: Unix sockets only this user can open
+            self.sockets = open_ipc(socket_dir(), self.pid)  # BindError propagates to start()
+        else:  # TCP when asked for: always CURVE
+            self.sockets = open_sockets(bind or "127.0.0.1", port)
         self.probe = Probe()
         self.probe.phase_every = max(0, phase_every)
         self.hooks = None
@@ -81,12 +87,17 @@ class Agent:
             raise
         self.discovery_file = None
         try:
-            self.discovery_file = discovery.write(self._discovery_info())
+            self.discovery_file = discovery.write(self.discovery_info())
         except OSError as exc:
+            how = (
+                f"attach with `torchtop attach {self.sockets.address}`"
+                if self.sockets.transport == "ipc"
+                else f"attach with `torchtop attach {self.sockets.address} --server-key KEY` once the agent "
+                "uses keys of yours (TORCHTOP_CURVE=1, `torchtop keys --server`)"
+            )
             warn(
                 f"cannot write the discovery file ({exc}); `torchtop ls` will not list this run: "
-                f"attach with `torchtop attach 127.0.0.1:{self.port}` or set TORCHTOP_RUNTIME_DIR "
-                "to a writable directory"
+                f"{how}, or set TORCHTOP_RUNTIME_DIR to a writable directory of yours"
             )
 
     @property
@@ -132,21 +143,30 @@ class Agent:
             cuda_event_every=self.probe.event_every if self.probe.pool is not None else 0,
         )
 
-    def _discovery_info(self) -> dict[str, Any]:
+    def discovery_info(self) -> dict[str, Any]:
+        """What the discovery file holds (0600): how local monitors of this user find and reach us."""
+        sockets = self.sockets
+        client = sockets.client
         return {
             "pid": self.pid,
             "host": socket.gethostname(),
-            "bind": self.sockets.bind,
-            "port": self.port,
-            "pub_port": self.sockets.pub_port,
+            "transport": sockets.transport,
+            "address": sockets.address,
+            "pub_address": sockets.pub_address,
+            "bind": sockets.bind,
+            "port": self.port or None,
+            "pub_port": sockets.pub_port or None,
             "rank": self.rank,
             "world_size": self.world_size,
             "argv": list(sys.argv),
             "start_time": self.start_time,
             "run_id": self.run_id,
             "version": VERSION,
-            # the agent's CURVE public key (not a secret) when CURVE is on: local monitors use it
-            "server_key": self.sockets.curve.public.decode() if self.sockets.curve else None,
+            # CURVE (TCP): the agent's public key, and the key pair it admits for this user's
+            # monitors. The secret is why this file is 0600 in a 0700 directory.
+            "server_key": sockets.curve.public.decode() if sockets.curve else None,
+            "client_key": client[0].decode() if client else None,
+            "client_secret": client[1].decode() if client else None,
         }
 
     def _teardown(self) -> None:
@@ -184,8 +204,11 @@ def start(
 ) -> Agent | None:
     """Start the agent in this process (once). Returns at once; never raises into training.
 
-    port: the request port (batches go out on port + 1); default $TORCHTOP_PORT or a free pair.
-    bind: default $TORCHTOP_BIND or 127.0.0.1. auto: install the zero-code hooks.
+    port: listen on TCP, on this request port (batches go out on port + 1; 0: a free pair);
+    default $TORCHTOP_PORT. bind: listen on TCP at this address (default $TORCHTOP_BIND, then
+    127.0.0.1 when a port is given). With neither, the agent listens on ipc:// sockets in the
+    private runtime directory, which no other user can open. TCP is always CURVE-encrypted.
+    auto: install the zero-code hooks.
     phase_every: time the phases of every step (1), of about 1 step in N (N), or by step time
     (0, the default, or $TORCHTOP_PHASE_EVERY): every step of 10 ms or more, a random sample of
     faster ones. Every step's end and wall time is logged whatever this says.
@@ -202,9 +225,10 @@ def start(
                     f"torch is not importable ({exc}); install torch (pip install 'torchtop[torch]'); the agent is off"
                 )
                 return None
-            if port is None and os.environ.get("TORCHTOP_PORT"):
-                port = _env_int("TORCHTOP_PORT", 0) or None
-            bind = bind or os.environ.get("TORCHTOP_BIND") or "127.0.0.1"
+            env_port = os.environ.get("TORCHTOP_PORT", "").strip()
+            if port is None and env_port.isdigit():
+                port = int(env_port)
+            bind = bind or os.environ.get("TORCHTOP_BIND") or None
             from torchtop.agent.loop.sockets import BindError
 
             try:
@@ -216,7 +240,7 @@ def start(
                 return None
             if not os.environ.get("TORCHTOP_QUIET"):
                 warn(
-                    f"agent on {bind}:{_agent.port} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}"
+                    f"agent on {_agent.sockets.address} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}"
                 )
             return _agent
     except Exception as exc:  # never into training

@@ -4,45 +4,20 @@ to nothing, so what the training process pays is the agent's doing)."""
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
-from typing import Any
 
-from torchtop.agent.contract import discovery, wire
+from tests.agent_util import raw_connection
+from torchtop.agent.contract import wire
 from torchtop.monitor.link.client import AgentClient
 from torchtop.monitor.link.targets import Endpoint
-
-
-def addresses(info: dict[str, Any]) -> tuple[str, str]:
-    """(request, stream) ZeroMQ addresses of an agent's discovery entry (TCP on loopback when the
-    entry has only a port)."""
-    if "address" in info:
-        return info["address"], info["pub_address"]
-    return f"tcp://127.0.0.1:{info['port']}", f"tcp://127.0.0.1:{info['port'] + 1}"
-
-
-def own_agent() -> dict[str, Any]:
-    """This process's agent's discovery entry."""
-    return next(a for a in discovery.list_agents() if a.get("pid") == os.getpid())
-
-
-def raw_connect(address: str) -> socket.socket:
-    """A plain stream socket to a ZeroMQ tcp:// or ipc:// address."""
-    if address.startswith("ipc://"):
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(60)
-        s.connect(address.removeprefix("ipc://"))
-        return s
-    host, port = address.removeprefix("tcp://").rsplit(":", 1)
-    return socket.create_connection((host.strip("[]"), int(port)), timeout=60)
 
 
 def send_raw(address: str, data: bytes) -> None:
     """`data` on a fresh connection to `address` (ignored when it cannot connect)."""
     try:
-        with raw_connect(address) as s:
+        with raw_connection(address) as s:
             s.sendall(data)
     except OSError:
         pass
@@ -116,7 +91,7 @@ class RawPeer(threading.Thread):
         self.halt = threading.Event()
 
     def run(self) -> None:
-        with raw_connect(self.address) as s:
+        with raw_connection(self.address, timeout=60) as s:
             s.sendall(GREETING)
             while self.received < len(GREETING):  # the agent's greeting: it has read ours
                 self.received += len(s.recv(4096))

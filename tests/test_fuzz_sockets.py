@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.agent_util import median
-from tests.load_util import Watcher, addresses, send_raw
+from tests.load_util import Watcher, send_raw
 from tests.remote_util import training_agent
 from torchtop.agent.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
@@ -141,7 +141,7 @@ def test_fuzzing_both_sockets_leaves_training_monitors_and_memory_alone(
         watcher = Watcher(endpoint)
         watcher.start()
         pinger = Pinger(endpoint)
-        fuzzer = SocketFuzzer(addresses(info))
+        fuzzer = SocketFuzzer((endpoint.address, endpoint.pub_address))
         quiet: list[float] = []
         fuzzed: list[float] = []
         try:

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from tests.agent_util import median
-from tests.load_util import RawPeer, Watcher, addresses, empty_frames, request
+from tests.load_util import RawPeer, Watcher, empty_frames, request
 from tests.remote_util import training_agent
 from torchtop.agent.contract import wire
 from torchtop.monitor.link.targets import from_discovery
@@ -32,7 +32,8 @@ def test_a_frame_bomb_costs_training_nothing_and_is_never_echoed(
     frame at a time within the agent's budget, never kept whole, never echoed; the sender is
     ignored. Training keeps its pace and the agent keeps publishing it."""
     with training_agent(tmp_path, subprocess_env) as (proc, info):
-        watcher = Watcher(from_discovery(info))
+        endpoint = from_discovery(info)
+        watcher = Watcher(endpoint)
         watcher.start()
         try:
             watcher.wait_steps(500)
@@ -40,7 +41,7 @@ def test_a_frame_bomb_costs_training_nothing_and_is_never_echoed(
             start = time.time()
             time.sleep(4.0)
             quiet_window = (start, time.time())
-            bomber = RawPeer(addresses(info)[0], empty_frames(100_000) * 12)
+            bomber = RawPeer(endpoint.address, empty_frames(100_000) * 12)
             bomber.start()
             start = time.time()
             peak = rss
@@ -103,7 +104,7 @@ def test_a_monitor_is_answered_within_a_tick_while_others_flood(
     still answered within about a tick (0.1 s), not after the flood's queue, and each flooder
     gets its share (ZeroMQ reads peers round-robin; a peer's excess over its share is dropped)."""
     with training_agent(tmp_path, subprocess_env) as (proc, info):
-        address = addresses(info)[0]
+        address = from_discovery(info).address
         quiet = hello_latencies(address, 10)
         flooders = [RawPeer(address, request("hello") * 200_000) for _ in range(4)]
         for f in flooders:

@@ -9,7 +9,7 @@ import time
 import pytest
 import zmq
 
-from tests.load_util import addresses, own_agent
+from tests.agent_util import endpoint_for
 from torchtop.agent.contract import wire
 from torchtop.agent.loop import requests
 
@@ -20,7 +20,7 @@ def dealer(agent) -> zmq.Socket:  # type: ignore[no-untyped-def]
     """A bare DEALER on the in-process agent's request socket."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(addresses(own_agent())[0])
+    sock.connect(endpoint_for(agent).address)
     return sock
 
 

@@ -121,6 +121,7 @@ class CaptureInfo(msgspec.Struct, omit_defaults=True):
     path: str = ""  # on the agent's host
     host: str = ""
     error: str = ""
+    note: str = ""  # where files go when not where asked, and why (the directory was refused)
     requested_at: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0
