@@ -5,9 +5,9 @@ The router takes what a monitor sends (hello, ping, snapshot, captures) and answ
 peer sends can make the agent thread do unbounded work or keep unbounded memory:
 
 - a request is read one frame at a time (RCVMORE): more than MAX_REQUEST_FRAMES frames or
-  MAX_REQUEST_BYTES bytes and the rest of it is read off and discarded, never kept nor echoed,
-  and its peer is ignored for BAN_S (a ROUTER cannot disconnect a peer: its frames are still
-  read, within the budget, and dropped);
+  MAX_REQUEST_BYTES bytes and the rest of it is read off and discarded, never kept nor echoed
+  (one short error says so), and its peer is ignored for BAN_S (a ROUTER cannot disconnect a
+  peer: its frames are still read, within the budget, and dropped);
 - the agent thread reads at most FRAMES_PER_WINDOW frames and answers at most
   ANSWERS_PER_WINDOW requests in each WINDOW_S; the rest stays queued in the socket (whose
   RCVHWM bounds it);
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 SNAPSHOT_MAX = wire.SNAPSHOT_MAX_STEPS
 CAPTURE_COMMANDS = ("capture-profile", "capture-memory", "capture-status")
 MAX_REQUEST_FRAMES = 3  # after the routing id: a request, with an empty delimiter (REQ) and one spare
-MAX_REQUEST_BYTES = 64 * 1024  # a request is a few hundred bytes
+MAX_REQUEST_BYTES = 1 << 20  # a request is a few hundred bytes; a frame over this is refused by zmq
 WINDOW_S = 0.02  # budgets refill this often: a monitor's request waits at most this for one
 FRAMES_PER_WINDOW = 400  # ~1 us each: at most ~2% of a core reading, whatever arrives
 ANSWERS_PER_WINDOW = 25  # a hello costs ~20 us: ~2.5% of a core at most
@@ -45,6 +45,13 @@ SNAPSHOT_EVERY_S = 0.1
 WAITING_MAX = 64  # requests kept for a later window (one a peer); beyond these, dropped
 BAN_S = 10.0  # a peer that sent an oversized request is ignored this long
 BANNED_MAX = 1024  # peers remembered (the oldest ban goes first)
+TOO_LARGE = wire.Reply(
+    v=wire.PROTOCOL_VERSION,
+    id=-1,
+    ok=False,
+    error=f"request too large (over {MAX_REQUEST_FRAMES} frames or {MAX_REQUEST_BYTES} bytes): "
+    f"dropped, and this connection ignored for {BAN_S:g} s",
+)
 
 
 class RequestRouter:
@@ -124,6 +131,7 @@ class RequestRouter:
             if parts is None:  # oversized: the rest of it is discarded, its peer ignored a while
                 self.bad_requests += 1
                 self._ban(peer, now)
+                self._send(router, [peer], TOO_LARGE)
                 continue
             envelope = [peer, *parts[:-1]]
             req = self._decode(parts[-1])

@@ -154,7 +154,7 @@ def _bind_pair(
         router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.IPV6, int(ipv6))
-        router.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # requests are small; refuse floods
+        router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # requests are small; refuse floods
         router.setsockopt(zmq.RCVHWM, 4)  # per peer: a monitor waits for each answer
         router.setsockopt(zmq.SNDHWM, 16)  # per peer: replies (snapshots ~2 MB) to one not reading
         _secure(router, curve)
