@@ -97,8 +97,12 @@ def test_late_join_is_told_the_whole_run(
     try:
         trainer.go.touch()
         steps, seconds = trainer.finished(240)
-        time.sleep(1.0)  # drained into the agent's history (quiet: two ticks a second)
-        r = report(capsys, str(trainer.proc.pid), "--history", "--seconds", "0.3")
+        deadline = time.monotonic() + 20
+        while True:  # until the agent thread has drained the last steps (two ticks a second)
+            time.sleep(1.0)
+            r = report(capsys, str(trainer.proc.pid), "--history", "--seconds", "0.3")
+            if r["steps"] >= steps or time.monotonic() > deadline:
+                break
     finally:
         trainer.stop()
     print(
