@@ -9,6 +9,7 @@ small there (and the monitor's here) so a run of seconds outgrows them, as a run
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -143,3 +144,40 @@ def test_a_window_of_more_steps_than_the_monitor_keeps_counts_them_all(
     assert seconds - 0.5 <= r["covered_s"] <= seconds + 0.5
     assert r["step_time_ms"]["mean"] == pytest.approx(seconds / steps * 1e3, rel=0.1)
     assert r["step_time_ms"]["median"] <= r["step_time_ms"]["p90"]
+
+
+@pytest.mark.cuda
+def test_a_cuda_run_is_counted_whole(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA the agent thread reads the log as entries (sampled steps' ends are tuples with
+    their events resolved): every step is still counted from the run's start."""
+    import torch
+
+    import torchtop.agent as ta
+    from torchtop.agent.loop import history
+
+    monkeypatch.setattr(history, "HISTORY_ENTRIES", 20_000)
+    monkeypatch.setattr(history, "SPARSE_CHUNKS", 5)
+    agent = ta.start()
+    assert agent is not None
+    model = torch.nn.Linear(64, 64).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(32, 64, device="cuda")
+    start = time.time()
+    for _ in range(20_000):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    seconds = time.time() - start
+    deadline = time.monotonic() + 20
+    while True:
+        time.sleep(1.0)
+        r = report(capsys, str(os.getpid()), "--history", "--seconds", "0.3")
+        if r["steps"] >= 20_000 or time.monotonic() > deadline:
+            break
+    print(f"\ncuda: report steps {r['steps']}, in full {r['steps_in_full']}, covered {r['covered_s']} s")
+    assert r["device"] == "cuda" and agent.probe.pool is not None  # CUDA events were sampled
+    assert r["steps"] == 20_000 and r["thinned"] and r["steps_in_full"] < 10_000
+    assert seconds - 1.0 <= r["covered_s"] <= seconds + 0.5
