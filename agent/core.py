@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from torchtop.agent.contract import discovery, wire
@@ -35,7 +36,13 @@ class Agent:
     """One running agent: probe + hooks on the training thread; sockets and loop on its own."""
 
     def __init__(
-        self, torch: Any, port: int | None, bind: str | None, auto: bool, phase_every: int = 0
+        self,
+        torch: Any,
+        port: int | None,
+        bind: str | None,
+        auto: bool,
+        phase_every: int = 0,
+        record: str | os.PathLike[str] | None = None,
     ) -> None:
         from torchtop.agent.cuda_use import CudaUse
         from torchtop.agent.hooks.auto import AutoHooks
@@ -58,6 +65,7 @@ class Agent:
         self.probe.phase_every = max(0, phase_every)
         self.hooks = None
         self.telemetry = None
+        self.recorder = None
         try:
             from torchtop.agent.capture.controller import CaptureController
 
@@ -66,6 +74,8 @@ class Agent:
             from torchtop.agent.telemetry.collector import TelemetryCollector
 
             self.telemetry = TelemetryCollector(self.cuda)
+            self.recorder = _recorder(record, self.rank)
+            self.telemetry.recording = self.recorder is not None
             self.telemetry.start()
             if auto:
                 self.hooks = AutoHooks(self.probe, torch, h2d=torch.cuda.is_available())
@@ -80,7 +90,10 @@ class Agent:
                 telemetry=self.telemetry,
                 captures=self.captures,
                 chores=self.hooks.agent_tick if self.hooks is not None else None,
+                recorder=self.recorder,
             )
+            if self.recorder is not None:
+                self.recorder.start()
             self.loop.start()
         except BaseException:
             self._teardown()
@@ -173,6 +186,8 @@ class Agent:
         self.probe.disable()
         if self.telemetry is not None:
             self.telemetry.stop()
+        if self.recorder is not None:
+            self.recorder.close()
         if self.hooks is not None:
             self.hooks.uninstall()
         self.sockets.close()
@@ -184,8 +199,15 @@ class Agent:
         if self.hooks is not None:
             self.hooks.uninstall()
         loop = getattr(self, "loop", None)
+        if self.recorder is not None and self.telemetry is not None:
+            try:  # the recording ends with the host as it is now (unattended it is read every 10 s)
+                self.telemetry.slow(host_only=True)
+            except Exception:
+                pass
         if loop is not None:
             loop.stop()
+        if self.recorder is not None:  # after the loop's last tick: its batch is recorded too
+            self.recorder.close()
         if self.telemetry is not None:
             self.telemetry.stop()
         self.sockets.close()
@@ -199,8 +221,29 @@ class Agent:
             self.hooks.uninstall()
 
 
+def _recorder(record: str | os.PathLike[str] | None, rank: int) -> Any:
+    """The recorder thread (not started) for `record` or $TORCHTOP_RECORD; None when neither
+    asks for one or the directory cannot be written (said once: training goes on)."""
+    record = record or os.environ.get("TORCHTOP_RECORD") or None
+    if record is None:
+        return None
+    from torchtop.agent.contract.recording_store import DEFAULT_MAX_BYTES
+    from torchtop.agent.loop.recorder import Recorder
+
+    max_mb = _env_int("TORCHTOP_RECORD_MB", 0)
+    try:
+        return Recorder(Path(record), rank, max_mb << 20 if max_mb > 0 else DEFAULT_MAX_BYTES)
+    except OSError as exc:
+        warn(f"cannot record to {record} ({exc.strerror or exc}); training goes on without a recording")
+        return None
+
+
 def start(
-    port: int | None = None, bind: str | None = None, auto: bool = True, phase_every: int | None = None
+    port: int | None = None,
+    bind: str | None = None,
+    auto: bool = True,
+    phase_every: int | None = None,
+    record: str | os.PathLike[str] | None = None,
 ) -> Agent | None:
     """Start the agent in this process (once). Returns at once; never raises into training.
 
@@ -212,6 +255,9 @@ def start(
     phase_every: time the phases of every step (1), of about 1 step in N (N), or by step time
     (0, the default, or $TORCHTOP_PHASE_EVERY): every step of 10 ms or more, a random sample of
     faster ones. Every step's end and wall time is logged whatever this says.
+    record: a directory to record the run into (rank r writes PATH/rank{r}), watched or not;
+    default $TORCHTOP_RECORD (none). Its size is bounded by $TORCHTOP_RECORD_MB (1024 MiB a
+    rank): older steps are thinned to one a tick, the oldest then deleted (docs/recording.md).
     """
     global _agent
     try:
@@ -234,13 +280,14 @@ def start(
             try:
                 if phase_every is None:
                     phase_every = _env_int("TORCHTOP_PHASE_EVERY", 0)
-                _agent = Agent(torch, port, bind, auto, phase_every)
+                _agent = Agent(torch, port, bind, auto, phase_every, record)
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")
                 return None
             if not os.environ.get("TORCHTOP_QUIET"):
                 warn(
                     f"agent on {_agent.sockets.address} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}"
+                    + (f"; recording to {_agent.recorder.directory}" if _agent.recorder is not None else "")
                 )
             return _agent
     except Exception as exc:  # never into training

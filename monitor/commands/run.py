@@ -53,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-dir", default=None, metavar="DIR", help="where the job's output goes (TUI mode)")
     p.add_argument(
+        "--record",
+        default=None,
+        metavar="PATH",
+        help="every rank records the run into PATH/rank<r>, watched or not (torchtop replay PATH)",
+    )
+    p.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- then the command, e.g. -- python train.py --lr 3e-4"
     )
 
@@ -63,8 +69,12 @@ def boot_dir() -> Path:
     return Path(torchtop.agent.__file__).resolve().parent / "_boot"
 
 
-def child_env(port: int | None, base: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(
+    port: int | None, base: dict[str, str] | None = None, record: str | None = None
+) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    if record:
+        env["TORCHTOP_RECORD"] = str(Path(record).resolve())  # the job may change directory
     env["TORCHTOP"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot_dir()), env.get("PYTHONPATH", "")) if p)
@@ -103,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    env = child_env(args.port)
+    env = child_env(args.port, record=args.record)
     if args.no_tui:
         return _run_headless(command, env)
     # imported before the job starts: a broken install leaves nothing running

@@ -16,6 +16,7 @@ import zmq
 
 from torchtop.agent.contract import wire
 from torchtop.monitor.link.targets import Endpoint, rediscover
+from torchtop.monitor.model.budget import StepBudget
 from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.steps import StepRecord
 
@@ -47,6 +48,7 @@ class AgentClient:
         self.bad_frames = 0
         self.last_error = ""
         self.replay = LogReplay()
+        self.budget: StepBudget | None = None  # replay a bounded sample of the steps (the exporter)
         self.dealer: Any = None
         self.sub: Any = None
         self._ipv6 = int(endpoint.ipv6)  # zmq sockets are IPv4-only unless told otherwise
@@ -179,6 +181,10 @@ class AgentClient:
     ) -> list[StepRecord]:
         if run_id != self.replay.run_id:  # another run on this endpoint: its chunks count from 0
             self.replay = LogReplay(run_id)
+            if self.budget is not None:
+                self.budget = StepBudget(self.budget.rate)
+        if self.budget is not None:
+            log = self.budget.filter(log, time.monotonic())
         return self.replay.feed(log, wall_offset, rank)
 
     # -- stream --------------------------------------------------------------------------------
