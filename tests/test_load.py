@@ -72,7 +72,7 @@ def test_a_frame_bomb_costs_training_nothing_and_is_never_echoed(
         # in the socket at a time (its RCVHWM), ~6 MB each until read off
         assert peak - rss < 50 * MB, f"the training process grew {(peak - rss) / MB:.0f} MB"
         assert ratio < 1.3, f"the training loop's steps took x{ratio:.2f} as long under the bomb"
-        assert rate > 0.6, f"the training loop made x{rate:.2f} the steps per second under the bomb"
+        assert rate > 0.5, f"the training loop made x{rate:.2f} the steps per second under the bomb"
         assert bomber.received < 4096, f"{bomber.received} bytes came back to the bomber"  # no echo
 
 
