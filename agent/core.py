@@ -15,10 +15,17 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract import discovery, wire
 from torchtop.agent.warn import warn
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torchtop.agent.hooks.auto import AutoHooks
+    from torchtop.agent.loop.recorder import Recorder
+    from torchtop.agent.telemetry.collector import TelemetryCollector
 
 VERSION = "0.1.0"
 _lock = threading.Lock()
@@ -37,7 +44,7 @@ class Agent:
 
     def __init__(
         self,
-        torch: Any,
+        torch: ModuleType,
         port: int | None,
         bind: str | None,
         auto: bool,
@@ -63,9 +70,9 @@ class Agent:
             self.sockets = open_sockets(bind or "127.0.0.1", port)
         self.probe = Probe()
         self.probe.phase_every = max(0, phase_every)
-        self.hooks = None
-        self.telemetry = None
-        self.recorder = None
+        self.hooks: AutoHooks | None = None
+        self.telemetry: TelemetryCollector | None = None
+        self.recorder: Recorder | None = None
         try:
             from torchtop.agent.capture.controller import CaptureController
 
@@ -193,9 +200,7 @@ class Agent:
         self.sockets.close()
 
     def stop(self) -> None:
-        self.probe.disable()
-        if getattr(self, "captures", None) is not None:
-            self.captures.close()
+        self.probe.disable()  # disarms a capture too: no boundary reaches it any more
         if self.hooks is not None:
             self.hooks.uninstall()
         loop = getattr(self, "loop", None)
@@ -206,6 +211,8 @@ class Agent:
                 pass
         if loop is not None:
             loop.stop()
+        if getattr(self, "captures", None) is not None:
+            self.captures.close()  # after the agent thread, which owned the capture's record
         if self.recorder is not None:  # after the loop's last tick: its batch is recorded too
             self.recorder.close()
         if self.telemetry is not None:
@@ -221,7 +228,7 @@ class Agent:
             self.hooks.uninstall()
 
 
-def _recorder(record: str | os.PathLike[str] | None, rank: int) -> Any:
+def _recorder(record: str | os.PathLike[str] | None, rank: int) -> Recorder | None:
     """The recorder thread (not started) for `record` or $TORCHTOP_RECORD; None when neither
     asks for one or the directory cannot be written (said once: training goes on)."""
     record = record or os.environ.get("TORCHTOP_RECORD") or None

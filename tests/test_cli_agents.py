@@ -121,6 +121,7 @@ def _check_report(report: dict, pid: int) -> None:
     assert shares["h2d"] == 0
 
 
+@pytest.mark.slow  # a training subprocess
 def test_report_and_ls_against_a_running_training_process(training_run: dict) -> None:
     pid, port = training_run["pid"], training_run["port"]
     if port:  # TCP: the loopback HOST:PORT forms find the CURVE keys in this user's discovery entry
@@ -184,6 +185,7 @@ def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> Non
         assert needle in err, err
 
 
+@pytest.mark.slow  # one CLI subprocess per target
 def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
     gone = dead_pid()
     closed = free_port_pair()
@@ -209,6 +211,7 @@ def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
     )
 
 
+@pytest.mark.slow  # CLI subprocesses
 def test_stale_discovery_file_is_skipped_and_removed(runtime_dir: Path) -> None:
     gone = dead_pid()
     stale = runtime_dir / f"agent-{gone}.json"

@@ -22,7 +22,7 @@ import pytest
 from torchtop.agent.contract.logcodes import PHASES
 from torchtop.monitor.commands import demo
 
-pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
+pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]  # subprocesses; the default policy
 
 CLI = [sys.executable, "-m", "torchtop.monitor.commands.cli"]
 START_TIMEOUT_S = 90.0

@@ -24,7 +24,7 @@ import pytest
 
 from torchtop.agent.contract import discovery
 
-pytestmark = [pytest.mark.tmux, pytest.mark.sampled_phases]
+pytestmark = [pytest.mark.slow, pytest.mark.tmux, pytest.mark.phase_sampling]
 
 COLS, ROWS = 120, 40
 SCREEN_TIMEOUT_S = 90.0

@@ -196,6 +196,7 @@ async def test_device_ms_gaps_and_bad_frames_show_up() -> None:
         assert "gaps 2" in status and "bad frames 3" in status and "malformed frame: junk" in status
 
 
+@pytest.mark.slow  # a real agent through its life
 async def test_snapshot_history_and_agent_gone() -> None:
     app = app_without_feed()
     recs = steps()
@@ -334,6 +335,7 @@ def start_training(tmp_path: Path, env: dict[str, str], port: int) -> subprocess
     return subprocess.Popen([sys.executable, str(script), "60"], env={**env, "TORCHTOP_PORT": str(port)})
 
 
+@pytest.mark.slow  # a training subprocess, stopped and restarted
 async def test_real_agent_steps_then_gone_then_restarted(tmp_path: Path, subprocess_env) -> None:
     port = free_port_pair()
     first = start_training(tmp_path, subprocess_env, port)

@@ -7,6 +7,7 @@ is described in logcodes.py.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Union
 
 import msgspec
@@ -16,9 +17,40 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: The most steps a `snapshot` request may ask for.
 SNAPSHOT_MAX_STEPS = 16_000
 
+# What a capture request may ask for: the agent refuses more, the TUI's keys and the CLI offer this.
+CAPTURE_DEFAULT_STEPS = 5
+PROFILE_MAX_STEPS = 100  # a profiler trace grows with every step it holds
+MEMORY_MAX_STEPS = 1000
+MEMORY_SECONDS = (0.1, 120.0)  # a memory capture by time: at least, at most
+
 
 class WireError(ValueError):
     """A frame that is not a valid torchtop message of this protocol version."""
+
+
+class _Name(str, Enum):
+    """A state named by its string on the wire (and in JSON); compares equal to that string."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class CaptureKind(_Name):
+    PROFILE = "profile"  # a torch.profiler trace of N steps
+    MEMORY = "memory"  # a CUDA memory snapshot after N steps or S seconds of allocator history
+
+
+class CaptureState(_Name):
+    PENDING = "pending"  # armed: waits for the training thread's next step boundary
+    RUNNING = "running"
+    WRITING = "writing"  # the files are written off the training thread
+    DONE = "done"
+    FAILED = "failed"
+
+
+# tuples, not sets: a member's hash is its name's, so only equality matches a plain string
+CAPTURE_ACTIVE = (CaptureState.PENDING, CaptureState.RUNNING, CaptureState.WRITING)
+CAPTURE_FINISHED = (CaptureState.DONE, CaptureState.FAILED)
 
 
 class MemorySample(msgspec.Struct, omit_defaults=True):
@@ -61,17 +93,18 @@ class GpuSample(msgspec.Struct, omit_defaults=True):
 
     index: int  # the CUDA device index as the process sees it
     name: str = ""
-    util_gpu: float = -1.0  # percent; -1 when not known
-    util_mem: float = -1.0
+    # None: NVML could not say (the device or driver does not report it)
+    util_gpu: float | None = None  # percent
+    util_mem: float | None = None
     mem_used: int = 0
     mem_total: int = 0
-    power_w: float = -1.0
-    power_limit_w: float = -1.0
-    temp_c: float = -1.0
-    sm_clock_mhz: float = -1.0
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: float | None = None
     throttle: list[str] = []
-    pcie_tx_kbs: float = -1.0  # sampled at <= 1 Hz: the call takes ~20 ms
-    pcie_rx_kbs: float = -1.0
+    pcie_tx_kbs: float | None = None  # on the slow sampler thread: the call waits in the driver
+    pcie_rx_kbs: float | None = None
 
 
 class WorkerSample(msgspec.Struct, omit_defaults=True):
@@ -110,12 +143,14 @@ class Telemetry(msgspec.Struct, omit_defaults=True):
     unavailable: dict[str, str] = {}
 
 
-class CaptureInfo(msgspec.Struct, omit_defaults=True):
-    """One on-demand capture (profiler trace or CUDA memory snapshot) and how far it got."""
+class CaptureInfo(msgspec.Struct, omit_defaults=True, frozen=True):
+    """One on-demand capture (profiler trace or CUDA memory snapshot) and how far it got.
+
+    Frozen: the agent thread publishes a new one at each change (see capture/controller.py)."""
 
     id: int
-    kind: str  # "profile" | "memory"
-    state: str  # "pending" | "running" | "writing" | "done" | "failed"
+    kind: CaptureKind
+    state: CaptureState
     steps_total: int = 0
     steps_done: int = 0
     seconds: float = 0.0

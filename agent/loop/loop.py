@@ -40,10 +40,8 @@ QUIET_RATE_HZ = 2.0  # ticks while nobody is subscribed: the log still drains in
 CATCH_UP_CHUNKS = 30  # re-sent when the first subscriber arrives: covers a snapshot taken before it
 CATCH_UP_ENTRIES = 500_000  # ... and at most this many entries (~5 MB: a frame's limit is 16 MiB)
 STREAM_FRAMES_PER_WINDOW = 100  # frames read off the stream socket per request window (requests.py)
-# A wake this close to the tick ticks now. zmq's poll counts whole milliseconds on a coarse clock
-# and may return a little early: waiting out the rest in 0 ms polls spun this thread ~35 times a
-# tick, and every spin took the GIL from the training thread (which then blocked on it 116 times in
-# 2 s of a 1.9 ms loop, against 41 with one wake a tick).
+# A wake this close to the tick ticks now: zmq's poll counts whole milliseconds and may return a
+# little early, and waiting out the rest in 0 ms polls took the GIL from training at every spin.
 TICK_EARLY_S = 0.002
 UNTIMED_IDLE_S = 1.0  # no step ended this long in an untimed stretch: an eval loop? time it again
 QUIET_TELEMETRY_S = 1.0  # nobody subscribed: memory and NVML sampled this often

@@ -70,16 +70,16 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     span = (steps[-1].t0 - steps[0].t0) if len(steps) > 1 else T["window_s"]
     window = max(span, 1.0)
     pts = recent_points(state, window)
-    utils = [p.gpu_util for p in pts if p.gpu_util >= 0]
-    f.gpu_util = mean(utils) if utils else -1.0
-    cpus = [p.proc_cpu for p in pts if p.proc_cpu >= 0]
-    f.proc_cpu = mean(cpus) if cpus else -1.0
+    utils = [p.gpu_util for p in pts if p.gpu_util is not None]
+    f.gpu_util = mean(utils) if utils else None
+    cpus = [p.proc_cpu for p in pts if p.proc_cpu is not None]
+    f.proc_cpu = mean(cpus) if cpus else None
     tel = state.telemetry
     if tel is not None and tel.host is not None:
         f.cores = tel.host.cpu_count
         workers = [w for w in tel.host.workers if w.dataloader]
         f.workers = len(workers)
-        f.worker_cpu = mean(w.cpu_percent for w in workers) if workers else -1.0
+        f.worker_cpu = mean(w.cpu_percent for w in workers) if workers else None
     if tel is not None and tel.memory:
         m = tel.memory[0]
         f.mem_total, f.reserved, f.allocated = m.device_total, m.reserved, m.allocated

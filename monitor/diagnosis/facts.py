@@ -7,7 +7,7 @@ functions of `Facts`, so each is tested at its thresholds without sockets or a U
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 THRESHOLDS: dict[str, float] = {
     "warmup_steps": 10,  # first steps of a run are not judged (compilation, allocator warm-up)
@@ -36,13 +36,14 @@ THRESHOLDS: dict[str, float] = {
     "leak_monotonic": 0.7,  # ... with at least 70% of the changes upward
 }
 T = THRESHOLDS
-SEVERITY_RANK = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
+Severity = Literal["ok", "info", "warning", "critical"]
+SEVERITY_RANK: dict[Severity, int] = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
 
 
 @dataclass(frozen=True)
 class Finding:
     kind: str
-    severity: str
+    severity: Severity
     share: float
     evidence: tuple[str, ...] = ()
     advice: tuple[str, ...] = ()
@@ -81,11 +82,12 @@ class Facts:
     ms: dict[str, float]
     device: str = "cpu"
     device_ms: dict[str, float] = field(default_factory=dict)
-    gpu_util: float = -1.0  # mean NVML utilisation over the window, -1 unknown
-    proc_cpu: float = -1.0  # mean training-process CPU percent
+    # None: not known (no NVML, no host sample yet)
+    gpu_util: float | None = None  # mean NVML utilisation over the window
+    proc_cpu: float | None = None  # mean training-process CPU percent
     cores: int = 0
-    workers: int = -1  # DataLoader worker processes, -1 unknown
-    worker_cpu: float = -1.0  # their mean CPU percent
+    workers: int | None = None  # DataLoader worker processes
+    worker_cpu: float | None = None  # their mean CPU percent
     mem_total: int = 0
     reserved: int = 0
     allocated: int = 0
@@ -98,11 +100,3 @@ class Facts:
     expandable: bool = False
     growth: tuple[float, float, float, float] | None = None  # (first, last, span_s, upward share)
     growth_what: str = "allocated"
-
-
-def _pct(x: float) -> str:
-    return f"{x * 100:.0f}%"
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"

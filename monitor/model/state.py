@@ -10,16 +10,30 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from statistics import median
 from typing import NamedTuple
 
 from torchtop.agent.contract.logcodes import PHASES
 from torchtop.agent.contract.wire import Batch, Hello, StepTally, Telemetry
-from torchtop.monitor.model.steps import StepRecord
+from torchtop.monitor.model.steps import StepKind, StepRecord
 from torchtop.monitor.model.tally import RunTally, between, quantile_ms
 
 HISTORY = 20_000
 STALE_AFTER_S = 3.0
+
+
+class Link(str, Enum):
+    """How the monitor's link to the agent stands (the status line's colour and words)."""
+
+    UNCHOSEN = "choose an agent"
+    WAITING = "waiting"  # no batch yet
+    CONNECTED = "connected"
+    STALE = "stale"  # no batch for STALE_AFTER_S
+    GONE = "agent gone"
+
+    def __str__(self) -> str:
+        return str(self.value)
 
 
 class Summary(NamedTuple):
@@ -45,8 +59,8 @@ class Point(NamedTuple):
     allocated: int  # first CUDA device; 0 on CPU
     reserved: int
     retries: int
-    gpu_util: float  # NVML percent, -1 when unknown
-    proc_cpu: float  # training process CPU percent, -1 when unknown
+    gpu_util: float | None  # NVML percent
+    proc_cpu: float | None  # training process CPU percent
     rss: int  # training process resident memory, 0 when unknown
 
 
@@ -146,8 +160,8 @@ class RunState:
                 m.allocated if m else 0,
                 m.reserved if m else 0,
                 m.alloc_retries if m else 0,
-                g.util_gpu if g else -1.0,
-                h.proc_cpu if h else -1.0,
+                g.util_gpu if g else None,
+                h.proc_cpu if h else None,
                 h.proc_rss if h else 0,
             )
         )
@@ -159,16 +173,23 @@ class RunState:
         self.last_error = reason
 
     # -- reading -------------------------------------------------------------------------------
-    def connection(self, now: float) -> str:
+    def link(self, now: float) -> Link:
         if self.gone:
-            return "agent gone"
+            return Link.GONE
         if self.last_batch_at is None:
-            return "waiting"
+            return Link.WAITING
         if now - self.last_batch_at > STALE_AFTER_S:
-            return f"stale ({now - self.last_batch_at:.0f}s)"
-        return "connected"
+            return Link.STALE
+        return Link.CONNECTED
 
-    def window(self, seconds: float, kind: str = "train") -> list[StepRecord]:
+    def connection(self, now: float) -> str:
+        """The link in words: `stale (12s)` says for how long."""
+        link = self.link(now)
+        if link == Link.STALE and self.last_batch_at is not None:
+            return f"{link} ({now - self.last_batch_at:.0f}s)"
+        return str(link)
+
+    def window(self, seconds: float, kind: StepKind = "train") -> list[StepRecord]:
         """Steps of `kind` that ended in the last `seconds` of the agent's clock."""
         horizon = self.agent_time - seconds
         out = []
@@ -279,7 +300,7 @@ def phase_ms(steps: list[StepRecord]) -> dict[str, float]:
 
 
 def device_ms(steps: list[StepRecord]) -> dict[str, float]:
-    """Mean CUDA-event milliseconds per sampled step, by phase (and `step`); {} on CPU."""
+    """Mean CUDA-event milliseconds per event step, by phase (and `step`); {} on CPU."""
     sampled = [s for s in steps if s.device_ms]
     if not sampled:
         return {}

@@ -1,6 +1,6 @@
 """`torchtop attach`: the live TUI on one agent.
 
-Messages up, attributes down: a thread worker (monitor/feed.py) owns the AgentClient and posts
+Messages up, attributes down: a thread worker (tui/feed.py) owns the AgentClient and posts
 messages; the app applies them to a pure RunState, and a ~4 Hz timer pushes plain values from
 that state into the widgets' reactive attributes (never per batch: a 10 kHz loop must not
 make the terminal the bottleneck). Requests to the agent (captures) go to the worker through a
@@ -25,13 +25,13 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from torchtop.agent.contract.wire import CAPTURE_DEFAULT_STEPS, Batch, CaptureKind, CaptureState
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.captures import (
-    DEFAULT_STEPS,
     CaptureBook,
     capture_lines,
     fetch_from,
@@ -47,6 +47,7 @@ from torchtop.monitor.model.panel_data import (
     y_top,
 )
 from torchtop.monitor.model.state import (
+    Link,
     RunState,
     breakdown,
     device_ms,
@@ -147,7 +148,7 @@ class TorchtopApp(App[int]):
         self.capture_line = CaptureLine(id="capture-line")
         self.diagnosis: Diagnosis | None = None  # the previous verdict: diagnose()'s hysteresis
         self.captures = CaptureBook()
-        self.capture_steps = DEFAULT_STEPS
+        self.capture_steps = CAPTURE_DEFAULT_STEPS
         self.requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] = (
             queue.SimpleQueue()
         )  # to the feed worker
@@ -321,7 +322,7 @@ class TorchtopApp(App[int]):
         mem.retry_rate = retry_rate(state, WINDOW_S)
         mem.reason = missing.get("memory", "") if tel is not None else NO_TELEMETRY
         if self._tab() == "memory" and time.perf_counter() >= self._plot_due:
-            # plotext draws a 120x30 plot in ~20 ms: once a second keeps it near 2% of a core
+            # plotext takes milliseconds to draw: once a second keeps it a small share of a core
             self._plot_due = time.perf_counter() + PLOT_REFRESH_S
             total = tel.memory[0].device_total if tel is not None and tel.memory else 0
             cuda = bool(tel is not None and tel.memory)
@@ -345,8 +346,11 @@ class TorchtopApp(App[int]):
     def _refresh_status(self) -> None:
         state = self.state
         status = self.status_line
-        status.connection = state.connection(self.clock()) if self.endpoint else "choose an agent"
+        now = self.clock()
+        status.link = state.link(now) if self.endpoint else Link.UNCHOSEN
+        status.connection = state.connection(now) if self.endpoint else str(Link.UNCHOSEN)
         trouble = self.endpoint.link_trouble() if self.endpoint else ""
+        status.tunnel_down = bool(trouble)
         if trouble:
             status.connection = f"{trouble} · {status.connection}"
         status.batches = state.batches
@@ -364,12 +368,12 @@ class TorchtopApp(App[int]):
         """Queue a request for the feed worker; the answer comes back as RequestAnswered."""
         self.requests.put((cmd, args or {}))
 
-    def _capture_seen(self, batch: Any) -> None:
+    def _capture_seen(self, batch: Batch) -> None:
         if batch.capture is None or batch.capture == self.captures.current:
             return  # most batches: nothing new about captures
         finished = self.captures.see(batch.capture)
         if finished is not None:
-            if finished.state == "done":
+            if finished.state == CaptureState.DONE:
                 self.notify(progress_text(finished), title="capture done", timeout=10)
             else:
                 self.notify(progress_text(finished), title="capture failed", severity="error", timeout=10)
@@ -390,7 +394,7 @@ class TorchtopApp(App[int]):
             if reply.capture is not None:
                 self.notify(progress_text(reply.capture), title="capture requested")
         else:
-            what = "profile" if message.cmd == "capture-profile" else "memory snapshot"
+            what = "profile" if message.cmd == f"capture-{CaptureKind.PROFILE}" else "memory snapshot"
             self.notify(reply.error, title=f"{what} refused", severity="warning", timeout=10)
         self._refresh_captures()
 

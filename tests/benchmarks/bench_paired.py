@@ -1,6 +1,8 @@
 """The agent's cost per step, paired: torchtop's wrappers swapped in and out on alternate steps.
 
-    python tests/benchmarks/bench_paired.py [--device cpu|cuda] [--pairs N] [--phase-every K]
+    python tests/benchmarks/bench_paired.py [--device cpu|cuda] [--pairs N] [--phase-every K] [--markdown]
+
+Its figures go in docs/benchmarks.md: `--markdown` also prints the table row to paste there.
 
 Not collected by pytest. The agent runs all along (threads, sockets, probe); what alternates is
 whether the hooked functions (DataLoader `__next__` on CPU, the root's `forward`,
@@ -17,9 +19,8 @@ same loop first reads what the agent chooses on it (the share of steps timed, th
 stride), and the paired steps keep those. The agent's own threads run through both steps of
 a pair, so their cost cancels there: their work per step (CPU time from waking to waiting again,
 which holds the GIL for most of it) is measured beside it and added to the total, as if all of
-it held up training. Their whole CPU time is printed too: it adds the cost of waking up (~70 us
-a wake on the 2-core VM, the same for a bare `time.sleep(0.1)` loop), spent in the kernel
-without the GIL.
+it held up training. Their whole CPU time is printed too: it adds the cost of waking up, spent
+in the kernel without the GIL.
 The goal is judged on the total's 95% interval (bootstrap of the 10% trimmed mean): CPU <= 0.5%
 of a ~2 ms step, CUDA <= 1% of a launch-bound ~2 ms step. `--phase-every 1` times every step's
 phases; 0 (default) is the agent's own phase sampling. Not counted: the start-up transient.
@@ -205,6 +206,41 @@ def one_in(share: float) -> int:
     return max(1, round(1 / share)) if share > 0 else 1
 
 
+def markdown_row(
+    args: argparse.Namespace,
+    size: int,
+    desc: str,
+    step_us: float,
+    hooks_us: float,
+    threads_us: float,
+    total: tuple[float, float, float],
+    verdict: str,
+    share: float,
+    every: int,
+) -> str:
+    """One row of docs/benchmarks.md's overhead tables: | date | machine | loop | command | result |"""
+    import platform
+
+    machine = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else (platform.processor() or platform.machine())
+    )
+    machine += f", {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
+    command = f"`bench_paired.py --device {args.device} --size {size} --pairs {args.pairs}`"
+    if args.phase_every:
+        command = command[:-1] + f" --phase-every {args.phase_every}`"
+    pct, lo, hi = total
+    chose = f"phases timed on {share:.0%} of steps" + (f", events 1 step in {every}" if every else "")
+    result = (
+        f"hooks {hooks_us:+.1f} µs + threads {threads_us:.1f} µs = **{pct:+.2%}** "
+        f"(95% CI {lo:+.2%} .. {hi:+.2%}): {verdict}; {chose}"
+    )
+    return (
+        f"| {time.strftime('%Y-%m-%d')} | {machine} | {desc}, {step_us / 1e3:.2f} ms | {command} | {result} |"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -213,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--size", type=int, default=0, help="cpu: hidden width; cuda: depth (default: calibrated to ~2 ms)"
     )
+    p.add_argument("--markdown", action="store_true", help="also print the row for docs/benchmarks.md")
     p.add_argument(
         "--record", metavar="PATH", default=None, help="the agent records the run into PATH meanwhile"
     )
@@ -282,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
             f"  overhead: hooks {hooks / step_us:+.2%} + threads {threads_us / step_us:+.2%} = {total:+.2%} of the step "
             f"(95% CI {lo_t:+.2%} .. {hi_t:+.2%}); goal <= {goal:.1%}: {verdict}"
         )
+        if args.markdown:
+            print(
+                markdown_row(
+                    args, size, desc, step_us, hooks, threads_us, (total, lo_t, hi_t), verdict, share, every
+                )
+            )
     finally:
         cuda_timing.EventResolver.stride = stride  # type: ignore[method-assign]
         ta.stop()

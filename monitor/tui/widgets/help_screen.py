@@ -28,8 +28,8 @@ HELP = """\
               fragmentation, DataLoader workers, memory growth
   [b]phases[/b]      host time per step in data (dataloader wait), h2d
               (host-to-device copies), forward, backward, optimizer and
-              other (the rest of the step); device ms are CUDA-event
-              times on sampled steps
+              other (the rest of the step), over the timed steps; device
+              ms are CUDA-event times on event steps (1 step in k)
   [b]marks[/b]       values from torchtop.agent.mark("loss", loss)
   [b]memory[/b]      CUDA caching allocator: allocated / reserved / peak of
               the device, fragmentation (largest free block, external %)

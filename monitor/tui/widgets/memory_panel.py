@@ -1,6 +1,6 @@
 """Memory figures: allocated / reserved / peak against the device, fragmentation, retries, OOMs.
 
-The app sets the latest `memory` and `frag` samples (agent/wire.py), the highest window peak
+The app sets the latest `memory` and `frag` samples (contract/wire.py), the highest window peak
 seen per device and the retry rate; without CUDA it sets `reason` (the agent's word for why,
 e.g. "CUDA not in use") and the panel shows only that. Threshold colours: a share of the device
 >= 80% yellow, >= 90% red (the diagnosis warns at 90%); any retry or OOM red.

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 
 from torchtop.monitor.model import fmt
+from torchtop.monitor.model.fmt import Level
+
+if TYPE_CHECKING:
+    from textual.widget import Widget
 
 #: Rich style per threshold level (fmt.level); the 16 standard colours.
-LEVEL_STYLES = {"ok": "green", "warning": "yellow", "critical": "red"}
+LEVEL_STYLES: dict[Level, str] = {"ok": "green", "warning": "yellow", "critical": "red"}
 LEVEL_CLASSES = ("-ok", "-warning", "-critical")
 
 
 def meter(
-    label: str, fraction: float, width: int, figures: str, level: str = "ok", label_width: int = 10
+    label: str, fraction: float, width: int, figures: str, level: Level = "ok", label_width: int = 10
 ) -> Text:
     """`label ▕████▌    ▏ figures`: the bar coloured by `level`, the figures after it."""
     text = Text(no_wrap=True, overflow="ellipsis")
@@ -43,7 +49,7 @@ def pairs(*items: tuple[str, str] | tuple[str, str, str]) -> Text:
     return text
 
 
-def set_level_class(widget, level: str) -> None:  # type: ignore[no-untyped-def]
+def set_level_class(widget: Widget, level: Level) -> None:
     """Put exactly one of -ok / -warning / -critical on `widget` (border colour in app.tcss)."""
     for cls in LEVEL_CLASSES:
         widget.set_class(cls == f"-{level}", cls)
