@@ -191,31 +191,25 @@ def test_capture_cli_end_to_end(tmp_path) -> None:
         while not discovery.list_agents():
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torchtop.monitor.commands.cli",
-                "capture",
-                str(child.pid),
-                "--steps",
-                "2",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+
+        def capture(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "torchtop.monitor.commands.cli", "capture", str(child.pid), *args],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+
+        out = capture("--steps", "2", "--json")
         assert out.returncode == 0, out.stderr
         cap = json.loads(out.stdout)
         assert cap["state"] == "done" and Path(cap["path"]).parent == tmp_path / "out"
         assert cap["summary"]["steps"] == 2
-        bad = subprocess.run(
-            [sys.executable, "-m", "torchtop.monitor.commands.cli", "capture", str(child.pid), "--memory"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        text = capture("--steps", "2")
+        assert text.returncode == 0, text.stderr
+        assert f"  file: {tmp_path / 'out'}" in text.stdout  # this machine's path, as it is
+        assert "scp" not in text.stdout  # nothing to fetch from a local run
+        bad = capture("--memory")
         assert bad.returncode == 1 and "need CUDA" in bad.stderr
     finally:
         child.kill()

@@ -21,7 +21,7 @@ from torchtop.agent.contract.wire import (
     PROFILE_MAX_STEPS,
     CaptureState,
 )
-from torchtop.monitor.model.captures import describe
+from torchtop.monitor.model.captures import capture_lines, fetch_from
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
             if found is not None and found.state in CAPTURE_FINISHED:
                 if args.json:
                     print(json.dumps(msgspec.to_builtins(found)))
-                else:
-                    print(describe(found))
+                else:  # the scp line only for a file on another machine
+                    print(
+                        "\n".join(capture_lines(found, fetch_from(str(endpoint), endpoint.host, found.host)))
+                    )
                 return 0 if found.state == CaptureState.DONE else 1
             if found is not None and not args.json:
                 line = f"{found.kind}: {found.state} {found.steps_done}/{found.steps_total or '-'} steps"

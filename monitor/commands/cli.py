@@ -10,8 +10,13 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchtop.monitor.link.targets import Endpoint
 
 EXIT_NO_AGENT = 2
+ATTACH_HELLO_S = 5.0  # attach: how long the first hello may take before it is an error
 
 
 def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
@@ -124,30 +129,47 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def first_contact(endpoint: Endpoint, timeout: float = ATTACH_HELLO_S) -> None:
+    """AgentUnreachable (the headless commands' one line) unless the agent answers a hello within
+    `timeout`: a wrong or closed port ends here instead of in a TUI that waits forever. Once the
+    TUI has seen the agent, it waits for it across restarts as before."""
+    from torchtop.monitor.link.client import AgentClient
+
+    client = AgentClient(endpoint)
+    try:
+        client.hello(timeout=timeout)
+    finally:
+        client.close()
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from torchtop.monitor.commands.tui_entry import TuiMissing, require_tui
+    from torchtop.monitor.link.client import AgentUnreachable
     from torchtop.monitor.link.remote import open_target, target_options
-    from torchtop.monitor.link.targets import TargetError, local_agents, no_agent_message
+    from torchtop.monitor.link.targets import TargetError, from_discovery, local_agents, no_agent_message
 
     record = Path(args.record) if args.record else None
     try:
-        if args.target:
-            from torchtop.monitor.tui.app import run_tui
-
-            with open_target(args.target, **target_options(args)) as endpoint:
-                return run_tui(endpoint, None, record=record)
-        else:
-            agents = local_agents()
-            if not agents:
-                return _fail(no_agent_message())
-            endpoint = None
-            choices = agents
-    except TargetError as exc:
+        require_tui()
+    except TuiMissing as exc:
         return _fail(str(exc))
     from torchtop.monitor.tui.app import run_tui
 
-    return run_tui(endpoint, choices, record=record)
+    try:
+        if args.target:
+            with open_target(args.target, **target_options(args)) as endpoint:
+                first_contact(endpoint)
+                return run_tui(endpoint, None, record=record)
+        agents = local_agents()
+        if not agents:
+            return _fail(no_agent_message())
+        if len(agents) == 1:
+            first_contact(from_discovery(agents[0]))
+    except (TargetError, AgentUnreachable) as exc:
+        return _fail(str(exc))
+    return run_tui(None, agents, record=record)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -169,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssh-option", metavar="OPT", action="append", default=[], help="extra ssh -o option")
     p.set_defaults(func=cmd_ls)
 
-    p = sub.add_parser("attach", help="open the live TUI on a run")
+    p = sub.add_parser("attach", help="open the live TUI on a run (the TUI needs torchtop[tui])")
     p.add_argument(
         "target",
         nargs="?",
@@ -225,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
         (
             "run",
             run_cmd,
-            "run a training command with the agent injected: torchtop run -- python train.py",
+            "run a training command with the agent injected: torchtop run -- python train.py "
+            "(its TUI needs torchtop[tui]; --no-tui does not)",
             False,
         ),
         ("replay", replay, "the TUI over a recording: pause, speed, seek, jump to a step or time", False),
@@ -251,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from torchtop.monitor.commands.demo import add_demo_arguments
 
-    p = sub.add_parser("demo", help="run a demo training job with the agent and open the TUI on it")
+    p = sub.add_parser(
+        "demo", help="run a demo training job with the agent and open the TUI on it (--no-tui: without)"
+    )
     add_demo_arguments(p)
     p.set_defaults(func=cmd_demo)
     return parser

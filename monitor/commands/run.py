@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -116,7 +117,13 @@ def run(args: argparse.Namespace) -> int:
     env = child_env(args.port, record=args.record)
     if args.no_tui:
         return _run_headless(command, env)
-    # imported before the job starts: a broken install leaves nothing running
+    from torchtop.monitor.commands.tui_entry import EXIT_NO_TUI, TuiMissing, require_tui
+
+    try:  # before the job starts: a broken install leaves nothing running
+        require_tui()
+    except TuiMissing as exc:
+        print(f"torchtop: {exc}", file=sys.stderr)
+        return EXIT_NO_TUI
     from torchtop.monitor.tui.app import TorchtopApp
 
     try:
@@ -148,14 +155,24 @@ def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int
         if job.forwarded is None:
             _show_tail(log_path, f"the job exited (code {code}) before an agent started")
         return _exit_code(code)
+    from torchtop.monitor.tui.keys import Leaving
+
+    stopped: list[bool] = []  # Ctrl-C in the TUI signalled the job
+
+    def stop_job() -> None:  # the TUI holds the terminal in raw mode: Ctrl-C there is a key
+        job.signal(signal.SIGINT)
+        stopped.append(True)
+
     if job.forwarded is None:  # not told to stop meanwhile
-        app = app_class(None, agents, log_path=log_path)
+        app = app_class(None, agents, log_path=log_path, leaving=Leaving("run", stop_job))
         job.on_forward = lambda _signum: _close_when_done(job, app)
         try:
             app.run()
         finally:
             job.on_forward = None
-    if job.poll() is None:
+    if stopped:
+        print(f"torchtop: Ctrl-C: SIGINT sent to the job (pid {job.pid}); waiting for it to end", flush=True)
+    elif job.poll() is None:
         print(
             f"torchtop: the job goes on (pid {job.pid}); its output: {log_path}\n"
             f"          attach again with `torchtop attach {agents[0]['pid']}`; Ctrl-C stops the job",

@@ -190,7 +190,9 @@ def parse(target: str) -> Endpoint:
                 if info.get("port") == port:
                     return from_discovery(info, label=label)
         return Endpoint.tcp(host, port, None, label)
-    raise TargetError(f"unknown target {target!r}: use a pid, ipc://PATH, HOST:PORT or tcp://HOST:PORT")
+    raise TargetError(
+        f"unknown target {target!r}: use a pid, ipc://PATH, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid]"
+    )
 
 
 def local_agents() -> list[dict[str, Any]]:

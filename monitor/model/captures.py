@@ -10,8 +10,6 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit
 
-import msgspec
-
 from torchtop.agent.contract.net import url_host
 from torchtop.agent.contract.wire import (
     CAPTURE_ACTIVE,
@@ -134,13 +132,10 @@ def fetch_from(
 
 
 def describe(c: CaptureInfo) -> str:
-    """Human lines for a finished capture (also used by the TUI's Captures screen)."""
+    """Human lines for a finished capture, without its file: capture_lines says where that is."""
     lines = [f"{c.kind} capture {c.id}: {c.state}" + (f" ({c.error})" if c.error else "")]
     if c.note:  # the directory asked for was refused: where the file went, and why
         lines.append(f"  note: {c.note}")
-    if c.path:
-        lines.append(f"  file: {c.host}:{c.path}")
-        lines.append(f"  fetch: scp {c.host}:{c.path} .")
     s = c.summary or {}
     if "buckets" in s:
         parts = "  ".join(f"{k} {fmt.pct(v, 0)}" for k, v in s["buckets"].items() if v >= 0.005)
@@ -163,13 +158,15 @@ def describe(c: CaptureInfo) -> str:
 
 
 def capture_lines(c: CaptureInfo, source: tuple[str, list[str]] | None) -> list[str]:
-    """A capture for the Captures screen: state, file (with host and scp line when remote), summary."""
-    lines = describe(msgspec.structs.replace(c, path="")).splitlines()
+    """A capture for the Captures screen and `torchtop capture`: state, file (with its host and
+    the scp line when it is on another machine: `source`, from fetch_from), summary."""
+    lines = describe(c).splitlines()
+    at = 2 if c.note else 1  # after the state and its note
     if c.path:
         if source is None:
-            lines.insert(1, f"  file: {c.path}")
+            lines.insert(at, f"  file: {c.path}")
         else:
             dest, args = source
-            lines.insert(1, f"  file: {dest}:{c.path}")
-            lines.insert(2, "  fetch: " + " ".join(["scp", *args, f"{dest}:{c.path}", "."]))
+            lines.insert(at, f"  file: {dest}:{c.path}")
+            lines.insert(at + 1, "  fetch: " + " ".join(["scp", *args, f"{dest}:{c.path}", "."]))
     return lines

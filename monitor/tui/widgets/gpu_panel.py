@@ -16,7 +16,14 @@ from textual.widget import Widget
 from torchtop.agent.contract.wire import GpuSample
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.fmt import LEVELS, Level
-from torchtop.monitor.tui.widgets.meter import LEVEL_STYLES, meter, pairs, set_level_class, unavailable
+from torchtop.monitor.tui.widgets.meter import (
+    LEVEL_STYLES,
+    bar_width,
+    meter,
+    pairs,
+    set_level_class,
+    unavailable,
+)
 
 BENIGN_THROTTLE = {"idle", "app-clocks", "display-clocks", "sync-boost"}  # agent/telemetry/nvml.py names
 
@@ -36,22 +43,19 @@ def gpu_level(g: GpuSample) -> Level:
 
 
 def gpu_lines(g: GpuSample, width: int) -> list[Text]:
-    bar_w = max(8, min(30, width - 50))
     lines = [Text.assemble((f"GPU {g.index}", "bold"), ("  " + (g.name or "unknown GPU"), ""))]
+    util = ""
     if g.util_gpu is not None:
-        extra = f" · memory controller {g.util_mem:.0f}%" if g.util_mem is not None else ""
-        lines.append(meter("util", g.util_gpu / 100, bar_w, f"{g.util_gpu:.0f}%{extra}"))
-    if g.mem_total:
-        share = g.mem_used / g.mem_total
-        lines.append(
-            meter(
-                "memory",
-                share,
-                bar_w,
-                f"{fmt.size(g.mem_used)} / {fmt.size(g.mem_total)} · {fmt.pct(share)}",
-                fmt.level(share),
-            )
+        util = f"{g.util_gpu:.0f}%" + (
+            f" · memory controller {g.util_mem:.0f}%" if g.util_mem is not None else ""
         )
+    share = g.mem_used / g.mem_total if g.mem_total else 0.0
+    memory = f"{fmt.size(g.mem_used)} / {fmt.size(g.mem_total)} · {fmt.pct(share)}" if g.mem_total else ""
+    bar_w = bar_width(width, [util, memory], most=30)
+    if g.util_gpu is not None:
+        lines.append(meter("util", g.util_gpu / 100, bar_w, util))
+    if g.mem_total:
+        lines.append(meter("memory", share, bar_w, memory, fmt.level(share)))
     items: list[tuple[str, str] | tuple[str, str, str]] = []
     if g.power_w is not None:
         limit = f" / {g.power_limit_w:.0f}" if g.power_limit_w else ""
@@ -64,12 +68,15 @@ def gpu_lines(g: GpuSample, width: int) -> list[Text]:
         items.append(("temp", f"{g.temp_c:.0f} °C", f"bold {LEVEL_STYLES[lvl]}" if lvl != "ok" else "bold"))
     if g.sm_clock_mhz is not None:
         items.append(("SM clock", f"{g.sm_clock_mhz:.0f} MHz"))
-    if g.pcie_tx_kbs is not None:
-        items.append(("PCIe tx", fmt.throughput(g.pcie_tx_kbs)))
-    if g.pcie_rx_kbs is not None:
-        items.append(("rx", fmt.throughput(g.pcie_rx_kbs)))
+    pcie = [
+        f"{way} {fmt.throughput(kbs)}"
+        for way, kbs in (("tx", g.pcie_tx_kbs), ("rx", g.pcie_rx_kbs))
+        if kbs is not None
+    ]
+    if pcie:
+        items.append(("PCIe", " · ".join(pcie)))
     if items:
-        lines.append(pairs(*items))
+        lines.append(pairs(*items, width=width))
     if g.throttle:
         bad = any(t not in BENIGN_THROTTLE for t in g.throttle)
         lines.append(pairs(("throttle", ", ".join(g.throttle), "bold yellow" if bad else "bold")))

@@ -30,22 +30,37 @@ def meter(
     return text
 
 
+def bar_width(width: int, figures: list[str], most: int = 40, label_width: int = 10) -> int:
+    """Cells for the bars of meters that share a panel: what the longest figures leave of
+    `width` (the label, the bar's ends and a space take label_width + 3), between 8 and `most`."""
+    longest = max((len(f) for f in figures), default=0)
+    return max(8, min(most, width - label_width - 3 - longest))
+
+
 def unavailable(what: str, reason: str) -> Text:
     """The one line a panel shows when its figures do not exist on this run, and why."""
     return Text.assemble((f"{what} not available: ", "dim"), (reason or "no data received yet", "bold"))
 
 
-def pairs(*items: tuple[str, str] | tuple[str, str, str]) -> Text:
-    """`label value  label value …`: labels dim, values bold (or in the given style)."""
+def pairs(*items: tuple[str, str] | tuple[str, str, str], width: int = 0) -> Text:
+    """`label value  label value …`: labels dim, values bold (or in the given style). With a
+    `width`, a pair that would cross it starts a new line: a label never parts from its value."""
     text = Text()
+    line = 0
     for k, item in enumerate(items):
         label, value = item[0], item[1]
         style = item[2] if len(item) > 2 else "bold"  # type: ignore[misc]
-        if k:
+        cells = len(f"{label} {value}" if label else value)
+        if k and width and line + 2 + cells > width:
+            text.append("\n")
+            line = 0
+        elif k:
             text.append("  ")
+            line += 2
         if label:
             text.append(f"{label} ", style="dim")
         text.append(value, style=style)
+        line += cells
     return text
 
 

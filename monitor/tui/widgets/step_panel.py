@@ -17,19 +17,18 @@ from torchtop.monitor.model import fmt
 EMPTY_STATS = {"now_ms": 0.0, "median_ms": 0.0, "p90_ms": 0.0, "mean_ms": 0.0, "steps_per_s": 0.0}
 
 
-def step_line(
+def step_groups(
     stats: dict[str, float], count: int, last_step: int | None, evals: int = 0, skipped: int = 0
-) -> Text:
-    """One line of figures; labels dim, numbers bold, so the eye finds the numbers.
-
-    Eval steps and GradScaler-skipped optimizer steps in the window follow when there are any.
-    """
-    text = Text()
+) -> list[Text]:
+    """The figures, one group each (a label never parts from its number); labels dim, numbers
+    bold, so the eye finds the numbers. Eval steps and GradScaler-skipped optimizer steps in the
+    window follow when there are any."""
     if not count:
-        text.append("no training steps in the window yet", style="dim")
+        groups = [Text("no training steps in the window yet", style="dim")]
         if evals:
-            text.append(f"   eval {fmt.count(evals)} steps", style="bold")
-        return text
+            groups.append(Text(f"eval {fmt.count(evals)} steps", style="bold"))
+        return groups
+    groups = []
     for label, value, unit in (
         ("now", fmt.ms(stats["now_ms"]), " ms"),
         ("median", fmt.ms(stats["median_ms"]), " ms"),
@@ -37,21 +36,38 @@ def step_line(
         ("", fmt.rate(stats["steps_per_s"]), " steps/s"),
         ("", fmt.count(count), " steps in window"),
     ):
-        if label:
-            text.append(f"{label} ", style="dim")
-        text.append(value, style="bold")
-        text.append(f"{unit}   ", style="dim")
+        groups.append(Text.assemble((f"{label} " if label else "", "dim"), (value, "bold"), (unit, "dim")))
     if last_step is not None:
-        text.append("latest ", style="dim")
-        text.append(f"#{fmt.count(last_step)}", style="bold")
+        groups.append(Text.assemble(("latest ", "dim"), (f"#{fmt.count(last_step)}", "bold")))
     if evals:
-        text.append("   eval ", style="dim")
-        text.append(fmt.count(evals), style="bold")
-        text.append(" steps", style="dim")
+        groups.append(Text.assemble(("eval ", "dim"), (fmt.count(evals), "bold"), (" steps", "dim")))
     if skipped:
-        text.append("   skipped ", style="dim")
-        text.append(fmt.count(skipped), style="bold yellow")
-        text.append(" (GradScaler)", style="dim")
+        groups.append(
+            Text.assemble(("skipped ", "dim"), (fmt.count(skipped), "bold yellow"), (" (GradScaler)", "dim"))
+        )
+    return groups
+
+
+def step_line(
+    stats: dict[str, float],
+    count: int,
+    last_step: int | None,
+    evals: int = 0,
+    skipped: int = 0,
+    width: int = 0,
+) -> Text:
+    """The groups three spaces apart; with a `width`, a group that would cross it starts a line."""
+    text = Text()
+    line = 0
+    for k, group in enumerate(step_groups(stats, count, last_step, evals, skipped)):
+        if k and width and line + 3 + group.cell_len > width:
+            text.append("\n")
+            line = 0
+        elif k:
+            text.append("   ")
+            line += 3
+        text.append_text(group)
+        line += group.cell_len
     return text
 
 
@@ -100,8 +116,13 @@ class StepPanel(Vertical):
     def _sync_numbers(self) -> None:
         if self.is_mounted:
             self.query_one("#step-numbers", Static).update(
-                step_line(self.stats, self.count, self.last_step, self.evals, self.skipped)
+                step_line(
+                    self.stats, self.count, self.last_step, self.evals, self.skipped, self.content_size.width
+                )
             )
+
+    def on_resize(self) -> None:
+        self._sync_numbers()  # the figures wrap between groups at the new width
 
     def watch_stats(self) -> None:
         self._sync_numbers()

@@ -87,7 +87,13 @@ def verdict_table(d: Diagnosis | None) -> Group:
     grid.add_column(ratio=1)
     for m, line in rest:
         grid.add_row(m, line)
-    return Group(Text.assemble(marker, " " if marker.plain else "", headline), grid)
+    if not marker.plain:
+        return Group(headline, grid)
+    top = Table.grid(padding=(0, 1))  # a headline that wraps stays right of its marker
+    top.add_column(no_wrap=True)
+    top.add_column(ratio=1)
+    top.add_row(marker, headline)
+    return Group(top, grid)
 
 
 class VerdictPanel(Widget):
