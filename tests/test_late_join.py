@@ -34,7 +34,7 @@ def _join(agent) -> tuple[RunState, object]:
     state.apply_hello(client.hello())
     reply, steps = client.snapshot(max_steps=SNAPSHOT_MAX_STEPS)
     assert reply.ok, reply.error
-    state.apply_snapshot(steps, reply.seq)
+    state.apply_snapshot(steps, reply.seq, reply.tally, reply.wall_offset)
     return state, client
 
 
@@ -97,7 +97,9 @@ def test_history_is_downsampled_beyond_its_last_entries(monkeypatch) -> None:
     assert min(b.t0 - a.t0 for a, b in zip(older, older[1:])) >= 0.03  # about one per tick
     assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 for s in older)  # whole steps
     report = build_report(state, 1.0, window=float("inf"))
-    assert report["history"] and report["steps"] == len(idx) and report["span_s"] <= time.time() - t0 + 1
+    assert report["history"] and report["thinned"]
+    assert report["steps"] == 1500 and report["steps_in_full"] == len(idx)  # every step counted
+    assert time.time() - t0 - 1.5 <= report["covered_s"] <= time.time() - t0 + 0.1  # from the start
 
     # a limit reaching past the full history takes that many thinned steps before it
     client = client_for(agent)

@@ -188,8 +188,11 @@ async def test_help_lists_the_tabs_this_tui_has(tmp_path: Path) -> None:
         app = TorchtopApp(endpoint=ENDPOINT, feed=False, log_path=log_path)
         async with app.run_test(size=SMALL) as pilot:
             await pilot.press("question_mark")
-            await pilot.pause()
-            rows = [line.strip("│ ") for line in screen_text(app).splitlines() if "tabs:" in line]
+            for _ in range(50):  # a loaded machine may take a few frames to show the help
+                await pilot.pause()
+                rows = [line.strip("│ ") for line in screen_text(app).splitlines() if "tabs:" in line]
+                if rows:
+                    break
             assert len(rows) == 1 and rows[0].startswith(tab_keys), rows
             assert ("the job's output" in rows[0]) is (log_path is not None)
 

@@ -265,6 +265,17 @@ class LogChunk(msgspec.Struct, array_like=True):
     pairs: bool = False  # entries as the training thread wrote them (time, code): see to_entries
 
 
+class StepTally(msgspec.Struct, array_like=True):
+    """Every training step of the run, counted: what a late joiner learns of the steps the
+    history no longer holds (agent/loop/tally.py). `counts[k]` steps had ended by `ends[k]`;
+    between two points they ended at times not kept. Times are the agent's perf_counter ns."""
+
+    start: int  # the first time the run logged: its first step's start
+    ends: list[int]  # step end times, oldest first, about `width_ns` apart or more
+    counts: list[int]  # training steps ended up to and including each of `ends`
+    width_ns: int = 0
+
+
 class Hello(msgspec.Struct, tag="hello", omit_defaults=True):
     """Who the agent is; the reply to a `hello` request."""
 
@@ -301,6 +312,8 @@ class Batch(msgspec.Struct, tag="batch", omit_defaults=True):
     telemetry: Telemetry | None = None  # memory / GPU / host samples taken since last batch
     capture: CaptureInfo | None = None  # the capture in progress, or the last one
     why: Why | None = None  # stack samples, sync detection, FLOPs (docs/why.md)
+    bad_requests: int = 0  # cumulative requests the agent refused as malformed or oversized
+    dropped_requests: int = 0  # cumulative requests read and not answered (a flood, a banned peer)
 
 
 class Request(msgspec.Struct, tag="request", omit_defaults=True):
@@ -329,6 +342,7 @@ class Reply(msgspec.Struct, tag="reply", omit_defaults=True):
     capture: Union[CaptureInfo, None] = None
     captures: list[CaptureInfo] = []
     memory: list[MemoryLow] = []  # snapshot and `memory` replies: per-second lows, oldest first
+    tally: StepTally | None = None  # a snapshot's count of every step of the run
 
 
 Message = Union[Hello, Batch, Request, Reply]

@@ -151,7 +151,8 @@ def _bind_pair(
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.IPV6, int(ipv6))
         router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # requests are small; refuse floods
-        router.setsockopt(zmq.SNDHWM, 1000)
+        router.setsockopt(zmq.RCVHWM, 4)  # per peer: a monitor waits for each answer
+        router.setsockopt(zmq.SNDHWM, 16)  # per peer: replies (snapshots ~2 MB) to one not reading
         _secure(router, curve)
         router.bind(request)
         # XPUB: a PUB that hears (un)subscriptions, so the agent knows when anyone listens

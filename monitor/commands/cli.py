@@ -66,7 +66,7 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
 
             reply, steps = client.snapshot(max_steps=SNAPSHOT_MAX_STEPS, timeout=10.0)
             if reply.ok:
-                state.apply_snapshot(steps, reply.seq)
+                state.apply_snapshot(steps, reply.seq, reply.tally, reply.wall_offset)
                 state.apply_memory(reply.memory)
         else:  # the leak rule looks back a minute, further than a short report collects
             try:
@@ -225,8 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--history",
         action="store_true",
-        help="report over everything the agent retained (every step of roughly the last 15,000, "
-        "one per 0.1 s for 10 minutes before those), not only the steps of the last S seconds",
+        help="report over the whole run: every step counted from the run's start, the last ~15,000 "
+        "kept whole (and one per 0.1 s for 10 minutes before those), not only the last S seconds",
     )
     p.add_argument(
         "--until",

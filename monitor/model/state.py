@@ -6,6 +6,7 @@ functions that the TUI, `report` and the diagnosis rules share.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -14,8 +15,9 @@ from statistics import median
 from typing import NamedTuple
 
 from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import Batch, Hello, MemoryLow, Telemetry
+from torchtop.agent.contract.wire import Batch, Hello, MemoryLow, StepTally, Telemetry
 from torchtop.monitor.model.steps import StepKind, StepRecord
+from torchtop.monitor.model.tally import RunTally, between, quantile_ms
 from torchtop.monitor.model.why_state import WhyState
 
 HISTORY = 20_000
@@ -33,6 +35,22 @@ class Link(str, Enum):
 
     def __str__(self) -> str:
         return str(self.value)
+
+
+class Summary(NamedTuple):
+    """A window of a run: every training step counted, and those of them kept whole."""
+
+    steps: int  # training steps that ended in the window, every one counted
+    in_full: list[StepRecord]  # those kept whole (phases, marks, device times): the breakdown's
+    evals: list[StepRecord]
+    covered_s: float  # agent time from the window's first step's start to its last step's end
+    start: float  # the agent time the window's first step started (nan with no step)
+    stats: dict[str, float]  # step_stats over every step counted (quantiles binned when thinned)
+
+    @property
+    def thinned(self) -> bool:
+        """Fewer steps kept whole than counted: the breakdown is drawn from a part of them."""
+        return self.steps > len(self.in_full)
 
 
 class Point(NamedTuple):
@@ -69,6 +87,9 @@ class RunState:
     # the agent's per-second memory lows from before we joined (a snapshot, a `memory` request)
     memory_lows: list[MemoryLow] = field(default_factory=list)
     why: WhyState = field(default_factory=WhyState)  # stack samples, sync detection, FLOPs
+    tally: RunTally = field(default_factory=RunTally)  # every step counted, the whole run
+    bad_requests: int = 0  # what the agent refused (from its batches)
+    dropped_requests: int = 0
 
     # -- feeding -------------------------------------------------------------------------------
     def apply_hello(self, hello: Hello) -> None:
@@ -85,6 +106,7 @@ class RunState:
         self.why = WhyState()
         self.telemetry = None
         self.last_seq = None
+        self.tally.reset()
         self.new_runs += 1
 
     def apply_batch(self, batch: Batch, steps: list[StepRecord], now: float, log_errors: int = 0) -> None:
@@ -102,6 +124,7 @@ class RunState:
         self.dropped = batch.dropped
         self.hook_errors = batch.hook_errors + log_errors
         self.agent_time = batch.time
+        self.bad_requests, self.dropped_requests = batch.bad_requests, batch.dropped_requests
         self.last_batch_at = now
         self.gone = False
         if batch.telemetry is not None:
@@ -110,10 +133,17 @@ class RunState:
             self.why.apply(batch.why, batch.wall_offset)
         last_t0 = self.steps[-1].t0 if self.steps else float("-inf")
         self.steps.extend(s for s in steps if s.t0 > last_t0)  # steps are in order, once
+        self.tally.add(steps)
 
-    def apply_snapshot(self, steps: list[StepRecord], seq: int) -> None:
+    def apply_snapshot(
+        self, steps: list[StepRecord], seq: int, tally: StepTally | None = None, wall_offset: float = 0.0
+    ) -> None:
         """History from before we joined; batches up to `seq` are then ignored. Where it
-        overlaps steps already held, the snapshot's are kept."""
+        overlaps steps already held, the snapshot's are kept. `tally` (the agent's count of the
+        steps before its history) covers the run from its start."""
+        if tally is not None:
+            self.tally.add_agent(tally, wall_offset, steps[0].i if steps else None)
+        self.tally.add(steps)
         if steps:
             first, last = steps[0].t0, steps[-1].t0
             merged = (
@@ -184,6 +214,52 @@ class RunState:
                 out.append(s)
         out.reverse()
         return out
+
+    def summary(self, seconds: float) -> Summary:
+        """The last `seconds` of agent time (inf: the whole run): every training step counted, and
+        the ones kept whole. Counts are exact where whole steps reach past the window's start,
+        read from the tally (spread evenly between its points) where they do not."""
+        horizon = self.agent_time - seconds
+        records: list[StepRecord] = []
+        prev = None
+        for s in reversed(self.steps):
+            if s.t0 + s.wall_ns / 1e9 < horizon:
+                prev = s
+                break
+            records.append(s)
+        records.reverse()
+        in_full = [s for s in records if s.kind == "train"]
+        evals = [s for s in records if s.kind != "train"]
+        tally = self.tally
+        if records and prev is not None:  # whole steps on both sides of the window's start
+            first = records[0]
+            before = (prev.t0 + prev.wall_ns / 1e9, prev.i + 1)
+            ended = first.i if horizon >= first.t0 else between(before, (first.t0, first.i), horizon)
+            evals_before = 0
+        elif records:
+            ended = min(tally.ended_by(horizon), records[0].i)
+            evals_before = tally.evals_after(horizon, records[0].t0)
+        else:
+            ended = tally.ended_by(horizon)
+            evals_before = tally.evals_after(horizon, float("inf"))
+        newest = max(tally.n, records[-1].i + 1 if records else 0)
+        counted = max(len(in_full), newest - ended - len(evals) - evals_before)
+        if counted == len(in_full):
+            if not in_full:
+                return Summary(0, in_full, evals, 0.0, math.nan, step_stats(in_full))
+            covered = in_full[-1].t0 + in_full[-1].wall_ns / 1e9 - in_full[0].t0
+            return Summary(counted, in_full, evals, covered, in_full[0].t0, step_stats(in_full))
+        span = tally.span(horizon)
+        start = max(horizon, tally.base[0]) if tally.base is not None else horizon
+        covered = max(0.0, (tally.last_end or start) - start)
+        stats = {
+            "now_ms": in_full[-1].wall_ns / 1e6 if in_full else 0.0,
+            "median_ms": quantile_ms(span.hist, 0.5),
+            "p90_ms": quantile_ms(span.hist, 0.9),
+            "mean_ms": span.wall_ns / span.steps / 1e6 if span.steps else 0.0,
+            "steps_per_s": counted / covered if covered > 0 else 0.0,
+        }
+        return Summary(counted, in_full, evals, covered, start, stats)
 
 
 def _pct(sorted_values: list[float], q: float) -> float:

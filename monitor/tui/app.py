@@ -51,7 +51,6 @@ from torchtop.monitor.model.state import (
     phase_ms,
     recent_points,
     retry_rate,
-    step_stats,
     timed,
 )
 from torchtop.monitor.tui import keys
@@ -241,7 +240,7 @@ class TorchtopApp(CaptureApp):
         self._refresh_captures()
 
     def on_snapshot_received(self, message: SnapshotReceived) -> None:
-        self.state.apply_snapshot(message.steps, message.seq)
+        self.state.apply_snapshot(message.steps, message.seq, message.tally, message.wall_offset)
         if message.memory:
             self.state.apply_memory(message.memory)
         self._dirty = True
@@ -283,8 +282,8 @@ class TorchtopApp(CaptureApp):
         """Recompute every panel's values from the state and push them into the widgets."""
         self._dirty = False
         state = self.state
-        steps = state.window(WINDOW_S)
-        stats = step_stats(steps)
+        summary = state.summary(WINDOW_S)
+        steps, stats = summary.in_full, summary.stats
 
         hello = state.hello
         self.header.hello = hello
@@ -293,10 +292,11 @@ class TorchtopApp(CaptureApp):
         )
 
         self.step_panel.stats = stats
-        self.step_panel.count = len(steps)
+        self.step_panel.count = summary.steps
+        self.step_panel.in_full = len(steps)
         self.step_panel.last_step = steps[-1].i if steps else None
         self.step_panel.series = [s.wall_ns / 1e6 for s in steps[-SPARK_POINTS:]]
-        self.step_panel.span_s = round(min(WINDOW_S, state.agent_time - steps[0].t0), 1) if steps else None
+        self.step_panel.span_s = round(min(WINDOW_S, state.agent_time - summary.start), 1) if steps else None
 
         self.phase_panel.shares = breakdown(steps)
         self.phase_panel.ms = phase_ms(steps)
@@ -311,7 +311,7 @@ class TorchtopApp(CaptureApp):
         self.why_panel.step_ms = stats["mean_ms"]
         self.why_panel.why = why_facts(state, steps, sum(utils) / len(utils) if utils else None)
 
-        skipped, evals = step_counts(steps, state.window(WINDOW_S, kind="eval"))
+        skipped, evals = step_counts(steps, summary.evals)
         self.step_panel.evals = evals
         self.step_panel.skipped = skipped
         self.diagnosis = diagnose(state, self.diagnosis)

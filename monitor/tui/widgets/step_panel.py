@@ -71,6 +71,16 @@ def step_line(
     return text
 
 
+def step_title(window_s: float, span_s: float | None, count: int, in_full: int) -> str:
+    """The panel's title: the span it covers (shorter than the window when the run is young) and,
+    when not every step of it was kept whole, how many of them were (the phases are theirs)."""
+    shown = window_s if span_s is None or span_s >= window_s - 0.05 else span_s
+    title = f"step time · last {shown:.3g} s"
+    if count > in_full:
+        title += f" · {fmt.count(count)} steps ({fmt.count(in_full)} in full)"
+    return title
+
+
 class StepPanel(Vertical):
     """Step times over the last `window_s` seconds of agent time."""
 
@@ -79,6 +89,7 @@ class StepPanel(Vertical):
     last_step: reactive[int | None] = reactive(None)
     series: reactive[list[float]] = reactive(list)
     span_s: reactive[float | None] = reactive(None)  # the agent time the window covers
+    in_full: reactive[int] = reactive(0)  # of `count`, the steps kept whole (fewer: thinned)
     evals: reactive[int] = reactive(0)  # eval steps in the window
     skipped: reactive[int] = reactive(0)  # optimizer steps GradScaler skipped in the window
 
@@ -87,10 +98,14 @@ class StepPanel(Vertical):
         self.window_s = window_s
         self.border_title = f"step time · last {window_s:.3g} s"
 
-    def watch_span_s(self, span: float | None) -> None:
-        # Shorter than the window when the run is young or the history limit cut it: say so.
-        shown = self.window_s if span is None or span >= self.window_s - 0.05 else span
-        self.border_title = f"step time · last {shown:.3g} s"
+    def watch_span_s(self) -> None:
+        self._sync_title()
+
+    def watch_in_full(self) -> None:
+        self._sync_title()
+
+    def _sync_title(self) -> None:
+        self.border_title = step_title(self.window_s, self.span_s, self.count, self.in_full)
 
     def compose(self) -> ComposeResult:
         yield Static(
@@ -114,6 +129,7 @@ class StepPanel(Vertical):
 
     def watch_count(self) -> None:
         self._sync_numbers()
+        self._sync_title()
 
     def watch_last_step(self) -> None:
         self._sync_numbers()
