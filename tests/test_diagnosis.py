@@ -295,36 +295,40 @@ def test_a_saturated_worker_on_a_busy_machine_is_recognised() -> None:
 
 
 def test_memory_leak_flag() -> None:
-    f = facts()  # 100 ms steps
+    f = facts()
     mib = 2**20
-    leak = Growth(400 * mib, 460 * mib, 30.0, 0.9, 2 * mib, 30, 2 * mib)  # 200 KiB a step
+    # 400 -> 460 MiB over 30 s and 300 steps: 200 KiB a step
+    leak = Growth(400 * mib, 460 * mib, 30.0, 0.9, 0.2 * mib, 30, 0.2 * mib, 300)
     f.growth = leak
     got = flag_memory_leak(f)
     assert got is not None and got.kind == "memory-leak" and "+15%" in got.evidence[0]
-    assert "about 205 KiB a step" in got.evidence[0]
+    assert "in 30 s and 300 steps, steadily: about 205 KiB a step" in got.evidence[0]
     assert flag_memory_leak(Facts(1, 1.0, {}, {})) is None  # no growth measured
     for growth, why in [
         (leak._replace(trend=0.55), "not steady"),
         (leak._replace(span_s=19.0), "too short to say"),
+        (leak._replace(span_steps=49), "too few steps to tell a leak from caches filling"),
         (leak._replace(points=9), "too few points"),
         (leak._replace(last=418 * mib), "4.5%: under leak_seen"),
-        (leak._replace(recent_slope=0.9 * mib), "it rose, then settled"),
+        (leak._replace(recent_slope=0.09 * mib), "it rose, then settled"),
+        # 400 -> 460 MiB over 15,000 steps: 4 KiB a step, 1% of the level every 1,000: not worth a flag
+        (leak._replace(slope=4096, recent_slope=4096, span_steps=15000), "slow per step"),
     ]:
         f.growth = growth
         assert flag_memory_leak(f) is None, why
-    f.growth = leak
-    f.step_ms = 1000.0  # 30 s of 1 s steps: 30 steps, too few to tell a leak from caches filling
-    assert flag_memory_leak(f) is None
-    f.step_ms = 2.0  # 4 KiB a step: 4 MiB every 1,000 steps, 1% of the level: not worth a flag
-    assert flag_memory_leak(f) is None
 
 
-def _rss_state(rss_mib: list[float], step_s: float = 1.0) -> RunState:
-    """A CPU run of `step_s` steps past the leak warm-up, with an RSS point each second."""
-    since = 1000.0 + T["leak_warmup_steps"] * step_s
-    state = _state(0.0, step_s * 1000, n=int((since - 1000.0 + len(rss_mib)) / step_s) + 2)
-    for i, v in enumerate(rss_mib):
-        state.apply_telemetry(Telemetry(time=since + i, host=_host(int(v * 2**20))))
+def _rss_state(rss_mib: list[float], steps: list[int] | None = None, said: bool = True) -> RunState:
+    """A CPU run of 1 s steps past the leak warm-up, with an RSS point each second and the
+    agent's step count with it (`steps`: one more each second unless given; `said` False: an
+    agent that does not send its step count)."""
+    warm = int(T["leak_warmup_steps"])
+    since = 1000.0 + warm
+    state = _state(0.0, 1000.0, n=warm + len(rss_mib) + 2)
+    counts = steps if steps is not None else [warm + i for i in range(len(rss_mib))]
+    for i, (v, n) in enumerate(zip(rss_mib, counts)):
+        telemetry = Telemetry(time=since + i, host=_host(int(v * 2**20)), steps=n if said else None)
+        state.apply_telemetry(telemetry)
     return state
 
 
@@ -356,16 +360,29 @@ def test_rss_that_rises_for_a_while_and_settles_is_not_a_leak() -> None:
     assert _leaks(_rss_state([330 + 1.5 * i + e for i, e in enumerate(noise)]))  # still rising
 
 
+def test_a_pause_in_training_is_not_memory_settling() -> None:
+    """A leak is per step: 15 s without steps (a slow attach, a FLOP-counting step, a checkpoint)
+    keep memory flat, which by the clock reads as settling; by the step count it is no pause."""
+    warm = int(T["leak_warmup_steps"])
+    steps = [warm + 2 * i for i in range(45)] + [warm + 90] * 15  # 2 steps a second, then none
+    rss = [330.0 + 2 * i for i in range(45)] + [420.0] * 15  # 1 MiB a step
+    assert _leaks(_rss_state(rss, steps))
+    assert not _leaks(_rss_state(rss, steps, said=False))  # by the clock alone: flat at the end
+
+
 def test_the_agents_memory_lows_reach_back_past_a_short_report() -> None:
     """`torchtop report` collects 10 s by default, too little to judge a leak: the agent's
     per-second lows from before it joined fill the leak horizon."""
     rss = [330 + 1.0 * i for i in range(60)]
-    since = 1000.0 + T["leak_warmup_steps"]
-    state = _state(0.0, 1000.0, n=int(T["leak_warmup_steps"]) + 62)  # 1 s steps
+    warm = int(T["leak_warmup_steps"])
+    since = 1000.0 + warm
+    state = _state(0.0, 1000.0, n=warm + 62)  # 1 s steps
     for i, v in enumerate(rss[55:]):  # the report's own 5 s
-        state.apply_telemetry(Telemetry(time=since + 55 + i, host=_host(int(v * 2**20))))
+        state.apply_telemetry(Telemetry(time=since + 55 + i, host=_host(int(v * 2**20)), steps=warm + 55 + i))
     assert not _leaks(state)
-    state.apply_memory([MemoryLow(since + i + 0.3, int(v * 2**20)) for i, v in enumerate(rss[:55])])
+    state.apply_memory(
+        [MemoryLow(since + i + 0.3, int(v * 2**20), 0, warm + i) for i, v in enumerate(rss[:55])]
+    )
     assert _leaks(state)
 
 

@@ -131,6 +131,8 @@ def test_a_late_monitor_gets_the_agents_per_second_memory_lows() -> None:
         assert all(a.time < b.time for a, b in zip(lows, lows[1:]))
         assert all(m.rss > 10 * 2**20 and m.allocated == 0 for m in lows)
         assert lows[-1].rss > lows[0].rss
+        counts = [m.steps for m in lows]  # the step count with each low: the leak rule's x axis
+        assert None not in counts and counts == sorted(counts) and counts[-1] > counts[0], counts
         reply, _ = client.snapshot(max_steps=10)
         assert reply.ok and [m.time for m in reply.memory][: len(lows)] == [m.time for m in lows]
     finally:

@@ -143,6 +143,7 @@ class MemoryLow(msgspec.Struct, array_like=True):
     time: float  # unix seconds, the start of that second's samples
     rss: int
     allocated: int = 0
+    steps: int | None = None  # training steps cut by then: a leak is judged per step
 
 
 class Telemetry(msgspec.Struct, omit_defaults=True):
@@ -154,6 +155,7 @@ class Telemetry(msgspec.Struct, omit_defaults=True):
     gpus: list[GpuSample] = []
     host: HostSample | None = None
     unavailable: dict[str, str] = {}
+    steps: int | None = None  # training steps cut when these were sampled (the leak rule's x axis)
 
 
 class CaptureInfo(msgspec.Struct, omit_defaults=True, frozen=True):

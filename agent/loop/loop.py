@@ -75,6 +75,8 @@ class AgentLoop(threading.Thread):
         self.cuda = cuda  # None: never look for CUDA (tests of the CPU path)
         self.rank = rank
         self.telemetry = telemetry
+        if telemetry is not None:  # the memory samples say after how many steps (the leak rule's x)
+            telemetry.step_count = lambda: probe.steps
         self.captures = captures
         self.chores = chores  # the hooks' work for this thread (AutoHooks.agent_tick)
         self.why = why  # stack samples, sync windows, the FLOP count (telemetry/why.py)

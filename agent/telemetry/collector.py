@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -72,6 +73,7 @@ class TelemetryCollector:
         self._rss = 0  # this process's RSS at the last fast tick (0: not read)
         self._self_rss = SelfRss()
         self.trend = MemoryTrend()  # per-second lows, for monitors that join later
+        self.step_count: Callable[[], int] | None = None  # training steps so far (the agent loop sets it)
         self._devices: list[int] = []
         self._devices_at = 0.0
         self._cuda_mem: CudaMemorySampler | None = None
@@ -138,7 +140,13 @@ class TelemetryCollector:
         finally:
             allocated = self._memory[0].allocated if self._memory else 0
             if self._rss > 0 or allocated > 0:
-                self.trend.add(time.time(), self._rss, allocated)
+                self.trend.add(time.time(), self._rss, allocated, self._steps())
+
+    def _steps(self) -> int | None:
+        try:
+            return self.step_count() if self.step_count is not None else None
+        except Exception:
+            return None
 
     def _fast_cuda(self) -> None:
         if not self._cuda_ready():
@@ -195,6 +203,7 @@ class TelemetryCollector:
             gpus=list(self._gpus),
             host=host,
             unavailable=dict(self.unavailable),
+            steps=self._steps(),
         )
 
     # -- the slow thread -----------------------------------------------------------------------

@@ -21,20 +21,26 @@ class MemoryTrend:
         self._second = -1
         self._low: MemoryLow | None = None
 
-    def add(self, now: float, rss: int, allocated: int = 0) -> None:
-        """A sample at `now` (unix seconds): RSS and allocated CUDA memory (0: none, or unknown)."""
+    def add(self, now: float, rss: int, allocated: int = 0, steps: int | None = None) -> None:
+        """A sample at `now` (unix seconds): RSS and allocated CUDA memory (0: none, or unknown),
+        after `steps` training steps (the step count goes with the second's lowest RSS, or
+        allocated memory where there is some)."""
         second = int(now)
         low = self._low
         if second != self._second:
             if low is not None:
                 self._lows.append(low)
-            self._second, self._low = second, MemoryLow(now, rss, allocated)
+            self._second, self._low = second, MemoryLow(now, rss, allocated, steps)
             return
         assert low is not None
         if 0 < rss < low.rss or low.rss <= 0:
             low.rss = rss
+            if not allocated:
+                low.steps = steps
         if 0 < allocated < low.allocated or low.allocated <= 0:
             low.allocated = allocated
+            if allocated:
+                low.steps = steps
 
     def lows(self) -> list[MemoryLow]:
         """The completed seconds' lows, oldest first."""

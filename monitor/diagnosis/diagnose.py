@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from statistics import mean, median
+from statistics import mean
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding, Growth
+from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
 from torchtop.monitor.diagnosis.flags import FLAG_RULES
+from torchtop.monitor.diagnosis.growth import leak_growth
 from torchtop.monitor.diagnosis.upside import with_upsides
 from torchtop.monitor.diagnosis.verdicts import primary
 from torchtop.monitor.diagnosis.why import why_facts
@@ -29,78 +30,6 @@ def judged_steps(state: RunState) -> list[StepRecord]:
         return recent
     train = [s for s in state.steps if s.kind == "train" and s.i >= warm and not state.why.excluded(s)]
     return train[-int(T["window_steps"]) :]
-
-
-def _growth(samples: list[tuple[float, float]]) -> Growth | None:
-    """The trend of the per-second low points of (time, bytes) samples of memory in use.
-
-    The low point of each second is the memory held between steps; activations come and go
-    within a step and would hide a slow leak in noise. Kendall's tau says how steadily it rises
-    (noise alone gives ~0) and the Theil-Sen slope (the median of the pairwise slopes) how fast:
-    both shrug off the odd outlier that a first-and-last comparison would take at face value.
-    """
-    if len(samples) < 4:
-        return None
-    buckets: dict[int, tuple[float, float]] = {}  # second -> (low, its time)
-    for t, v in samples:
-        if v <= 0:
-            continue
-        k = int(t)
-        if k not in buckets or v < buckets[k][0]:
-            buckets[k] = (float(v), t)
-    series = [buckets[k] for k in sorted(buckets)]
-    n = len(series)
-    if n < 4:
-        return None
-    fit = _theil_sen(series)
-    if fit is None:
-        return None
-    slope, tau = fit
-    recent = _theil_sen(series[-max(4, n // 3) :])
-    span = series[-1][1] - series[0][1]
-    level = median(v - slope * (t - series[0][1]) for v, t in series)  # the line at the start
-    return Growth(level, level + slope * span, span, tau, slope, n, recent[0] if recent else 0.0)
-
-
-def _theil_sen(series: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """(median pairwise slope, Kendall's tau) of (value, time) points in time order."""
-    n = len(series)
-    concordant = 0
-    slopes = []
-    for i in range(n - 1):
-        vi, ti = series[i]
-        for vj, tj in series[i + 1 :]:
-            concordant += (vj > vi) - (vj < vi)
-            if tj > ti:
-                slopes.append((vj - vi) / (tj - ti))
-    if not slopes:
-        return None
-    return median(slopes), concordant / (n * (n - 1) / 2)
-
-
-def _leak_since(state: RunState, step_s: float) -> float | None:
-    """When the run passed `leak_warmup_steps` (estimated from the first step held when that
-    was before it); None while it has not."""
-    warm = int(T["leak_warmup_steps"])
-    if not state.steps:
-        return None
-    first = state.steps[0]
-    if first.i >= warm:
-        return first.t0 - (first.i - warm) * step_s
-    return next((s.t0 for s in state.steps if s.i >= warm), None)
-
-
-def memory_samples(state: RunState, cuda: bool, since: float) -> list[tuple[float, float]]:
-    """(time, bytes) of memory in use over the leak horizon, from `since`: the agent's
-    per-second lows until the live points begin, then the live points."""
-    live = [
-        (p.time, float(p.allocated if cuda else p.rss)) for p in recent_points(state, T["leak_horizon_s"])
-    ]
-    lows = [(m.time, float(m.allocated if cuda else m.rss)) for m in state.memory_lows]
-    end = max(live[-1][0] if live else 0.0, lows[-1][0] if lows else 0.0)
-    start = max(since, end - T["leak_horizon_s"])
-    first_live = live[0][0] if live else float("inf")
-    return [x for x in lows if start <= x[0] < first_live] + [x for x in live if x[0] >= start]
 
 
 def facts(state: RunState, steps: list[StepRecord]) -> Facts:
@@ -141,8 +70,7 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
             f.frag_external, f.frag_free, f.expandable = frag.external, frag.total_free, frag.expandable
     # memory growth is judged over a longer horizon than the verdict, but never over warm-up
     cuda = bool(tel and tel.memory)
-    since = _leak_since(state, f.step_ms / 1000.0)
-    f.growth = _growth(memory_samples(state, cuda, since)) if since is not None else None
+    f.growth = leak_growth(state, cuda, f.step_ms / 1000.0)
     f.growth_what = "allocated CUDA memory" if cuda else "process RSS"
     f.why = why_facts(state, steps, f.gpu_util)
     return f

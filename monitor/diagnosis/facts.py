@@ -49,7 +49,8 @@ THRESHOLDS: dict[str, float] = {
     # process a few tenths of a ms: below this much loading a step more workers win little
     "workers_min_ms": 1.0,
     # memory in use between steps: the per-second low points of allocated CUDA memory, or of the
-    # RSS (read at 10 Hz; the agent keeps ten minutes of lows for monitors that join later)
+    # RSS (read at 10 Hz; the agent keeps ten minutes of lows for monitors that join later),
+    # against the agent's step count (growth.py)
     "leak_horizon_s": 60.0,  # judged over the last minute ...
     "leak_warmup_steps": 50,  # ... past the run's first 50 steps (caches, allocator arenas fill) ...
     "leak_min_span_s": 20.0,  # ... spanning at least 20 s ...
@@ -75,15 +76,17 @@ SEVERITY_RANK: dict[Severity, int] = {"ok": 0, "info": 1, "warning": 2, "critica
 
 
 class Growth(NamedTuple):
-    """The trend of memory in use between steps (per-second low points), robust to noise."""
+    """The trend of memory in use between steps (per-second low points against the step count),
+    robust to noise: growth.py."""
 
     first: float  # fitted level at the start of the span, bytes
     last: float  # ... and at its end
     span_s: float
     trend: float  # Kendall's tau: +1 every later point higher, ~0 noise
-    slope: float  # bytes per second, Theil-Sen (the median of the pairwise slopes)
+    slope: float  # bytes a training step, Theil-Sen (the median of the pairwise slopes)
     points: int
     recent_slope: float = 0.0  # the same over the last third of the points: still rising?
+    span_steps: float = 0.0  # training steps between the first and the last point
 
 
 def worker_busy(cpu: float | None, wait: float | None) -> float | None:

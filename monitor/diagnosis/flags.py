@@ -129,24 +129,24 @@ def flag_dataloader_workers(f: Facts) -> Finding | None:
 
 
 def flag_memory_leak(f: Facts) -> Finding | None:
-    """Memory in use between steps rises steadily (Kendall's tau) over enough seconds and steps,
-    visibly over the span, and fast enough per step to matter: a slow run leaks per step too."""
+    """Memory in use between steps rises steadily with the steps (Kendall's tau) over enough
+    seconds and steps, is still rising at the end, grew visibly, and fast enough per step to
+    matter: a slow run leaks per step too (growth.py)."""
     g = f.growth
-    if g is None or g.first <= 0 or g.span_s < T["leak_min_span_s"] or g.points < T["leak_min_points"]:
+    if g is None or g.first <= 0 or g.points < T["leak_min_points"]:
         return None
-    if g.trend < T["leak_trend"] or g.slope <= 0 or f.step_ms <= 0:
+    if g.span_s < T["leak_min_span_s"] or g.span_steps < T["leak_min_steps"]:
+        return None
+    if g.trend < T["leak_trend"] or g.slope <= 0:
         return None
     if g.recent_slope < T["leak_still"] * g.slope:  # it rose, then settled: caches filling
         return None
-    if g.span_s * 1000.0 / f.step_ms < T["leak_min_steps"]:
-        return None
     seen = (g.last - g.first) / g.first
-    per_step = g.slope * f.step_ms / 1000.0
-    if seen < T["leak_seen"] or per_step * T["leak_steps"] < T["leak_growth"] * g.first:
+    if seen < T["leak_seen"] or g.slope * T["leak_steps"] < T["leak_growth"] * g.first:
         return None
     evidence = (
-        f"{f.growth_what} grew {size(g.first)} -> {size(g.last)} (+{pct(seen, 0)}) in {g.span_s:.0f} s, "
-        f"steadily: about {size(per_step)} a step",
+        f"{f.growth_what} grew {size(g.first)} -> {size(g.last)} (+{pct(seen, 0)}) in {g.span_s:.0f} s "
+        f"and {g.span_steps:.0f} steps, steadily: about {size(g.slope)} a step",
     )
     advice = (
         "look for tensors kept across steps: losses or outputs appended to a list without .item()/.detach()",

@@ -163,9 +163,9 @@ def _fragmentation(f: Facts) -> Upside | None:
 
 def _memory_leak(f: Facts) -> Upside | None:
     g = f.growth
-    if g is None or g.slope <= 0:
+    if g is None or g.span_s <= 0 or g.last <= g.first:
         return None
-    last, rate = g.last, g.slope * 60
+    last, rate = g.last, (g.last - g.first) / g.span_s * 60
     text = f"stops a growth of {size(rate)} a minute"
     if f.mem_total > 0 and "CUDA" in f.growth_what:
         left = max(0, f.mem_total - last)

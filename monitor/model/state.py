@@ -63,6 +63,7 @@ class Point(NamedTuple):
     gpu_util: float | None  # NVML percent
     proc_cpu: float | None  # training process CPU percent
     rss: int  # training process resident memory, 0 when unknown
+    steps: int | None = None  # training steps the agent had cut when it sampled these
 
 
 @dataclass
@@ -175,6 +176,7 @@ class RunState:
                 g.util_gpu if g else None,
                 h.proc_cpu if h else None,
                 h.proc_rss if h else 0,
+                telemetry.steps,
             )
         )
         for m in telemetry.memory:
