@@ -79,6 +79,8 @@ def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     if f.shares.get("data", 0.0) >= T["input_moderate"] or f.shares.get("h2d", 0.0) >= T["input_moderate"]:
         return None
+    if f.shares.get("other", 0.0) >= T["input_high"]:
+        return None  # the host's time is outside the phases that launch kernels: not launch overhead
     low = T["gpu_util_low"] / scale if scale < 1 else T["gpu_util_low"]
     if f.gpu_util >= low:
         return None
