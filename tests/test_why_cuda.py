@@ -98,8 +98,8 @@ class Feed:
     """A monitor on the agent in this process, applying what it receives to a RunState."""
 
     def __init__(self, agent: Any) -> None:
-        from torchtop.monitor.link.client import AgentClient
         from tests.agent_util import endpoint_for
+        from torchtop.monitor.link.client import AgentClient
         from torchtop.monitor.model.state import RunState
 
         self.client = AgentClient(endpoint_for(agent))
