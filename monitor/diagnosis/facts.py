@@ -64,6 +64,7 @@ THRESHOLDS: dict[str, float] = {
     # why.py: stack samples and sync windows (docs/why.md)
     "min_stack_samples": 20,  # fewer samples in the judged steps: no sync or host-code finding
     "min_phase_samples": 8,  # fewer in a phase: its sites are not named
+    "gpu_bound_busy": 0.90,  # kernels fill this share of the device step: waiting on them is no stall
     "sync_flag": 0.05,  # time blocked on the device, share of the step: a flag (info) ...
     # ... and a verdict from input_high (warning) and input_severe (critical); so is host-code:
     # time in user code outside the measured phases, not blocked on the device

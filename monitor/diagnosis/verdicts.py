@@ -196,7 +196,9 @@ def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     if f.shares.get("data", 0.0) >= T["input_moderate"] or f.shares.get("h2d", 0.0) >= T["input_moderate"]:
         return None
-    if outside_dominates(f):  # the GPU idles because of host work outside the phases: rule_outside
+    if f.shares.get("other", 0.0) >= T["input_high"]:
+        # the host's time is outside the phases that launch kernels: not launch overhead (where it
+        # dominates, rule_outside says so; host-code names it where stack samples do)
         return None
     low = T["gpu_util_low"] / scale if scale < 1 else T["gpu_util_low"]
     if f.gpu_util >= low:
