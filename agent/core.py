@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract import discovery, wire
-from torchtop.agent.warn import warn
+from torchtop.agent.warn import notice, warn
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -309,11 +309,10 @@ def start(
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")
                 return None
-            if not os.environ.get("TORCHTOP_QUIET"):
-                warn(
-                    f"agent on {_agent.sockets.address} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}"
-                    + (f"; recording to {_agent.recorder.directory}" if _agent.recorder is not None else "")
-                )
+            notice(
+                f"agent on {_agent.sockets.address} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}"
+                + (f"; recording to {_agent.recorder.directory}" if _agent.recorder is not None else "")
+            )
             return _agent
     except Exception as exc:  # never into training
         warn(f"agent failed to start ({type(exc).__name__}: {exc}); training continues without it")

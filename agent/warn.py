@@ -3,6 +3,7 @@ torch's warnings about its own doings out of the user's output without leaving a
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -14,6 +15,13 @@ def warn(message: str) -> None:
         print(f"torchtop: {message}", file=sys.stderr, flush=True)
     except Exception:
         pass
+
+
+def notice(message: str) -> None:
+    """What the agent is about to do (where it listens, a one-off measurement): `warn`, unless the
+    user asked for quiet (TORCHTOP_QUIET). Problems always use `warn`."""
+    if not os.environ.get("TORCHTOP_QUIET"):
+        warn(message)
 
 
 def ignore_warning(message: str = "", module: str = "") -> Callable[[], None]:

@@ -286,3 +286,19 @@ def test_ignore_warning_removes_its_own_filter_and_no_other() -> None:
         assert warnings.filters == [users, *before]
     finally:
         warnings.filters[:] = before
+
+
+def test_notices_are_quiet_when_asked_and_problems_are_not(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the agent is about to do (where it listens, a FLOP count, a sync window) respects
+    TORCHTOP_QUIET; a problem is always said."""
+    from torchtop.agent.warn import notice, warn
+
+    monkeypatch.setenv("TORCHTOP_QUIET", "1")
+    notice("counting the model's FLOPs")
+    warn("cannot write the discovery file")
+    assert capsys.readouterr().err.splitlines() == ["torchtop: cannot write the discovery file"]
+    monkeypatch.delenv("TORCHTOP_QUIET")
+    notice("counting the model's FLOPs")
+    assert capsys.readouterr().err.splitlines() == ["torchtop: counting the model's FLOPs"]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.wire import FlopInfo, SyncInfo, Why
 from torchtop.agent.telemetry.stacks import StackSampler, classifier_for, sampler_rate
-from torchtop.agent.warn import warn
+from torchtop.agent.warn import notice
 
 if TYPE_CHECKING:
     from torchtop.agent.cuda_use import CudaUse
@@ -147,7 +147,7 @@ class WhyCollector:
             return
         if not self._announced:
             self._announced = True
-            warn(
+            notice(
                 f"finding the calls that wait for the GPU: {WINDOW_S:g} s with "
                 "torch.cuda.set_sync_debug_mode('warn') (its warnings are taken, not printed), "
                 f"again every {WINDOW_EVERY_S:g} s while a monitor watches; TORCHTOP_SYNC_CHECK=0 turns it off"
@@ -188,7 +188,7 @@ class WhyCollector:
         self.flops = FlopInfo(state="counting", peak_tflops=f.peak_tflops)
         if self._flop_step_announced is False:
             self._flop_step_announced = True
-            warn(
+            notice(
                 "counting the model's FLOPs over one step with torch.utils.flop_counter (that step runs "
                 "slower and is left out of the figures); TORCHTOP_FLOPS=0 turns it off"
             )
