@@ -6,7 +6,9 @@
   while no root forward is open) during the first steps and removes itself; from then on the
   roots' class `forward` is wrapped (nn.Module keeps its fast call path). Global hooks on every
   module would cost ~1.7 us per module call; instance hooks force the slow path on the root.
-- backward: wraps `torch.autograd.backward` (which `Tensor.backward` calls) and `autograd.grad`.
+- backward: wraps `torch.autograd.backward` (which `Tensor.backward` calls) and `autograd.grad`;
+  in a distributed run a timed backward also logs where its compute ends (`collectives.py`).
+- collectives: torch.distributed's blocking collectives are the `comm` phase (`collectives.py`).
 - optimizer: a wrapper inside torch's own step wrapper, between the step hooks
   (`hooks_optimizer.py`); a step ends after the last optimizer of an iteration has stepped.
 - h2d (only where CUDA exists): `Tensor.to`, `Tensor.cuda`, `Tensor.copy_` from a CPU tensor to a
@@ -260,8 +262,12 @@ class AutoHooks:
 
     # -- backward ------------------------------------------------------------------------------
     def _patch_backward(self) -> None:
+        from torchtop.agent.hooks.collectives import BackwardWait, patch_collectives, timed_backward
+
         autograd = self.torch.autograd
-        self._setattr(autograd, "backward", timed(self.probe, BACKWARD, autograd.backward))
+        wait = BackwardWait(self.probe, self.torch)
+        self._setattr(autograd, "backward", timed_backward(self.probe, autograd.backward, wait.arm))
+        patch_collectives(self.probe, self.torch, self._setattr)
         # a gradient penalty's autograd.grad is backward time, not another micro-batch
         self._setattr(autograd, "grad", timed(self.probe, BACKWARD, autograd.grad, enter=GRAD))
 

@@ -127,6 +127,7 @@ class Probe:
         "phase_every",
         "_hk_ns",
         "_hk_steps",
+        "comm",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
@@ -163,6 +164,9 @@ class Probe:
         self.phase_every = 0
         self._hk_ns = 0
         self._hk_steps = 0
+        # a process group of several ranks is in use (set by the agent thread): timed backwards
+        # log where their compute ends, so the rest is collective wait (hooks/collectives.py)
+        self.comm = False
         if thread_id is None:
             _current.set(self)
 
@@ -183,6 +187,7 @@ class Probe:
         self.tid = 0  # no thread has ident 0
         self.on_step = None
         self.event_step = False
+        self.comm = False
         self.put = self._append = _discard
         self.untimed = 0
         self.plan = _NoneTimed()  # type: ignore[assignment]

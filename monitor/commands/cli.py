@@ -20,7 +20,7 @@ def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from torchtop.monitor.link.targets import TargetError, describe, local_agents
+    from torchtop.monitor.link.targets import TargetError, local_agents
 
     try:
         agents = local_agents() if not getattr(args, "target", None) else _remote_agents(args)
@@ -32,8 +32,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not agents:
         print(f"no torchtop agents running on {args.target or 'this machine'}")
         return 0
-    for info in agents:
-        print(describe(info))
+    from torchtop.monitor.commands.job import ls_lines
+
+    for line in ls_lines(agents):
+        print(line)
     return 0
 
 
@@ -74,6 +76,7 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from torchtop.monitor.commands.job import job_targets
     from torchtop.monitor.diagnosis.report import build_report
     from torchtop.monitor.link.client import AgentUnreachable
     from torchtop.monitor.link.remote import open_target, target_options
@@ -81,7 +84,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0:
         return _fail("--seconds must be positive")
+    args.target = args.targets[0] if args.targets else None
     try:
+        targets = job_targets(args)
+        if targets is not None:
+            return _report_job(args, targets)
         with open_target(args.target, **target_options(args)) as endpoint:
             state = collect(endpoint, args.seconds, history=args.history)
     except (TargetError, AgentUnreachable) as exc:
@@ -92,11 +99,43 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
+    """`report` over every rank of a job: one JSON object with a `ranks` list."""
+    from torchtop.agent.contract.wire import SNAPSHOT_MAX_STEPS
+    from torchtop.monitor.commands.job import collect_job
+    from torchtop.monitor.diagnosis.job import build_job_report
+    from torchtop.monitor.link.job import JobLink
+    from torchtop.monitor.link.job_targets import open_job
+    from torchtop.monitor.model.job import JobState
+
+    with open_job(targets, args.job, args.ssh_option) as plan:
+        link = JobLink(plan.endpoints, snapshot_steps=SNAPSHOT_MAX_STEPS if args.history else 0)
+        job = JobState(plan.job_id)
+        for line in plan.notes:
+            job.note(line)
+        try:
+            collect_job(link, job, args.seconds)
+        finally:
+            link.close()
+        label = ", ".join(targets) or "this machine"
+    window = float("inf") if args.history else args.seconds
+    report = build_job_report(job, args.seconds, label, window, time.monotonic(), args.baseline_ms)
+    print(json.dumps(report, indent=2 if args.pretty else None))
+    return 0
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
+    from torchtop.monitor.commands.job import job_targets
     from torchtop.monitor.link.remote import open_target, target_options
     from torchtop.monitor.link.targets import TargetError, local_agents, no_agent_message
 
+    args.target = args.targets[0] if args.targets else None
     try:
+        targets = job_targets(args)
+        if targets is not None:
+            from torchtop.monitor.tui.job_app import run_job_tui
+
+            return run_job_tui(targets, args.job, args.ssh_option, args.baseline_ms)
         if args.target:
             from torchtop.monitor.tui.app import run_tui
 
@@ -134,22 +173,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssh-option", metavar="OPT", action="append", default=[], help="extra ssh -o option")
     p.set_defaults(func=cmd_ls)
 
-    p = sub.add_parser("attach", help="open the live TUI on a run")
+    from torchtop.monitor.commands import job as job_cli
+
+    p = sub.add_parser("attach", help="open the live TUI on a run, or on every rank of a job")
     p.add_argument(
-        "target",
-        nargs="?",
-        help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent)",
+        "targets",
+        nargs="*",
+        metavar="target",
+        help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent, "
+        "or the local job); several, or ssh hosts running a job: the job view",
     )
     remote.add_arguments(p)
+    job_cli.add_arguments(p)
     p.set_defaults(func=cmd_attach)
 
-    p = sub.add_parser("report", help="collect S seconds and print one JSON report")
+    p = sub.add_parser("report", help="collect S seconds and print one JSON report (of a job: every rank)")
     p.add_argument(
-        "target",
-        nargs="?",
-        help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent)",
+        "targets",
+        nargs="*",
+        metavar="target",
+        help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent, "
+        "or the local job); several, or ssh hosts running a job: a job report",
     )
     remote.add_arguments(p)
+    job_cli.add_arguments(p)
     p.add_argument("--seconds", type=float, default=10.0, help="how long to collect (default 10)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.add_argument(

@@ -34,6 +34,13 @@ THRESHOLDS: dict[str, float] = {
     "leak_min_span_s": 10.0,  # ... measured over at least this long ...
     "leak_horizon_s": 60.0,
     "leak_monotonic": 0.7,  # ... with at least 70% of the changes upward
+    # a job's straggler (straggler.py): the other ranks' median extra collective wait a step,
+    # as a share of the step (TraceML's straggler score bands: 0.10 warning, 0.20 critical)
+    "straggler_info": 0.05,
+    "straggler_warning": 0.10,
+    "straggler_critical": 0.20,
+    "straggler_min_ms": 0.2,  # ... and at least this long (sub-ms jitter on fast steps is noise)
+    "straggler_explained": 0.3,  # its slowest phase's excess explains at least this share of the wait
 }
 T = THRESHOLDS
 SEVERITY_RANK = {"ok": 0, "info": 1, "warning": 2, "critical": 3}

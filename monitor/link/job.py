@@ -1,0 +1,173 @@
+"""The monitor's link to every rank of a job: one AgentClient per agent, one poll over them all.
+
+`JobLink.poll(timeout)` returns what happened since the last call as `Event`s keyed by the
+member (its endpoint's label): hellos, snapshots (the history before we joined), batches, and
+errors (`lost` once a member that had answered stops). Hellos and snapshots run on a small
+thread pool, so 64 ranks, some dead, connect in a second or two rather than one after another;
+while a member's hello or snapshot is in flight its stream is not read (its client is used by
+one thread at a time, and its batches wait in the socket). The streams of connected members are
+read with one zmq poll. Synchronous on purpose: the TUI runs it in a worker thread, `report`
+directly. No textual, no torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+import zmq
+
+from torchtop.agent.contract import wire
+from torchtop.monitor.link.client import AgentClient, AgentUnreachable, Received
+from torchtop.monitor.link.targets import Endpoint
+from torchtop.monitor.model.steps import StepRecord
+
+HELLO_TIMEOUT_S = 1.0
+SNAPSHOT_TIMEOUT_S = 3.0
+RETRY_PAUSE_S = 1.0  # between hellos to a member that does not answer
+SILENT_AFTER_S = 3.0  # no batch this long: say hello again (no answer: gone)
+POOL = 16
+
+EventKind = Literal["hello", "snapshot", "batches", "error", "reply"]
+
+
+class Event(NamedTuple):
+    key: str
+    kind: EventKind
+    hello: wire.Hello | None = None
+    steps: list[StepRecord] = []
+    seq: int = -1
+    batches: list[Received] = []
+    error: str = ""
+    lost: bool = False  # the member had answered before: it is gone
+    cmd: str = ""
+    reply: wire.Reply | None = None
+
+
+@dataclass
+class _Member:
+    endpoint: Endpoint
+    client: AgentClient
+    connected: bool = False
+    ever: bool = False
+    connecting: Future[list[Event]] | None = None  # hello + snapshot in flight: its stream waits
+    asking: Future[list[Event]] | None = None  # a request in flight (the stream is read meanwhile)
+    next_try: float = 0.0
+    last_batch: float = field(default_factory=time.monotonic)
+    bad_seen: int = 0
+
+
+class JobLink:
+    """Every member's client; `snapshot_steps` 0 skips the history on connect."""
+
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        client_factory: Callable[[Endpoint], AgentClient] = AgentClient,
+        snapshot_steps: int = 2_000,
+    ) -> None:
+        self.snapshot_steps = snapshot_steps
+        self.members: dict[str, _Member] = {}
+        for ep in endpoints:
+            self.members[str(ep)] = _Member(ep, client_factory(ep))
+        self._pool = ThreadPoolExecutor(
+            max_workers=min(POOL, max(1, len(endpoints))), thread_name_prefix="torchtop-job"
+        )
+        self._requests: list[tuple[str, str, dict[str, Any]]] = []
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for m in self.members.values():
+            m.client.close()
+
+    # -- connecting ----------------------------------------------------------------------------
+    def _connect(self, key: str, m: _Member) -> list[Event]:
+        """Pool thread: hello, then the history; events for the loop to hand up."""
+        try:
+            hello = m.client.hello(timeout=HELLO_TIMEOUT_S)
+        except AgentUnreachable as exc:
+            return [Event(key, "error", error=str(exc), lost=m.ever)]
+        out = [Event(key, "hello", hello=hello)]
+        if self.snapshot_steps:
+            try:
+                reply, steps = m.client.snapshot(self.snapshot_steps, timeout=SNAPSHOT_TIMEOUT_S)
+                if reply.ok:
+                    out.append(Event(key, "snapshot", steps=steps, seq=reply.seq))
+            except AgentUnreachable:
+                pass  # live batches still come; only the history before we joined is missing
+        return out
+
+    def _request(self, key: str, m: _Member, cmd: str, args: dict[str, Any]) -> list[Event]:
+        try:
+            return [Event(key, "reply", cmd=cmd, reply=m.client.request(cmd, args, timeout=2.0))]
+        except AgentUnreachable as exc:
+            return [Event(key, "reply", cmd=cmd, error=str(exc))]
+
+    def request(self, cmd: str, args: dict[str, Any], keys: list[str] | None = None) -> None:
+        """Queue a request to the given members (default: all); answers come as `reply` events."""
+        for key in keys if keys is not None else list(self.members):
+            self._requests.append((key, cmd, args))
+
+    def _collect(self, now: float) -> list[Event]:
+        out: list[Event] = []
+        for key, m in self.members.items():
+            if m.connecting is not None and m.connecting.done():
+                events = m.connecting.result()
+                m.connecting = None
+                if events and events[0].kind == "hello":
+                    m.connected = m.ever = True
+                    m.last_batch = now
+                else:
+                    m.next_try = now + RETRY_PAUSE_S
+                out.extend(events)
+            if m.asking is not None and m.asking.done():
+                out.extend(m.asking.result())
+                m.asking = None
+            if m.connecting is None and m.asking is None and not m.connected and now >= m.next_try:
+                m.connecting = self._pool.submit(self._connect, key, m)
+        pending, self._requests = self._requests, []
+        for key, cmd, args in pending:
+            m = self.members.get(key)
+            if m is None:
+                continue
+            if not m.connected:
+                out.append(Event(key, "reply", cmd=cmd, error="not connected to this rank"))
+            elif m.asking is not None or m.connecting is not None:
+                self._requests.append((key, cmd, args))  # after the one in flight
+            else:
+                m.asking = self._pool.submit(self._request, key, m, cmd, args)
+        return out
+
+    # -- the streams ---------------------------------------------------------------------------
+    def poll(self, timeout: float) -> list[Event]:
+        """What happened since the last call; waits up to `timeout` for batches."""
+        out = self._collect(time.monotonic())
+        poller = zmq.Poller()
+        reading: dict[Any, str] = {}
+        for key, m in self.members.items():
+            if m.connected and m.connecting is None:
+                poller.register(m.client.sub, zmq.POLLIN)
+                reading[m.client.sub] = key
+        if reading:
+            ready = dict(poller.poll(int(timeout * 1000)))
+        else:
+            ready = {}
+            time.sleep(min(timeout, 0.05))
+        now = time.monotonic()
+        for sock, key in reading.items():
+            m = self.members[key]
+            got = m.client.recv_batches(0) if sock in ready else []
+            if got or m.client.bad_frames != m.bad_seen:
+                m.bad_seen = m.client.bad_frames
+                out.append(Event(key, "batches", batches=got, error=m.client.last_error))
+            if got:
+                m.last_batch = now
+            elif now - m.last_batch > SILENT_AFTER_S and m.asking is None:
+                m.connected = False  # silent: hello again; no answer means gone
+        return out
+
+    def bad_frames(self) -> int:
+        return sum(m.client.bad_frames for m in self.members.values())
