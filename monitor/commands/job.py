@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from torchtop.monitor.link.job import JobLink
+from torchtop.monitor.link.job import JobLink, apply_events
 from torchtop.monitor.link.job_targets import describe_job, group_by_job
 from torchtop.monitor.model.job import JobState
 
@@ -88,26 +87,6 @@ def collect_job(link: JobLink, job: JobState, seconds: float, connect_s: float =
         if started is not None and now - started >= seconds:
             return job
         apply_events(job, link.poll(0.2), time.monotonic())
-
-
-def apply_events(job: JobState, events: Sequence[Any], now: float) -> None:
-    """The link's events into the job's state (the TUI's worker posts the same to the app)."""
-    for ev in events:
-        if ev.kind == "hello" and ev.hello is not None:
-            job.apply_hello(ev.key, ev.hello)
-        elif ev.kind == "snapshot":
-            job.apply_snapshot(ev.key, ev.steps, ev.seq)
-        elif ev.kind == "batches":
-            for got in ev.batches:
-                job.apply_batch(ev.key, got.batch, got.steps, now, got.log_errors)
-            if ev.error:
-                job.member(ev.key).state.last_error = ev.error
-        elif ev.kind == "error":
-            m = job.member(ev.key)
-            if ev.lost:
-                job.lost(ev.key, ev.error)
-            elif m.hello is None:
-                m.error = ev.error
 
 
 def ls_lines(agents: list[dict[str, Any]]) -> list[str]:

@@ -132,9 +132,9 @@ def straggler_finding(s: Straggler) -> Finding:
         what = f"rank {s.rank} is late to every collective, though none of its measured phases is longer"
     evidence = (
         what,
-        f"the other {s.waiting} rank{'s' if s.waiting != 1 else ''} wait {s.wait_ms:.1f} ms a step in "
-        f"collectives ({_pct(s.share)} of the {s.step_ms:.1f} ms step): the job runs {s.slowdown:.2g}x "
-        "slower than at the pace of its other ranks",
+        f"the other {s.waiting} rank{'s' if s.waiting != 1 else ''} wait {s.wait_ms:.1f} ms a step for it in "
+        f"collectives: {_pct(s.share)} of the {s.step_ms:.1f} ms step",
+        f"the job runs {s.slowdown:.2g}x slower than at the pace of its other ranks",
     )
     advice = ADVICE.get(s.phase, ("compare its host and GPU (GPU · Host tab) with the others'",))
     return Finding("straggler", s.severity, s.share, evidence, advice)

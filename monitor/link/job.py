@@ -23,6 +23,7 @@ import zmq
 from torchtop.agent.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable, Received
 from torchtop.monitor.link.targets import Endpoint
+from torchtop.monitor.model.job import JobState
 from torchtop.monitor.model.steps import StepRecord
 
 HELLO_TIMEOUT_S = 1.0
@@ -45,6 +46,7 @@ class Event(NamedTuple):
     lost: bool = False  # the member had answered before: it is gone
     cmd: str = ""
     reply: wire.Reply | None = None
+    bad_frames: int = 0  # the member's client's count so far
 
 
 @dataclass
@@ -162,7 +164,11 @@ class JobLink:
             got = m.client.recv_batches(0) if sock in ready else []
             if got or m.client.bad_frames != m.bad_seen:
                 m.bad_seen = m.client.bad_frames
-                out.append(Event(key, "batches", batches=got, error=m.client.last_error))
+                out.append(
+                    Event(
+                        key, "batches", batches=got, error=m.client.last_error, bad_frames=m.client.bad_frames
+                    )
+                )
             if got:
                 m.last_batch = now
             elif now - m.last_batch > SILENT_AFTER_S and m.asking is None:
@@ -171,3 +177,24 @@ class JobLink:
 
     def bad_frames(self) -> int:
         return sum(m.client.bad_frames for m in self.members.values())
+
+
+def apply_events(job: JobState, events: list[Event], now: float) -> None:
+    """The link's events into the job's state (the report's loop and the TUI's app both)."""
+    for ev in events:
+        if ev.kind == "hello" and ev.hello is not None:
+            job.apply_hello(ev.key, ev.hello)
+        elif ev.kind == "snapshot":
+            job.apply_snapshot(ev.key, ev.steps, ev.seq)
+        elif ev.kind == "batches":
+            for got in ev.batches:
+                job.apply_batch(ev.key, got.batch, got.steps, now, got.log_errors)
+            m = job.member(ev.key)
+            m.state.bad_frames = max(m.state.bad_frames, ev.bad_frames)
+            if ev.error:
+                m.state.last_error = ev.error
+        elif ev.kind == "error":
+            if ev.lost:
+                job.lost(ev.key, ev.error)
+            elif job.member(ev.key).hello is None:
+                job.member(ev.key).error = ev.error

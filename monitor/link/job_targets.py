@@ -72,6 +72,12 @@ def ranks_text(ranks: list[int]) -> str:
     return ",".join(out)
 
 
+def short_job_id(job_id: str, keep: int = 8) -> str:
+    """A torchelastic uuid cut short, the rendezvous address kept: 97ac7439…@node1:29500."""
+    head, at, tail = job_id.partition("@")
+    return (head[:keep] + "…" if len(head) > keep + 2 else head) + at + tail
+
+
 def describe_job(g: JobGroup) -> str:
     first = g.agents[0]
     world = max(int(a.get("world_size", 1)) for a in g.agents)

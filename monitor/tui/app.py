@@ -150,9 +150,21 @@ class TorchtopApp(App[int]):
             queue.SimpleQueue()
         )  # to the feed worker
 
+    FIRST_TAB = "overview"
+
+    def compose_bar(self) -> ComposeResult:
+        """A line under the header (the job view's focus bar); none for one agent."""
+        yield from ()
+
+    def compose_first_tabs(self) -> ComposeResult:
+        """Tabs before Overview (the job view's Ranks tab); none for one agent."""
+        yield from ()
+
     def compose(self) -> ComposeResult:
         yield self.header
-        with TabbedContent(initial="overview", id="tabs"):
+        yield from self.compose_bar()
+        with TabbedContent(initial=self.FIRST_TAB, id="tabs"):
+            yield from self.compose_first_tabs()
             with TabPane("Overview", id="overview"), VerticalScroll(id="overview-scroll"):
                 yield self.step_panel
                 yield self.verdict_panel
@@ -293,11 +305,15 @@ class TorchtopApp(App[int]):
         skipped, evals = step_counts(steps, state.window(WINDOW_S, kind="eval"))
         self.step_panel.evals = evals
         self.step_panel.skipped = skipped
-        self.diagnosis = diagnose(state, self.diagnosis)
+        self.diagnosis = self.judge(state)
         self.verdict_panel.diagnosis = self.diagnosis
         self.marks_panel.rows = mark_rows(state.steps)
         self._refresh_telemetry()
         self._refresh_status()
+
+    def judge(self, state: RunState) -> Diagnosis:
+        """The verdict panel's diagnosis of `state` (the previous one gives hysteresis)."""
+        return diagnose(state, self.diagnosis)
 
     def _refresh_telemetry(self) -> None:
         """The latest samples into the memory, GPU and host panels (the plot only while shown)."""

@@ -15,7 +15,7 @@ from torchtop.monitor.model import fmt
 
 
 def _connection_style(connection: str) -> str:
-    if connection == "connected":
+    if connection.startswith("connected"):
         return "bold green"
     if connection.startswith("agent gone"):
         return "bold red"

@@ -31,6 +31,8 @@ VERDICT_WORDS: dict[str, tuple[str, str]] = {
     "transfer": ("Transfer bound", "host-to-device copies take a large share of each step"),
     "compute": ("Compute bound", "the model's own work fills the step: the healthy case"),
     "host-overhead": ("Host-overhead bound", "the GPU idles while Python launches kernels"),
+    "straggler": ("Straggler", "one rank holds every other rank back"),
+    "communication": ("Communication bound", "every rank waits in collectives its compute does not hide"),
     "unknown": ("Warming up", "not judged yet"),
 }
 

@@ -1,0 +1,307 @@
+"""`torchtop attach` on a job: every rank in one view.
+
+The Ranks tab shows each rank against the median rank (widgets/ranks_panel.py), the job's
+verdict (the straggler, with its reason and cost) and its scaling. The existing tabs show the job
+as a whole (its aggregate steps: the mean rank) or one rank: `j` the job, `[` `]` the previous or
+next rank, `s` the slowest, or a click on a rank's line. Built on TorchtopApp: the same panels
+read `self.state`, which is the aggregate's RunState or the focused rank's.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Static, TabPane
+from textual.worker import get_current_worker
+
+from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, window_end
+from torchtop.monitor.diagnosis.straggler import Straggler, scaling
+from torchtop.monitor.link.job import JobLink, apply_events
+from torchtop.monitor.link.job_targets import JobPlan, ranks_text, short_job_id
+from torchtop.monitor.model import fmt
+from torchtop.monitor.model.job import JobState, Member
+from torchtop.monitor.model.ranks_view import ranks_view
+from torchtop.monitor.model.state import RunState
+from torchtop.monitor.tui.app import TorchtopApp
+from torchtop.monitor.tui.job_feed import JobEvents, JobFeedError, JobRequest, run_job_feed
+from torchtop.monitor.tui.widgets.ranks_panel import RanksPanel
+from torchtop.monitor.tui.widgets.verdict_panel import SEVERITY_STYLES
+
+if TYPE_CHECKING:
+    from torchtop.monitor.link.targets import Endpoint
+
+
+def focus_text(job: JobState, focus: Member | None) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    ranked = job.ranked()
+    nodes = sorted({m.node for m in ranked})
+    text.append(" showing ", style="dim")
+    if focus is None:
+        text.append("the job (mean of its ranks)", style="bold reverse cyan")
+    else:
+        pid = focus.hello.pid if focus.hello else "?"
+        text.append(f"rank {focus.rank} (pid {pid} on {focus.node})", style="bold reverse cyan")
+    text.append(
+        f"  of {len(ranked)} ranks ({ranks_text([m.rank for m in ranked])}) on {len(nodes)} node", style="dim"
+    )
+    text.append("s" if len(nodes) != 1 else "", style="dim")
+    text.append("   j job · [ ] rank · s slowest · click a rank", style="dim")
+    return text
+
+
+class JobApp(TorchtopApp):
+    """The dashboard over a job; `feed=False` starts no worker (tests post JobEvents)."""
+
+    FIRST_TAB = "ranks"
+    BINDINGS = [
+        *TorchtopApp.BINDINGS,
+        Binding("0", "tab('ranks')", "Ranks", show=False),
+        Binding("j", "show_job", "Job"),
+        Binding("left_square_bracket", "rank(-1)", "Rank -", show=False),
+        Binding("right_square_bracket", "rank(1)", "Rank +", show=False),
+        Binding("s", "slowest", "Slowest"),
+    ]
+
+    def __init__(
+        self,
+        plan: JobPlan | None = None,
+        *,
+        feed: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        log_path: Path | None = None,
+        baseline_ms: float | None = None,
+    ) -> None:
+        super().__init__(None, None, feed=feed, clock=clock, log_path=log_path)
+        self.plan = plan or JobPlan([])
+        self.job = JobState(self.plan.job_id)
+        for line in self.plan.notes:
+            self.job.note(line)
+        self.baseline_ms = baseline_ms
+        self.shown_key: str | None = None  # a member's key; None: the job's aggregate
+        self.state = self.job.job
+        self.straggler: Straggler | None = None
+        self.job_diagnosis: Diagnosis | None = None
+        self.ranks_panel = RanksPanel(id="ranks-panel")
+        self.focus_bar = Static(id="focus-bar")
+        self.job_requests: queue.SimpleQueue[JobRequest] = queue.SimpleQueue()
+
+    # -- layout --------------------------------------------------------------------------------
+    def compose_bar(self) -> ComposeResult:
+        yield self.focus_bar
+
+    def compose_first_tabs(self) -> ComposeResult:
+        with TabPane("Ranks", id="ranks"), VerticalScroll(id="ranks-scroll"):
+            yield self.ranks_panel
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.ranks_panel.border_title = "ranks"
+        self.header.target = "waiting for the job's ranks"
+        if self.feed_enabled and self.plan.endpoints:
+            self._job_feed(self.plan.endpoints)
+
+    @work(thread=True, exclusive=True, group="job-feed")
+    def _job_feed(self, endpoints: list[Endpoint]) -> None:
+        worker = get_current_worker()
+        run_job_feed(JobLink(endpoints), self.post_message, lambda: worker.is_cancelled, self.job_requests)
+
+    # -- messages up ---------------------------------------------------------------------------
+    def on_job_events(self, message: JobEvents) -> None:
+        apply_events(self.job, message.events, self.clock())
+        for ev in message.events:
+            if ev.kind == "reply":
+                self._reply(ev.key, ev.cmd, ev.reply, ev.error)
+        self._dirty = True
+
+    def on_job_feed_error(self, message: JobFeedError) -> None:
+        self.feed_error = message.error
+
+    def _reply(self, key: str, cmd: str, reply: Any, error: str) -> None:
+        m = self.job.members.get(key)
+        who = f"rank {m.rank}" if m is not None else key
+        if reply is None:
+            self.notify(f"{who}: {error}", title=f"{cmd}: no answer", severity="error", timeout=8)
+        elif not reply.ok:
+            self.notify(f"{who}: {reply.error}", title=f"{cmd} refused", severity="warning", timeout=8)
+
+    def on_ranks_panel_chosen(self, message: RanksPanel.Chosen) -> None:
+        self.show_member(message.key)
+        self.action_tab("overview")
+
+    # -- focus ---------------------------------------------------------------------------------
+    def shown_member(self) -> Member | None:
+        return self.job.members.get(self.shown_key) if self.shown_key is not None else None
+
+    def show_member(self, key: str | None) -> None:
+        """Show the job's aggregate (None) or one member in the panels."""
+        self.shown_key = key if key is None or key in self.job.members else None
+        m = self.shown_member()
+        self.state = m.state if m is not None else self.job.job
+        self.diagnosis = None  # hysteresis is per thing shown
+        self.refresh_panels()
+
+    def action_show_job(self) -> None:
+        self.show_member(None)
+
+    def action_rank(self, step: int) -> None:
+        ranked = self.job.ranked()
+        if not ranked:
+            return
+        keys = [m.key for m in ranked]
+        if self.shown_key not in keys:
+            self.show_member(keys[0] if step > 0 else keys[-1])
+        else:
+            self.show_member(keys[(keys.index(self.shown_key) + step) % len(keys)])
+
+    def action_slowest(self) -> None:
+        rank = self.straggler.rank if self.straggler is not None else None
+        if rank is None:
+            times = rank_times(self.job)
+            rank = max(times, key=lambda r: times[r].busy_ms) if times else None
+        m = next((m for m in self.job.ranked() if m.rank == rank), None)
+        if m is not None:
+            self.show_member(m.key)
+
+    # -- attributes down -----------------------------------------------------------------------
+    def judge(self, state: RunState) -> Diagnosis:
+        if self.shown_key is None:
+            return self.job_diagnosis or diagnose(state, self.diagnosis)
+        return diagnose(state, self.diagnosis)
+
+    def refresh_panels(self) -> None:
+        job = self.job
+        self._aggregate_telemetry()
+        self.job_diagnosis, self.straggler = diagnose_job(job, self.job_diagnosis)
+        super().refresh_panels()
+        m = self.shown_member()
+        if m is None:
+            self.header.hello = None
+            ranked = job.ranked()
+            device = job.job.hello.device if job.job.hello else "?"
+            self.header.target = f"job {short_job_id(job.job_id) or '?'} · {len(ranked)} ranks · {device}"
+        self.focus_bar.update(focus_text(job, m))
+        now = self.clock()
+        self.ranks_panel.view = ranks_view(job, WINDOW_S, window_end(job), now)
+        self.ranks_panel.head = self._head()
+        self.ranks_panel.border_title = f"ranks · last {WINDOW_S:.0f} s"
+
+    def _aggregate_telemetry(self) -> None:
+        """The aggregate's memory/GPU/host panels show the rank using the most memory."""
+        ranked = [m for m in self.job.ranked() if m.state.telemetry is not None]
+        if not ranked:
+            return
+
+        def used(m: Member) -> int:
+            tel = m.state.telemetry
+            assert tel is not None
+            if tel.memory:
+                return tel.memory[0].reserved
+            return tel.host.proc_rss if tel.host is not None else 0
+
+        top = max(ranked, key=used)
+        agg = self.job.job
+        agg.telemetry, agg.points, agg.peak_window = (
+            top.state.telemetry,
+            top.state.points,
+            top.state.peak_window,
+        )
+
+    def _head(self) -> list[Text]:
+        job = self.job
+        head: list[Text] = []
+        times = rank_times(job)
+        scale = scaling(times, self.baseline_ms)
+        line = Text(no_wrap=True, overflow="ellipsis")
+        if scale is not None:
+            line.append("job step ", style="dim")
+            line.append(f"{fmt.ms(scale.step_ms)} ms", style="bold")
+            line.append("   scaling: compute ", style="dim")
+            line.append(fmt.pct(scale.efficiency), style="bold")
+            j = scale.to_json()
+            for label, key in (
+                ("comm", "lost_to_communication"),
+                ("waiting", "lost_to_waiting"),
+                ("other", "lost_to_other"),
+            ):
+                line.append(f"  {label} ", style="dim")
+                line.append(fmt.pct(float(j[key])), style="bold")  # type: ignore[arg-type]
+            if scale.vs_baseline is not None:
+                line.append("   vs 1 rank ", style="dim")
+                line.append(f"{scale.vs_baseline:.2f}", style="bold")
+        else:
+            line.append("waiting for steps from the ranks", style="dim")
+        head.append(line)
+        d = self.job_diagnosis
+        if d is not None and d.verdict.kind in ("straggler", "communication"):
+            style = SEVERITY_STYLES.get(d.verdict.severity, "")
+            head.append(
+                Text(f"● {d.verdict.evidence[0]}", style=f"bold {style}", no_wrap=True, overflow="ellipsis")
+            )
+            head += [
+                Text(f"  {e}", style=style, no_wrap=True, overflow="ellipsis") for e in d.verdict.evidence[1:]
+            ]
+        elif times:
+            head.append(Text("● no straggler: no rank makes the others wait", style="green"))
+        versions = job.versions()
+        if len(versions) > 1:
+            which = "; ".join(f"{v} on ranks {ranks_text(r)}" for v, r in versions.items())
+            head.append(Text(f"⚑ the ranks run different torchtop versions: {which}", style="yellow"))
+        head += [Text(f"⚑ {n}", style="yellow", no_wrap=True, overflow="ellipsis") for n in job.notes]
+        head.append(Text(""))
+        return head
+
+    def _refresh_status(self) -> None:
+        super()._refresh_status()
+        job, status, now = self.job, self.status_line, self.clock()
+        ranked = job.ranked()
+        states = [m.state.connection(now) for m in ranked]
+        up = states.count("connected")
+        gone = [m.rank for m, s in zip(ranked, states) if s == "agent gone"]
+        waiting = [m for m in job.members.values() if m.hello is None]
+        text = f"connected · {up} of {len(ranked)} ranks" if ranked else "waiting for the ranks"
+        if gone:
+            text += f" · gone: rank{'s' if len(gone) > 1 else ''} {ranks_text(gone)}"
+        if len(states) - up - len(gone):
+            text += f" · stale: {len(states) - up - len(gone)}"
+        if waiting:
+            text += f" · not answering: {len(waiting)}"
+        status.connection = text if up else text.replace("connected · ", "")
+        members = list(job.members.values())
+        status.batches = sum(m.state.batches for m in members)
+        status.gaps = sum(m.state.gaps for m in members)
+        status.dropped = sum(m.state.dropped for m in members)
+        status.bad_frames = sum(m.state.bad_frames for m in members)
+        status.hook_errors = sum(m.state.hook_errors for m in members)
+        errors = [m.error for m in members if m.error]
+        status.error = self.feed_error or (errors[0] if errors else "")
+
+
+def run_job_tui(
+    targets: Sequence[str],
+    job: str | None = None,
+    ssh_options: Sequence[str] = (),
+    baseline_ms: float | None = None,
+    log_path: Path | None = None,
+) -> int:
+    """Open the job view on the job these targets name (nothing: this machine's)."""
+    from torchtop.monitor.link.job_targets import open_job
+
+    with open_job(targets, job, ssh_options) as plan:
+        return run_plan(plan, baseline_ms, log_path)
+
+
+def run_plan(plan: JobPlan, baseline_ms: float | None = None, log_path: Path | None = None) -> int:
+    app = JobApp(plan, baseline_ms=baseline_ms, log_path=log_path)
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,128 @@
+"""The Ranks panel of the job view: every rank against the median rank, the slowest highlighted.
+
+The app sets `view` (model/ranks_view.py), `summary` and `lines` (the straggler verdict, notes)
+at its refresh rate; the panel only lays them out as text: a median row, the slowest ranks first
+when there are many, then every rank grouped by node, each with its strip over time. A click on a
+rank's line posts `Chosen(key)`: the app shows that rank in the other tabs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual import events
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from torchtop.monitor.model import fmt
+from torchtop.monitor.model.ranks_view import COLUMNS, MANY, TOP_K, RankRow, RanksView, deviation
+
+WIDTHS = {"step": 7, "data": 7, "fwd+bwd": 8, "optim": 7, "comm": 7, "own": 7}
+STATUS_STYLE = {"connected": "", "agent gone": "red", "refused": "red"}
+
+
+def _cells(row: RankRow | None, med: dict[str, float], label: str, node: str, slowest: bool) -> Text:
+    text = Text(no_wrap=True, overflow="crop")
+    style = "bold reverse red" if slowest else ""
+    text.append(f"{label:>6} ", style=style or "bold")
+    text.append(f"{node[:12]:<12} ", style="dim")
+    for c in COLUMNS:
+        value = row.figures[c] if row is not None else med.get(c, 0.0)
+        cell = fmt.ms(value).rjust(WIDTHS[c])
+        hot = deviation(value, med.get(c, 0.0)) if row is not None and c != "step" else ""
+        text.append(cell + " ", style="bold red" if hot == "hot" else "yellow" if hot == "warm" else "")
+    if row is None:
+        text.append(" " * 18, style="dim")
+        return text
+    text.append(f"{fmt.size(row.mem_peak) if row.mem_peak else '—':>10} ", style="")
+    text.append(f"{row.gpu_util:>4.0f}% " if row.gpu_util >= 0 else "   — ", style="")
+    text.append(row.strip, style="red" if any(b in row.strip for b in "▆▇█") else "cyan")
+    if row.status != "connected":
+        text.append(f"  {row.status}", style=STATUS_STYLE.get(row.status, "yellow"))
+    return text
+
+
+def header_line(bucket_s: int) -> Text:
+    text = Text(no_wrap=True, overflow="crop", style="dim")
+    text.append(f"{'rank':>6} {'node':<12} ")
+    for c in COLUMNS:
+        text.append(c.rjust(WIDTHS[c]) + " ")
+    text.append(f"{'mem peak':>10}  GPU  own vs median ({bucket_s}s)")
+    return text
+
+
+@dataclass
+class Layout:
+    lines: list[Text]
+    keys: list[str | None]  # the member shown on each line (None: not a rank)
+
+
+def layout(view: RanksView, head: list[Text]) -> Layout:
+    lines, keys = list(head), [None] * len(head)
+    if not view.rows:
+        lines.append(Text("waiting for the ranks' first steps…", style="dim"))
+        return Layout(lines, [*keys, None])
+    slow = view.slowest[0] if view.slowest else None
+    by_rank = {r.rank: r for r in view.rows}
+
+    def add(text: Text, key: str | None = None) -> None:
+        lines.append(text)
+        keys.append(key)
+
+    add(header_line(view.bucket_s))
+    add(_cells(None, view.median, "median", "", False))
+    if len(view.rows) > MANY and view.slowest:
+        add(
+            Text(
+                f"slowest {min(TOP_K, len(view.slowest))} (own time: the step less its collective wait)",
+                style="bold",
+            )
+        )
+        for r in view.slowest[:TOP_K]:
+            row = by_rank[r]
+            add(_cells(row, view.median, str(r), row.node, r == slow), row.key)
+    for node, ranks in view.nodes.items():
+        if len(view.rows) > MANY or len(view.nodes) > 1:
+            add(Text(f"{node or '?'} · {len(ranks)} ranks", style="bold"))
+        for r in ranks:
+            row = by_rank[r]
+            add(_cells(row, view.median, str(r), row.node, r == slow and len(view.rows) > 1), row.key)
+    return Layout(lines, keys)
+
+
+class RanksPanel(Widget):
+    """Every rank of the job; click a rank to show it in the other tabs."""
+
+    view: reactive[RanksView] = reactive(RanksView, layout=True)
+    head: reactive[list[Text]] = reactive(list, layout=True)  # summary, verdict, notes
+
+    @dataclass
+    class Chosen(Message):
+        key: str
+
+    def __init__(self, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(**kwargs)
+        self._layout = Layout([], [])
+
+    def render(self) -> RenderableType:
+        self._layout = layout(self.view, self.head)
+        text = Text("\n").join(self._layout.lines)
+        text.no_wrap, text.overflow = True, "ellipsis"  # one line each: clicks map lines to ranks
+        return text
+
+    def get_content_height(self, container, viewport, width) -> int:  # type: ignore[no-untyped-def]
+        return max(1, len(layout(self.view, self.head).lines))
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        keys = self._layout.keys
+        if 0 <= offset.y < len(keys) and keys[offset.y] is not None:
+            self.post_message(self.Chosen(keys[offset.y]))  # type: ignore[arg-type]
+
+    def plain(self) -> str:
+        return "\n".join(t.plain for t in layout(self.view, self.head).lines)
