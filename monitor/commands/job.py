@@ -82,11 +82,16 @@ def collect_job(link: JobLink, job: JobState, seconds: float, connect_s: float =
     started: float | None = None
     while True:
         now = time.monotonic()
-        if started is None and (all(m.hello is not None for m in job.members.values()) or now >= deadline):
+        if started is None and (all(_answered(job, key) for key in link.members) or now >= deadline):
             started = now
         if started is not None and now - started >= seconds:
             return job
         apply_events(job, link.poll(0.2), time.monotonic())
+
+
+def _answered(job: JobState, key: str) -> bool:
+    m = job.members.get(key)
+    return m is not None and (m.hello is not None or m.refused)
 
 
 def ls_lines(agents: list[dict[str, Any]]) -> list[str]:
