@@ -58,6 +58,7 @@ class Agent:
 
             self.cuda = CudaUse(torch)
             self.captures = CaptureController(self.cuda, self.probe)
+            self.captures.rank = self.identity.rank if self.identity.world_size > 1 else None
             from torchtop.agent.telemetry.collector import TelemetryCollector
 
             self.telemetry = TelemetryCollector(self.cuda)
@@ -117,6 +118,7 @@ class Agent:
         ident = self.identity
         if identity.refresh_from_dist(ident, self.torch):
             self.loop.rank = self.loop.router.rank = ident.rank
+            self.captures.rank = ident.rank if ident.world_size > 1 else None
             self._rewrite_discovery()
         dist = getattr(self.torch, "distributed", None)
         try:  # a process group of several ranks: timed backwards mark where their compute ends

@@ -119,3 +119,40 @@ def test_slow_backward_is_named(tmp_path: Path, subprocess_env: dict[str, str]) 
     assert min(e["comm_ms"] for e in others) > slow["comm_ms"]
     whole = {r: e["phase_ms"]["backward"] + e["phase_ms"]["comm"] for r, e in ranks.items()}
     assert max(whole.values()) < 2 * min(whole.values())  # what a compute-only view would see
+
+
+async def test_captures_the_same_steps_on_every_rank(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """`p` in the job view: a profile of the same 3 steps on each of the 4 ranks, each trace
+    named by its rank, and the summary says which rank's trace shows the wait."""
+    from tests.tui_util import wait_for
+    from torchtop.monitor.link.job_targets import JobPlan, local_job
+    from torchtop.monitor.link.targets import from_discovery
+    from torchtop.monitor.tui.job_app import JobApp
+
+    env = {**subprocess_env, "TORCHTOP_DIR": str(tmp_path / "captures")}
+    with ddp_job(tmp_path, env, "--slow", "data", "--delay-ms", "80"):
+        group = local_job(None)
+        assert group is not None and len(group.agents) == RANKS
+        app = JobApp(JobPlan([from_discovery(a) for a in group.agents], group.job_id))
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert await wait_for(
+                pilot, lambda: sum(bool(m.state.steps) for m in app.job.live()) == RANKS, 60
+            )
+            await pilot.pause(3.0)
+            app.capture_steps = 3
+            await pilot.press("p")
+            assert await wait_for(pilot, app.job_captures.finished, 120), app.job_captures.state()
+            r = app.job_captures.round
+            assert r is not None
+            done = {app.job.members[k].rank: app.job_captures.captures(k)[0] for k in r.keys}
+            assert sorted(done) == list(range(RANKS))
+            assert all(c.state == "done" and c.start_step == r.at_step for c in done.values()), done
+            assert all(f"profile-rank{rank}-" in Path(c.path).name for rank, c in done.items())
+            assert all(Path(c.path).is_file() for c in done.values())
+            await pilot.pause(1.0)  # the captured steps' records reach the monitor
+            from torchtop.monitor.model.job_captures import round_summary
+
+            first = round_summary(app.job, app.job_captures)[0]
+            assert f"rank {SLOW_RANK}'s shows the most time of its own" in first, first
+            waits = int(first.split("rank ")[1].split("'")[0])
+            assert waits != SLOW_RANK, first

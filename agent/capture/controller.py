@@ -30,8 +30,15 @@ MAX_PROFILE_STEPS = 100
 MAX_MEMORY_STEPS = 1000
 MAX_MEMORY_SECONDS = 120.0
 START_TIMEOUT_S = 60.0  # no step boundary in this long: the capture fails with a reason
-PROFILE_ARGS = {"steps": int, "with_stack": bool, "record_shapes": bool, "profile_memory": bool}
-MEMORY_ARGS = {"steps": int, "seconds": (int, float)}
+# at_step: start where the run's step count reaches it (a job's ranks capture the same steps)
+PROFILE_ARGS = {
+    "steps": int,
+    "with_stack": bool,
+    "record_shapes": bool,
+    "profile_memory": bool,
+    "at_step": int,
+}
+MEMORY_ARGS = {"steps": int, "seconds": (int, float), "at_step": int}
 
 
 class CaptureError(ValueError):
@@ -65,6 +72,7 @@ class CaptureController:
         self._ids = 0
         self._prof: Any = None
         self._lock = threading.Lock()
+        self.rank: int | None = None  # a rank of a job: its files are named by it
 
     # -- agent thread: requests ----------------------------------------------------------------
     def request(self, cmd: str, args: dict[str, Any]) -> CaptureInfo:
@@ -93,6 +101,9 @@ class CaptureController:
             return info
 
     def _validate(self, cmd: str, args: dict[str, Any]) -> CaptureInfo:
+        at = args.get("at_step", 0)
+        if isinstance(at, int) and not isinstance(at, bool) and at < 0:
+            raise CaptureError(f"at_step must be a step number (0 or more), got {at}")
         if cmd == "capture-profile":
             _check_args(args, PROFILE_ARGS)
             steps = args.get("steps", 5)
@@ -166,6 +177,8 @@ class CaptureController:
     def _on_boundary(self, c: CaptureInfo) -> None:
         try:
             if c.state == "pending":
+                if self.probe.steps < self._args.get("at_step", 0):
+                    return  # the step the job's ranks start at has not come yet
                 self._start(c)
             elif c.state == "running":
                 c.steps_done += 1
@@ -186,6 +199,7 @@ class CaptureController:
     def _start(self, c: CaptureInfo) -> None:
         torch = self.torch
         c.started_at = time.time()
+        c.start_step = self.probe.steps
         if c.kind == "profile":
             from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -216,7 +230,8 @@ class CaptureController:
 
     def _path(self, c: CaptureInfo, suffix: str) -> Path:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(c.started_at))
-        return self.dir / f"{c.kind}-{os.getpid()}-{stamp}-{c.id}{suffix}"
+        rank = f"rank{self.rank}-" if self.rank is not None else ""
+        return self.dir / f"{c.kind}-{rank}{os.getpid()}-{stamp}-{c.id}{suffix}"
 
     def _write_profile(self, c: CaptureInfo, prof: Any) -> None:
         from torchtop.agent.capture.trace_summary import summarize

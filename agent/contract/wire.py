@@ -125,6 +125,7 @@ class CaptureInfo(msgspec.Struct, omit_defaults=True):
     started_at: float = 0.0
     finished_at: float = 0.0
     summary: dict[str, Any] = {}
+    start_step: int = -1  # the run's step count where it started (the first step captured)
 
 
 class LogChunk(msgspec.Struct, array_like=True):

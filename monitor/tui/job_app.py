@@ -30,11 +30,14 @@ from torchtop.monitor.diagnosis.straggler import Straggler, scaling
 from torchtop.monitor.link.job import JobLink, apply_events
 from torchtop.monitor.link.job_targets import JobPlan, ranks_text, short_job_id
 from torchtop.monitor.model import fmt
+from torchtop.monitor.model.captures import capture_lines, fetch_from, progress_text
 from torchtop.monitor.model.job import JobState, Member
+from torchtop.monitor.model.job_captures import JobCaptures, round_summary, start_step
 from torchtop.monitor.model.ranks_view import ranks_view
 from torchtop.monitor.model.state import RunState
 from torchtop.monitor.tui.app import TorchtopApp
 from torchtop.monitor.tui.job_feed import JobEvents, JobFeedError, JobRequest, run_job_feed
+from torchtop.monitor.tui.widgets import CapturesScreen
 from torchtop.monitor.tui.widgets.ranks_panel import RanksPanel
 from torchtop.monitor.tui.widgets.verdict_panel import SEVERITY_STYLES
 
@@ -95,6 +98,7 @@ class JobApp(TorchtopApp):
         self.ranks_panel = RanksPanel(id="ranks-panel")
         self.focus_bar = Static(id="focus-bar")
         self.job_requests: queue.SimpleQueue[JobRequest] = queue.SimpleQueue()
+        self.job_captures = JobCaptures()
 
     # -- layout --------------------------------------------------------------------------------
     def compose_bar(self) -> ComposeResult:
@@ -119,9 +123,18 @@ class JobApp(TorchtopApp):
     # -- messages up ---------------------------------------------------------------------------
     def on_job_events(self, message: JobEvents) -> None:
         apply_events(self.job, message.events, self.clock())
+        seen = False
         for ev in message.events:
             if ev.kind == "reply":
                 self._reply(ev.key, ev.cmd, ev.reply, ev.error)
+            elif ev.kind == "batches":
+                for got in ev.batches:
+                    if got.batch.capture is not None:
+                        self.job_captures.book(ev.key).see(got.batch.capture)
+                        seen = True
+        if seen:
+            self._round_done()
+            self._refresh_captures()
         self._dirty = True
 
     def on_job_feed_error(self, message: JobFeedError) -> None:
@@ -134,6 +147,66 @@ class JobApp(TorchtopApp):
             self.notify(f"{who}: {error}", title=f"{cmd}: no answer", severity="error", timeout=8)
         elif not reply.ok:
             self.notify(f"{who}: {reply.error}", title=f"{cmd} refused", severity="warning", timeout=8)
+        elif cmd == "capture-status":
+            self.job_captures.book(key).merge(reply.captures)
+        elif cmd.startswith("capture-"):
+            self.job_captures.requested(key, reply.capture)
+        self._refresh_captures()
+
+    # -- captures across ranks -----------------------------------------------------------------
+    def _capture(self, cmd: str) -> None:
+        """The same steps on every running rank (the job shown), or on the rank shown."""
+        m = self.shown_member()
+        keys = [m.key] if m is not None else [x.key for x in self.job.live()]
+        if not keys:
+            self.notify("no rank is connected", title="capture", severity="warning")
+            return
+        args: dict[str, Any] = {"steps": self.capture_steps}
+        if len(keys) > 1:
+            args["at_step"] = start_step(self.job)
+            self.job_captures.ask(cmd, args["at_step"], self.capture_steps, keys)
+            self.notify(
+                f"{len(keys)} ranks, steps #{args['at_step']}-#{args['at_step'] + self.capture_steps - 1}"
+            )
+        self.job_requests.put((cmd, args, keys))
+
+    def action_profile(self) -> None:
+        self._capture("capture-profile")
+
+    def action_memory_snapshot(self) -> None:
+        self._capture("capture-memory")
+
+    def _round_done(self) -> None:
+        r = self.job_captures.round
+        if r is None or r.announced or not self.job_captures.finished():
+            return
+        r.announced = True
+        lines = round_summary(self.job, self.job_captures)
+        if lines:
+            self.notify("\n".join(lines[:6]), title="captures done on every rank", timeout=20)
+
+    def _refresh_captures(self) -> None:
+        caps = self.job_captures
+        self.capture_line.capture = caps.current()
+        self.capture_line.count = caps.count()
+        screen = self.screen
+        if not isinstance(screen, CapturesScreen):
+            return
+        entries = []
+        for m in self.job.ranked():
+            book = caps.books.get(m.key)
+            for c in book.listing() if book is not None else []:
+                lines = capture_lines(
+                    c, fetch_from(m.key, m.state.hello.host if m.state.hello else "", c.host)
+                )
+                entries.append([f"rank {m.rank} · {lines[0]}", *lines[1:]])
+        screen.entries = entries
+        summary = round_summary(self.job, caps) if caps.finished() else []
+        active = caps.current()
+        screen.note = "\n".join(summary) if summary else (progress_text(active) if active is not None else "")
+
+    def on_captures_screen_refresh_wanted(self, _message: CapturesScreen.RefreshWanted) -> None:
+        self.job_requests.put(("capture-status", {}, [m.key for m in self.job.live()]))
 
     def on_ranks_panel_chosen(self, message: RanksPanel.Chosen) -> None:
         self.show_member(message.key)
@@ -285,6 +358,8 @@ class JobApp(TorchtopApp):
         status.hook_errors = sum(m.state.hook_errors for m in members)
         errors = [m.error for m in members if m.error]
         status.error = self.feed_error or (errors[0] if errors else "")
+        self.capture_line.capture = self.job_captures.current()
+        self.capture_line.count = self.job_captures.count()
 
 
 def run_job_tui(
