@@ -188,7 +188,7 @@ def apply_events(job: JobState, events: list[Event], now: float) -> None:
             job.apply_snapshot(ev.key, ev.steps, ev.seq)
         elif ev.kind == "batches":
             for got in ev.batches:
-                job.apply_batch(ev.key, got.batch, got.steps, now, got.log_errors)
+                job.apply_batch(ev.key, got.batch, got.steps, now, got.log_errors, finish=False)
             m = job.member(ev.key)
             m.state.bad_frames = max(m.state.bad_frames, ev.bad_frames)
             if ev.error:
@@ -198,3 +198,4 @@ def apply_events(job: JobState, events: list[Event], now: float) -> None:
                 job.lost(ev.key, ev.error)
             elif job.member(ev.key).hello is None:
                 job.member(ev.key).error = ev.error
+    job.finish()

@@ -60,6 +60,7 @@ class JobState:
         self.notes: list[str] = []  # one-liners: nodes that failed, agents refused
         self._pending: dict[int, list[StepRecord]] = {}
         self._max_i = -1
+        self._made = -1  # job steps up to this index are made: a rank's late record stays its own
 
     # -- members -------------------------------------------------------------------------------
     def member(self, key: str) -> Member:
@@ -120,13 +121,21 @@ class JobState:
         self._take(m, steps)
 
     def apply_batch(
-        self, key: str, batch: Batch, steps: list[StepRecord], now: float, log_errors: int = 0
+        self,
+        key: str,
+        batch: Batch,
+        steps: list[StepRecord],
+        now: float,
+        log_errors: int = 0,
+        finish: bool = True,
     ) -> None:
+        """A member's batch. `finish` False leaves making the job's steps to `finish()` (a caller
+        applying many batches at once calls it once)."""
         m = self.member(key)
         if m.refused:
             return
         m.state.apply_batch(batch, steps, now, log_errors)
-        self._take(m, steps)
+        self._take(m, steps, finish)
         self.job.agent_time = max(self.job.agent_time, batch.time)
         self.job.last_batch_at = now
         self.job.batches += 1
@@ -140,27 +149,33 @@ class JobState:
         self._finish()
 
     # -- the aggregate -------------------------------------------------------------------------
-    def _take(self, m: Member, steps: list[StepRecord]) -> None:
+    def _take(self, m: Member, steps: list[StepRecord], finish: bool = True) -> None:
         fresh = [s for s in steps if s.kind == "train" and s.t0 > m.stats.last_t0]
         if not fresh:
             return
         m.stats.add(fresh)
-        pending = self._pending
+        pending, made = self._pending, self._made
         for s in fresh:
-            pending.setdefault(s.i, []).append(s)
+            if s.i > made:
+                pending.setdefault(s.i, []).append(s)
         m.last_i = max(m.last_i, fresh[-1].i)
         self._max_i = max(self._max_i, m.last_i)
-        self._finish()
+        if finish:
+            self.finish()
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         """Make the job steps every live rank has reported (or that waited LAG_STEPS)."""
         if not self._pending:
             return
-        live = self.live()
-        upto = min((m.last_i for m in live), default=self._max_i)
+        upto = min((m.last_i for m in self.live()), default=self._max_i)
         upto = max(upto, self._max_i - LAG_STEPS)
-        for i in sorted(k for k in self._pending if k <= upto):
+        ready = sorted(k for k in self._pending if k <= upto)
+        for i in ready:
             self.job.steps.append(job_step(i, self._pending.pop(i)))
+        if ready:
+            self._made = max(self._made, ready[-1])
+
+    _finish = finish
 
 
 def job_step(i: int, ranks: list[StepRecord]) -> StepRecord:

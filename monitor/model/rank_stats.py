@@ -25,6 +25,8 @@ DN = PH + len(PHASES)
 DEV = DN + 1
 SIZE = DEV + len(DEVICE_KEYS)
 LEVELS = ((1, 120), (10, 360), (300, 288))  # (bucket seconds, buckets kept): 2 min, 1 h, 1 day
+_PHASE_SLOTS = tuple((PH + k, name) for k, name in enumerate(PHASES))
+_DEVICE_SLOTS = tuple((DEV + k, name) for k, name in enumerate(DEVICE_KEYS))
 
 
 class Bucket:
@@ -44,13 +46,15 @@ class Bucket:
         if phases:
             v[TN] += 1
             v[TWALL] += s.wall_ns
-            for k, name in enumerate(PHASES):
-                v[PH + k] += phases.get(name, 0)
+            get = phases.get
+            for k, name in _PHASE_SLOTS:
+                v[k] += get(name, 0)
         dev = s.device_ms
         if dev:
             v[DN] += 1
-            for k, name in enumerate(DEVICE_KEYS):
-                v[DEV + k] += dev.get(name, 0.0)
+            get = dev.get
+            for k, name in _DEVICE_SLOTS:
+                v[k] += get(name, 0.0)
 
     def fold(self, other: Bucket) -> None:
         v, o = self.v, other.v
