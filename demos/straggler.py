@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -97,11 +97,20 @@ def relaunch(args: argparse.Namespace, argv: list[str]) -> int:
     return 0  # not reached
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    if "RANK" not in os.environ:
-        return relaunch(args, argv)
+class Job(NamedTuple):
+    """One rank's part of the demo job."""
+
+    rank: int
+    world: int
+    slow_rank: int
+    device: torch.device
+    loader: torch.utils.data.DataLoader
+    ddp: nn.parallel.DistributedDataParallel
+    optimizer: torch.optim.Optimizer
+
+
+def setup_rank(args: argparse.Namespace) -> Job:
+    """Device, agent, process group, the loader, model and optimizer of this rank (under torchrun)."""
     import torch.distributed as dist
 
     device = common.pick_device(args.device)
@@ -112,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    stop = common.StopFlag()
-    stop.install()
     common.start_agent(args.port)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -127,22 +134,44 @@ def main(argv: list[str] | None = None) -> int:
         SlowBatches(batch, dim, classes, delay, args.seed + rank), batch_size=None, num_workers=0
     )
     model = Net(dim, hidden, classes, args.extra if slow == "backward" else 0).to(device)
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local] if device.type == "cuda" else None)
+    # no buffers to broadcast in forward: the ranks meet only in backward's all-reduce
+    ddp = nn.parallel.DistributedDataParallel(
+        model, device_ids=[local] if device.type == "cuda" else None, broadcast_buffers=False
+    )
     optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    return Job(rank, world, slow_rank, device, loader, ddp, optimizer)
+
+
+def train_step(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x, y = x.to(job.device, non_blocking=True), y.to(job.device, non_blocking=True)
+    loss = nn.functional.cross_entropy(job.ddp(x), y)
+    job.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    job.optimizer.step()
+    return loss
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if "RANK" not in os.environ:
+        return relaunch(args, argv)
+    import torch.distributed as dist
+
+    stop = common.StopFlag()
+    stop.install()
+    job = setup_rank(args)
+    rank, device = job.rank, job.device
     if rank == 0:
         print(
-            f"straggler demo: {world} ranks on {device.type}, rank {slow_rank} slow in {args.slow}",
+            f"straggler demo: {job.world} ranks on {device.type}, rank {job.slow_rank} slow in {args.slow}",
             flush=True,
         )
     deadline = time.monotonic() + args.seconds if args.seconds else None
     log = common.LossLog(args.log_every if rank == 0 else 0, device)
     step = 0
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        loss = nn.functional.cross_entropy(ddp(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    for x, y in job.loader:
+        loss = train_step(job, x, y)
         step += 1
         log.add(step, loss)
         if args.steps is not None and step >= args.steps:

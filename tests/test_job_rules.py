@@ -271,3 +271,35 @@ def test_agents_group_by_job_and_two_jobs_need_a_choice() -> None:
 
 def test_thresholds_are_in_the_table() -> None:
     assert T["straggler_warning"] == 0.10 and T["straggler_critical"] == 0.20
+
+
+def test_the_gpu_scripts_exposed_wait_from_a_trace(tmp_path) -> None:
+    """tests/gpu/job_nccl.py's reading of a profiler trace: NCCL kernel time launched in a step and
+    not overlapped by another kernel (it runs only on the GPU machine; its arithmetic here)."""
+    import gzip
+    import json
+
+    from tests.gpu.job_nccl import profiler_exposed_ms
+
+    def x(name: str, cat: str, ts: float, dur: float, corr: int | None = None) -> dict:
+        return {
+            "ph": "X",
+            "name": name,
+            "cat": cat,
+            "ts": ts,
+            "dur": dur,
+            "args": {} if corr is None else {"correlation": corr},
+        }
+
+    events = [
+        x("ProfilerStep#0", "user_annotation", 0, 100), x("ProfilerStep#1", "user_annotation", 100, 100),
+        x("cudaLaunchKernel", "cuda_runtime", 10, 1, 1), x("cudaLaunchKernel", "cuda_runtime", 20, 1, 2),
+        x("cudaLaunchKernel", "cuda_runtime", 120, 1, 3),
+        x("gemm", "kernel", 30, 40, 1),  # compute 30..70
+        x("ncclDevKernel_AllReduce", "kernel", 50, 50, 2),  # 50..100: 30 us exposed
+        x("ncclKernel_AllReduce", "kernel", 150, 20, 3),  # step 1: 20 us, nothing overlaps
+    ]  # fmt: skip
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    assert profiler_exposed_ms(path) == {0: 0.030, 1: 0.020}

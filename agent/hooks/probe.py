@@ -58,6 +58,9 @@ FIRST_STEPS = 8  # steps with housekeeping at every boundary (discovery counts t
 # FULL_STEP_NS / step time, so that timing them costs ~0.1% of the run; every step's end and
 # wall time are still logged.
 FULL_STEP_NS = 10_000_000  # steps at least this long: every one timed (1 in 2 at 5 ms, 1 in 5 at 2 ms)
+# a timed backward of a distributed run also arms the collective-wait callback (hooks/collectives.py),
+# which about doubles what a timed step costs: there, half as many fast steps are timed
+COMM_FULL_STEP_NS = 2 * FULL_STEP_NS
 MAX_ONE_IN = 64  # 1 step in 64 timed at least (steps of 0.16 ms or less)
 UNTIMED, WAKE = (
     2,
@@ -294,7 +297,8 @@ class Probe:
         self._hk_ns, self._hk_steps = now, steps
         if self.phase_every or n <= 0 or not last:
             return self.phase_every or 1
-        return min(MAX_ONE_IN, -(-FULL_STEP_NS * n // max(1, now - last)))
+        full = COMM_FULL_STEP_NS if self.comm else FULL_STEP_NS
+        return min(MAX_ONE_IN, -(-full * n // max(1, now - last)))
 
     def _plan(self, one_in: int, batch: int) -> None:
         """Which of the next `batch` steps are timed: each with chance 1 / `one_in`, drawn
