@@ -121,7 +121,7 @@ def setup_rank(args: argparse.Namespace) -> Job:
     else:
         torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    common.start_agent(args.port)
+    common.start_agent(args.port + 2 * local if args.port else None)  # a pair of ports a rank
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     slow_rank = world - 1 if args.slow_rank is None else args.slow_rank

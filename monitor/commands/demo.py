@@ -26,6 +26,7 @@ from torchtop.monitor.commands.launch import (
     open_log,
     stop_child,
     wait_for_agents,
+    wait_for_ranks,
 )
 
 DEMOS_PACKAGE = "torchtop.demos"
@@ -207,7 +208,11 @@ def run_demo(args: argparse.Namespace) -> int:
 
         for s, handler in previous.items():  # the TUI owns the terminal; PDEATHSIG covers the child
             signal.signal(s, handler)
-        code = run_tui(from_discovery(info), None)
+        from torchtop.monitor.tui.job_app import run_agents_tui
+
+        code = run_agents_tui(wait_for_ranks(child, agents)) if info.get("world_size", 1) > 1 else None
+        if code is None:
+            code = run_tui(from_discovery(info), None)
         if child.poll() is not None and child.returncode != 0:
             _show_tail(log_path, f"the demo exited with code {child.returncode}")
         return code

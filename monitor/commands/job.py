@@ -49,19 +49,17 @@ def job_targets(args: argparse.Namespace) -> list[str] | None:
     if len(targets) > 1 or getattr(args, "job", None):
         return targets
     if not targets:
-        from torchtop.monitor.link.job_targets import local_job
+        from torchtop.monitor.link.job_targets import choose_job
+        from torchtop.monitor.link.targets import local_agents
 
-        group = local_job(None) if not _several_local_jobs() else None
-        return [] if group is not None and len(group.agents) > 1 else None
+        groups = group_by_job(local_agents())
+        if not any(len(g.agents) > 1 for g in groups):
+            return None  # one agent, or several on their own: the chooser, as before
+        choose_job(groups, None, "this machine")  # several jobs: says which there are, and --job
+        return []
     if ssh.is_ssh(targets[0]) and ssh.parse(targets[0]).select is None:
         return None if _single_agent_host(targets[0], args) else targets
     return None
-
-
-def _several_local_jobs() -> bool:
-    from torchtop.monitor.link.targets import local_agents
-
-    return len(group_by_job(local_agents())) > 1
 
 
 def _single_agent_host(target: str, args: argparse.Namespace) -> bool:

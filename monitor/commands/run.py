@@ -124,7 +124,11 @@ def run(args: argparse.Namespace) -> int:
         code = child.wait()
         _show_tail(log_path, f"the job exited (code {code}) before an agent started")
         return _exit_code(code)
-    run_tui(None, agents, log_path=log_path)
+    from torchtop.monitor.commands.launch import wait_for_ranks
+    from torchtop.monitor.tui.job_app import run_agents_tui
+
+    if run_agents_tui(wait_for_ranks(child, agents), log_path=log_path) is None:
+        run_tui(None, agents, log_path=log_path)
     if child.poll() is None:
         print(
             f"torchtop: the job goes on (pid {child.pid}); its output: {log_path}\n"

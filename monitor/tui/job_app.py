@@ -380,3 +380,17 @@ def run_plan(plan: JobPlan, baseline_ms: float | None = None, log_path: Path | N
     app = JobApp(plan, baseline_ms=baseline_ms, log_path=log_path)
     app.run()
     return app.return_code or 0
+
+
+def run_agents_tui(agents: list[dict[str, Any]], log_path: Path | None = None) -> int | None:
+    """The job view when these discovery entries are the ranks of one job (`torchtop run`,
+    `torchtop demo`); None otherwise (the caller opens the one-agent view)."""
+    from torchtop.monitor.link.job_targets import group_by_job
+    from torchtop.monitor.link.targets import from_discovery
+
+    groups = group_by_job(agents)
+    if len(groups) != 1 or len(groups[0].agents) < 2:
+        return None
+    return run_plan(
+        JobPlan([from_discovery(a) for a in groups[0].agents], groups[0].job_id), log_path=log_path
+    )

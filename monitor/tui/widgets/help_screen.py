@@ -20,6 +20,13 @@ HELP = """\
   [b]?[/b]        this help
   [b]escape[/b]   close this help
 
+[b]Job view[/b] (every rank of a job: several targets, or a job here)
+  [b]0[/b]        the Ranks tab: every rank against the median rank
+  [b]j[/b]        the other tabs show the job (the mean of its ranks)
+  [b][ ][/b]      ... the previous / next rank;  [b]s[/b] the slowest
+  click     ... the rank clicked in the Ranks tab
+  [b]p m[/b]      the same N steps on every rank (or the rank shown)
+
 [b]Panels[/b]
   [b]step time[/b]   now / median / p90 of the training steps that ended
               in the last 10 s of the agent's clock, and steps per second
@@ -27,9 +34,11 @@ HELP = """\
               with the numbers and what to try; flags for memory pressure,
               fragmentation, DataLoader workers, memory growth
   [b]phases[/b]      host time per step in data (dataloader wait), h2d
-              (host-to-device copies), forward, backward, optimizer and
-              other (the rest of the step); device ms are CUDA-event
-              times on sampled steps
+              (host-to-device copies), forward, backward, optimizer,
+              comm (waiting in collectives: DDP's all-reduce at the end
+              of backward, blocking torch.distributed calls) and other
+              (the rest of the step); device ms are CUDA-event times on
+              sampled steps
   [b]marks[/b]       values from torchtop.agent.mark("loss", loss)
   [b]memory[/b]      CUDA caching allocator: allocated / reserved / peak of
               the device, fragmentation (largest free block, external %)
