@@ -50,8 +50,8 @@ def _start() -> None:
         import torchtop.agent
 
         port = os.environ.get("TORCHTOP_PORT")
-        if port and port.isdigit():  # one port per local rank under torchrun
-            base = int(port) + 2 * int(os.environ.get("LOCAL_RANK", "0") or 0)
+        if port and port.isdigit():  # one port per local rank under torchrun (0: free ones)
+            base = int(port) + 2 * int(os.environ.get("LOCAL_RANK", "0") or 0) if int(port) else 0
             torchtop.agent.start(port=base)
         else:
             torchtop.agent.start()

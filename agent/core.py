@@ -1,7 +1,8 @@
 """The agent's lifecycle: start, stop, fork and exit handling.
 
 `start()` returns at once and never raises: any problem (no torch, a port in use, an unwritable
-runtime directory) is one line on stderr and training goes on, unobserved at worst.
+runtime directory) is one line on stderr and training goes on, unobserved at worst. The agent
+listens on private ipc:// sockets unless a port or bind address asks for TCP (sockets.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from torchtop.agent import identity
@@ -35,12 +37,20 @@ def _env_int(name: str, default: int) -> int:
 class Agent:
     """One running agent: probe + hooks on the training thread; sockets and loop on its own."""
 
-    def __init__(self, torch: Any, port: int | None, bind: str, auto: bool, phase_every: int = 0) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        port: int | None,
+        bind: str | None,
+        auto: bool,
+        phase_every: int = 0,
+        record: str | os.PathLike[str] | None = None,
+    ) -> None:
         from torchtop.agent.cuda_use import CudaUse
         from torchtop.agent.hooks.auto import AutoHooks
         from torchtop.agent.hooks.probe import Probe
         from torchtop.agent.loop.loop import AgentLoop
-        from torchtop.agent.loop.sockets import open_sockets
+        from torchtop.agent.loop.sockets import open_ipc, open_sockets, socket_dir
 
         self.torch = torch
         self.pid = os.getpid()
@@ -48,11 +58,15 @@ class Agent:
         self.start_time = time.time()
         self.identity = identity.from_env()
         self._identity_due = 0.0
-        self.sockets = open_sockets(bind, port)  # BindError propagates to start()
+        if port is None and bind is None:  # the default: Unix sockets only this user can open
+            self.sockets = open_ipc(socket_dir(), self.pid)  # BindError propagates to start()
+        else:  # TCP when asked for: always CURVE
+            self.sockets = open_sockets(bind or "127.0.0.1", port)
         self.probe = Probe()
         self.probe.phase_every = max(0, phase_every)
         self.hooks = None
         self.telemetry = None
+        self.recorder = None
         try:
             from torchtop.agent.capture.controller import CaptureController
 
@@ -62,6 +76,8 @@ class Agent:
             from torchtop.agent.telemetry.collector import TelemetryCollector
 
             self.telemetry = TelemetryCollector(self.cuda)
+            self.recorder = _recorder(record, self.rank)
+            self.telemetry.recording = self.recorder is not None
             self.telemetry.start()
             if auto:
                 self.hooks = AutoHooks(self.probe, torch, h2d=torch.cuda.is_available())
@@ -76,19 +92,27 @@ class Agent:
                 telemetry=self.telemetry,
                 captures=self.captures,
                 chores=self._chores,
+                recorder=self.recorder,
             )
+            if self.recorder is not None:
+                self.recorder.start()
             self.loop.start()
         except BaseException:
             self._teardown()
             raise
         self.discovery_file = None
         try:
-            self.discovery_file = discovery.write(self._discovery_info())
+            self.discovery_file = discovery.write(self.discovery_info())
         except OSError as exc:
+            how = (
+                f"attach with `torchtop attach {self.sockets.address}`"
+                if self.sockets.transport == "ipc"
+                else f"attach with `torchtop attach {self.sockets.address} --server-key KEY` once the agent "
+                "uses keys of yours (TORCHTOP_CURVE=1, `torchtop keys --server`)"
+            )
             warn(
                 f"cannot write the discovery file ({exc}); `torchtop ls` will not list this run: "
-                f"attach with `torchtop attach 127.0.0.1:{self.port}` or set TORCHTOP_RUNTIME_DIR "
-                "to a writable directory"
+                f"{how}, or set TORCHTOP_RUNTIME_DIR to a writable directory of yours"
             )
 
     @property
@@ -132,7 +156,7 @@ class Agent:
         if getattr(self, "discovery_file", None) is None:
             return
         try:
-            self.discovery_file = discovery.write(self._discovery_info())
+            self.discovery_file = discovery.write(self.discovery_info())
         except OSError:
             pass  # said once at start; the file keeps the launcher's identity
 
@@ -180,13 +204,19 @@ class Agent:
             backend=self.identity.backend,
         )
 
-    def _discovery_info(self) -> dict[str, Any]:
+    def discovery_info(self) -> dict[str, Any]:
+        """What the discovery file holds (0600): how local monitors of this user find and reach us."""
+        sockets = self.sockets
+        client = sockets.client
         return {
             "pid": self.pid,
             "host": socket.gethostname(),
-            "bind": self.sockets.bind,
-            "port": self.port,
-            "pub_port": self.sockets.pub_port,
+            "transport": sockets.transport,
+            "address": sockets.address,
+            "pub_address": sockets.pub_address,
+            "bind": sockets.bind,
+            "port": self.port or None,
+            "pub_port": sockets.pub_port or None,
             "rank": self.rank,
             "world_size": self.world_size,
             "local_rank": self.local_rank,
@@ -198,14 +228,19 @@ class Agent:
             "start_time": self.start_time,
             "run_id": self.run_id,
             "version": VERSION,
-            # the agent's CURVE public key (not a secret) when CURVE is on: local monitors use it
-            "server_key": self.sockets.curve.public.decode() if self.sockets.curve else None,
+            # CURVE (TCP): the agent's public key, and the key pair it admits for this user's
+            # monitors. The secret is why this file is 0600 in a 0700 directory.
+            "server_key": sockets.curve.public.decode() if sockets.curve else None,
+            "client_key": client[0].decode() if client else None,
+            "client_secret": client[1].decode() if client else None,
         }
 
     def _teardown(self) -> None:
         self.probe.disable()
         if self.telemetry is not None:
             self.telemetry.stop()
+        if self.recorder is not None:
+            self.recorder.close()
         if self.hooks is not None:
             self.hooks.uninstall()
         self.sockets.close()
@@ -217,8 +252,15 @@ class Agent:
         if self.hooks is not None:
             self.hooks.uninstall()
         loop = getattr(self, "loop", None)
+        if self.recorder is not None and self.telemetry is not None:
+            try:  # the recording ends with the host as it is now (unattended it is read every 10 s)
+                self.telemetry.slow(host_only=True)
+            except Exception:
+                pass
         if loop is not None:
             loop.stop()
+        if self.recorder is not None:  # after the loop's last tick: its batch is recorded too
+            self.recorder.close()
         if self.telemetry is not None:
             self.telemetry.stop()
         self.sockets.close()
@@ -232,16 +274,43 @@ class Agent:
             self.hooks.uninstall()
 
 
+def _recorder(record: str | os.PathLike[str] | None, rank: int) -> Any:
+    """The recorder thread (not started) for `record` or $TORCHTOP_RECORD; None when neither
+    asks for one or the directory cannot be written (said once: training goes on)."""
+    record = record or os.environ.get("TORCHTOP_RECORD") or None
+    if record is None:
+        return None
+    from torchtop.agent.contract.recording_store import DEFAULT_MAX_BYTES
+    from torchtop.agent.loop.recorder import Recorder
+
+    max_mb = _env_int("TORCHTOP_RECORD_MB", 0)
+    try:
+        return Recorder(Path(record), rank, max_mb << 20 if max_mb > 0 else DEFAULT_MAX_BYTES)
+    except OSError as exc:
+        warn(f"cannot record to {record} ({exc.strerror or exc}); training goes on without a recording")
+        return None
+
+
 def start(
-    port: int | None = None, bind: str | None = None, auto: bool = True, phase_every: int | None = None
+    port: int | None = None,
+    bind: str | None = None,
+    auto: bool = True,
+    phase_every: int | None = None,
+    record: str | os.PathLike[str] | None = None,
 ) -> Agent | None:
     """Start the agent in this process (once). Returns at once; never raises into training.
 
-    port: the request port (batches go out on port + 1); default $TORCHTOP_PORT or a free pair.
-    bind: default $TORCHTOP_BIND or 127.0.0.1. auto: install the zero-code hooks.
+    port: listen on TCP, on this request port (batches go out on port + 1; 0: a free pair);
+    default $TORCHTOP_PORT. bind: listen on TCP at this address (default $TORCHTOP_BIND, then
+    127.0.0.1 when a port is given). With neither, the agent listens on ipc:// sockets in the
+    private runtime directory, which no other user can open. TCP is always CURVE-encrypted.
+    auto: install the zero-code hooks.
     phase_every: time the phases of every step (1), of about 1 step in N (N), or by step time
     (0, the default, or $TORCHTOP_PHASE_EVERY): every step of 10 ms or more, a random sample of
     faster ones. Every step's end and wall time is logged whatever this says.
+    record: a directory to record the run into (rank r writes PATH/rank{r}), watched or not;
+    default $TORCHTOP_RECORD (none). Its size is bounded by $TORCHTOP_RECORD_MB (1024 MiB a
+    rank): older steps are thinned to one a tick, the oldest then deleted (docs/recording.md).
     """
     global _agent
     try:
@@ -255,21 +324,23 @@ def start(
                     f"torch is not importable ({exc}); install torch (pip install 'torchtop[torch]'); the agent is off"
                 )
                 return None
-            if port is None and os.environ.get("TORCHTOP_PORT"):
-                port = _env_int("TORCHTOP_PORT", 0) or None
-            bind = bind or os.environ.get("TORCHTOP_BIND") or "127.0.0.1"
+            env_port = os.environ.get("TORCHTOP_PORT", "").strip()
+            if port is None and env_port.isdigit():
+                port = int(env_port)
+            bind = bind or os.environ.get("TORCHTOP_BIND") or None
             from torchtop.agent.loop.sockets import BindError
 
             try:
                 if phase_every is None:
                     phase_every = _env_int("TORCHTOP_PHASE_EVERY", 0)
-                _agent = Agent(torch, port, bind, auto, phase_every)
+                _agent = Agent(torch, port, bind, auto, phase_every, record)
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")
                 return None
             if not os.environ.get("TORCHTOP_QUIET"):
                 warn(
-                    f"agent on {bind}:{_agent.port} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}"
+                    f"agent on {_agent.sockets.address} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}"
+                    + (f"; recording to {_agent.recorder.directory}" if _agent.recorder is not None else "")
                 )
             return _agent
     except Exception as exc:  # never into training

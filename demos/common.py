@@ -236,10 +236,9 @@ def train(
     """
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     model.train()
-    deadline = None if args.seconds is None else time.monotonic() + args.seconds
+    limit = RunLimit(args)
     step = 0
     log = LossLog(args.log_every, device)
-    started = time.perf_counter()
     while not stop:
         for batch in loader:
             images, labels = move(batch, device)
@@ -251,16 +250,41 @@ def train(
             log.add(step, loss)
             if after_step is not None:
                 after_step(step, loss)
-            if (args.steps is not None and step >= args.steps) or (
-                deadline is not None and time.monotonic() >= deadline
-            ):
+            if limit.reached(step):
                 stop.event.set()
             if stop:
                 break
     log.flush()
-    elapsed = time.perf_counter() - started
-    print(f"stopped after {step} steps in {elapsed:.1f} s", flush=True)
+    limit.report(step, device)
     return 0
+
+
+class RunLimit:
+    """--steps and --seconds, and the closing line: steps, time, and the memory peak (the
+    process's peak RSS; on CUDA also the allocator's peak), which `torchtop compare` checks."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.steps = args.steps
+        self.started = time.perf_counter()
+        self.deadline = None if args.seconds is None else time.monotonic() + args.seconds
+
+    def reached(self, step: int) -> bool:
+        return (self.steps is not None and step >= self.steps) or (
+            self.deadline is not None and time.monotonic() >= self.deadline
+        )
+
+    def report(self, step: int, device: torch.device) -> None:
+        elapsed = time.perf_counter() - self.started
+        line = f"stopped after {step} steps in {elapsed:.1f} s ({step / elapsed:.2f} steps/s)"
+        try:
+            import resource
+
+            line += f"; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+        except ImportError:
+            pass
+        if device.type == "cuda":
+            line += f"; CUDA peak allocated {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MiB"
+        print(line, flush=True)
 
 
 class LossLog:

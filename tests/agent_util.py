@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract import logcodes
 from torchtop.monitor.link.client import AgentClient
-from torchtop.monitor.link.targets import Endpoint
+from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model.steps import StepRecord
 
 if TYPE_CHECKING:
@@ -47,9 +47,30 @@ def free_port_pair() -> int:
     raise RuntimeError("no free port pair")
 
 
+def endpoint_for(agent: Any) -> Endpoint:
+    """How a local monitor of this user reaches an in-process agent: from its discovery entry
+    (ipc sockets by default; TCP with the CURVE keys the entry holds when a port was asked for)."""
+    return from_discovery(agent.discovery_info())
+
+
+def raw_connection(address: str, timeout: float = 1.0) -> socket.socket:
+    """A plain socket connected to an agent's ZeroMQ address (ipc:// or tcp://), for raw bytes."""
+    if address.startswith("ipc://"):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(timeout)
+        try:
+            s.connect(address.removeprefix("ipc://"))
+        except OSError:
+            s.close()
+            raise
+        return s
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    return socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+
+
 def client_for(agent: Any) -> AgentClient:
-    """A monitor client connected to an in-process agent on loopback."""
-    return AgentClient(Endpoint("127.0.0.1", agent.port))
+    """A monitor client connected to an in-process agent."""
+    return AgentClient(endpoint_for(agent))
 
 
 def snapshot_steps(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -94,7 +95,7 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
         assert nn.Sequential.forward is not original_forward
         assert getattr(inner_step(torch.optim.SGD), "_torchtop_step", False)
 
-        port = agent.port
+        address = agent.sockets.address
         ta.stop()
         assert ta.current() is None
         assert patched_state() == before
@@ -103,12 +104,13 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
         assert not getattr(inner_step(torch.optim.SGD), "_torchtop_step", False)
         assert inner_step(torch.optim.SGD) is torch.optim.SGD.step.__wrapped__  # torch's own step again
         assert list(runtime_dir.glob("agent-*.json")) == []
-        # its sockets are closed: the port can be bound again at once
+        # its sockets are closed and their files gone: the address can be bound again at once
         import zmq
 
+        assert not Path(address.removeprefix("ipc://")).exists()
         sock = zmq.Context.instance().socket(zmq.ROUTER)
         try:
-            sock.bind(f"tcp://127.0.0.1:{port}")
+            sock.bind(address)
         finally:
             sock.close(linger=0)
 
@@ -119,8 +121,8 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
 
 def test_restart_on_the_same_port_at_once() -> None:
     """stop() returns once the ports are free: start/stop can alternate on a fixed port."""
-    first = ta.start()
-    assert first is not None
+    first = ta.start(port=0)  # TCP on a free pair
+    assert first is not None and first.port
     port = first.port
     ta.stop()
     for _ in range(5):
@@ -133,7 +135,9 @@ def test_discovery_file_describes_the_agent(runtime_dir) -> None:
     agent = ta.start()
     assert agent is not None
     (info,) = discovery.list_agents()
-    assert info["pid"] == agent.pid and info["port"] == agent.port and info["pub_port"] == agent.port + 1
+    assert info["pid"] == agent.pid and info["transport"] == "ipc" and info["port"] is None
+    assert info["address"] == f"ipc://{runtime_dir}/agent-{agent.pid}.req"
+    assert info["pub_address"] == f"ipc://{runtime_dir}/agent-{agent.pid}.pub"
     assert info["run_id"] == agent.run_id and info["rank"] == 0
     assert info["file"] == str(runtime_dir / f"agent-{agent.pid}.json")
     assert (runtime_dir / f"agent-{agent.pid}.json").stat().st_mode & 0o777 == 0o600

@@ -5,7 +5,8 @@
 - the agent never imports textual; importing `torchtop.agent` imports nothing else;
 - the contract (`torchtop.agent.contract`) imports only msgspec and the standard library;
 - the monitor's pure layers (model, diagnosis) import neither textual, zmq nor torch; its link
-  to agents imports neither textual nor torch;
+  to agents imports neither textual nor torch; its export layer neither textual, zmq nor torch,
+  and its exporters' libraries (prometheus_client, opentelemetry: the `export` extra) only when used;
 - no module of either side takes part in an import circle.
 """
 
@@ -94,6 +95,21 @@ def test_monitor_pure_layers(layer: str) -> None:
     )
     assert len(out["modules"]) > 2
     assert out["loaded"] == {"torch": False, "zmq": False, "textual": False}, out["modules"]
+
+
+def test_monitor_export_layer_is_pure_and_loads_its_libraries_on_use() -> None:
+    out = run_fresh(
+        f"""
+        import json
+        names = walk("torchtop.monitor.export")
+        print(json.dumps({{"modules": names, "loaded": {loaded("torch", "zmq", "textual", "prometheus_client", "opentelemetry")}}}))
+        """
+    )
+    assert (
+        "torchtop.monitor.export.perfetto" in out["modules"]
+        and "torchtop.monitor.export.otlp" in out["modules"]
+    )
+    assert not any(out["loaded"].values()), out["loaded"]
 
 
 def test_monitor_link_needs_no_tui() -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torchtop.agent as ta
-from tests.agent_util import client_for
+from tests.agent_util import client_for, endpoint_for
 from torchtop.agent.capture.trace_summary import summarize
 
 
@@ -120,7 +120,7 @@ def test_garbage_on_the_request_socket_is_refused(agent) -> None:
 
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"tcp://127.0.0.1:{agent.port}")
+    sock.connect(endpoint_for(agent).address)
     try:
         sock.send(b"\x93\x01\xa7capture\xc0")
         assert sock.poll(5000)
@@ -146,18 +146,28 @@ def test_second_capture_while_one_runs_is_busy(agent) -> None:
     _run_until(loop, lambda: agent.captures.current.state in ("done", "failed"))
 
 
-def test_unwritable_output_directory_is_refused(tmp_path, monkeypatch) -> None:
+def test_unusable_output_directory_falls_back_or_is_refused(tmp_path, monkeypatch, runtime_dir) -> None:
     locked = tmp_path / "locked"
     locked.mkdir()
     (locked / "captures").write_text("a file where the directory should be")
     monkeypatch.setenv("TORCHTOP_DIR", str(locked / "captures"))
     agent = ta.start()
     client = client_for(agent)
-    try:
+    try:  # files go to the private fallback, and the reply says where and why
+        reply = client.request("capture-profile", {"steps": 2}, timeout=5)
+        assert reply.ok, reply.error
+        note = reply.capture.note
+        assert str(runtime_dir / "captures") in note and str(locked / "captures") in note
+        assert "TORCHTOP_DIR" in note
+        _run_until(Loop(), lambda: agent.captures.current.state in ("done", "failed"))
+        assert agent.captures.current.state == "done", agent.captures.current.error
+        assert Path(agent.captures.current.path).parent == runtime_dir / "captures"
+        # and when the fallback cannot be used either, the request is refused, saying why
+        monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(locked / "captures" / "rt"))
         reply = client.request("capture-profile", {"steps": 2}, timeout=5)
     finally:
         client.close()
-    assert not reply.ok and "TORCHTOP_DIR" in reply.error
+    assert not reply.ok and "TORCHTOP_DIR" in reply.error and str(locked / "captures") in reply.error
 
 
 def test_capture_cli_end_to_end(tmp_path) -> None:

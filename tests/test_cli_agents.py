@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 from tests.agent_util import free_port_pair  # noqa: E402
 from torchtop.agent.contract import discovery  # noqa: E402
 from torchtop.monitor.link.client import AgentClient  # noqa: E402
-from torchtop.monitor.link.targets import Endpoint  # noqa: E402
+from torchtop.monitor.link.targets import from_discovery  # noqa: E402
 
 CLI = [sys.executable, "-m", "torchtop.monitor.commands.cli"]
 
@@ -55,12 +55,16 @@ for x, y in DataLoader(Slow(), batch_size=None):
 """
 
 
-@pytest.fixture
-def training_run(tmp_path: Path, runtime_dir: Path):
-    """A training script with the agent, in its own process; yields its discovery info."""
+@pytest.fixture(params=["ipc", "tcp"])
+def training_run(tmp_path: Path, runtime_dir: Path, request: pytest.FixtureRequest):
+    """A training script with the agent, in its own process; yields its discovery info. On ipc
+    sockets (the default), or on TCP when a port is asked for."""
     script = tmp_path / "train.py"
     script.write_text(TRAINING_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), "60"], stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if request.param == "tcp":
+        env["TORCHTOP_PORT"] = str(free_port_pair())
+    proc = subprocess.Popen([sys.executable, str(script), "60"], stderr=subprocess.PIPE, text=True, env=env)
     try:
         path = runtime_dir / f"agent-{proc.pid}.json"
         deadline = time.monotonic() + 60
@@ -70,7 +74,7 @@ def training_run(tmp_path: Path, runtime_dir: Path):
             time.sleep(0.05)
         info = json.loads(path.read_text())
         # wait until it trains, not just until the agent is up (first steps are slow on a busy machine)
-        c = AgentClient(Endpoint("127.0.0.1", info["port"]))
+        c = AgentClient(from_discovery(info))
         try:
             while len(c.snapshot().steps) < 5:
                 assert proc.poll() is None, proc.stderr.read()
@@ -119,7 +123,10 @@ def _check_report(report: dict, pid: int) -> None:
 
 def test_report_and_ls_against_a_running_training_process(training_run: dict) -> None:
     pid, port = training_run["pid"], training_run["port"]
-    targets = [str(pid), f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", None]
+    if port:  # TCP: the loopback HOST:PORT forms find the CURVE keys in this user's discovery entry
+        targets = [str(pid), f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", f"localhost:{port}", None]
+    else:
+        targets = [str(pid), training_run["address"], None]
     procs = [
         subprocess.Popen(
             [*CLI, "report", *([t] if t else []), "--seconds", "2"],
@@ -132,10 +139,16 @@ def test_report_and_ls_against_a_running_training_process(training_run: dict) ->
     ls = cli("ls", "--json")
     assert ls.returncode == 0, ls.stderr
     (listed,) = json.loads(ls.stdout)
-    assert listed["pid"] == pid and listed["port"] == port and listed["pub_port"] == port + 1
+    assert listed["pid"] == pid and listed["address"] == training_run["address"]
+    if port:
+        assert listed["transport"] == "tcp" and listed["pub_port"] == port + 1
+        assert listed["address"] == f"tcp://127.0.0.1:{port}" and listed["server_key"]
+    else:
+        assert listed["transport"] == "ipc" and listed["pub_address"].endswith(f"agent-{pid}.pub")
     assert any(arg.endswith("train.py") for arg in listed["argv"])
     plain = cli("ls")
-    assert plain.returncode == 0 and f"pid {pid}" in plain.stdout and f"port {port}" in plain.stdout
+    assert plain.returncode == 0 and f"pid {pid}" in plain.stdout
+    assert (f"port {port}" if port else "  ipc  ") in plain.stdout
 
     for target, proc in zip(targets, procs):
         out, err = proc.communicate(timeout=60)
@@ -148,7 +161,11 @@ def test_ls_lists_an_in_process_agent(agent) -> None:
     out = cli("ls", "--json")
     assert out.returncode == 0, out.stderr
     (info,) = json.loads(out.stdout)
-    assert (info["pid"], info["port"], info["run_id"]) == (os.getpid(), agent.port, agent.run_id)
+    assert (info["pid"], info["address"], info["run_id"]) == (
+        os.getpid(),
+        agent.sockets.address,
+        agent.run_id,
+    )
 
 
 def dead_pid() -> int:

@@ -56,10 +56,9 @@ def _wait(cond: Any, timeout: float, message: str) -> None:
 
 
 def _client(agent: Any) -> Any:
-    from torchtop.monitor.link.client import AgentClient
-    from torchtop.monitor.link.targets import parse
+    from tests.agent_util import client_for
 
-    return AgentClient(parse(f"127.0.0.1:{agent.port}"))
+    return client_for(agent)
 
 
 def _steps_over_wire(agent: Any, last_index: int, timeout: float = 15.0) -> list[Any]:
@@ -285,7 +284,7 @@ def test_report_says_cuda(agent: Any) -> None:
     x = torch.randn(256, 512, device="cuda")
     code = "import sys; from torchtop.monitor.commands.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, "report", f"127.0.0.1:{agent.port}", "--seconds", "2"],
+        [sys.executable, "-c", code, "report", str(agent.pid), "--seconds", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -13,7 +13,9 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import stat
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,10 +45,9 @@ def agent(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
 
 
 def _client(agent: Any) -> Any:
-    from torchtop.monitor.link.client import AgentClient
-    from torchtop.monitor.link.targets import Endpoint
+    from tests.agent_util import client_for
 
-    return AgentClient(Endpoint("127.0.0.1", agent.port))
+    return client_for(agent)
 
 
 def test_fragmentation_matches_memory_snapshot(agent: Any) -> None:
@@ -139,10 +140,13 @@ def test_profile_capture_of_matmul_loop_is_mostly_kernel(agent: Any) -> None:
     assert cap.summary["top_device"], "no ops by device time"
 
 
-def test_memory_snapshot_capture_opens_with_pickle(agent: Any) -> None:
+def test_memory_snapshot_capture_opens_with_pickle(agent: Any, tmp_path: Any) -> None:
     _, step = _matmul_loop()
     step()
     cap = _capture(agent, "capture-memory", {"steps": 3}, step)
+    path = Path(cap.path)
+    assert path.parent == tmp_path / "captures" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert cap.note == ""  # the directory asked for was used
     with open(cap.path, "rb") as fh:
         snapshot = pickle.load(fh)
     print(f"\nmemory capture: {cap.path}; summary {cap.summary}")

@@ -21,7 +21,13 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import torchtop.agent as ta  # noqa: E402
-from tests.agent_util import client_for, cuda_in_use, free_port_pair, snapshot_steps  # noqa: E402
+from tests.agent_util import (  # noqa: E402
+    client_for,
+    cuda_in_use,
+    endpoint_for,
+    free_port_pair,
+    snapshot_steps,
+)
 from torchtop.agent.contract import discovery, wire  # noqa: E402
 from torchtop.agent.core import VERSION  # noqa: E402
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable  # noqa: E402
@@ -58,13 +64,14 @@ def wait_first_batch(c: AgentClient, timeout: float = 10.0) -> wire.Batch:
 
 
 # -- the protocol --------------------------------------------------------------------------------
-def test_hello_fields(agent, client) -> None:
+def test_hello_fields(agent, client, runtime_dir: Path) -> None:
     hello = client.hello()
     assert hello.v == V
     assert hello.run_id == agent.run_id and len(hello.run_id) >= 8
     assert hello.pid == os.getpid()
     assert hello.host == socket.gethostname()
-    assert hello.port == agent.port and hello.pub_port == agent.port + 1
+    assert hello.port == hello.pub_port == 0  # the default: ipc sockets in the runtime directory
+    assert agent.sockets.address == f"ipc://{runtime_dir}/agent-{os.getpid()}.req"
     if not cuda_in_use():  # (a GPU machine, after a CUDA test: the agent samples the GPU)
         assert hello.device == "cpu" and hello.device_name == "" and hello.cuda_event_every == 0
     assert hello.start_time == pytest.approx(time.time(), abs=60)
@@ -156,7 +163,7 @@ def test_the_agent_thread_wakes_about_once_a_tick(monkeypatch: pytest.MonkeyPatc
 
 
 def test_closed_port_is_unreachable_quickly() -> None:
-    c = AgentClient(Endpoint("127.0.0.1", free_port_pair()))
+    c = AgentClient(Endpoint.tcp("127.0.0.1", free_port_pair()))
     try:
         t = time.monotonic()
         with pytest.raises(AgentUnreachable, match="no answer from a torchtop agent"):
@@ -171,7 +178,7 @@ def test_garbage_requests_get_an_error_and_are_counted(agent) -> None:
     dealer = zmq.Context.instance().socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.setsockopt(zmq.RCVTIMEO, 5000)
-    dealer.connect(f"tcp://127.0.0.1:{agent.port}")
+    dealer.connect(endpoint_for(agent).address)
     cases = [
         (b"\xc1\x00garbage", "bad request: malformed frame"),
         (b"", "bad request: malformed frame"),
@@ -209,7 +216,7 @@ def test_garbage_on_the_stream_is_counted_and_valid_batches_still_arrive() -> No
     pub = zmq.Context.instance().socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     pub.bind(f"tcp://127.0.0.1:{port + 1}")
-    c = AgentClient(Endpoint("127.0.0.1", port))
+    c = AgentClient(Endpoint.tcp("127.0.0.1", port))
 
     def batch(seq: int) -> bytes:
         return wire.encode(wire.Batch(v=V, run_id="fake", seq=seq, time=float(seq)))
@@ -287,7 +294,7 @@ def test_unwritable_runtime_dir_warns_and_runs(
     assert a is not None
     lines = capfd.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "cannot write the discovery file" in lines[0], lines
-    assert f"torchtop attach 127.0.0.1:{a.port}" in lines[0]
+    assert f"torchtop attach {a.sockets.address}" in lines[0]
     train_steps(4)
     assert [s.i for s in snapshot_steps(a, 4)] == [0, 1, 2, 3]
     ta.stop()  # removing a file that was never written is fine
@@ -326,8 +333,9 @@ def test_other_loopback_binds_work(bind: str) -> None:
         pytest.skip("no IPv6 loopback here")
     a = ta.start(bind=bind)
     assert a is not None
-    host = "127.0.0.1" if bind == "localhost" else bind
-    c = AgentClient(Endpoint(host, a.port))
+    endpoint = endpoint_for(a)
+    assert endpoint.host == ("127.0.0.1" if bind == "localhost" else bind) and endpoint.port == a.port
+    c = AgentClient(endpoint)
     try:
         assert c.hello().pid == os.getpid()
         assert wait_first_batch(c).run_id == a.run_id

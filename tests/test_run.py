@@ -288,6 +288,8 @@ def test_helpers() -> None:
         env["PYTHONPATH"].endswith(os.pathsep + "/a")
         and (Path(env["PYTHONPATH"].split(os.pathsep)[0]) / "sitecustomize.py").exists()
     )
+    assert "TORCHTOP_RECORD" not in env
+    assert child_env(None, {}, record="runs/x")["TORCHTOP_RECORD"] == str(Path("runs/x").resolve())
     assert job_name(["python", "-m", "pkg.train"]) == "pkg_train"
     assert job_name(["python", "/x/train.py", "--lr", "1"]) == "train"
 

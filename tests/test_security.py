@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.auth
-from agent_util import median
+from agent_util import median, raw_connection
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from remote_util import training_agent
@@ -28,7 +27,7 @@ from torchtop.agent.contract import discovery, keys, wire
 from torchtop.monitor.commands import cli
 from torchtop.monitor.commands import keys as keys_cli
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
-from torchtop.monitor.link.targets import Endpoint
+from torchtop.monitor.link.targets import Endpoint, from_discovery
 
 pytest.importorskip("torch")
 
@@ -135,7 +134,11 @@ def _silent(endpoint: Endpoint, timeout: float = 0.5) -> None:
 
 @pytest.mark.parametrize("bind", ["0.0.0.0", "127.0.0.1"])
 def test_curve_agent_serves_only_authorized_keys(
-    bind: str, curve_setup, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    bind: str,
+    curve_setup,
+    runtime_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     if bind == "127.0.0.1":
         monkeypatch.setenv(keys.ENV_CURVE, "1")  # CURVE on loopback: optional, on request
@@ -143,7 +146,7 @@ def test_curve_agent_serves_only_authorized_keys(
     assert agent is not None and agent.sockets.curve is not None, capsys.readouterr().err
     host, port, spub = "127.0.0.1", agent.port, curve_setup["server_public"]
 
-    good = AgentClient(Endpoint(host, port, curve=curve_setup["good"]))
+    good = AgentClient(Endpoint.tcp(host, port, curve=curve_setup["good"]))
     try:
         assert good.hello(timeout=5).pid == os.getpid()
         deadline = time.monotonic() + 5
@@ -153,12 +156,12 @@ def test_curve_agent_serves_only_authorized_keys(
     finally:
         good.close()
 
-    _silent(Endpoint(host, port))  # no key at all (NULL mechanism)
-    _silent(Endpoint(host, port, curve=_stranger(spub)))  # a key the agent does not know
+    _silent(Endpoint.tcp(host, port))  # no key at all (NULL mechanism)
+    _silent(Endpoint.tcp(host, port, curve=_stranger(spub)))  # a key the agent does not know
     wrong_server = keys.ClientCurve(
         zmq.curve_keypair()[0], curve_setup["good"].public, curve_setup["good"].secret
     )
-    _silent(Endpoint(host, port, curve=wrong_server))  # our key, but not this agent's
+    _silent(Endpoint.tcp(host, port, curve=wrong_server))  # our key, but not this agent's
     time.sleep(0.3)
     assert agent.captures.current is None and agent.captures.status() == []  # nothing ran
     assert agent.loop.bad_requests == 0  # nothing they sent was even read
@@ -173,8 +176,11 @@ def test_curve_agent_serves_only_authorized_keys(
     )
     report = json.loads(capsys.readouterr().out)
     assert report["pid"] == os.getpid() and report["batches"] > 0
-    assert cli.main(["report", target, "--seconds", "0.5"]) == 2  # without the key: nothing
+    # without the key (and without this user's discovery entry, which holds a key pair): nothing
+    monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(curve_setup["monitor_cfg"] / "elsewhere"))
+    assert cli.main(["report", target, "--seconds", "0.5"]) == 2
     assert "no answer" in capsys.readouterr().err
+    monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(runtime_dir))
     # a local monitor finds the agent's public key in its discovery file
     assert discovery.list_agents()[0]["server_key"] == spub.decode()
     assert cli.main(["report", str(os.getpid()), "--seconds", "0.5"]) == 0
@@ -261,16 +267,17 @@ FUZZ = settings(max_examples=250, deadline=None, database=None, suppress_health_
 
 
 class Fuzzer:
-    """Throws hypothesis-made frames at an agent's two ports: as a zmq peer and as raw TCP."""
+    """Throws hypothesis-made frames at an agent's two sockets: as a zmq peer and as raw bytes
+    (on TCP or the ipc socket files)."""
 
-    def __init__(self, port: int, curve: keys.ClientCurve | None = None) -> None:
-        self.port = port
+    def __init__(self, endpoint: Endpoint, curve: keys.ClientCurve | None = None) -> None:
+        self.addresses = (endpoint.address, endpoint.pub_address)
         self.ctx = zmq.Context()
-        self.dealer = self._sock(zmq.DEALER, port, curve)
-        self.xsub = self._sock(zmq.XSUB, port + 1, curve)  # may send anything as "subscriptions"
+        self.dealer = self._sock(zmq.DEALER, endpoint.address, curve)
+        self.xsub = self._sock(zmq.XSUB, endpoint.pub_address, curve)  # may send anything as "subscriptions"
         self.sent = 0
 
-    def _sock(self, kind: int, port: int, curve: keys.ClientCurve | None) -> zmq.Socket:
+    def _sock(self, kind: int, address: str, curve: keys.ClientCurve | None) -> zmq.Socket:
         sock = self.ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -280,7 +287,7 @@ class Fuzzer:
                 curve.public,
                 curve.secret,
             )
-        sock.connect(f"tcp://127.0.0.1:{port}")
+        sock.connect(address)
         return sock
 
     def run(self, examples: int = 250, round_: int = 0) -> None:
@@ -295,9 +302,9 @@ class Fuzzer:
                     pass
             while self.dealer.poll(0):
                 self.dealer.recv_multipart()
-            for port in (self.port, self.port + 1):
+            for address in self.addresses:
                 try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    with raw_connection(address) as s:
                         s.sendall(raw)
                 except OSError:
                     pass
@@ -332,14 +339,14 @@ def test_fuzzed_frames_never_crash_the_agent_nor_slow_training(
 ) -> None:
     """Quiet and fuzzed windows alternate, so the machine's own load drifts out of the ratio."""
     with training_agent(tmp_path, subprocess_env) as (proc, info):
-        endpoint = Endpoint("127.0.0.1", info["port"])
+        endpoint = from_discovery(info)
         _answers(endpoint)
         deadline = time.monotonic() + 60  # warm: torch's lazy init done, the hooks found the model
         while len(_steps_between(endpoint, 0, time.time())) < 300 and time.monotonic() < deadline:
             time.sleep(0.2)
         quiet: list[float] = []
         fuzzed: list[float] = []
-        fuzzer = Fuzzer(info["port"])
+        fuzzer = Fuzzer(endpoint)
         try:
             for round_ in range(3):
                 start = time.time()
@@ -368,7 +375,7 @@ def test_fuzzed_frames_on_a_curve_agent(curve_setup) -> None:
     assert agent is not None and agent.sockets.curve is not None
     for curve in (None, _stranger(curve_setup["server_public"]), curve_setup["good"]):
         before = agent.loop.bad_requests
-        fuzzer = Fuzzer(agent.port, curve)
+        fuzzer = Fuzzer(Endpoint.tcp("127.0.0.1", agent.port), curve)
         try:
             fuzzer.run(100)
         finally:
@@ -378,4 +385,4 @@ def test_fuzzed_frames_on_a_curve_agent(curve_setup) -> None:
             assert agent.loop.bad_requests == before  # nothing they sent was read
     assert agent.loop.bad_requests > 0  # the authorized fuzzer's frames were read, and refused
     assert agent.captures.current is None  # no bad-args request started a capture
-    assert _answers(Endpoint("127.0.0.1", agent.port, curve=curve_setup["good"])).pid == os.getpid()
+    assert _answers(Endpoint.tcp("127.0.0.1", agent.port, curve=curve_setup["good"])).pid == os.getpid()

@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -21,10 +22,11 @@ import psutil
 import pytest
 from remote_util import loopback_sshd, training_agent
 
-from tests.agent_util import free_port
+from tests.agent_util import free_port, free_port_pair
+from torchtop.monitor.commands import keys as keys_cli
 from torchtop.monitor.link import ssh
 from torchtop.monitor.link.client import AgentClient
-from torchtop.monitor.link.targets import TargetError
+from torchtop.monitor.link.targets import Endpoint, TargetError
 
 SSHD = shutil.which("sshd") or next(
     (p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd") if os.path.exists(p)), None
@@ -70,6 +72,20 @@ def _accepts(port: int) -> bool:
         return False
 
 
+def _local_ends(endpoint: Endpoint) -> list[str]:
+    """What the tunnel's ssh names as its local ends: socket paths (ipc) or ports (tcp)."""
+    if endpoint.transport == "ipc":
+        return [a.removeprefix("ipc://") for a in (endpoint.address, endpoint.pub_address)]
+    return [a.rsplit(":", 1)[1] for a in (endpoint.address, endpoint.pub_address)]
+
+
+def _closed(endpoint: Endpoint) -> bool:
+    """Nothing is left of the tunnel's local ends: the ports refuse, the socket directory is gone."""
+    if endpoint.transport == "ipc":
+        return not Path(endpoint.address.removeprefix("ipc://")).parent.exists()
+    return not _accepts(endpoint.port) and not _accepts(int(endpoint.pub_address.rsplit(":", 1)[1]))
+
+
 # -- parsing (no sshd) ---------------------------------------------------------------------------
 def test_parse_ssh_targets() -> None:
     assert ssh.parse("ssh://gpu1") == ssh.SshTarget("gpu1")
@@ -96,11 +112,12 @@ def test_report_ls_and_capture_over_ssh(ssh_env: dict[str, str], sshd, tmp_path:
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)
         assert report["steps"] > 0 and report["pid"] == proc.pid and report["target"].startswith(host)
-        local_port = int(report["target"].rsplit(":", 1)[1].rstrip(")"))
-        assert not _accepts(local_port)  # the tunnel went with the command
+        assert info["transport"] == "ipc"  # the default: its Unix sockets are forwarded
+        local_dir = Path(report["target"].rsplit(" via ", 1)[1].rstrip(")"))
+        assert local_dir.name.startswith("torchtop-ssh-") and not local_dir.exists()  # gone with the command
 
-        # by agent port, and with no pid at all (the only agent there)
-        for target in (f"{host}/{info['port']}", host):
+        # with no pid at all (the only agent there)
+        for target in (host,):
             out = torchtop(ssh_env, "report", target, "--seconds", "1")
             assert out.returncode == 0 and json.loads(out.stdout)["pid"] == proc.pid, out.stderr
 
@@ -110,25 +127,38 @@ def test_report_ls_and_capture_over_ssh(ssh_env: dict[str, str], sshd, tmp_path:
         assert capture["state"] == "done" and Path(capture["path"]).is_file()
 
 
-def test_open_ssh_tunnel_lasts_while_used(ssh_env: dict[str, str], sshd, tmp_path: Path) -> None:
-    with training_agent(tmp_path, ssh_env) as (proc, _info):
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_open_ssh_tunnel_lasts_while_used(
+    transport: str, ssh_env: dict[str, str], sshd, tmp_path: Path
+) -> None:
+    env = {**ssh_env, "TORCHTOP_PORT": str(free_port_pair())} if transport == "tcp" else ssh_env
+    with training_agent(tmp_path, env) as (proc, info):
+        assert info["transport"] == transport
         with ssh.open_ssh(f"{sshd['host']}/{proc.pid}") as endpoint:
-            assert endpoint.host == "127.0.0.1" and sshd["host"] in str(endpoint)
+            assert endpoint.transport == transport and sshd["host"] in str(endpoint)
+            if transport == "ipc":  # the local ends: Unix sockets in a private directory of ours
+                sock_dir = Path(endpoint.address.removeprefix("ipc://")).parent
+                assert (
+                    stat.S_IMODE(sock_dir.stat().st_mode) == 0o700 and sock_dir.stat().st_uid == os.geteuid()
+                )
+            else:  # TCP: CURVE, with the key pair the agent's entry (read over ssh) holds
+                assert endpoint.host == "127.0.0.1" and endpoint.curve is not None
             client = AgentClient(endpoint)
             try:
                 assert client.hello(timeout=10).pid == proc.pid
                 assert client.recv_batches(5.0), "no batch came through the tunnel"
             finally:
                 client.close()
-        assert not _accepts(endpoint.port) and not _accepts(endpoint.port + 1)
+        assert _closed(endpoint)
 
 
-def _tunnel_ssh(port: int) -> list[psutil.Process]:
-    """This process's ssh children that forward local `port`."""
+def _tunnel_ssh(endpoint: Endpoint) -> list[psutil.Process]:
+    """This process's ssh children that forward the endpoint's local ends."""
+    first = _local_ends(endpoint)[0]
     return [
         c
         for c in psutil.Process().children(recursive=True)
-        if any(arg.startswith(f"{port}:") for arg in c.cmdline())
+        if any(arg.startswith(f"{first}:") for arg in c.cmdline())
     ]
 
 
@@ -142,7 +172,7 @@ def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(
                 assert client.hello(timeout=10).pid == proc.pid
                 before = client.recv_batches(5.0)
                 assert before
-                (first,) = _tunnel_ssh(endpoint.port)
+                (first,) = _tunnel_ssh(endpoint)
                 assert endpoint.link_trouble() == ""
                 first.kill()  # what a dropped connection does to ssh: it exits
                 first.wait(5)
@@ -158,9 +188,9 @@ def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(
                 while batches := client.recv_batches(0.1):  # what was on its way before the drop
                     before += batches
                 deadline = time.monotonic() + 20
-                while time.monotonic() < deadline and not _tunnel_ssh(endpoint.port):
+                while time.monotonic() < deadline and not _tunnel_ssh(endpoint):
                     time.sleep(0.1)
-                (second,) = _tunnel_ssh(endpoint.port)
+                (second,) = _tunnel_ssh(endpoint)
                 assert second.pid != first.pid
                 after: list = []
                 deadline = time.monotonic() + 30
@@ -177,8 +207,8 @@ def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(
                 assert client.hello(timeout=10).pid == proc.pid
             finally:
                 client.close()
-        assert not _tunnel_ssh(endpoint.port), "the keeper left an ssh behind"
-        assert not _accepts(endpoint.port)
+        assert not _tunnel_ssh(endpoint), "the keeper left an ssh behind"
+        assert _closed(endpoint)
 
 
 def test_ssh_errors_say_what_to_do(ssh_env: dict[str, str], sshd, tmp_path: Path) -> None:
@@ -198,10 +228,21 @@ def test_ssh_errors_say_what_to_do(ssh_env: dict[str, str], sshd, tmp_path: Path
     out = torchtop(ssh_env, "attach", closed)
     assert out.returncode == 2 and "ssh to 127.0.0.1 failed" in out.stderr, out.stderr
 
-    with training_agent(tmp_path, ssh_env) as (proc, info):
+    # an agent on TCP, with keys set up as for direct remote access (the same config dir here)
+    server_key = keys_cli.make_pair("server")[0]
+    keys_cli.authorize(str(keys_cli.make_pair("client")[0]), "monitor")
+    tcp = {**ssh_env, "TORCHTOP_PORT": str(free_port_pair()), "TORCHTOP_CURVE": "1"}
+    with training_agent(tmp_path, tcp) as (proc, info):
         out = torchtop(ssh_env, "report", f"{host}/1", "--seconds", "1")
         assert out.returncode == 2 and "no torchtop agent with pid or port 1" in out.stderr
         assert f"pid {proc.pid}" in out.stderr  # what is running there, to pick from
-        # no torchtop command there, but a port named: the tunnel goes straight to it
+        out = torchtop(ssh_env, "report", f"{host}/{info['port']}", "--seconds", "1")  # by port
+        assert out.returncode == 0 and json.loads(out.stdout)["pid"] == proc.pid, out.stderr
+        # no torchtop command there, but a port named: the tunnel goes straight to it, and the
+        # agent's public key given by hand reaches it with our own client key
         out = torchtop(missing, "report", f"{host}/{info['port']}", "--seconds", "1")
+        assert out.returncode == 2 and "--server-key" in out.stderr  # TCP agents answer only CURVE
+        out = torchtop(
+            missing, "report", f"{host}/{info['port']}", "--server-key", str(server_key), "--seconds", "1"
+        )
         assert out.returncode == 0 and json.loads(out.stdout)["pid"] == proc.pid, out.stderr

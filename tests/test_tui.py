@@ -90,7 +90,7 @@ async def fed_app(pilot, *messages) -> None:
 
 
 def app_without_feed(**kw) -> TorchtopApp:
-    return TorchtopApp(endpoint=Endpoint("127.0.0.1", 5555), feed=False, clock=lambda: 50.0, **kw)
+    return TorchtopApp(endpoint=Endpoint.tcp("127.0.0.1", 5555), feed=False, clock=lambda: 50.0, **kw)
 
 
 # -- pure pieces --------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ async def test_snapshot_history_and_agent_gone() -> None:
 # -- keys -----------------------------------------------------------------------------------------
 async def test_status_line_says_when_the_ssh_tunnel_is_being_rebuilt() -> None:
     trouble = ["ssh tunnel to gpu-box down 12s, rebuilding, 3 attempts"]
-    endpoint = Endpoint("127.0.0.1", 5555, label="ssh://gpu-box/1", link=lambda: trouble[0])
+    endpoint = Endpoint.tcp("127.0.0.1", 5555, label="ssh://gpu-box/1", link=lambda: trouble[0])
     app = TorchtopApp(endpoint=endpoint, feed=False, clock=lambda: 50.0)
     async with app.run_test(size=(160, 40)) as pilot:
         await fed_app(pilot)
@@ -300,7 +300,7 @@ def test_feed_retries_hello_then_streams_and_stops_when_cancelled(monkeypatch) -
         clients.append(FakeClient(endpoint))
         return clients[-1]
 
-    feed.run_feed(Endpoint("127.0.0.1", 1), posted.append, lambda: len(posted) >= 5, factory)
+    feed.run_feed(Endpoint.tcp("127.0.0.1", 1), posted.append, lambda: len(posted) >= 5, factory)
     kinds = [type(m).__name__ for m in posted]
     assert kinds == ["FeedError", "FeedError", "HelloReceived", "SnapshotReceived", "BatchesReceived"]
     assert not posted[0].lost and posted[4].bad_frames == 1
@@ -360,7 +360,7 @@ def feed_threads() -> list[int]:
 
 
 async def test_closed_port_shows_waiting_and_the_feed_stops_on_quit() -> None:
-    app = TorchtopApp(endpoint=Endpoint("127.0.0.1", free_port_pair()))
+    app = TorchtopApp(endpoint=Endpoint.tcp("127.0.0.1", free_port_pair()))
     async with app.run_test() as pilot:
         assert await wait_for(pilot, lambda: "no answer" in app.status_line.plain(), 10)
         assert app.status_line.connection == "waiting"

@@ -125,7 +125,7 @@ def fed_batches(recs: list[StepRecord], tel: wire.Telemetry | None = None) -> Ba
 
 
 def app_without_feed(endpoint: Endpoint | None = None) -> TorchtopApp:
-    return TorchtopApp(endpoint=endpoint or Endpoint("127.0.0.1", 5555), feed=False, clock=lambda: 50.0)
+    return TorchtopApp(endpoint=endpoint or Endpoint.tcp("127.0.0.1", 5555), feed=False, clock=lambda: 50.0)
 
 
 async def fed(pilot, *messages) -> None:
@@ -296,7 +296,9 @@ async def test_marks_skipped_and_eval_steps() -> None:
 
 async def test_capture_keys_queue_requests_and_show_answers_and_progress() -> None:
     app = app_without_feed(
-        Endpoint("127.0.0.1", 40001, 4242, "ssh://ana@gpu7/4242 (pid 4242, port 5555 via 127.0.0.1:40001)")
+        Endpoint.tcp(
+            "127.0.0.1", 40001, 4242, "ssh://ana@gpu7/4242 (pid 4242, port 5555 via 127.0.0.1:40001)"
+        )
     )
     async with app.run_test(size=(120, 40)) as pilot:
         notes = recorded_notes(app)

@@ -4,7 +4,8 @@ The agent thread validates a request and arms the controller; the training threa
 step boundary, starts the profiler (it records only the thread that started it), steps it at each
 boundary, and stops it after exactly N steps. Export and summaries run on a writer thread. The
 client names no path: files go only under the agent's output directory ($TORCHTOP_DIR, else
-./torchtop-captures). One capture at a time; another request while one runs is told "busy".
+./torchtop-captures), and only as files.py allows (a private directory, new 0600 files, never
+through a link). One capture at a time; another request while one runs is told "busy".
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import threading
 import time
 import warnings
 from collections import deque
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchtop.agent.capture import files
 from torchtop.agent.contract.wire import CaptureInfo
+from torchtop.agent.warn import warn
 
 if TYPE_CHECKING:
     from torchtop.agent.cuda_use import CudaUse
@@ -45,14 +47,10 @@ class CaptureError(ValueError):
     """A request refused; the message is sent back to the client."""
 
 
-def output_dir() -> Path:
-    return Path(os.environ.get("TORCHTOP_DIR") or (Path.cwd() / "torchtop-captures")).resolve()
-
-
 def _check_args(args: dict[str, Any], allowed: dict[str, Any]) -> None:
     for key, value in args.items():
         if key not in allowed:
-            raise CaptureError(f"unknown argument {key!r}; allowed: {', '.join(allowed)}")
+            raise CaptureError(f"unknown argument {key[:64]!r}; allowed: {', '.join(allowed)}")
         kind = allowed[key]
         if isinstance(value, bool) and kind is not bool:
             raise CaptureError(f"argument {key!r} must be a number, not a boolean")
@@ -65,7 +63,9 @@ class CaptureController:
         self.cuda = cuda
         self.torch = cuda.torch
         self.probe = probe
-        self.dir = output_dir()
+        self.wanted = files.wanted_dir()  # from the cwd at start; checked again at each request
+        self._dest: files.Destination | None = None  # the verified directory of the current capture
+        self._warned = ""  # the fallback note already said on stderr
         self.host = socket.gethostname()
         self.current: CaptureInfo | None = None
         self.done: deque[CaptureInfo] = deque(maxlen=20)
@@ -84,15 +84,13 @@ class CaptureController:
                 )
             info = self._validate(cmd, args)
             try:
-                self.dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise CaptureError(
-                    f"cannot create the output directory {self.dir} ({exc}); set TORCHTOP_DIR"
-                ) from None
-            if not os.access(self.dir, os.W_OK):
-                raise CaptureError(
-                    f"output directory {self.dir} is not writable; set TORCHTOP_DIR to one that is"
-                )
+                dest = files.open_destination(self.wanted)
+            except files.CaptureDirError as exc:
+                raise CaptureError(str(exc)) from None
+            if dest.note and dest.note != self._warned:
+                warn(dest.note)  # once per reason; every capture it applies to carries it too
+                self._warned = dest.note
+            self._dest, info.note = dest, dest.note  # the last capture closed its own
             self._ids += 1
             info.id, info.host, info.requested_at = self._ids, self.host, time.time()
             self._args = args
@@ -225,28 +223,38 @@ class CaptureController:
         threading.Thread(target=fn, args=args, name="torchtop-capture", daemon=True).start()
 
     def _fail(self, c: CaptureInfo, error: str) -> None:
+        self._close_dest()  # before the state says so: the next request may then open its own
         c.state, c.error, c.finished_at = "failed", error[:500], time.time()
         self.done.append(c)
 
-    def _path(self, c: CaptureInfo, suffix: str) -> Path:
+    def _done(self, c: CaptureInfo) -> None:
+        self._close_dest()
+        c.state, c.finished_at = "done", time.time()
+        self.done.append(c)
+
+    def _close_dest(self) -> None:
+        dest, self._dest = self._dest, None
+        if dest is not None:
+            dest.close()
+
+    def _stem(self, c: CaptureInfo) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(c.started_at))
         rank = f"rank{self.rank}-" if self.rank is not None else ""
-        return self.dir / f"{c.kind}-{rank}{os.getpid()}-{stamp}-{c.id}{suffix}"
+        return f"{c.kind}-{rank}{os.getpid()}-{stamp}-{c.id}"
 
     def _write_profile(self, c: CaptureInfo, prof: Any) -> None:
         from torchtop.agent.capture.trace_summary import summarize
 
         warnings.filterwarnings("ignore", module=r"torch\.profiler.*")  # export warns on our thread
         try:
-            path = self._path(c, ".pt.trace.json.gz")
-            prof.export_chrome_trace(str(path))
-            with gzip.open(path, "rt") as fh:
-                events = json.load(fh).get("traceEvents", [])
+            assert self._dest is not None
+            path, events = files.export(
+                self._dest, self._stem(c), ".pt.trace.json.gz", prof.export_chrome_trace, _trace_events
+            )
             summary = summarize(events)
             summary |= _top_ops(prof)
             c.path, c.summary = str(path), summary
-            c.state, c.finished_at = "done", time.time()
-            self.done.append(c)
+            self._done(c)
         except Exception as exc:
             self._fail(c, f"export failed: {type(exc).__name__}: {exc}")
 
@@ -258,26 +266,31 @@ class CaptureController:
 
         torch = self.torch
         try:
-            path = self._path(c, ".memory.pickle")
             snapshot = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             import pickle
 
-            with open(path, "wb") as fh:  # the format pytorch.org/memory_viz opens; never sent on the wire
+            assert self._dest is not None
+            path, fd = files.create(self._dest, self._stem(c), ".memory.pickle")
+            with os.fdopen(fd, "wb") as fh:  # the format pytorch.org/memory_viz opens; never sent on the wire
                 pickle.dump(snapshot, fh)
             c.path = str(path)
             c.summary = {
                 "top_sites": top_allocation_sites(snapshot),
                 "segments": len(snapshot.get("segments", [])),
             }
-            c.state, c.finished_at = "done", time.time()
-            self.done.append(c)
+            self._done(c)
         except Exception as exc:
             try:
                 torch.cuda.memory._record_memory_history(enabled=None)
             except Exception:
                 pass
             self._fail(c, f"snapshot failed: {type(exc).__name__}: {exc}")
+
+
+def _trace_events(path: str) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as fh:
+        return json.load(fh).get("traceEvents", [])
 
 
 def _top_ops(prof: Any, n: int = 10) -> dict[str, Any]:

@@ -1,18 +1,23 @@
 """Discovery files: how `torchtop ls` and `torchtop attach` find agents on this machine.
 
 Each agent writes `agent-<pid>.json` into a per-user runtime directory (0700, files 0600) and
-removes it on exit. A crashed agent leaves its file behind; readers skip (and clean up) files
-whose process is gone or whose pid was reused by another process. Imports neither torch nor zmq:
-the monitor uses it too.
+removes it on exit; its ipc sockets live there too. The directory is checked as private.py
+says: another user's directory or symlink is refused, never written into nor chmod'ed, nor read.
+A crashed agent leaves its file behind; readers skip (and clean up) files whose process is gone
+or whose pid was reused by another process. Imports neither torch nor zmq: the monitor uses it
+too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from torchtop.agent.contract.private import NotPrivate, create_file, open_private_dir
 
 ENV_DIR = "TORCHTOP_RUNTIME_DIR"
 
@@ -38,36 +43,34 @@ def _process_start_time(pid: int) -> float | None:
         return None
 
 
-def _make_private(directory: Path) -> None:
-    """Ours, with no group/other bits, or refuse: another user could swap our files for theirs."""
-    if not hasattr(os, "getuid"):
-        return
-    st = directory.stat()
-    if st.st_uid != os.getuid():
-        raise PermissionError(
-            f"runtime directory {directory} belongs to another user (uid {st.st_uid}); set "
-            f"{ENV_DIR} to a directory of yours"
-        )
-    if st.st_mode & 0o077:
-        os.chmod(directory, st.st_mode & 0o700)  # drop group/other, keep what the owner had
+def open_runtime_dir(create: bool = True) -> int:
+    """The runtime directory, verified ours and narrowed to 0700 (created when missing), as an
+    O_DIRECTORY descriptor; PermissionError (NotPrivate) saying what to do when it is not ours."""
+    directory = runtime_dir()
+    try:
+        return open_private_dir(directory, create=create, narrow=True)
+    except NotPrivate as exc:
+        raise NotPrivate(f"runtime directory {exc}; set {ENV_DIR} to a directory of yours") from None
 
 
 def write(info: dict[str, Any]) -> Path:
     """Write this process's discovery file; raise OSError with the path when it cannot."""
     directory = runtime_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _make_private(directory)
-    if not os.access(directory, os.W_OK):
-        raise PermissionError(f"runtime directory {directory} is not writable")
-    pid = int(info["pid"])
-    info = dict(info, proc_start=_process_start_time(pid))
-    path = directory / f"agent-{pid}.json"
-    tmp = directory / f".agent-{pid}.json.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(info, fh)
-    os.replace(tmp, path)
-    return path
+    fd = open_runtime_dir()
+    try:
+        pid = int(info["pid"])
+        info = dict(info, proc_start=_process_start_time(pid))
+        name, tmp = f"agent-{pid}.json", f".agent-{pid}.{secrets.token_hex(4)}.tmp"
+        try:
+            out = create_file(fd, tmp)  # O_EXCL|O_NOFOLLOW: a fresh name, never through a link
+        except PermissionError:
+            raise PermissionError(f"runtime directory {directory} is not writable") from None
+        with os.fdopen(out, "w") as fh:
+            json.dump(info, fh)
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)  # a rename: never follows a link there
+        return directory / name
+    finally:
+        os.close(fd)
 
 
 def remove(pid: int) -> None:
@@ -97,25 +100,32 @@ def _alive(info: dict[str, Any]) -> bool:
 def list_agents(clean: bool = True) -> list[dict[str, Any]]:
     """The live agents on this machine, oldest first; stale files are removed when `clean`."""
     directory = runtime_dir()
-    agents = []
-    try:
-        paths = sorted(directory.glob("agent-*.json"))
+    try:  # another user's directory (or one they can write) is not read: its entries could lie
+        fd = open_private_dir(directory, create=False)
     except OSError:
         return []
-    for path in paths:
-        try:
-            info = json.loads(path.read_text())
-            if not isinstance(info, dict):
-                raise ValueError("not an object")
-        except (OSError, ValueError):
-            continue
-        if _alive(info):
-            info["file"] = str(path)
-            agents.append(info)
-        elif clean:
+    agents = []
+    try:
+        names = sorted(n for n in os.listdir(fd) if n.startswith("agent-") and n.endswith(".json"))
+        for name in names:
             try:
-                path.unlink()
-            except OSError:
-                pass
+                with os.fdopen(os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)) as fh:
+                    info = json.load(fh)
+                if not isinstance(info, dict):
+                    raise ValueError("not an object")
+            except (OSError, ValueError):
+                continue
+            if _alive(info):
+                info["file"] = str(directory / name)
+                agents.append(info)
+            elif clean:
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
     agents.sort(key=lambda a: a.get("start_time", 0))
     return agents

@@ -24,7 +24,7 @@ from pathlib import Path
 ENV_CONFIG = "TORCHTOP_CONFIG_DIR"
 ENV_SERVER_KEY = "TORCHTOP_SERVER_KEY"
 ENV_AUTHORIZED = "TORCHTOP_AUTHORIZED_KEYS"
-ENV_CURVE = "TORCHTOP_CURVE"  # "1": use CURVE on a loopback bind too (shared machines)
+ENV_CURVE = "TORCHTOP_CURVE"  # "1": on a loopback bind, these keys rather than a pair for this run
 Z85_KEY_LEN = 40
 
 
@@ -115,7 +115,8 @@ class ClientCurve:
 
 
 def curve_wanted(loopback: bool) -> bool:
-    """CURVE is required off loopback; on loopback only when asked for (env)."""
+    """Whether an agent on TCP uses these configured keys: always off loopback; on loopback when
+    asked (env). Otherwise a loopback agent makes a key pair for its run (CURVE either way)."""
     return (
         not loopback or bool(os.environ.get(ENV_SERVER_KEY)) or os.environ.get(ENV_CURVE, "") not in ("", "0")
     )
@@ -128,7 +129,7 @@ def load_server(bind: str) -> ServerCurve:
     fix = (
         f"to listen on {bind}, run `torchtop keys --server` on this machine, copy each monitor's "
         f"client.key (made by `torchtop keys` there) into {auth_dir}/, and restart; or keep the "
-        "default bind 127.0.0.1 and attach over SSH (torchtop attach ssh://HOST)"
+        "default (private local sockets) and attach over SSH (torchtop attach ssh://HOST)"
     )
     try:
         public, secret = read_keypair(secret_path)

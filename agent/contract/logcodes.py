@@ -85,3 +85,27 @@ def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
             extra = (*t[1:], *extra)
         out.append((head, *extra) if extra else head)
     return out, cuts
+
+
+def last_step(entries: list[Any]) -> list[Any] | None:
+    """A chunk thinned for the sparse history: RESET, then its entries from its second-to-last
+    step boundary on (one whole step, and the start of the next, which the following chunk
+    continues). None when the chunk does not hold a whole training step."""
+    end = None
+    for k in range(len(entries) - 1, -1, -1):
+        if is_step_end(entries[k]):
+            if end is not None:
+                return [RESET, *entries[k:]]
+            end = k
+    return None
+
+
+def last_step_pairs(items: list[Any]) -> list[Any] | None:
+    """`last_step` for a chunk of (time, code) pairs."""
+    end = None
+    for k in range(len(items) - 1, 0, -2):
+        if code_of(items[k]) in STEP_ENDS:
+            if end is not None:
+                return [0, RESET, *items[k - 1 :]]
+            end = k
+    return None

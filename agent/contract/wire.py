@@ -91,6 +91,7 @@ class HostSample(msgspec.Struct, omit_defaults=True):
     proc_rss: int
     threads: int
     cpu_count: int
+    proc_rss_peak: int = 0  # the process's peak resident memory so far (getrusage), 0 unknown
     cpu_per_core: list[float] = []
     mem_total: int = 0
     mem_available: int = 0
@@ -121,6 +122,7 @@ class CaptureInfo(msgspec.Struct, omit_defaults=True):
     path: str = ""  # on the agent's host
     host: str = ""
     error: str = ""
+    note: str = ""  # where files go when not where asked, and why (the directory was refused)
     requested_at: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0

@@ -8,9 +8,9 @@ chunks is kept up to a bound; older chunks are thinned to their last whole step.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
-from torchtop.agent.contract import logcodes, wire
+from torchtop.agent.contract import wire
+from torchtop.agent.contract.logcodes import last_step, last_step_pairs
 
 HISTORY_ENTRIES = 150_000  # every entry of the last ~15k steps (~10 a step), for late joiners
 SPARSE_CHUNKS = 6_000  # before those: one step per chunk (~one per tick): 10 minutes at any rate
@@ -60,30 +60,6 @@ class LogHistory:
             return full[k - 1 :]
         more = limit - (newest - full[0].steps)
         return (list(self.sparse)[-more:] if more > 0 else []) + full
-
-
-def last_step(entries: list[Any]) -> list[Any] | None:
-    """A chunk thinned for the sparse history: RESET, then its entries from its second-to-last
-    step boundary on (one whole step, and the start of the next, which the following chunk
-    continues). None when the chunk does not hold a whole training step."""
-    end = None
-    for k in range(len(entries) - 1, -1, -1):
-        if logcodes.is_step_end(entries[k]):
-            if end is not None:
-                return [logcodes.RESET, *entries[k:]]
-            end = k
-    return None
-
-
-def last_step_pairs(items: list[Any]) -> list[Any] | None:
-    """`last_step` for a chunk of (time, code) pairs."""
-    end = None
-    for k in range(len(items) - 1, 0, -2):
-        if logcodes.code_of(items[k]) in logcodes.STEP_ENDS:
-            if end is not None:
-                return [0, logcodes.RESET, *items[k - 1 :]]
-            end = k
-    return None
 
 
 def size(chunk: wire.LogChunk) -> int:

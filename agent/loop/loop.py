@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from torchtop.agent.capture.controller import CaptureController
     from torchtop.agent.cuda_use import CudaUse
     from torchtop.agent.hooks.probe import Probe
+    from torchtop.agent.loop.recorder import Recorder
     from torchtop.agent.loop.sockets import AgentSockets
     from torchtop.agent.telemetry.collector import TelemetryCollector
 
@@ -45,6 +46,7 @@ REQUESTS_PER_TICK = 50  # more are left queued (and dropped at the socket's HWM)
 TICK_EARLY_S = 0.002
 UNTIMED_IDLE_S = 1.0  # no step ended this long in an untimed stretch: an eval loop? time it again
 QUIET_TELEMETRY_S = 1.0  # nobody subscribed: memory and NVML sampled this often
+HELLO_RECORD_S = 5.0  # the Hello is handed to the recorder this often (it keeps it when it changed)
 
 
 class AgentLoop(threading.Thread):
@@ -62,6 +64,7 @@ class AgentLoop(threading.Thread):
         captures: CaptureController | None = None,
         rate_hz: float = RATE_HZ,
         chores: Callable[[], None] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         super().__init__(name="torchtop-agent", daemon=True)
         self.probe = probe
@@ -91,6 +94,8 @@ class AgentLoop(threading.Thread):
         self.ticks = 0
         self._telemetry_due = 0.0  # nobody subscribed: when memory and NVML are sampled next
         self.busy_ns = 0  # this thread's CPU time at work (holding the GIL, mostly), not waiting
+        self.recorder = recorder  # a recording on disk: every tick's new chunks, watched or not
+        self._hello_due = 0.0
 
     @property
     def bad_requests(self) -> int:
@@ -136,6 +141,7 @@ class AgentLoop(threading.Thread):
                     return
                 time.sleep(self.period)
         try:
+            self._telemetry_due = self._hello_due = 0.0  # a recording ends with the latest of both
             self._tick()  # the last steps before stop
         except Exception:
             pass
@@ -151,6 +157,7 @@ class AgentLoop(threading.Thread):
                 self.resolver.pool = pool
                 self.probe.event_every = 8
                 self.probe.pool = pool
+                self._hello_due = 0.0  # the run is on CUDA now: a recording's Hello says so
         except Exception:
             self.errors += 1
 
@@ -215,20 +222,45 @@ class AgentLoop(threading.Thread):
         if self.captures is not None:
             self.captures.poll()
         attended = self.subscribed or self._catch_up
+        sampled = False
         if self.telemetry is not None:
             self.telemetry.attended = attended
             now = time.monotonic()
             if attended or now >= self._telemetry_due:
                 self._telemetry_due = now + QUIET_TELEMETRY_S
                 self.telemetry.fast()
+                sampled = True
+        recorder = self.recorder
+        if recorder is not None:
+            self._record_hello(recorder)
         if not attended:
-            return  # nobody listens: the chunks wait in the history; nothing to encode or send
+            # nobody listens: the chunks wait in the history; nothing is sent, and only a
+            # recording gets a batch (encoded on its own thread)
+            if recorder is not None and (new or sampled):
+                recorder.put(self._batch(new, sampled))
+                self.seq += 1
+            return
         if self._catch_up:  # a first subscriber: what it may have missed between snapshot and now
             self._catch_up = False
             log = self.history.recent(CATCH_UP_CHUNKS, CATCH_UP_ENTRIES)
         else:
             log = new
-        batch = wire.Batch(
+        batch = self._batch(log, True)
+        frame = wire.encode(batch)
+        try:
+            self.sockets.pub.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        if recorder is not None:  # the frame as sent, unless it repeats chunks recorded before
+            if log is new:
+                recorder.put(batch, frame)
+            else:
+                recorder.put(self._batch(new, True))
+        self.seq += 1  # batches built (sent, or recorded): a subscriber counts missing numbers as gaps
+
+    def _batch(self, log: list[wire.LogChunk], telemetry: bool) -> wire.Batch:
+        capture = self.captures.current if self.captures is not None else None
+        return wire.Batch(
             v=wire.PROTOCOL_VERSION,
             run_id=self.run_id,
             seq=self.seq,
@@ -236,13 +268,16 @@ class AgentLoop(threading.Thread):
             log=log,
             wall_offset=self._wall_offset,
             rank=self.rank,
-            dropped=probe.dropped,
-            hook_errors=probe.failures,
-            telemetry=self.telemetry.latest() if self.telemetry is not None else None,
-            capture=self.captures.current if self.captures is not None else None,
+            dropped=self.probe.dropped,
+            hook_errors=self.probe.failures,
+            telemetry=self.telemetry.latest() if telemetry and self.telemetry is not None else None,
+            capture=capture,
         )
-        try:
-            self.sockets.pub.send(wire.encode(batch), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-        self.seq += 1  # only batches sent: a subscriber counts the missing numbers as gaps
+
+    def _record_hello(self, recorder: Recorder) -> None:
+        """The Hello at the start and every few seconds: the device is known once the model
+        is on it (the recorder writes it only when it changed)."""
+        now = time.monotonic()
+        if now >= self._hello_due:
+            self._hello_due = now + HELLO_RECORD_S
+            recorder.put(self.hello())

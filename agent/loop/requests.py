@@ -85,7 +85,7 @@ class RequestRouter:
         if req.cmd in CAPTURE_COMMANDS and self.captures is not None:
             return self._capture(req, self.captures)
         self.bad_requests += 1
-        return wire.Reply(v=v, id=req.id, ok=False, error=f"unknown command {req.cmd!r}")
+        return wire.Reply(v=v, id=req.id, ok=False, error=f"unknown command {req.cmd[:64]!r}")
 
     def _snapshot(self, req: wire.Request) -> wire.Reply:
         v = wire.PROTOCOL_VERSION

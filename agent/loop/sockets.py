@@ -1,24 +1,33 @@
-"""The agent's two ZeroMQ sockets: ROUTER for requests on `port`, XPUB for batches on `port + 1`.
+"""The agent's two ZeroMQ sockets: ROUTER for requests, XPUB for batches.
 
-Loopback by default. A non-loopback bind needs CURVE (agent/keys.py) and is refused without it:
-a training process must not take orders from whoever can reach its port. With CURVE both sockets
-are CURVE servers in a private context whose ZAP handler (zmq.auth) admits only the authorized
-client keys; anyone else completes no handshake, so nothing they send is ever read.
+By default both are `ipc://` Unix sockets in the per-user 0700 runtime directory: file
+permissions decide who connects, so no other user of the machine reaches them. TCP only when
+asked (a port or a bind address): the request port and port + 1. TCP is always CURVE, so that
+another local user who can reach 127.0.0.1 still completes no handshake: on loopback with an
+ephemeral server key pair unless keys are configured; off loopback only with configured keys
+(refused otherwise). Either way an ephemeral client key pair is made and admitted; it goes only
+into the 0600 discovery file, which the same user's local monitors read. Both sockets are then
+CURVE servers in a private context whose ZAP handler (zmq.auth) admits only those client keys
+(plus the authorized_keys directory); anyone else's frames are never read.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import random
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 import zmq
 
-from torchtop.agent.contract import keys
+from torchtop.agent.contract import discovery, keys
+from torchtop.agent.contract.private import NotPrivate, check_private_dir, fits_socket, short_private_tempdir
 
 PORT_RANGE = (20000, 60000)
 ZAP_DOMAIN = "torchtop"
+SOCKET_NAME_MAX = len("agent-4194304.req")  # the longest pid Linux gives
 
 
 class BindError(RuntimeError):
@@ -39,14 +48,23 @@ class AgentSockets:
     ctx: Any
     router: Any
     pub: Any
-    bind: str
-    port: int
+    address: str  # where monitors connect for requests: ipc:///... or tcp://host:port
+    pub_address: str  # ... and for the batch stream
+    bind: str | None = None  # the TCP bind host; None on ipc
+    port: int = 0  # the TCP request port (batches on port + 1); 0 on ipc
     curve: keys.ServerCurve | None = None
+    client: tuple[bytes, bytes] | None = None  # the ephemeral client (public, secret) admitted
     auth: Any = None  # the zmq.auth ThreadAuthenticator when CURVE is on
+    files: list[Path] = field(default_factory=list)  # ipc socket files, removed on close
+    owner: int = field(default_factory=os.getpid)  # a forked child never removes the parent's files
+
+    @property
+    def transport(self) -> Literal["ipc", "tcp"]:
+        return "tcp" if self.port else "ipc"
 
     @property
     def pub_port(self) -> int:
-        return self.port + 1
+        return self.port + 1 if self.port else 0
 
     def close(self) -> None:
         """Close both sockets and end the private context: the ports are free when this returns."""
@@ -56,28 +74,57 @@ class AgentSockets:
             except Exception:
                 pass
         _stop_private(self.ctx, self.auth)
+        for path in self.files if os.getpid() == self.owner else []:
+            try:
+                path.unlink()
+            except OSError:
+                pass
 
 
-def _endpoint(bind: str, port: int) -> str:
-    host = f"[{bind}]" if ":" in bind and not bind.startswith("[") else bind
+def _tcp(host: str, port: int) -> str:
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
     return f"tcp://{host}:{port}"
 
 
-def _server_curve(bind: str) -> keys.ServerCurve | None:
-    if not keys.curve_wanted(is_loopback(bind)):
-        return None
-    try:
-        return keys.load_server(bind)
-    except keys.KeyConfigError as exc:
-        raise BindError(f"refusing to listen on {bind} without CURVE: {exc}") from None
+def connect_host(bind: str) -> str:
+    """Where a monitor on this machine connects to reach a bind address."""
+    if bind in ("0.0.0.0", "*", "localhost"):
+        return "127.0.0.1"
+    if bind == "::":
+        return "::1"
+    return bind
 
 
-def _start_auth(ctx: Any, curve: keys.ServerCurve) -> Any:
+def _server_curve(bind: str) -> keys.ServerCurve:
+    if keys.curve_wanted(is_loopback(bind)):  # configured keys: off loopback, or asked for
+        try:
+            return keys.load_server(bind)
+        except keys.KeyConfigError as exc:
+            raise BindError(f"refusing to listen on {bind} without CURVE: {exc}") from None
+    public, secret = zmq.curve_keypair()  # loopback: a key pair for this run only
+    return keys.ServerCurve(public, secret, keys.authorized_dir())
+
+
+class _Admitted:
+    """zmq.auth's credentials provider: the client keys the agent admits (z85)."""
+
+    def __init__(self, allowed: set[bytes]) -> None:
+        self.allowed = allowed
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.allowed
+
+
+def _start_auth(ctx: Any, curve: keys.ServerCurve, client_public: bytes) -> Any:
+    import zmq.auth
     from zmq.auth.thread import ThreadAuthenticator
 
+    allowed = {client_public}
+    if curve.authorized.is_dir():
+        allowed |= set(zmq.auth.load_certificates(str(curve.authorized)))
     auth = ThreadAuthenticator(ctx)
     auth.start()  # the ZAP handler is bound before any socket listens
-    auth.configure_curve(domain=ZAP_DOMAIN, location=str(curve.authorized))
+    auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=_Admitted(allowed))
     return auth
 
 
@@ -98,50 +145,115 @@ def _secure(sock: Any, curve: keys.ServerCurve | None) -> None:
         sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
 
 
-def open_sockets(bind: str = "127.0.0.1", port: int | None = None) -> AgentSockets:
-    """Bind ROUTER on `port` and XPUB on `port + 1`; with port None, a free pair is chosen.
+def _bind_pair(
+    ctx: Any, request: str, stream: str, curve: keys.ServerCurve | None, ipv6: bool = False
+) -> tuple[Any, Any]:
+    """ROUTER on `request`, XPUB on `stream`; zmq.ZMQError (nothing left open) when either fails."""
+    router = pub = None
+    try:
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.IPV6, int(ipv6))
+        router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # requests are small; refuse floods
+        router.setsockopt(zmq.SNDHWM, 1000)
+        _secure(router, curve)
+        router.bind(request)
+        # XPUB: a PUB that hears (un)subscriptions, so the agent knows when anyone listens
+        pub = ctx.socket(zmq.XPUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.IPV6, int(ipv6))
+        pub.setsockopt(zmq.SNDHWM, 1000)
+        pub.setsockopt(zmq.RCVHWM, 100)
+        pub.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # inbound: subscriptions (and the CURVE handshake)
+        _secure(pub, curve)
+        pub.bind(stream)
+        return router, pub
+    except zmq.ZMQError:
+        for sock in (router, pub):
+            if sock is not None:
+                sock.close(linger=0)
+        raise
 
-    CURVE is on off loopback (refused with what to run when keys are missing) and on loopback
-    when $TORCHTOP_SERVER_KEY or $TORCHTOP_CURVE=1 asks for it.
+
+def open_sockets(bind: str = "127.0.0.1", port: int | None = None) -> AgentSockets:
+    """TCP: bind ROUTER on `port` and XPUB on `port + 1`; with port None (or 0), a free pair.
+
+    Always CURVE (see the module's docstring); off loopback without configured keys: BindError
+    saying what to run.
     """
     curve = _server_curve(bind)
+    client_public, client_secret = zmq.curve_keypair()
     # A private context, never the process's shared one: the user's code may term that, and
     # closing a socket of a shared context frees its port only later, so a start() right after
     # stop() on the same port would fail. Ours is termed on close, which waits for the ports.
     ctx = zmq.Context()
-    auth = _start_auth(ctx, curve) if curve is not None else None
-    ipv6 = int(":" in bind)  # zmq sockets are IPv4-only unless told otherwise: "::1" needs it
-    attempts = [port] if port is not None else [random.randrange(*PORT_RANGE) for _ in range(50)]
+    auth = _start_auth(ctx, curve, client_public)
+    ipv6 = ":" in bind  # zmq sockets are IPv4-only unless told otherwise: "::1" needs it
+    attempts = [port] if port else [random.randrange(*PORT_RANGE) for _ in range(50)]
     last_error: Exception | None = None
     for p in attempts:
-        router = pub = None
         try:
-            router = ctx.socket(zmq.ROUTER)
-            router.setsockopt(zmq.LINGER, 0)
-            router.setsockopt(zmq.IPV6, ipv6)
-            router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # requests are small; refuse floods
-            router.setsockopt(zmq.SNDHWM, 1000)
-            _secure(router, curve)
-            router.bind(_endpoint(bind, p))
-            # XPUB: a PUB that hears (un)subscriptions, so the agent knows when anyone listens
-            pub = ctx.socket(zmq.XPUB)
-            pub.setsockopt(zmq.LINGER, 0)
-            pub.setsockopt(zmq.IPV6, ipv6)
-            pub.setsockopt(zmq.SNDHWM, 1000)
-            pub.setsockopt(zmq.RCVHWM, 100)
-            pub.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # inbound: subscriptions (and the CURVE handshake)
-            _secure(pub, curve)
-            pub.bind(_endpoint(bind, p + 1))
-            return AgentSockets(ctx, router, pub, bind, p, curve, auth)
+            router, pub = _bind_pair(ctx, _tcp(bind, p), _tcp(bind, p + 1), curve, ipv6)
         except zmq.ZMQError as exc:
             last_error = exc
-            for sock in (router, pub):
-                if sock is not None:
-                    sock.close(linger=0)
+            continue
+        host = connect_host(bind)
+        return AgentSockets(
+            ctx,
+            router,
+            pub,
+            _tcp(host, p),
+            _tcp(host, p + 1),
+            bind,
+            p,
+            curve,
+            (client_public, client_secret),
+            auth,
+        )
     _stop_private(ctx, auth)
-    if port is not None:
+    if port:
         raise BindError(
             f"cannot listen on {bind}:{port} and {port + 1} ({last_error}); pass another port to "
             "torchtop.agent.start(port=...) or TORCHTOP_PORT, or leave it unset for a free one"
         )
     raise BindError(f"found no free port pair on {bind} ({last_error})")
+
+
+def socket_dir() -> Path:
+    """Where the ipc sockets go: the runtime directory when it is ours and its path is short
+    enough for a Unix socket; else /tmp/torchtop-<uid> on the same terms; else a fresh 0700
+    directory (never an abstract socket: any user of the machine can reach those)."""
+    uid = os.geteuid() if hasattr(os, "geteuid") else 0
+    for candidate in (discovery.runtime_dir(), Path("/tmp") / f"torchtop-{uid}"):
+        if not fits_socket(candidate, SOCKET_NAME_MAX):
+            continue
+        try:
+            check_private_dir(candidate, narrow=True)
+            return candidate
+        except (NotPrivate, OSError):
+            continue
+    return short_private_tempdir("torchtop-")
+
+
+def open_ipc(directory: Path, pid: int) -> AgentSockets:
+    """ipc: ROUTER on <directory>/agent-<pid>.req, XPUB on <directory>/agent-<pid>.pub.
+
+    `directory` is private (socket_dir()); the socket files are made 0600 as well. A stale file
+    of a dead process with our pid is replaced (ZeroMQ unlinks it before binding).
+    """
+    files = [directory / f"agent-{pid}.req", directory / f"agent-{pid}.pub"]
+    request, stream = (f"ipc://{path}" for path in files)
+    ctx = zmq.Context()
+    try:
+        router, pub = _bind_pair(ctx, request, stream, None)
+    except zmq.ZMQError as exc:
+        _stop_private(ctx, None)
+        raise BindError(
+            f"cannot listen on {request} ({exc}); set TORCHTOP_RUNTIME_DIR to a directory of yours"
+        ) from None
+    for path in files:
+        try:
+            os.chmod(path, 0o600)  # in our 0700 directory: nobody else could have swapped it
+        except OSError:
+            pass
+    return AgentSockets(ctx, router, pub, request, stream, files=files)

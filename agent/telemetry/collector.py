@@ -51,6 +51,7 @@ class TelemetryCollector:
         self.unavailable: dict[str, str] = {}
         self.busy_ns = 0  # the slow thread's CPU time at work
         self.attended = False  # a subscriber is on the stream (the agent thread says so)
+        self.recording = False  # a recording is kept: the host is sampled at the start too
         self._memory: list[MemorySample] = []
         self._frag: list[FragSample] = []
         self._gpus: list[GpuSample] = []
@@ -63,6 +64,7 @@ class TelemetryCollector:
         self._host_sampler: Any = None
         self._breakers = {n: _Breaker(n, self.unavailable) for n in ("memory", "frag", "gpu", "pcie", "host")}
         self._stop = threading.Event()
+        self._slow_lock = threading.Lock()  # the slow thread, and a last host sample at stop
         self._thread: threading.Thread | None = None
         self.enable_host = enable_host
         self.enable_gpu = enable_gpu
@@ -132,13 +134,17 @@ class TelemetryCollector:
                     gpus.append(s)
             self._gpus = gpus
 
-    def slow(self) -> None:
+    def slow(self, host_only: bool = False) -> None:
         """1 Hz: host, PCIe throughput, fragmentation (when due)."""
+        with self._slow_lock:
+            self._slow(host_only)
+
+    def _slow(self, host_only: bool) -> None:
         if self._host_sampler is not None and self._breakers["host"].on:
             host = self._breakers["host"].run(self._host_sampler.sample)
             if host is not None:
                 self._host = host
-        if self._cuda_mem is None:
+        if self._cuda_mem is None or host_only:
             return
         devices = list(self._devices)
         if self._nvml is not None and self._breakers["pcie"].on:
@@ -169,6 +175,11 @@ class TelemetryCollector:
 
     def _run(self) -> None:
         quiet = 0
+        if self.recording:  # a short run's recording has the host's figures too
+            try:
+                self.slow(host_only=True)
+            except Exception:
+                pass
         while not self._stop.wait(SLOW_PERIOD_S):
             quiet = 0 if self.attended else quiet + 1
             if quiet % UNATTENDED_SLOW_PERIODS != 0:

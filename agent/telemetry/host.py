@@ -8,6 +8,7 @@ Runs on the agent's slow sampler thread (~1 Hz): per-core CPU alone costs ~100 u
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -79,4 +80,16 @@ class HostSampler:
             mem_available=vm.available,
             mem_percent=vm.percent,
             workers=self._workers(),
+            proc_rss_peak=max(peak_rss(), rss),  # the kernel's high-water mark may lag a read
         )
+
+
+def peak_rss() -> int:
+    """The process's peak resident set in bytes (0 where getrusage does not say)."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, OSError):
+        return 0
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS says bytes, Linux KiB

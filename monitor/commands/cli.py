@@ -75,6 +75,34 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
         client.close()
 
 
+def _recording(target: str | None) -> bool:
+    from pathlib import Path
+
+    from torchtop.agent.contract.recording_store import is_recording
+
+    return bool(target) and is_recording(Path(target))  # type: ignore[arg-type]
+
+
+def report_file(args: argparse.Namespace) -> int:
+    """`report FILE`: the same JSON as live, over the recording's last S seconds (or up to --until)."""
+    from torchtop.agent.contract.recording import RecordingError
+    from torchtop.monitor.diagnosis.report import build_report
+    from torchtop.monitor.model.playback import load, notes, resolve_until
+
+    try:
+        playback, ranks = load(args.target, args.rank)
+        until = resolve_until(playback, args.until)
+    except (RecordingError, ValueError) as exc:
+        return _fail(str(exc))
+    for line in notes(playback, ranks, args.rank, "reporting"):
+        print(f"torchtop: {line}", file=sys.stderr)
+    state = playback.state_until(until)
+    window = float("inf") if args.history else args.seconds
+    report = build_report(state, args.seconds, str(args.target), window=window)
+    print(json.dumps(report, indent=2 if args.pretty else None))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from torchtop.monitor.commands.job import job_targets
     from torchtop.monitor.diagnosis.report import build_report
@@ -85,6 +113,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.seconds <= 0:
         return _fail("--seconds must be positive")
     args.target = args.targets[0] if args.targets else None
+    if _recording(args.target):
+        return report_file(args)
+    if args.until is not None or args.rank is not None:
+        return _fail("--until and --rank are for a recording: give its path as the target")
     try:
         targets = job_targets(args)
         if targets is not None:
@@ -125,14 +157,22 @@ def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from torchtop.monitor.commands.job import job_targets
     from torchtop.monitor.link.remote import open_target, target_options
     from torchtop.monitor.link.targets import TargetError, local_agents, no_agent_message
 
     args.target = args.targets[0] if args.targets else None
+    record = Path(args.record) if args.record else None
     try:
         targets = job_targets(args)
         if targets is not None:
+            if record is not None:
+                return _fail(
+                    "--record records one agent's stream; for a job, let each rank record its own "
+                    "(TORCHTOP_RECORD=DIR, or `torchtop run --record DIR -- torchrun ...`)"
+                )
             from torchtop.monitor.tui.job_app import run_job_tui
 
             return run_job_tui(targets, args.job, args.ssh_option, args.baseline_ms)
@@ -140,7 +180,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
             from torchtop.monitor.tui.app import run_tui
 
             with open_target(args.target, **target_options(args)) as endpoint:
-                return run_tui(endpoint, None)
+                return run_tui(endpoint, None, record=record)
         else:
             agents = local_agents()
             if not agents:
@@ -151,7 +191,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     from torchtop.monitor.tui.app import run_tui
 
-    return run_tui(endpoint, choices)
+    return run_tui(endpoint, choices, record=record)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -185,15 +225,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     remote.add_arguments(p)
     job_cli.add_arguments(p)
+    p.add_argument(
+        "--record",
+        metavar="PATH",
+        default=None,
+        help="also record what this monitor receives into PATH (replay it with `torchtop replay PATH`)",
+    )
     p.set_defaults(func=cmd_attach)
 
-    p = sub.add_parser("report", help="collect S seconds and print one JSON report (of a job: every rank)")
+    p = sub.add_parser(
+        "report",
+        help="collect S seconds (or read a recording) and print one JSON report (of a job: every rank)",
+    )
     p.add_argument(
         "targets",
         nargs="*",
         metavar="target",
-        help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent, "
-        "or the local job); several, or ssh hosts running a job: a job report",
+        help="pid, HOST:PORT, tcp://HOST:PORT, ssh://[user@]host[/pid] (default: the local agent, or the "
+        "local job; several, or ssh hosts running a job: a job report), or a recording's path (its last S seconds)",
     )
     remote.add_arguments(p)
     job_cli.add_arguments(p)
@@ -205,28 +254,54 @@ def build_parser() -> argparse.ArgumentParser:
         help="report over everything the agent retained (every step of roughly the last 15,000, "
         "one per 0.1 s for 10 minutes before those), not only the steps of the last S seconds",
     )
+    p.add_argument(
+        "--until",
+        metavar="T",
+        help="a recording: the window ends here (seconds into it, 1:30, or a unix time; default: its end)",
+    )
+    p.add_argument(
+        "--rank", type=int, default=None, help="a job's recording: which rank (default: the lowest)"
+    )
     p.set_defaults(func=cmd_report)
 
-    from torchtop.monitor.commands import capture as capture_cli
-
-    p = sub.add_parser(
-        "capture", help="capture a torch.profiler trace (or CUDA memory snapshot) of the next steps"
-    )
-    capture_cli.add_arguments(p)
-    remote.add_arguments(p)
-    p.set_defaults(func=capture_cli.run)
-
-    p = sub.add_parser("keys", help="make CURVE keys for direct remote access (SSH needs none)")
-    keys_cli.add_arguments(p)
-    p.set_defaults(func=keys_cli.run)
-
+    from torchtop.monitor.commands import capture, compare, export, replay, trace
     from torchtop.monitor.commands import run as run_cmd
 
-    p = sub.add_parser(
-        "run", help="run a training command with the agent injected: torchtop run -- python train.py"
-    )
-    run_cmd.add_arguments(p)
-    p.set_defaults(func=run_cmd.run)
+    # commands with their own module: (name, module, help, takes remote options)
+    for name, module, text, remote_options in (
+        (
+            "capture",
+            capture,
+            "capture a torch.profiler trace (or CUDA memory snapshot) of the next steps",
+            True,
+        ),
+        ("keys", keys_cli, "make CURVE keys for direct remote access (SSH needs none)", False),
+        (
+            "run",
+            run_cmd,
+            "run a training command with the agent injected: torchtop run -- python train.py",
+            False,
+        ),
+        ("replay", replay, "the TUI over a recording: pause, speed, seek, jump to a step or time", False),
+        (
+            "compare",
+            compare,
+            "recordings side by side, each against the first (or --demo amp|workers)",
+            False,
+        ),
+        ("export", export, "headless: agents' figures as Prometheus (/metrics) and/or OTLP metrics", True),
+        (
+            "trace",
+            trace,
+            "recordings (and capture traces) to one Perfetto/Chrome trace, a track per rank",
+            False,
+        ),
+    ):
+        p = sub.add_parser(name, help=text)
+        module.add_arguments(p)
+        if remote_options:
+            remote.add_arguments(p)
+        p.set_defaults(func=module.run)
 
     from torchtop.monitor.commands.demo import add_demo_arguments
 

@@ -1,5 +1,6 @@
 """Starting a training job as a child process with its output in a log file, finding its
-agent, and stopping it in order: shared by `torchtop demo` and `torchtop run`. No torch."""
+agent, passing signals on to it and stopping it in order: shared by `torchtop demo` and
+`torchtop run`. No torch."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +78,6 @@ def log_tail(path: Path, lines: int = 15) -> list[str]:
 
 
 # -- the child -----------------------------------------------------------------------------------
-
-
-# -- the child -----------------------------------------------------------------------------------
 def _die_with_parent() -> None:
     """In the child before exec (Linux): SIGTERM when the launcher dies, even by SIGKILL."""
     try:
@@ -87,6 +87,161 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:
         pass
+
+
+def _own_group() -> None:
+    """In the child before exec: its own process group (signals for the job reach all of it and
+    only it), and SIGTERM when the launcher dies (Linux)."""
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        _die_with_parent()
+
+
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class Job:
+    """A training job in its own process group. Signals the launcher gets (a scheduler's SIGTERM,
+    a hangup, a kill -INT) are passed on to that group (`started`); the terminal's own keys
+    reach it because it is made the terminal's foreground group while it runs (`foreground`)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.forwarded: int | None = None  # the last signal passed on, None while none was
+        self.on_forward: Callable[[int], None] | None = None  # called after each, in the handler
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, signum: int = signal.SIGINT) -> None:
+        """Send `signum` to the job's whole process group (torchrun and its workers too): the
+        hook for a key in the TUI that interrupts the job. Never raises."""
+        try:
+            os.killpg(self.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def ended(self) -> bool:
+        """Whether the job has exited, without reaping it (for a thread beside the one that waits)."""
+        if self.proc.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
+    def wait(self) -> int:
+        """Wait for the job; its return code (-N: killed by signal N). A job stopped by the
+        terminal (Ctrl-Z) stops the launcher too, so the shell's `fg` resumes both."""
+        if self.proc.returncode is not None:
+            return self.proc.returncode
+        while True:
+            try:
+                pid, status = os.waitpid(self.proc.pid, os.WUNTRACED)
+            except ChildProcessError:
+                return self.proc.wait()
+            if pid == 0:
+                continue
+            if os.WIFSTOPPED(status):
+                _stop_with(self)
+                continue
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
+            return self.proc.returncode
+
+
+@contextmanager
+def started(command: list[str], env: dict[str, str], **popen: Any) -> Iterator[Job]:
+    """Start `command` in its own process group; while in use, SIGTERM, SIGHUP and SIGINT sent to
+    the launcher are passed on to that group, once each (OSError when it cannot run).
+
+    The handlers are in place before the job starts: a scheduler's SIGTERM at any moment reaches
+    the job. A Ctrl-C at the terminal reaches the job once either way: through this handler while
+    the launcher holds the terminal, or directly while the job does (`foreground`)."""
+    box: list[Job] = []
+    early: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        if not box:
+            early.append(signum)
+            return
+        job = box[0]
+        job.forwarded = signum
+        job.signal(signum)
+        if job.on_forward is not None:
+            job.on_forward(signum)
+
+    previous = {s: signal.signal(s, handler) for s in FORWARDED}
+    try:
+        box.append(Job(subprocess.Popen(command, env=env, preexec_fn=_own_group, **popen)))
+        for signum in early:
+            handler(signum, None)
+        yield box[0]
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def _terminal() -> int | None:
+    """Our terminal's descriptor when we are in its foreground process group, else None."""
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                return fd
+        except (AttributeError, ValueError, OSError):
+            continue
+    return None
+
+
+def _set_foreground(fd: int, pgid: int) -> None:
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # allowed from the background this way
+    try:
+        os.tcsetpgrp(fd, pgid)
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+_held: dict[int, int] = {}  # job pid -> the terminal it holds as foreground group (for Ctrl-Z)
+
+
+@contextmanager
+def foreground(job: Job) -> Iterator[None]:
+    """While in use, the job's group is the terminal's foreground group, as a shell makes its
+    foreground job: Ctrl-C, Ctrl-backslash and Ctrl-Z reach the job (once) and it can read the terminal.
+    Nothing happens without a terminal or when we are not in its foreground ourselves."""
+    fd = _terminal()
+    if fd is None:
+        yield
+        return
+    _set_foreground(fd, job.pid)
+    _held[job.pid] = fd
+    try:
+        yield
+    finally:
+        _held.pop(job.pid, None)
+        _set_foreground(fd, os.getpgrp())
+
+
+def _stop_with(job: Job) -> None:
+    """The job stopped (Ctrl-Z): take the terminal back, stop as the shell expects, and on `fg`
+    give it back and continue the job (`bg`: the job continues in the background)."""
+    fd = _held.get(job.pid)
+    if fd is None:
+        return  # stopped by someone else, not from our terminal: theirs to continue
+    _set_foreground(fd, os.getpgrp())
+    os.kill(os.getpid(), signal.SIGSTOP)  # the shell sees its job stopped; we resume on SIGCONT
+    try:
+        if os.tcgetpgrp(fd) == os.getpgrp():
+            _set_foreground(fd, job.pid)
+    except OSError:
+        pass
+    job.signal(signal.SIGCONT)
 
 
 def _family(pid: int) -> set[int]:

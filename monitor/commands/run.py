@@ -4,21 +4,37 @@ The child gets TORCHTOP=1 and torchtop's bootstrap `sitecustomize` first on PYTH
 the agent's autostart, then runs whatever sitecustomize the environment already had), so any
 Python process of the job that imports torch starts an agent: `python train.py`, `python -m
 pkg.train`, every rank of `torchrun` (not the launcher). With the TUI the job's output goes to a
-log file, shown in the TUI's Log tab; with --no-tui it stays on this terminal. The exit code is
-the job's; Ctrl-C reaches the job.
+log file, shown in the TUI's Log tab; with --no-tui it stays on this terminal. The job runs in
+its own process group: SIGTERM, SIGHUP and SIGINT sent to `torchtop run` are passed on to it
+(a scheduler's SIGTERM stops the job, not only the launcher), a Ctrl-C at the terminal reaches
+it once, and the exit code is the job's (128 + N when a signal N ended it).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
+import threading
+import time
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchtop.monitor.commands.launch import LaunchError, _show_tail, open_log, wait_for_agents
+from torchtop.monitor.commands.launch import (
+    Job,
+    LaunchError,
+    _show_tail,
+    foreground,
+    open_log,
+    started,
+    wait_for_agents,
+    wait_for_ranks,
+)
+
+if TYPE_CHECKING:
+    from torchtop.monitor.tui.app import TorchtopApp
 
 EXIT_USAGE = 2
 
@@ -28,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--port",
         type=int,
         default=None,
-        help="the agent's request port (rank r of torchrun gets PORT + 2r); default: free ports",
+        help="listen on TCP (CURVE) at this request port (rank r of torchrun gets PORT + 2r); "
+        "default: private Unix sockets",
     )
     p.add_argument(
         "--no-tui",
@@ -36,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="only inject the agent: the job's output stays here; prints how to attach",
     )
     p.add_argument("--log-dir", default=None, metavar="DIR", help="where the job's output goes (TUI mode)")
+    p.add_argument(
+        "--record",
+        default=None,
+        metavar="PATH",
+        help="every rank records the run into PATH/rank<r>, watched or not (torchtop replay PATH)",
+    )
     p.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- then the command, e.g. -- python train.py --lr 3e-4"
     )
@@ -47,8 +70,12 @@ def boot_dir() -> Path:
     return Path(torchtop.agent.__file__).resolve().parent / "_boot"
 
 
-def child_env(port: int | None, base: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(
+    port: int | None, base: dict[str, str] | None = None, record: str | None = None
+) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    if record:
+        env["TORCHTOP_RECORD"] = str(Path(record).resolve())  # the job may change directory
     env["TORCHTOP"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot_dir()), env.get("PYTHONPATH", "")) if p)
@@ -67,14 +94,10 @@ def job_name(command: list[str]) -> str:
     return Path(command[0]).name
 
 
-def _wait_forwarding(child: subprocess.Popen) -> int:
-    """Wait for the job. Ctrl-C reaches it through the terminal (same process group); we ignore
-    it here so the job's own exit code is what we return."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        return child.wait()
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def _finish(job: Job) -> int:
+    """Wait for the job, holding the terminal for it (Ctrl-C reaches it, once); its exit code."""
+    with foreground(job):
+        return _exit_code(job.wait())
 
 
 def _exit_code(code: int) -> int:
@@ -91,62 +114,93 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    env = child_env(args.port)
+    env = child_env(args.port, record=args.record)
     if args.no_tui:
         return _run_headless(command, env)
-    from torchtop.monitor.tui.app import (
-        run_tui,  # before the job starts: a broken install leaves nothing running
-    )
+    # imported before the job starts: a broken install leaves nothing running
+    from torchtop.monitor.tui.app import TorchtopApp
 
     try:
         log_path, log = open_log(job_name(command), args.log_dir, kind="run")
     except LaunchError as exc:
         print(f"torchtop: {exc}", file=sys.stderr)
         return 1
+    with ExitStack() as stack:
+        try:
+            with log:
+                job = stack.enter_context(
+                    started(command, env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                )
+        except OSError as exc:
+            print(f"torchtop: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 127
+        return _run_with_tui(job, log_path, TorchtopApp)
+
+
+def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int:
+    print(f"torchtop run: pid {job.pid}; output: {log_path}", flush=True)
     try:
-        with log:
-            child = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
-            )
-    except OSError as exc:
-        print(f"torchtop: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
-        return 127
-    print(f"torchtop run: pid {child.pid}; output: {log_path}", flush=True)
-    try:
-        agents = wait_for_agents(child, settle=2.0)
+        agents = wait_for_agents(job.proc, settle=2.0)
     except TimeoutError as exc:
         _show_tail(log_path, f"{exc} (does it import torch? is torchtop installed in its Python?)")
-        return _exit_code(_wait_forwarding(child))
-    except KeyboardInterrupt:
-        child.send_signal(signal.SIGINT)
-        return _exit_code(_wait_forwarding(child))
+        return _finish(job)
     if not agents:
-        code = child.wait()
-        _show_tail(log_path, f"the job exited (code {code}) before an agent started")
+        code = job.wait()
+        if job.forwarded is None:
+            _show_tail(log_path, f"the job exited (code {code}) before an agent started")
         return _exit_code(code)
-    from torchtop.monitor.commands.launch import wait_for_ranks
-    from torchtop.monitor.tui.job_app import run_agents_tui
-
-    if run_agents_tui(wait_for_ranks(child, agents), log_path=log_path) is None:
-        run_tui(None, agents, log_path=log_path)
-    if child.poll() is None:
+    if job.forwarded is None:  # not told to stop meanwhile
+        app = _app_for(app_class, wait_for_ranks(job.proc, agents), log_path)
+        job.on_forward = lambda _signum: _close_when_done(job, app)
+        try:
+            app.run()
+        finally:
+            job.on_forward = None
+    if job.poll() is None:
         print(
-            f"torchtop: the job goes on (pid {child.pid}); its output: {log_path}\n"
+            f"torchtop: the job goes on (pid {job.pid}); its output: {log_path}\n"
             f"          attach again with `torchtop attach {agents[0]['pid']}`; Ctrl-C stops the job",
             flush=True,
         )
-    return _exit_code(_wait_forwarding(child))
+    return _finish(job)
+
+
+def _app_for(app_class: type[TorchtopApp], agents: list[dict[str, Any]], log_path: Path) -> TorchtopApp:
+    """The job view when the agents are the ranks of one job (torchrun), else the one-agent view
+    (a chooser for several)."""
+    from torchtop.monitor.tui.job_app import JobApp, job_plan_of
+
+    plan = job_plan_of(agents)
+    if plan is not None and app_class is TorchtopApp:
+        return JobApp(plan, log_path=log_path)
+    return app_class(None, agents, log_path=log_path)
+
+
+def _close_when_done(job: Job, app: TorchtopApp) -> None:
+    """After a signal was passed on during the TUI: close the TUI once the job has ended, so that
+    the launcher returns the job's status (what a scheduler waits for)."""
+
+    def watch() -> None:
+        while not job.ended():
+            time.sleep(0.1)
+        try:
+            app.call_from_thread(app.exit)
+        except Exception:
+            pass  # the TUI has closed already
+
+    threading.Thread(target=watch, name="torchtop-run-watch", daemon=True).start()
 
 
 def _run_headless(command: list[str], env: dict[str, Any]) -> int:
-    try:
-        child = subprocess.Popen(command, env=env)
-    except OSError as exc:
-        print(f"torchtop: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
-        return 127
-    print(
-        f"torchtop run: pid {child.pid}; attach with `torchtop attach` (or `torchtop ls` for every rank)",
-        file=sys.stderr,
-        flush=True,
-    )
-    return _exit_code(_wait_forwarding(child))
+    with ExitStack() as stack:
+        try:
+            job = stack.enter_context(started(command, env))
+        except OSError as exc:
+            print(f"torchtop: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 127
+        print(
+            f"torchtop run: pid {job.pid}; attach with `torchtop attach` (or `torchtop ls` for every rank)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return _finish(job)

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 import zmq
 
 from torchtop.agent.contract import wire
-from torchtop.monitor.link.targets import Endpoint
+from torchtop.monitor.link.targets import Endpoint, rediscover
+from torchtop.monitor.model.budget import StepBudget
 from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.steps import StepRecord
 
@@ -47,8 +48,16 @@ class AgentClient:
         self.bad_frames = 0
         self.last_error = ""
         self.replay = LogReplay()
+        self.budget: StepBudget | None = None  # replay a bounded sample of the steps (the exporter)
         self.dealer: Any = None
-        self._ipv6 = int(":" in endpoint.host)  # zmq sockets are IPv4-only unless told otherwise
+        self.sub: Any = None
+        self._ipv6 = int(endpoint.ipv6)  # zmq sockets are IPv4-only unless told otherwise
+        self._new_sub()
+        self._new_dealer()
+
+    def _new_sub(self) -> None:
+        if self.sub is not None:
+            self.sub.close(linger=0)
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.IPV6, self._ipv6)
@@ -56,8 +65,7 @@ class AgentClient:
         self.sub.setsockopt(zmq.RCVHWM, 10_000)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self._secure(self.sub)
-        self.sub.connect(endpoint.pub_address)
-        self._new_dealer()
+        self.sub.connect(self.endpoint.pub_address)
 
     def _new_dealer(self) -> None:
         if self.dealer is not None:
@@ -67,7 +75,7 @@ class AgentClient:
         self.dealer.setsockopt(zmq.IPV6, self._ipv6)
         self.dealer.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         self._secure(self.dealer)
-        self.dealer.connect(self.endpoint.address())
+        self.dealer.connect(self.endpoint.address)
 
     def _secure(self, sock: Any) -> None:
         """CURVE client options, when the endpoint names the agent's public key."""
@@ -120,14 +128,32 @@ class AgentClient:
                     self._bad(f"expected a reply, got {type(reply).__name__}")
             deadline_ms = int((end - time.monotonic()) * 1000)
         self._new_dealer()  # drop the queued request: a late reply must not be read as another's
+        why = self._why()
+        self._renew()
         raise AgentUnreachable(
-            f"no answer from a torchtop agent at {self.endpoint.address()} within {timeout:g}s "
-            + (
-                "(closed port, agent gone, or wrong host/port)"
-                if self.endpoint.curve is None
-                else "(closed port, agent gone, or it does not accept this CURVE key pair: check --server-key "
-                "and that your client.key is in the agent's authorized_keys)"
+            f"no answer from a torchtop agent at {self.endpoint.address} within {timeout:g}s ({why})"
+        )
+
+    def _renew(self) -> None:
+        """A local run restarted where we point (same port) has new CURVE keys in its discovery
+        entry: take them, so that the next request reaches it."""
+        fresh = rediscover(self.endpoint)
+        if fresh is not None and fresh.curve != self.endpoint.curve:
+            self.endpoint = fresh
+            self._new_sub()
+            self._new_dealer()
+
+    def _why(self) -> str:
+        if self.endpoint.curve is not None:
+            return (
+                "closed port, agent gone, or it does not accept this CURVE key pair: check --server-key "
+                "and that your client.key is in the agent's authorized_keys"
             )
+        if self.endpoint.transport == "ipc":
+            return "agent gone, or its socket belongs to another user"
+        return (
+            "closed port, agent gone, or wrong host/port; an agent on TCP answers only CURVE clients: "
+            "attach by pid on its machine, over ssh://, or with --server-key"
         )
 
     def hello(self, timeout: float = 3.0) -> wire.Hello:
@@ -155,6 +181,10 @@ class AgentClient:
     ) -> list[StepRecord]:
         if run_id != self.replay.run_id:  # another run on this endpoint: its chunks count from 0
             self.replay = LogReplay(run_id)
+            if self.budget is not None:
+                self.budget = StepBudget(self.budget.rate)
+        if self.budget is not None:
+            log = self.budget.filter(log, time.monotonic())
         return self.replay.feed(log, wall_offset, rank)
 
     # -- stream --------------------------------------------------------------------------------

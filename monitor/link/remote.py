@@ -50,7 +50,8 @@ def _with_key(endpoint: Endpoint, server_key: str | None) -> Endpoint:
     if not server_key:
         return endpoint
     try:
-        return dataclasses.replace(endpoint, curve=keys.load_client(server_key))
+        # keys given by hand: kept (never swapped for a discovery entry's, see rediscover)
+        return dataclasses.replace(endpoint, curve=keys.load_client(server_key), local_entry=False)
     except keys.KeyConfigError as exc:
         raise TargetError(str(exc)) from None
 

@@ -2,11 +2,13 @@
 
 `ssh://[user@]host[:sshport][/pid-or-port]`. The user's own ssh (config, agent, keys, jump hosts)
 does the work; we add `-o BatchMode=yes` (never prompt inside a TUI) and, for the tunnel,
-`-o ExitOnForwardFailure=yes`. With no pid/port, `torchtop ls --json` runs on the host to find the
-agent; then `ssh -N -L lp:127.0.0.1:rp -L lp+1:127.0.0.1:rp+1` forwards two free local ports to
-the agent's request and stream ports, and the monitor talks to 127.0.0.1:lp as if local. A
-tunnel that dies while in use is rebuilt on the same local ports, so the monitor's ZeroMQ
-sockets reconnect by themselves.
+`-o ExitOnForwardFailure=yes`. `torchtop ls --json` runs on the host to find the agent (its
+discovery entry: addresses, and CURVE keys for a TCP agent). An agent on ipc:// sockets (the
+default) is reached by forwarding two local Unix sockets, in a private 0700 directory removed on
+close, to its two (`ssh -N -L /local/req:/remote/req ...`, OpenSSH stream-local forwarding); an
+agent on TCP by forwarding two free local ports (`-L lp:127.0.0.1:rp -L lp+1:127.0.0.1:rp+1`).
+The monitor then talks to the local ends as if the agent were local. A tunnel that dies while
+in use is rebuilt on the same local ends, so the monitor's ZeroMQ sockets reconnect by themselves.
 
 Extra ssh options: $TORCHTOP_SSH_OPTS (shell words, e.g. "-F ~/.ssh/lab_config") and `--ssh-option`
 (each becomes `-o OPTION`). The remote command is $TORCHTOP_REMOTE_CMD (default `torchtop`), e.g.
@@ -27,10 +29,12 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from torchtop.monitor.link.targets import Endpoint, TargetError, describe, local_curve
+from torchtop.agent.contract.private import short_private_tempdir
+from torchtop.monitor.link.targets import Endpoint, TargetError, agent_addresses, describe, from_discovery
 
 ENV_OPTS = "TORCHTOP_SSH_OPTS"
 ENV_REMOTE_CMD = "TORCHTOP_REMOTE_CMD"
@@ -135,7 +139,9 @@ def remote_agents(target: SshTarget, options: Sequence[str] = ()) -> list[dict[s
         agents = json.loads(_last_line(proc.stdout) or "[]")
     except ValueError:
         agents = None
-    if not isinstance(agents, list) or not all(isinstance(a, dict) and "port" in a for a in agents):
+    if not isinstance(agents, list) or not all(
+        isinstance(a, dict) and ("port" in a or "address" in a) for a in agents
+    ):
         raise SshError(
             f"`{remote} ls --json` on {target.host} printed no agent list: {_last_line(proc.stdout)!r}"
         )
@@ -178,21 +184,19 @@ def _free_port_pair() -> int:
     raise SshError("found no two free adjacent local ports for the ssh tunnel")
 
 
-def _accepts(port: int) -> bool:
+def _accepts(local: str) -> bool:
+    """Whether a local end of the tunnel (tcp://127.0.0.1:PORT or ipc://PATH) takes a connection."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
+        if local.startswith("ipc://"):
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(0.2)
+                s.connect(local.removeprefix("ipc://"))
+        else:
+            with socket.create_connection(("127.0.0.1", int(local.rsplit(":", 1)[1])), timeout=0.2):
+                pass
+        return True
     except OSError:
         return False
-
-
-def _remote_host(info: dict[str, Any]) -> str:
-    bind = str(info.get("bind") or "127.0.0.1")
-    if bind in ("0.0.0.0", "*", "localhost"):
-        return "127.0.0.1"
-    if bind == "::":
-        return "[::1]"
-    return f"[{bind}]" if ":" in bind else bind
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -209,11 +213,11 @@ def _launch(cmd: list[str], err: Any) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
 
 
-def _wait_up(proc: subprocess.Popen[bytes], lport: int, timeout: float) -> bool:
-    """True once both forwarded ports accept; False if ssh exited or the time ran out."""
+def _wait_up(proc: subprocess.Popen[bytes], local: tuple[str, str], timeout: float) -> bool:
+    """True once both local ends accept; False if ssh exited or the time ran out."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
-        if _accepts(lport) and _accepts(lport + 1):
+        if all(_accepts(end) for end in local):
             return True
         time.sleep(0.05)
     return False
@@ -221,11 +225,13 @@ def _wait_up(proc: subprocess.Popen[bytes], lport: int, timeout: float) -> bool:
 
 class _Keeper:
     """Brings a tunnel that died (network drop, sshd restart, laptop sleep) back up on the same
-    local ports, with backoff, for as long as it is in use. ZeroMQ reconnects by itself, so
-    the monitor's sockets carry on once the ports forward again."""
+    local ends, with backoff, for as long as it is in use. ZeroMQ reconnects by itself, so
+    the monitor's sockets carry on once they forward again."""
 
-    def __init__(self, cmd: list[str], proc: subprocess.Popen[bytes], lport: int, host: str) -> None:
-        self.cmd, self.proc, self.lport, self.host = cmd, proc, lport, host
+    def __init__(
+        self, cmd: list[str], proc: subprocess.Popen[bytes], local: tuple[str, str], host: str
+    ) -> None:
+        self.cmd, self.proc, self.local, self.host = cmd, proc, local, host
         self.down_since: float | None = None  # monotonic time the tunnel went down; None while up
         self.attempts = 0  # rebuilds tried since then
         self._stop = threading.Event()
@@ -249,7 +255,7 @@ class _Keeper:
             self.proc = proc
             if self._stop.is_set():
                 return  # close() may have stopped the old one while this one started
-            if _wait_up(proc, self.lport, TUNNEL_TIMEOUT_S):
+            if _wait_up(proc, self.local, TUNNEL_TIMEOUT_S):
                 delay = RESTART_MIN_S
                 self.down_since, self.attempts = None, 0
                 continue
@@ -271,15 +277,70 @@ class _Keeper:
         _stop(self.proc)  # one the keeper launched just as it was told to stop
 
 
+def _tcp_forward(remote: str) -> tuple[str, str]:
+    """`-L` spec parts for a remote tcp://host:port: (host, port), the host bracketed for IPv6."""
+    host, port = remote.removeprefix("tcp://").rsplit(":", 1)
+    host = host.strip("[]")
+    return (f"[{host}]" if ":" in host else host), port
+
+
+def _forwards(remote: tuple[str, str], sock_dir: Path | None) -> tuple[list[str], tuple[str, str]]:
+    """The ssh -L arguments that reach the agent's two remote addresses, and the local ends."""
+    if sock_dir is not None:  # ipc: Unix socket to Unix socket
+        local = (sock_dir / "req", sock_dir / "pub")
+        args = []
+        for here, there in zip(local, remote):
+            args += ["-L", f"{here}:{there.removeprefix('ipc://')}"]
+        return args, (f"ipc://{local[0]}", f"ipc://{local[1]}")
+    lport = _free_port_pair()
+    args = []
+    for port, there in zip((lport, lport + 1), remote):
+        host, rport = _tcp_forward(there)
+        args += ["-L", f"{port}:{host}:{rport}"]
+    return args, (f"tcp://127.0.0.1:{lport}", f"tcp://127.0.0.1:{lport + 1}")
+
+
+def _label(target: SshTarget, info: dict[str, Any], remote: str, local: str) -> str:
+    pid = info.get("pid")
+    if remote.startswith("ipc://"):
+        return f"{target}/{pid} (pid {pid}, its sockets via {Path(local.removeprefix('ipc://')).parent})"
+    rport = remote.rsplit(":", 1)[1]
+    return (
+        f"{target}/{pid or rport} ("
+        + (f"pid {pid}, " if pid else "")
+        + f"port {rport} via {local.removeprefix('tcp://')})"
+    )
+
+
 @contextmanager
 def tunnel(target: SshTarget, info: dict[str, Any], options: Sequence[str] = ()) -> Iterator[Endpoint]:
-    """Forward two free local ports to the agent's ports on the host; an Endpoint while it lasts.
-    A tunnel that dies meanwhile is rebuilt on the same ports (`_Keeper`)."""
-    rport, rhost = int(info["port"]), _remote_host(info)
+    """Forward local ends to the agent's two sockets on the host; an Endpoint while it lasts.
+    A tunnel that dies meanwhile is rebuilt on the same local ends (`_Keeper`)."""
+    try:
+        remote = agent_addresses(info)
+    except ValueError as exc:
+        raise SshError(f"the agent listing from {target.host} is unusable ({exc})") from None
+    ipc = remote[0].startswith("ipc://")
+    sock_dir = short_private_tempdir("torchtop-ssh-") if ipc else None  # 0700, ours: no one else connects
+    try:
+        with _open_tunnel(target, info, remote, sock_dir, options) as endpoint:
+            yield endpoint
+    finally:
+        if sock_dir is not None:
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+@contextmanager
+def _open_tunnel(
+    target: SshTarget,
+    info: dict[str, Any],
+    remote: tuple[str, str],
+    sock_dir: Path | None,
+    options: Sequence[str],
+) -> Iterator[Endpoint]:
     last_error = ""
     for _attempt in range(3):  # a local port may be taken between choosing and ssh binding it
-        lport = _free_port_pair()
-        forwards = ["-L", f"{lport}:{rhost}:{rport}", "-L", f"{lport + 1}:{rhost}:{rport + 1}"]
+        forwards, local = _forwards(remote, sock_dir)
         cmd = [
             *ssh_base(target, options),
             "-N",
@@ -289,13 +350,15 @@ def tunnel(target: SshTarget, info: dict[str, Any], options: Sequence[str] = ())
             "ServerAliveInterval=15",
             "-o",
             "ServerAliveCountMax=2",
+            # a rebuilt tunnel binds the same local socket paths the dead ssh left behind
+            *(["-o", "StreamLocalBindUnlink=yes"] if sock_dir is not None else []),
             *forwards,
             target.destination,
         ]
         with tempfile.TemporaryFile() as err:
             proc = _launch(cmd, err)
             try:
-                up = _wait_up(proc, lport, TUNNEL_TIMEOUT_S)
+                up = _wait_up(proc, local, TUNNEL_TIMEOUT_S)
                 if not up and proc.poll() is None:
                     raise SshError(
                         f"the ssh tunnel to {target.destination} was not up within {TUNNEL_TIMEOUT_S:g}s"
@@ -309,15 +372,10 @@ def tunnel(target: SshTarget, info: dict[str, Any], options: Sequence[str] = ())
             except BaseException:
                 _stop(proc)
                 raise
-        keeper = _Keeper(cmd, proc, lport, target.destination)
+        keeper = _Keeper(cmd, proc, local, target.destination)
         try:
-            pid = info.get("pid")
-            label = (
-                f"{target}/{pid or rport} ("
-                + (f"pid {pid}, " if pid else "")
-                + f"port {rport} via 127.0.0.1:{lport})"
-            )
-            yield Endpoint("127.0.0.1", lport, pid, label, curve=local_curve(info), link=keeper.trouble)
+            label = _label(target, info, remote[0], local[0])
+            yield from_discovery(info, via=local, label=label, link=keeper.trouble)
         finally:
             keeper.close()
         return
@@ -334,6 +392,6 @@ def open_ssh(target: str, options: Sequence[str] = ()) -> Iterator[Endpoint]:
         # no torchtop command there, but the user named a port: tunnel to it (hello will tell)
         if not (exc.not_installed and parsed.select is not None and 0 < parsed.select < 65535):
             raise
-        info = {"port": parsed.select, "pid": None}
+        info = {"port": parsed.select, "pid": None}  # an older agent's entry: TCP on loopback
     with tunnel(parsed, info, options) as endpoint:
         yield endpoint

@@ -1,6 +1,10 @@
-"""What the user typed as TARGET, turned into an endpoint: a pid, HOST:PORT or tcp://HOST:PORT.
+"""What the user typed as TARGET, turned into an endpoint: a pid, ipc://PATH, HOST:PORT or tcp://HOST:PORT.
 
-Pure apart from reading the discovery files; no zmq, no textual.
+An Endpoint carries the agent's two ZeroMQ addresses (requests, batch stream): `ipc://` Unix
+sockets by default, TCP when the agent was asked for a port. `from_discovery` is the one way a
+discovery entry (this machine's, or another's read over ssh and reached through a tunnel)
+becomes an Endpoint, with the CURVE keys the entry gives. Pure apart from reading the discovery
+files; no zmq, no textual.
 """
 
 from __future__ import annotations
@@ -8,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from torchtop.agent.contract import discovery, keys
 
@@ -19,57 +23,147 @@ class TargetError(Exception):
 
 @dataclass(frozen=True)
 class Endpoint:
-    host: str
-    port: int  # the agent's request port; batches come on port + 1
+    address: str  # the agent's request socket: ipc:///path or tcp://host:port
+    pub_address: str  # its batch stream
     pid: int | None = None
     label: str = ""
     curve: keys.ClientCurve | None = field(default=None, compare=False, repr=False)  # CURVE agent
     # what is wrong with the way there ("" while fine): an ssh tunnel being rebuilt
     link: Callable[[], str] | None = field(default=None, compare=False, repr=False)
+    # made from this machine's discovery entry: a run restarted there may bring new keys (rediscover)
+    local_entry: bool = field(default=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for address in (self.address, self.pub_address):
+            if not isinstance(address, str) or not address.startswith(("ipc://", "tcp://")):
+                raise ValueError(
+                    f"not a ZeroMQ address: {address!r} (Endpoint.tcp(host, port) makes a TCP one)"
+                )
+
+    @classmethod
+    def tcp(cls, host: str, port: int, pid: int | None = None, label: str = "", **kw: Any) -> Endpoint:
+        """An agent on TCP: requests on `port`, batches on `port + 1`."""
+        return cls(tcp_address(host, port), tcp_address(host, port + 1), pid, label, **kw)
 
     def link_trouble(self) -> str:
         return self.link() if self.link is not None else ""
 
-    def address(self, port: int | None = None) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"tcp://{host}:{self.port if port is None else port}"
+    @property
+    def transport(self) -> Literal["ipc", "tcp"]:
+        return "ipc" if self.address.startswith("ipc://") else "tcp"
 
     @property
-    def pub_address(self) -> str:
-        return self.address(self.port + 1)
+    def host(self) -> str:
+        """The TCP host ("" for ipc: this machine)."""
+        match = _TCP.match(self.address)
+        return match.group(1).strip("[]") if match else ""
+
+    @property
+    def port(self) -> int:
+        """The TCP request port (0 for ipc)."""
+        match = _TCP.match(self.address)
+        return int(match.group(2)) if match else 0
+
+    @property
+    def ipv6(self) -> bool:
+        return ":" in self.host
 
     def __str__(self) -> str:
-        return self.label or f"{self.host}:{self.port}"
+        return self.label or self.address
 
 
 _HOSTPORT = re.compile(r"^(?:tcp://)?(\[[^\]]+\]|[^:/\[\]]+):(\d{1,5})/?$")
+_TCP = re.compile(r"^tcp://(\[[^\]]+\]|[^:/\[\]]+):(\d{1,5})$")
+REQ_SUFFIX, PUB_SUFFIX = ".req", ".pub"
 
 
-def from_discovery(info: dict[str, Any]) -> Endpoint:
-    bind = info.get("bind") or "127.0.0.1"
-    host = "127.0.0.1" if bind in ("0.0.0.0", "*") else ("::1" if bind == "::" else bind)
-    label = f"pid {info['pid']} ({host}:{info['port']})"
-    return Endpoint(host, int(info["port"]), int(info["pid"]), label, curve=local_curve(info))
+def tcp_address(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
-def local_curve(info: dict[str, Any]) -> keys.ClientCurve | None:
-    """A CURVE agent publishes its public key in its discovery file: use it with our client key."""
+def agent_addresses(info: dict[str, Any]) -> tuple[str, str]:
+    """(request, stream) addresses of a discovery entry, as seen on the agent's machine.
+    Entries of older agents have only bind and port. ValueError when it names neither."""
+    address, pub = info.get("address"), info.get("pub_address")
+    if isinstance(address, str) and isinstance(pub, str):
+        if all(a.startswith("ipc://") or _TCP.match(a) for a in (address, pub)):
+            return address, pub
+        raise ValueError(f"unusable agent addresses {address!r}, {pub!r}")
+    port = info.get("port")
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65535:
+        raise ValueError("no agent address and no port")
+    bind = str(info.get("bind") or "127.0.0.1")
+    host = "127.0.0.1" if bind in ("0.0.0.0", "*", "localhost") else ("::1" if bind == "::" else bind)
+    return tcp_address(host, port), tcp_address(host, port + 1)
+
+
+def agent_curve(info: dict[str, Any]) -> keys.ClientCurve | None:
+    """The keys that reach a CURVE agent: the client pair its (0600) discovery entry admits, else
+    our own configured client key with the public key it publishes."""
     server_key = info.get("server_key")
     if not isinstance(server_key, str) or len(server_key) != keys.Z85_KEY_LEN:
         return None
+    public, secret = info.get("client_key"), info.get("client_secret")
+    if all(isinstance(k, str) and len(k) == keys.Z85_KEY_LEN for k in (public, secret)):
+        return keys.ClientCurve(server_key.encode(), str(public).encode(), str(secret).encode())
     try:
         return keys.load_client(server_key)
     except keys.KeyConfigError:
         return None  # no client key here: hello will time out, and says why
 
 
+def from_discovery(
+    info: dict[str, Any],
+    via: tuple[str, str] | None = None,
+    label: str = "",
+    link: Callable[[], str] | None = None,
+) -> Endpoint:
+    """The Endpoint of a discovery entry. `via`: the (request, stream) addresses that reach it
+    from here when they are not its own (an ssh tunnel's local ends); `link`: the tunnel's health."""
+    try:
+        address, pub = agent_addresses(info)
+    except ValueError as exc:
+        raise TargetError(f"the discovery entry of pid {info.get('pid')} is unusable ({exc})") from None
+    pid = info.get("pid") if isinstance(info.get("pid"), int) else None
+    if not label:
+        label = f"pid {pid} ({where(info)})"
+    request, stream = via or (address, pub)
+    return Endpoint(request, stream, pid, label, curve=agent_curve(info), link=link, local_entry=via is None)
+
+
+def rediscover(endpoint: Endpoint) -> Endpoint | None:
+    """The endpoint of the local agent listening now where `endpoint` points (a run restarted on
+    the same port has new keys), labelled as before; None when there is none, or `endpoint` was
+    not made from a local entry (keys given by hand, a tunnel: the entry is on the other machine)."""
+    if not endpoint.local_entry:
+        return None
+    for info in discovery.list_agents():
+        try:
+            if agent_addresses(info) == (endpoint.address, endpoint.pub_address):
+                return from_discovery(info, label=endpoint.label)
+        except ValueError:
+            continue
+    return None
+
+
+def where(info: dict[str, Any]) -> str:
+    """How an entry's agent listens, in a few words: "ipc" or HOST:PORT."""
+    try:
+        address = agent_addresses(info)[0]
+    except ValueError:
+        return "?"
+    return "ipc" if address.startswith("ipc://") else address.removeprefix("tcp://")
+
+
 def describe(info: dict[str, Any]) -> str:
     argv = " ".join(info.get("argv") or [])
-    return f"pid {info.get('pid')}  port {info.get('port')}  rank {info.get('rank', 0)}  {argv}"
+    listens = f"port {info['port']}" if info.get("port") else where(info)
+    return f"pid {info.get('pid')}  {listens}  rank {info.get('rank', 0)}  {argv}"
 
 
 def parse(target: str) -> Endpoint:
-    """Parse a TARGET string; pids are looked up in the discovery files."""
+    """Parse a TARGET string; pids are looked up in the discovery files, and so are the ipc
+    paths and loopback ports of local agents (their entries hold the keys that reach them)."""
     target = target.strip()
     if target.isdigit():
         pid = int(target)
@@ -79,13 +173,27 @@ def parse(target: str) -> Endpoint:
         raise TargetError(
             f"no torchtop agent with pid {pid} on this machine (`torchtop ls` lists the running ones)"
         )
+    if target.startswith("ipc://"):
+        if not target.endswith(REQ_SUFFIX):
+            raise TargetError(
+                f"an ipc target names the agent's request socket (…{REQ_SUFFIX}), not {target!r}"
+            )
+        for info in discovery.list_agents():
+            if info.get("address") == target:
+                return from_discovery(info)
+        return Endpoint(target, target[: -len(REQ_SUFFIX)] + PUB_SUFFIX, None, target)
     match = _HOSTPORT.match(target)
     if match:
         host, port = match.group(1).strip("[]"), int(match.group(2))
         if not 0 < port < 65535:
             raise TargetError(f"port {port} is out of range in target {target!r}")
-        return Endpoint(host, port, None, f"{host}:{port}")
-    raise TargetError(f"unknown target {target!r}: use a pid, HOST:PORT or tcp://HOST:PORT")
+        label = f"{host}:{port}"
+        if host == "localhost" or host == "::1" or host.startswith("127."):
+            for info in discovery.list_agents():  # ours: its entry has the keys
+                if info.get("port") == port:
+                    return from_discovery(info, label=label)
+        return Endpoint.tcp(host, port, None, label)
+    raise TargetError(f"unknown target {target!r}: use a pid, ipc://PATH, HOST:PORT or tcp://HOST:PORT")
 
 
 def local_agents() -> list[dict[str, Any]]:

@@ -131,6 +131,8 @@ def fetch_from(
 def describe(c: CaptureInfo) -> str:
     """Human lines for a finished capture (also used by the TUI's Captures screen)."""
     lines = [f"{c.kind} capture {c.id}: {c.state}" + (f" ({c.error})" if c.error else "")]
+    if c.note:  # the directory asked for was refused: where the file went, and why
+        lines.append(f"  note: {c.note}")
     if c.path:
         lines.append(f"  file: {c.host}:{c.path}")
         lines.append(f"  fetch: scp {c.host}:{c.path} .")

@@ -27,6 +27,7 @@ from textual.worker import get_current_worker
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.captures import (
@@ -119,8 +120,10 @@ class TorchtopApp(App[int]):
         feed: bool = True,
         clock: Callable[[], float] = time.monotonic,
         log_path: Path | None = None,
+        record: Path | None = None,
     ) -> None:
         super().__init__()
+        self.record = record  # attach --record: the feed keeps what it receives here
         self.log_tail = LogTail(log_path, id="log-tail") if log_path is not None else None
         self.endpoint = endpoint
         self.choices = choices or []
@@ -220,7 +223,14 @@ class TorchtopApp(App[int]):
     @work(thread=True, exclusive=True, group="feed")
     def _feed(self, endpoint: Endpoint) -> None:
         worker = get_current_worker()
-        run_feed(endpoint, self.post_message, lambda: worker.is_cancelled, requests=self.requests)
+        recorder = MonitorRecorder(self.record) if self.record is not None else None
+        run_feed(
+            endpoint,
+            self.post_message,
+            lambda: worker.is_cancelled,
+            requests=self.requests,
+            recorder=recorder,
+        )
 
     # -- messages up ---------------------------------------------------------------------------
     def on_hello_received(self, message: HelloReceived) -> None:
@@ -446,10 +456,14 @@ class TorchtopApp(App[int]):
 
 
 def run_tui(
-    endpoint: Endpoint | None, choices: list[dict[str, Any]] | None, log_path: Path | None = None
+    endpoint: Endpoint | None,
+    choices: list[dict[str, Any]] | None,
+    log_path: Path | None = None,
+    record: Path | None = None,
 ) -> int:
     """Run the TUI on `endpoint`, or on one of `choices` (discovery entries); the exit code.
-    With `log_path`, a Log tab follows the job's output."""
-    app = TorchtopApp(endpoint, choices, log_path=log_path)
+    With `log_path`, a Log tab follows the job's output; with `record`, what it receives is
+    recorded there."""
+    app = TorchtopApp(endpoint, choices, log_path=log_path, record=record)
     app.run()
     return app.return_code or 0

@@ -21,6 +21,7 @@ from textual.message import Message
 
 from torchtop.agent.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable, Received
+from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint
 from torchtop.monitor.model.steps import StepRecord
 
@@ -80,20 +81,24 @@ def run_feed(
     cancelled: Callable[[], bool],
     client_factory: Callable[[Endpoint], AgentClient] = AgentClient,
     requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] | None = None,
+    recorder: MonitorRecorder | None = None,
 ) -> None:
     """Hello (retrying), snapshot, then stream batches until `cancelled()`; never raises.
 
     Between stream reads it sends the requests queued on `requests` and posts each answer.
+    With `recorder`, what it receives is also written to a recording (`attach --record`).
     """
     client: AgentClient | None = None
     try:
         client = client_factory(endpoint)
-        _loop(client, post, cancelled, requests)
+        _loop(client, post, cancelled, requests, recorder)
     except Exception as exc:  # a feed bug must show in the status line, not kill the TUI
         post(FeedError(f"feed stopped: {type(exc).__name__}: {exc}"))
     finally:
         if client is not None:
             client.close()
+        if recorder is not None:
+            recorder.close()
 
 
 def _sleep(seconds: float, cancelled: Callable[[], bool]) -> None:
@@ -128,8 +133,10 @@ def _loop(
     post: Callable[[Message], object],
     cancelled: Callable[[], bool],
     requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] | None = None,
+    recorder: MonitorRecorder | None = None,
 ) -> None:
     connected = False
+    record_error = ""
     ever_connected = False
     last_batch = time.monotonic()
     bad_seen = 0
@@ -143,16 +150,26 @@ def _loop(
                 _sleep(RETRY_PAUSE_S, cancelled)
                 continue
             post(HelloReceived(hello))
+            if recorder is not None:
+                recorder.hello(hello)
             connected = ever_connected = True
             last_batch = time.monotonic()
             try:
                 reply, steps = client.snapshot(timeout=SNAPSHOT_TIMEOUT_S)
                 if reply.ok:
                     post(SnapshotReceived(steps, reply.seq))
+                    if recorder is not None:
+                        recorder.snapshot(reply)
             except AgentUnreachable:
                 pass  # live batches still come; only the history before we joined is missing
         serve_requests(client, requests, post, connected=True)
         batches = client.recv_batches(POLL_S)
+        if recorder is not None:
+            for got in batches:
+                recorder.batch(got.batch)
+            if recorder.error and recorder.error != record_error:
+                record_error = recorder.error
+                post(FeedError(record_error))
         now = time.monotonic()
         if batches or client.bad_frames != bad_seen:
             bad_seen = client.bad_frames

@@ -146,7 +146,7 @@ async def monitor(ports: list[int], seconds: float, warm: float) -> tuple[float,
     from torchtop.monitor.tui.job_app import JobApp
 
     plan = JobPlan(
-        [Endpoint("127.0.0.1", p, None, f"rank{k}") for k, p in enumerate(ports)], "bench@node0:29500"
+        [Endpoint.tcp("127.0.0.1", p, None, f"rank{k}") for k, p in enumerate(ports)], "bench@node0:29500"
     )
     app = JobApp(plan)
     async with app.run_test(size=(120, 40)) as pilot:

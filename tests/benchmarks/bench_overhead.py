@@ -227,7 +227,7 @@ SUBSCRIBER = """
 import sys, zmq
 sub = zmq.Context().socket(zmq.SUB)
 sub.setsockopt(zmq.SUBSCRIBE, b"")
-sub.connect(f"tcp://127.0.0.1:{int(sys.argv[1]) + 1}")  # reconnects by itself across agent restarts
+sub.connect(sys.argv[1])  # the agent's ipc stream: the same path (same pid) across restarts
 while True:
     sub.recv()
 """
@@ -398,12 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.attached:
         import subprocess
 
-        agent = torchtop.agent.start(auto=False)  # a free port pair, kept for every block
+        agent = torchtop.agent.start(auto=False)  # ipc: the same socket path for every block
         if agent is None:
             raise SystemExit("the agent did not start")
-        port = agent.port
+        stream = agent.sockets.pub_address
         torchtop.agent.stop()
-        listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(port)])
+        listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, stream])
     try:
         cores = sorted(os.sched_getaffinity(0))
         pin = (

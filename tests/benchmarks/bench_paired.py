@@ -144,10 +144,14 @@ def trimmed_ci(values: list[int], n: int = 300) -> tuple[float, float]:
     return means[int(0.025 * n)], means[int(0.975 * n) - 1]
 
 
-def agent_busy_ns(agent: Any) -> tuple[int, int]:
+def agent_busy_ns(agent: Any) -> tuple[int, int, int]:
     """CPU time so far of the agent's threads at work (each counts its own): the agent loop,
-    the slow samplers."""
-    return agent.loop.busy_ns, (agent.telemetry.busy_ns if agent.telemetry is not None else 0)
+    the slow samplers, the recorder (0 without a recording)."""
+    return (
+        agent.loop.busy_ns,
+        agent.telemetry.busy_ns if agent.telemetry is not None else 0,
+        agent.recorder.busy_ns if agent.recorder is not None else 0,
+    )
 
 
 def agent_threads_cpu_ns() -> int:
@@ -255,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         help="with --ddp: the wrappers stay in; what alternates is the collective-wait callback of a "
         "timed backward (probe.comm): its own cost",
     )
+    p.add_argument(
+        "--record", metavar="PATH", default=None, help="the agent records the run into PATH meanwhile"
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("TORCHTOP_QUIET", "1")
     os.environ.setdefault("TORCHTOP_RUNTIME_DIR", tempfile.mkdtemp(prefix="torchtop-bench-"))
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     size = args.size or (calibrate_cpu(64, 2.0) if args.device == "cpu" else calibrate_cuda(32, 2.0))
     step, model, opt_cls, desc = _loop(args.device, size, args.ddp)
     hooked = Hooked(opt_cls, type(model) if args.ddp else torch.nn.Sequential)
-    if ta.start(phase_every=args.phase_every) is None:
+    if ta.start(phase_every=args.phase_every, record=args.record) is None:
         raise SystemExit("the agent did not start")
     agent = ta.current()
     probe = agent.probe  # type: ignore[union-attr]
@@ -291,13 +298,18 @@ def main(argv: list[str] | None = None) -> int:
         cpu0, busy0 = agent_threads_cpu_ns(), agent_busy_ns(agent)
         diffs, base = paired(step, hooked, args.pairs)
         busy1 = agent_busy_ns(agent)
-        loop_us, slow_us = ((b - a) / (2 * args.pairs) / 1e3 for a, b in zip(busy0, busy1))
-        threads_us = loop_us + slow_us
+        loop_us, slow_us, rec_us = ((b - a) / (2 * args.pairs) / 1e3 for a, b in zip(busy0, busy1))
+        threads_us = loop_us + slow_us + rec_us
         cpu_us = (agent_threads_cpu_ns() - cpu0) / (2 * args.pairs) / 1e3
         if args.device == "cuda":
             torch.cuda.synchronize()
         step_us = statistics.median(base) / 1e3
         print(f"{args.device}: {desc}; host step without hooks {step_us:.1f} us (median); {args.pairs} pairs")
+        if args.record:
+            size = sum(f.stat().st_size for f in agent.recorder.directory.iterdir())  # type: ignore[union-attr]
+            print(
+                f"  recording {agent.recorder.directory}: {size / 2**20:.2f} MiB, {agent.recorder.dropped} batches dropped"
+            )  # type: ignore[union-attr]
         print(
             f"  the agent on this loop, unpaired: phases timed on {share:.1%} of steps"
             + (f", CUDA events on 1 step in {every}" if every else "")
@@ -316,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         goal = GOALS[args.device]
         verdict = "meets" if hi_t <= goal else "misses" if lo_t > goal else "undecided"
         print(
-            f"  agent threads at work {threads_us:+.2f} us a step (loop {loop_us:.2f}, slow samplers {slow_us:.2f}; "
+            f"  agent threads at work {threads_us:+.2f} us a step (loop {loop_us:.2f}, slow samplers {slow_us:.2f}"
+            + (f", recorder {rec_us:.2f}" if args.record else "")
+            + "; "
             f"their whole CPU time, waking up included: {cpu_us:.2f} us)"
         )
         print(

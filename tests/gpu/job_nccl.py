@@ -119,9 +119,9 @@ def profiler_exposed_ms(trace: Path) -> dict[int, float]:
 def torchtop_steps(agent: Any, first: int, n: int) -> dict[int, dict[str, float]]:
     """Step index -> device ms (comm, backward, step) of this rank's steps first..first+n-1."""
     from torchtop.monitor.link.client import AgentClient
-    from torchtop.monitor.link.targets import Endpoint
+    from torchtop.monitor.link.targets import from_discovery
 
-    client = AgentClient(Endpoint("127.0.0.1", agent.port))
+    client = AgentClient(from_discovery(agent.discovery_info()))
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -1,0 +1,138 @@
+"""`torchtop export`: headless, many agents' figures as Prometheus and/or OpenTelemetry metrics.
+
+    torchtop export                                  # every local agent (new ranks picked up), :9464/metrics
+    torchtop export 4711 node2:5555 --prometheus 0.0.0.0:9464 --job llama-ft
+    torchtop export --otlp http://localhost:4318/v1/metrics
+
+Once a second each agent's recent window (--window S, default 10 s) becomes samples
+(export/figures.py); scrapes and OTLP pushes read the latest. Each agent's steps are replayed
+within a budget (link/fleet.py), so CPU and memory stay bounded whatever the step rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchtop.monitor.export.figures import Sample
+    from torchtop.monitor.link.fleet import Fleet
+
+EXIT_USAGE = 2
+DEFAULT_PROMETHEUS = "127.0.0.1:9464"
+PUBLISH_S = 1.0
+MISSING = "the exporters need the `export` extra: pip install 'torchtop[export]'"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "targets", nargs="*", help="pids, HOST:PORT, tcp:// or ssh:// targets (default: every local agent)"
+    )
+    p.add_argument(
+        "--prometheus",
+        metavar="[ADDR:]PORT",
+        default=None,
+        help=f"serve /metrics there (default {DEFAULT_PROMETHEUS} unless --otlp is given)",
+    )
+    p.add_argument(
+        "--otlp",
+        metavar="URL",
+        default=None,
+        help="push OTLP/HTTP metrics, e.g. http://localhost:4318/v1/metrics",
+    )
+    p.add_argument("--otlp-interval", type=float, default=5.0, help="seconds between OTLP pushes (default 5)")
+    p.add_argument("--job", default=None, help="the job label (default: the training script's name)")
+    p.add_argument("--window", type=float, default=10.0, help="seconds each figure summarises (default 10)")
+    p.add_argument(
+        "--seconds", type=float, default=None, help="stop after S seconds (default: run until Ctrl-C)"
+    )
+
+
+def _listen(spec: str) -> tuple[str, int]:
+    addr, _, port = spec.rpartition(":")
+    return (addr.strip("[]") or "127.0.0.1"), int(port)
+
+
+def job_label(argv: list[str]) -> str:
+    from torchtop.monitor.commands.run import job_name
+
+    return job_name(argv) if argv else "torchtop"
+
+
+def fleet_samples(fleet: Fleet, window: float, job: str | None) -> list[Sample]:
+    """Every watched agent's samples, from its state's report over the last `window` seconds."""
+    from torchtop.monitor.diagnosis.report import build_report
+    from torchtop.monitor.export.figures import samples
+
+    out: list[Sample] = []
+    for w in fleet.agents.values():
+        if w.hello is None:
+            continue
+        report = build_report(w.state, window)
+        out += samples(
+            report,
+            job or job_label(w.hello.argv),
+            w.hello.host,
+            w.hello.rank,
+            w.up,
+            w.budget.steps,
+            w.budget.rate_now() if w.up else 0.0,
+        )
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from torchtop.monitor.export.figures import SampleBoard
+    from torchtop.monitor.link.client import AgentUnreachable
+    from torchtop.monitor.link.fleet import Fleet
+    from torchtop.monitor.link.remote import open_target, target_options
+    from torchtop.monitor.link.targets import TargetError
+
+    prometheus = args.prometheus or (None if args.otlp else DEFAULT_PROMETHEUS)
+    board = SampleBoard()
+    with ExitStack() as stack:
+        try:
+            endpoints = [stack.enter_context(open_target(t, **target_options(args))) for t in args.targets]
+        except (TargetError, AgentUnreachable) as exc:
+            print(f"torchtop: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        fleet = Fleet(endpoints, discover=not args.targets)
+        stack.callback(fleet.close)
+        try:
+            if prometheus:
+                from torchtop.monitor.export.prometheus import serve
+
+                addr, port = _listen(prometheus)
+                server, _ = serve(board, port, addr)
+                stack.callback(server.shutdown)
+                print(
+                    f"torchtop export: Prometheus metrics on http://{addr}:{port}/metrics",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if args.otlp:
+                from torchtop.monitor.export.otlp import start
+
+                provider = start(board, args.otlp, args.otlp_interval)
+                stack.callback(provider.shutdown)
+                print(f"torchtop export: OTLP metrics to {args.otlp}", file=sys.stderr, flush=True)
+        except ImportError:
+            print(f"torchtop: {MISSING}", file=sys.stderr)
+            return EXIT_USAGE
+        except (OSError, ValueError) as exc:
+            print(f"torchtop: cannot serve metrics on {prometheus}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        end = None if args.seconds is None else time.monotonic() + args.seconds
+        publish_at = 0.0
+        try:
+            while end is None or time.monotonic() < end:
+                fleet.poll(0.2)
+                if time.monotonic() >= publish_at:
+                    publish_at = time.monotonic() + PUBLISH_S
+                    board.publish(fleet_samples(fleet, args.window, args.job))
+        except KeyboardInterrupt:
+            pass
+    return 0

@@ -1,0 +1,47 @@
+"""`torchtop replay FILE`: the TUI over a recording (pause, speed, seek, jump to a step or time)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "path", help="a recording: the directory given to --record / TORCHTOP_RECORD, or a segment file"
+    )
+    p.add_argument(
+        "--rank", type=int, default=None, help="a job's recording: which rank (default: the lowest)"
+    )
+    p.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1; ] and [ change it)")
+    p.add_argument(
+        "--at", metavar="T", default=None, help="start at T into the recording (90, 1:30) or #STEP"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from torchtop.agent.contract.recording import RecordingError
+    from torchtop.monitor.model.playback import load, notes
+
+    try:
+        playback, ranks = load(args.path, args.rank)
+    except RecordingError as exc:
+        print(f"torchtop: {exc}", file=sys.stderr)
+        return 2
+    if args.speed <= 0:
+        print("torchtop: --speed must be positive", file=sys.stderr)
+        return 2
+    for line in notes(playback, ranks, args.rank, "replaying"):
+        print(f"torchtop: {line}", file=sys.stderr)
+    from torchtop.monitor.tui.replay_app import ReplayApp, jump_target
+
+    at = None
+    if args.at is not None:
+        try:
+            at = jump_target(playback, args.at, playback.start)
+        except ValueError:
+            print(f"torchtop: --at {args.at!r}: give a time (90, 1:30) or #STEP", file=sys.stderr)
+            return 2
+    app = ReplayApp(playback, speed=args.speed, at=at)
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,150 @@
+"""One agent's state as metric samples: what Prometheus and OpenTelemetry both export. Pure.
+
+Labels are bounded: job, node, rank on every sample; phase on per-phase ones; the verdict or
+flag kind (closed sets: diagnosis/verdicts.py, flags.py) on those. Units are seconds, bytes and
+ratios (0..1), as Prometheus names them.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from torchtop.monitor.diagnosis.facts import SEVERITY_RANK
+
+Kind = Literal["gauge", "counter"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    value: float
+    labels: tuple[tuple[str, str], ...]
+    kind: Kind = "gauge"
+
+
+#: name -> (kind, help, extra label): every metric the exporters may publish
+METRICS: dict[str, tuple[Kind, str, str | None]] = {
+    "torchtop_up": ("gauge", "1 while the agent answers, 0 once it is gone", None),
+    "torchtop_steps": ("counter", "training steps the agent has counted", None),
+    "torchtop_steps_per_second": ("gauge", "training steps per second over the window", None),
+    "torchtop_step_time_median_seconds": ("gauge", "median step time over the window", None),
+    "torchtop_step_time_p90_seconds": ("gauge", "90th percentile step time over the window", None),
+    "torchtop_step_time_mean_seconds": ("gauge", "mean step time over the window", None),
+    "torchtop_phase_seconds": ("gauge", "host time per step in each phase (timed steps)", "phase"),
+    "torchtop_phase_share": ("gauge", "each phase's share of the step (timed steps)", "phase"),
+    "torchtop_device_phase_seconds": ("gauge", "CUDA-event time per sampled step, by phase", "phase"),
+    "torchtop_memory_allocated_bytes": ("gauge", "CUDA memory allocated by tensors", None),
+    "torchtop_memory_reserved_bytes": ("gauge", "CUDA memory held by the caching allocator", None),
+    "torchtop_memory_peak_allocated_bytes": ("gauge", "CUDA peak allocated since start", None),
+    "torchtop_memory_alloc_retries": ("counter", "cudaMalloc retries after flushing the cache", None),
+    "torchtop_memory_ooms": ("counter", "CUDA out-of-memory errors", None),
+    "torchtop_gpu_utilization_ratio": ("gauge", "NVML GPU utilisation", None),
+    "torchtop_gpu_memory_used_bytes": ("gauge", "NVML memory used on the GPU (all processes)", None),
+    "torchtop_gpu_power_watts": ("gauge", "NVML power draw", None),
+    "torchtop_gpu_temperature_celsius": ("gauge", "NVML GPU temperature", None),
+    "torchtop_process_cpu_ratio": ("gauge", "training process CPU, in cores", None),
+    "torchtop_process_resident_bytes": ("gauge", "training process resident memory", None),
+    "torchtop_process_resident_peak_bytes": ("gauge", "training process peak resident memory", None),
+    "torchtop_dataloader_workers": ("gauge", "DataLoader worker processes", None),
+    "torchtop_dataloader_worker_cpu_ratio": ("gauge", "DataLoader workers' mean CPU, in cores", None),
+    "torchtop_verdict": ("gauge", "the verdict in force: its severity (0 ok .. 3 critical)", "verdict"),
+    "torchtop_verdict_share": ("gauge", "the verdict's share of the step", "verdict"),
+    "torchtop_flag": ("gauge", "a flag raised: its severity (1 info .. 3 critical)", "flag"),
+    "torchtop_dropped_steps": ("counter", "steps the agent's bounded log dropped", None),
+    "torchtop_hook_errors": ("counter", "guarded failures inside the agent's hooks", None),
+}
+
+
+def samples(
+    report: dict[str, Any], job: str, node: str, rank: int, up: bool, steps_total: int, steps_per_s: float
+) -> list[Sample]:
+    """The samples of one agent from its report (diagnosis/report.py). `steps_total` and
+    `steps_per_s` are the agent's own counts: exact even where the exporter replays only a
+    sample of the steps."""
+    base = (("job", job), ("node", node), ("rank", str(rank)))
+    out: list[Sample] = []
+
+    def add(name: str, value: Any, extra: tuple[str, str] | None = None) -> None:
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        kind = METRICS[name][0]
+        out.append(Sample(name, float(value), base + ((extra,) if extra else ()), kind))
+
+    add("torchtop_up", 1 if up else 0)
+    add("torchtop_steps", steps_total)
+    add("torchtop_steps_per_second", steps_per_s)
+    if report.get("steps"):
+        for q in ("median", "p90", "mean"):
+            add(f"torchtop_step_time_{q}_seconds", report["step_time_ms"][q] / 1e3)
+    if report.get("timed_steps"):
+        for phase, ms in report.get("phase_ms", {}).items():
+            add("torchtop_phase_seconds", ms / 1e3, ("phase", phase))
+        for phase, share in report.get("breakdown", {}).items():
+            add("torchtop_phase_share", share, ("phase", phase))
+    for phase, ms in report.get("device_ms", {}).items():
+        add("torchtop_device_phase_seconds", ms / 1e3, ("phase", phase))
+    memory = report.get("memory", {})
+    if memory.get("available"):
+        add("torchtop_memory_allocated_bytes", memory.get("allocated"))
+        add("torchtop_memory_reserved_bytes", memory.get("reserved"))
+        add("torchtop_memory_peak_allocated_bytes", memory.get("peak_allocated"))
+        add("torchtop_memory_alloc_retries", memory.get("alloc_retries"))
+        add("torchtop_memory_ooms", memory.get("ooms"))
+    gpus = report.get("gpu", {}).get("devices") or []
+    if gpus:
+        g = gpus[0]  # the rank's own device comes first
+        util = g.get("util_gpu")
+        add(
+            "torchtop_gpu_utilization_ratio",
+            util / 100 if isinstance(util, (int, float)) and util >= 0 else None,
+        )
+        add("torchtop_gpu_memory_used_bytes", g.get("mem_used"))
+        add("torchtop_gpu_power_watts", _known(g.get("power_w")))
+        add("torchtop_gpu_temperature_celsius", _known(g.get("temp_c")))
+    host = report.get("host", {})
+    if host.get("available"):
+        add("torchtop_process_cpu_ratio", host.get("proc_cpu", 0) / 100)
+        add("torchtop_process_resident_bytes", host.get("proc_rss"))
+        add("torchtop_process_resident_peak_bytes", host.get("proc_rss_peak") or None)
+        workers = [w for w in host.get("workers", []) if w.get("dataloader")]
+        add("torchtop_dataloader_workers", len(workers))
+        if workers:
+            add(
+                "torchtop_dataloader_worker_cpu_ratio",
+                sum(w["cpu_percent"] for w in workers) / len(workers) / 100,
+            )
+    verdict = report.get("verdict", {})
+    if verdict.get("kind") and verdict["kind"] != "unknown":
+        add(
+            "torchtop_verdict",
+            SEVERITY_RANK.get(verdict.get("severity", "ok"), 0),
+            ("verdict", verdict["kind"]),
+        )
+        add("torchtop_verdict_share", verdict.get("share", 0.0), ("verdict", verdict["kind"]))
+    for flag in report.get("flag_details", []):
+        add("torchtop_flag", SEVERITY_RANK.get(flag.get("severity", "info"), 1), ("flag", flag["kind"]))
+    add("torchtop_dropped_steps", report.get("dropped"))
+    add("torchtop_hook_errors", report.get("hook_errors"))
+    return out
+
+
+def _known(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and value >= 0 else None
+
+
+class SampleBoard:
+    """The latest samples, replaced whole by the exporter's loop and read by scrapes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._samples: list[Sample] = []
+
+    def publish(self, samples: list[Sample]) -> None:
+        with self._lock:
+            self._samples = samples
+
+    def read(self) -> list[Sample]:
+        with self._lock:
+            return self._samples

@@ -1,0 +1,113 @@
+"""Many agents at once, headless: what `torchtop export` watches (a job's ranks, several nodes).
+
+One AgentClient and one RunState per agent, all read from one thread through a single poll.
+Each client replays a bounded sample of the steps (model/budget.py), so the CPU it takes and
+the memory it holds do not grow with the step rate; counts and rates come from the agent's own
+step counter. With `discover`, the local agents are listed again every few seconds, so ranks
+that start later (or restart) are picked up; an agent that stops answering is marked down.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from torchtop.agent.contract import wire
+from torchtop.monitor.link.client import AgentClient, AgentUnreachable
+from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
+from torchtop.monitor.model.budget import StepBudget
+from torchtop.monitor.model.state import RunState
+
+REPLAY_STEPS_PER_S = (
+    500.0  # per agent: every step of a >= 2 ms step, a sample of faster ones (stats need no more)
+)
+RESCAN_S = 5.0
+HELLO_TIMEOUT_S = 1.0
+SILENT_AFTER_S = 5.0  # no batch this long: ask for a hello; no answer: down
+
+
+@dataclass
+class Watched:
+    endpoint: Endpoint
+    client: AgentClient
+    state: RunState = field(default_factory=RunState)
+    hello: wire.Hello | None = None
+    last_batch: float = 0.0
+    up: bool = False
+    retry_at: float = 0.0
+
+    @property
+    def budget(self) -> StepBudget:
+        assert self.client.budget is not None
+        return self.client.budget
+
+
+class Fleet:
+    def __init__(
+        self,
+        endpoints: list[Endpoint] | None = None,
+        discover: bool = False,
+        replay_steps_per_s: float = REPLAY_STEPS_PER_S,
+        ctx: Any = None,
+    ) -> None:
+        self.ctx = ctx or zmq.Context.instance()
+        self.discover = discover
+        self.replay_steps_per_s = replay_steps_per_s
+        self.agents: dict[str, Watched] = {}
+        self._rescan_at = 0.0
+        self._pinned: set[str] = set()  # endpoints asked for by name: watched even while down
+        for e in endpoints or []:
+            self._pinned.add(self.add(e).endpoint.address)
+
+    def add(self, endpoint: Endpoint) -> Watched:
+        key = endpoint.address
+        if key not in self.agents:
+            client = AgentClient(endpoint, self.ctx)
+            client.budget = StepBudget(self.replay_steps_per_s)
+            self.agents[key] = Watched(endpoint, client)
+        return self.agents[key]
+
+    def close(self) -> None:
+        for w in self.agents.values():
+            w.client.close()
+
+    # -- reading -------------------------------------------------------------------------------
+    def poll(self, timeout: float) -> None:
+        """Say hello where due, then read every batch that arrives within `timeout`."""
+        now = time.monotonic()
+        if self.discover and now >= self._rescan_at:
+            self._rescan_at = now + RESCAN_S
+            found = {self.add(from_discovery(info)).endpoint.address for info in local_agents()}
+            for key in [k for k, w in self.agents.items() if k not in found | self._pinned and not w.up]:
+                self.agents.pop(key).client.close()  # a run that ended: its series go stale
+        for w in self.agents.values():
+            if (not w.up or now - w.last_batch > SILENT_AFTER_S) and now >= w.retry_at:
+                self._greet(w, now)
+        poller = zmq.Poller()
+        socks = {}
+        for w in self.agents.values():
+            poller.register(w.client.sub, zmq.POLLIN)
+            socks[w.client.sub] = w
+        for sock, _ in poller.poll(int(timeout * 1000)):
+            w = socks[sock]
+            got = w.client.recv_batches(0)
+            stamp = time.monotonic()
+            for r in got:
+                w.state.apply_batch(r.batch, r.steps, stamp, r.log_errors)
+            if got:
+                w.last_batch, w.up = stamp, True
+            w.state.bad_frames = w.client.bad_frames
+
+    def _greet(self, w: Watched, now: float) -> None:
+        try:
+            hello = w.client.hello(timeout=HELLO_TIMEOUT_S)
+        except AgentUnreachable:
+            w.up = False
+            w.state.gone = w.hello is not None
+            w.retry_at = now + RESCAN_S
+            return
+        w.hello, w.up, w.last_batch = hello, True, time.monotonic()
+        w.state.apply_hello(hello)

@@ -1,0 +1,143 @@
+"""`torchtop compare`: the differences between runs and their direction, from recordings."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from tests.recording_util import write
+from torchtop.monitor.commands.cli import main
+from torchtop.monitor.model.compare import change, compare, render_text
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def rows(result: dict) -> dict[str, dict]:
+    return {r["key"]: r for r in result["rows"]}
+
+
+def test_change_direction() -> None:
+    assert change(10.0, 5.0, "lower") == {"delta": -5.0, "ratio": 0.5, "relative": -0.5, "verdict": "better"}
+    assert change(10.0, 5.0, "higher")["verdict"] == "worse"  # type: ignore[index]
+    assert change(10.0, 10.1, "lower")["verdict"] == "same"  # type: ignore[index]
+    assert change(None, 1.0, "lower") is None
+
+
+def test_compare_recordings_says_which_is_faster(tmp_path: Path) -> None:
+    """A: 100 steps/s, 60% of each step waiting on data; B: 200 steps/s, no data wait."""
+    write(tmp_path / "slow", 200, steps_per_chunk=10, data_share=0.6)
+    write(tmp_path / "fast", 200, steps_per_chunk=20)
+    code, out, _ = run_cli(
+        "compare", str(tmp_path / "slow"), str(tmp_path / "fast"), "--json", "--names", "slow,fast"
+    )
+    assert code == 0
+    result = json.loads(out)
+    r = rows(result)
+    assert r["steps_per_s"]["values"][0] == pytest.approx(100, rel=0.05)
+    assert r["steps_per_s"]["values"][1] == pytest.approx(200, rel=0.05)
+    assert r["steps_per_s"]["changes"][0]["verdict"] == "better"
+    assert r["step_time.median"]["changes"][0]["ratio"] == pytest.approx(0.5, rel=0.05)
+    assert r["phase.data"]["changes"][0]["verdict"] == "better"  # 6 ms of data wait -> none
+    assert [run["verdict"] for run in result["runs"]] == ["data-loading", "compute"]
+    text = render_text(result)
+    assert re.search(r"steps/s\s+100\b.*\+100\.\d% \(2\.00x faster\) ✓", text), text
+    assert "data-loading (critical)" in text
+
+
+def test_compare_needs_two_recordings(tmp_path: Path) -> None:
+    write(tmp_path / "a", 20)
+    code, _, err = run_cli("compare", str(tmp_path / "a"))
+    assert code == 2 and "two recordings" in err
+    code, _, err = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "missing"))
+    assert code == 2 and "no such file" in err
+
+
+def test_memory_peak_is_cuda_peak_or_rss() -> None:
+    cpu = {"host": {"proc_rss": 100, "proc_rss_peak": 300}, "memory": {}}
+    cuda = {"host": {"proc_rss": 100}, "memory": {"devices": [{"peak_allocated": 5}, {"peak_allocated": 7}]}}
+    result = compare([cpu, cuda], ["cpu", "cuda"])
+    assert rows(result)["memory_peak"]["values"] == [300.0, 7.0]
+    assert [r["memory_kind"] for r in result["runs"]] == ["peak RSS", "CUDA peak allocated"]
+
+
+@pytest.mark.slow
+def test_amp_and_fp32_demos_compare_with_the_right_signs(tmp_path: Path) -> None:
+    """The mixed-precision demo in FP32 and in bf16 autocast on the CPU, recorded and compared:
+    the speed and memory differences have the signs the demos measure themselves (their own
+    clock and getrusage's peak RSS), and on this machine (AVX512-BF16) bf16 is the faster and
+    the smaller."""
+    code, out, err = run_cli(
+        "compare",
+        "--demo",
+        "amp",
+        "--device",
+        "cpu",
+        "--demo-seconds",
+        "12",
+        "--json",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 0, err
+    own = {
+        name: (float(rate), float(rss))
+        for name, rate, rss in re.findall(
+            r"(\w+): stopped after .*\(([\d.]+) steps/s\); peak RSS ([\d.]+) MiB", err
+        )
+    }
+    assert set(own) == {"fp32", "bf16"}, err
+    r = rows(json.loads(out))
+    speed = r["steps_per_s"]["changes"][0]
+    memory = r["memory_peak"]["changes"][0]
+    assert speed["verdict"] != "same" and memory["verdict"] != "same", (speed, memory)
+    assert (speed["delta"] > 0) == (own["bf16"][0] > own["fp32"][0])
+    assert (memory["delta"] > 0) == (own["bf16"][1] > own["fp32"][1])
+    assert speed["verdict"] == "better" and memory["verdict"] == "better", err
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_amp_and_fp32_demos_compare_on_cuda(tmp_path: Path, dtype: str) -> None:
+    """On a GPU: autocast is faster and its CUDA allocator peak is lower (half-size activations),
+    as the demos measure themselves (torch.cuda.max_memory_allocated)."""
+    code, out, err = run_cli(
+        "compare",
+        "--demo",
+        "amp",
+        "--device",
+        "cuda",
+        "--amp-dtype",
+        dtype,
+        "--demo-seconds",
+        "20",
+        "--json",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 0, err
+    own = {
+        name: (float(rate), float(peak))
+        for name, rate, peak in re.findall(
+            r"(\w+): stopped after .*\(([\d.]+) steps/s\).*CUDA peak allocated ([\d.]+) MiB", err
+        )
+    }
+    assert set(own) == {"fp32", dtype}, err
+    result = json.loads(out)
+    assert [r["memory_kind"] for r in result["runs"]] == ["CUDA peak allocated"] * 2
+    r = rows(result)
+    speed, memory = r["steps_per_s"]["changes"][0], r["memory_peak"]["changes"][0]
+    assert (speed["delta"] > 0) == (own[dtype][0] > own["fp32"][0])
+    assert (memory["delta"] > 0) == (own[dtype][1] > own["fp32"][1])
+    assert speed["verdict"] == "better" and memory["verdict"] == "better", err
+    print(f"\n{dtype} vs fp32 on CUDA: speed x{speed['ratio']:.2f}, memory peak x{memory['ratio']:.2f}")
