@@ -74,9 +74,10 @@ def test_the_wait_at_the_end_of_backward_is_comm(agent, group) -> None:
     _loop(8, during_backward=wait_like_ddp)
     steps = snapshot_steps(agent, 8)
     assert len(steps) == 8
-    for s in steps:
-        assert s.phases["comm"] >= 19e6, s.phases
-        assert s.phases["backward"] < s.phases["comm"]
+    assert all(s.phases["comm"] >= 19e6 for s in steps), [s.phases for s in steps]
+    # the backward keeps its compute only: well under the 20 ms wait (a median: a loaded
+    # machine may stall any one step)
+    assert sorted(s.phases["backward"] for s in steps)[4] < 10e6
 
 
 def test_no_comm_without_a_group(agent) -> None:
