@@ -27,13 +27,17 @@ def job_events(n_steps: int = 120) -> list[Event]:
     return events
 
 
+async def _fed(app: JobApp, pilot, events: list[Event]) -> None:  # type: ignore[no-untyped-def]
+    app.post_message(JobEvents(events))
+    await pilot.pause(0.3)
+    app.refresh_panels()
+    await pilot.pause(0.2)
+
+
 async def test_sixty_four_ranks_on_one_screen() -> None:
     app = JobApp(feed=False, clock=lambda: 0.0)
     async with app.run_test(size=(120, 40)) as pilot:
-        app.post_message(JobEvents(job_events()))
-        await pilot.pause(0.3)
-        app.refresh_panels()
-        await pilot.pause(0.2)
+        await _fed(app, pilot, job_events())
         text = app.ranks_panel.plain()
         lines = text.splitlines()
         assert f"rank {SLOW}: backward compute 40.0 ms vs 6.0 ms median" in text
@@ -60,10 +64,7 @@ async def test_sixty_four_ranks_on_one_screen() -> None:
 async def test_a_click_on_a_rank_shows_it() -> None:
     app = JobApp(feed=False, clock=lambda: 0.0)
     async with app.run_test(size=(120, 40)) as pilot:
-        app.post_message(JobEvents(job_events()))
-        await pilot.pause(0.3)
-        app.refresh_panels()
-        await pilot.pause(0.2)
+        await _fed(app, pilot, job_events())
         panel = app.ranks_panel
         line = next(k for k, key in enumerate(panel._layout.keys) if key == "r5")
         # the panel's content starts inside its border (1) and padding (0): a click on that line
@@ -86,10 +87,7 @@ async def test_a_gone_rank_and_other_versions_are_said() -> None:
             steps = rank_steps(r, n=50)
             events.append(Event(key, "batches", batches=[Received(batch(r, 0, steps[-1].t0), steps)]))
         events.append(Event("c", "error", error="no answer from rank 2", lost=True))
-        app.post_message(JobEvents(events))
-        await pilot.pause(0.3)
-        app.refresh_panels()
-        await pilot.pause(0.2)
+        await _fed(app, pilot, events)
         text = app.ranks_panel.plain()
         assert "different torchtop versions: 0.1.0 on ranks 0,2; 0.2.0 on ranks 1" in text
         assert "is in job another@h:1, not run-1@node0:29500: not shown" in text

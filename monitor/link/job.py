@@ -31,6 +31,7 @@ SNAPSHOT_TIMEOUT_S = 3.0
 RETRY_PAUSE_S = 1.0  # between hellos to a member that does not answer
 SILENT_AFTER_S = 3.0  # no batch this long: say hello again (no answer: gone)
 POOL = 16
+MIN_POLL_S = 0.05  # streams read at most 20 times a second: each read takes what came meanwhile
 
 EventKind = Literal["hello", "snapshot", "batches", "error", "reply"]
 
@@ -79,6 +80,9 @@ class JobLink:
             max_workers=min(POOL, max(1, len(endpoints))), thread_name_prefix="torchtop-job"
         )
         self._requests: list[tuple[str, str, dict[str, Any]]] = []
+        self._poller: Any = None
+        self._reading: dict[Any, str] = {}  # the poller's sockets -> their member
+        self._last_read = 0.0
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -144,20 +148,34 @@ class JobLink:
         return out
 
     # -- the streams ---------------------------------------------------------------------------
+    def _readers(self) -> tuple[Any, dict[Any, str]]:
+        """The poller over the streams of the members connected now (kept while they are)."""
+        keys = [k for k, m in self.members.items() if m.connected and m.connecting is None]
+        if self._poller is None or sorted(self._reading.values()) != sorted(keys):
+            self._poller = zmq.Poller()
+            self._reading = {}
+            for key in keys:
+                sub = self.members[key].client.sub
+                self._poller.register(sub, zmq.POLLIN)
+                self._reading[sub] = key
+        return self._poller, self._reading
+
     def poll(self, timeout: float) -> list[Event]:
-        """What happened since the last call; waits up to `timeout` for batches."""
+        """What happened since the last call; waits up to `timeout` for batches (reading the
+        streams at most every MIN_POLL_S: a job of many ranks sends hundreds of batches a
+        second, and each read of them all costs more than the batches it takes)."""
         out = self._collect(time.monotonic())
-        poller = zmq.Poller()
-        reading: dict[Any, str] = {}
-        for key, m in self.members.items():
-            if m.connected and m.connecting is None:
-                poller.register(m.client.sub, zmq.POLLIN)
-                reading[m.client.sub] = key
+        pause = self._last_read + MIN_POLL_S - time.monotonic()
+        if pause > 0:
+            time.sleep(min(pause, timeout))
+            timeout = max(0.0, timeout - pause)
+        poller, reading = self._readers()
         if reading:
             ready = dict(poller.poll(int(timeout * 1000)))
         else:
             ready = {}
             time.sleep(min(timeout, 0.05))
+        self._last_read = time.monotonic()
         now = time.monotonic()
         for sock, key in reading.items():
             m = self.members[key]

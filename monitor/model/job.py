@@ -186,9 +186,14 @@ def job_step(i: int, ranks: list[StepRecord]) -> StepRecord:
     wall = sum(s.wall_ns for s in use) // len(use)
     phases: dict[str, int] = {}
     if timed:
-        phases = {p: sum(s.phases.get(p, 0) for s in timed) // len(timed) for p in PHASES}
-        phases["other"] += wall - sum(phases.values())  # integer rounding: phases add up to wall
-        phases["other"] = max(0, phases["other"])
+        totals = [0] * len(PHASES)
+        for s in timed:
+            get = s.phases.get
+            for k, p in enumerate(PHASES):
+                totals[k] += get(p, 0)
+        n = len(timed)
+        phases = {p: t // n for p, t in zip(PHASES, totals)}
+        phases["other"] = max(0, phases["other"] + wall - sum(phases.values()))  # rounding: they add up
     sampled = [s for s in ranks if s.device_ms]
     device = (
         {k: sum(s.device_ms.get(k, 0.0) for s in sampled) / len(sampled) for k in DEVICE_KEYS}

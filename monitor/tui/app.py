@@ -154,6 +154,7 @@ class TorchtopApp(App[int]):
         )  # to the feed worker
 
     FIRST_TAB = "overview"
+    refresh_s = REFRESH_S  # the panels' refresh period
 
     def compose_bar(self) -> ComposeResult:
         """A line under the header (the job view's focus bar); none for one agent."""
@@ -195,7 +196,7 @@ class TorchtopApp(App[int]):
     def on_mount(self) -> None:
         self.query_one("#memory-panel").border_title = "CUDA memory"
         self.query_one("#host-panel").border_title = "host · psutil"
-        self.set_interval(REFRESH_S, self._tick)
+        self.set_interval(self.refresh_s, self._tick)
         if self.log_tail is not None:
             self.log_tail.border_title = f"output · {self.log_tail.path}"
             self.set_interval(0.5, self.log_tail.poll)

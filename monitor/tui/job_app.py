@@ -67,6 +67,7 @@ class JobApp(TorchtopApp):
     """The dashboard over a job; `feed=False` starts no worker (tests post JobEvents)."""
 
     FIRST_TAB = "ranks"
+    refresh_s = 0.5  # 2 Hz: a refresh redraws every rank's line (64 ranks at 200 steps/s: benchmarks.md)
     BINDINGS = [
         *TorchtopApp.BINDINGS,
         Binding("0", "tab('ranks')", "Ranks", show=False),
@@ -265,8 +266,7 @@ class JobApp(TorchtopApp):
             self.header.target = f"job {short_job_id(job.job_id) or '?'} · {len(ranked)} ranks · {device}"
         self.focus_bar.update(focus_text(job, m))
         now = self.clock()
-        self.ranks_panel.view = ranks_view(job, WINDOW_S, window_end(job), now)
-        self.ranks_panel.head = self._head()
+        self.ranks_panel.show(ranks_view(job, WINDOW_S, window_end(job), now), self._head())
         self.ranks_panel.border_title = f"ranks · last {WINDOW_S:.0f} s"
 
     def _aggregate_telemetry(self) -> None:

@@ -4,8 +4,9 @@
 
 Not collected by pytest. A feeder process plays 64 agents on loopback, each with the agent's own
 sockets and wire: a ROUTER answering hello and snapshot, an XPUB sending a batch every 0.1 s with
-that tick's log chunk (the pairs a CPU run ships: 20 steps of 5 ms, about half of them with their
-phases timed as the agent's phase sampling does at that step time, each with a collective wait)
+that tick's log chunk (the pairs a CPU run ships: 20 steps of 5 ms, a quarter of them with their
+phases timed, as the agent's phase sampling does at that step time in a distributed run, each
+with a collective wait)
 and telemetry. This process runs the real job view (JobApp, headless, 120x40, the Ranks tab) on
 them and measures its own CPU time (every thread: the Textual loop and the feed worker) over the
 steady part of the run. The goal: under 25% of one core.
@@ -49,7 +50,9 @@ def _step(t: int, step_ns: int, timed: bool, slow: bool) -> list[int]:
     return out
 
 
-def feeder(ports: list[int], rate: float, seconds: float, ready: mp.Event) -> None:
+def feeder(
+    ports: list[int], rate: float, seconds: float, ready: mp.Event, timed: float | None = None
+) -> None:
     """Plays one agent per port pair until `seconds` have gone."""
     ctx = zmq.Context()
     agents = []
@@ -72,6 +75,10 @@ def feeder(ports: list[int], rate: float, seconds: float, ready: mp.Event) -> No
     host = wire.HostSample(proc_cpu=99.0, proc_rss=2**31, threads=12, cpu_count=96)
     next_tick = time.monotonic()
     rng = random.Random(0)
+    from torchtop.agent.hooks.probe import COMM_FULL_STEP_NS
+
+    # the agent's phase sampling (probe.py), unless --timed says
+    timed_share = min(1.0, step_ns / COMM_FULL_STEP_NS) if timed is None else timed
     while time.time() - start < seconds:
         for a in agents:
             while True:
@@ -100,7 +107,7 @@ def feeder(ports: list[int], rate: float, seconds: float, ready: mp.Event) -> No
             raw: list[int] = []
             t = t_ns
             for _ in range(per_tick):
-                raw += _step(t, step_ns, rng.random() < 0.5, rank == 37)
+                raw += _step(t, step_ns, rng.random() < timed_share, rank == 37)
                 t += step_ns
             a["steps"] += per_tick
             chunk = wire.LogChunk(a["chunk"], a["steps"], raw, True)
@@ -140,6 +147,21 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of each thread of this process, by name (Linux)."""
+    import threading
+
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        try:
+            cpu = time.clock_gettime(time.pthread_getcpuclockid(t.ident))  # type: ignore[arg-type]
+        except (AttributeError, OSError, TypeError):
+            continue
+        name = t.name.split("-")[0] if t.name.startswith("torchtop-job") else t.name
+        out[name] = out.get(name, 0.0) + cpu
+    return out
+
+
 async def monitor(ports: list[int], seconds: float, warm: float) -> tuple[float, float, int]:
     from torchtop.monitor.link.job_targets import JobPlan
     from torchtop.monitor.link.targets import Endpoint
@@ -152,10 +174,15 @@ async def monitor(ports: list[int], seconds: float, warm: float) -> tuple[float,
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(warm)
         steps0 = sum(m.stats.last_t0 > 0 for m in app.job.members.values())
-        c0, w0 = cpu_s(), time.monotonic()
+        c0, w0, t0 = cpu_s(), time.monotonic(), thread_cpu()
         n0 = sum(m.state.batches for m in app.job.members.values())
         await pilot.pause(seconds)
-        c1, w1 = cpu_s(), time.monotonic()
+        c1, w1, t1 = cpu_s(), time.monotonic(), thread_cpu()
+        by_thread = {k: (t1[k] - t0.get(k, 0.0)) / (w1 - w0) for k in t1}
+        print(
+            "by thread:",
+            ", ".join(f"{k} {v:.1%}" for k, v in sorted(by_thread.items(), key=lambda x: -x[1]) if v > 0.002),
+        )
         n1 = sum(m.state.batches for m in app.job.members.values())
         text = app.ranks_panel.plain()
     print(text[:1500])
@@ -170,11 +197,17 @@ def main() -> int:
     p.add_argument(
         "--warm", type=float, default=15.0, help="seconds before measuring (connect, fill windows)"
     )
+    p.add_argument(
+        "--timed",
+        type=float,
+        default=None,
+        help="share of steps with their phases timed (default: the agent's)",
+    )
     args = p.parse_args()
     ports = free_pairs(args.ranks)
     ready = mp.Event()
     proc = mp.Process(
-        target=feeder, args=(ports, args.rate, args.warm + args.seconds + 20, ready), daemon=True
+        target=feeder, args=(ports, args.rate, args.warm + args.seconds + 20, ready, args.timed), daemon=True
     )
     proc.start()
     if not ready.wait(30) or not proc.is_alive():

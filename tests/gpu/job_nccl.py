@@ -38,6 +38,7 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from torchtop.agent.capture.trace_summary import _length, _subtract, _union  # noqa: E402
 from torchtop.demos import straggler  # noqa: E402
 
 WINDOW = 30  # steps compared
@@ -52,34 +53,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 # -- the profiler's view ---------------------------------------------------------------------------
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
-
-
-def _minus_len(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Length of a minus b (both unions)."""
-    total, j = 0.0, 0
-    for s, e in a:
-        cur = s
-        while j < len(b) and b[j][1] <= cur:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < e:
-            if b[k][0] > cur:
-                total += b[k][0] - cur
-            cur = max(cur, b[k][1])
-            k += 1
-        if cur < e:
-            total += e - cur
-    return total
-
-
 def profiler_exposed_ms(trace: Path) -> dict[int, float]:
     """ProfilerStep number -> NCCL kernel time (ms) not overlapped by any other GPU kernel or
     copy, over the kernels launched (on any thread) within that step's host span."""
@@ -112,7 +85,11 @@ def profiler_exposed_ms(trace: Path) -> dict[int, float]:
         span = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
         is_comm = e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower()
         per[step][0 if is_comm else 1].append(span)
-    return {n: _minus_len(_union(comm), _union(other)) / 1000.0 for n, (comm, other) in per.items() if comm}
+    return {
+        n: _length(_subtract(_union(comm), _union(other))) / 1000.0
+        for n, (comm, other) in per.items()
+        if comm
+    }
 
 
 # -- torchtop's view -------------------------------------------------------------------------------

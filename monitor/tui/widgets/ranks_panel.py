@@ -14,7 +14,6 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual import events
 from textual.message import Message
-from textual.reactive import reactive
 from textual.widget import Widget
 
 from torchtop.monitor.model import fmt
@@ -94,10 +93,10 @@ def layout(view: RanksView, head: list[Text]) -> Layout:
 
 
 class RanksPanel(Widget):
-    """Every rank of the job; click a rank to show it in the other tabs."""
+    """Every rank of the job; click a rank to show it in the other tabs.
 
-    view: reactive[RanksView] = reactive(RanksView, layout=True)
-    head: reactive[list[Text]] = reactive(list, layout=True)  # summary, verdict, notes
+    `show(view, head)` lays the lines out once; the panel relayouts the screen only when its
+    number of lines changes (a refresh of 64 ranks' figures is a repaint, not a new layout)."""
 
     @dataclass
     class Chosen(Message):
@@ -105,16 +104,23 @@ class RanksPanel(Widget):
 
     def __init__(self, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(**kwargs)
-        self._layout = Layout([], [])
+        self.view = RanksView()
+        self.head: list[Text] = []
+        self._layout = layout(self.view, self.head)
+
+    def show(self, view: RanksView, head: list[Text]) -> None:
+        grew = len(self._layout.lines)
+        self.view, self.head = view, head
+        self._layout = layout(view, head)
+        self.refresh(layout=len(self._layout.lines) != grew)
 
     def render(self) -> RenderableType:
-        self._layout = layout(self.view, self.head)
         text = Text("\n").join(self._layout.lines)
         text.no_wrap, text.overflow = True, "ellipsis"  # one line each: clicks map lines to ranks
         return text
 
     def get_content_height(self, container, viewport, width) -> int:  # type: ignore[no-untyped-def]
-        return max(1, len(layout(self.view, self.head).lines))
+        return max(1, len(self._layout.lines))
 
     def on_click(self, event: events.Click) -> None:
         offset = event.get_content_offset(self)
@@ -125,4 +131,4 @@ class RanksPanel(Widget):
             self.post_message(self.Chosen(keys[offset.y]))  # type: ignore[arg-type]
 
     def plain(self) -> str:
-        return "\n".join(t.plain for t in layout(self.view, self.head).lines)
+        return "\n".join(t.plain for t in self._layout.lines)
