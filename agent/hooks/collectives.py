@@ -15,9 +15,10 @@ Two places where a rank waits for the others, both timed with the probe's own en
   blocks the training thread; on NCCL only the compute stream waits, which the CUDA events of
   a sampled step show (the callback runs on the caller's current stream, where `put` records).
 
-What it costs: one attribute test per timed backward when no process group is in use; in a
-distributed run ~5 us per timed backward (the pre-hook, queue_callback, our callback: measured
-in docs/benchmarks.md), so a fraction of that per step on fast steps (phase sampling).
+What it costs: one attribute test per timed backward when no process group is in use. In a
+distributed run the pre-hook's registration, queue_callback and our callback cost about twice
+what timing the step does (docs/benchmarks.md), so such a run times a third as many fast steps
+(probe.COMM_FULL_STEP_NS).
 """
 
 from __future__ import annotations
