@@ -29,7 +29,6 @@ from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, w
 from torchtop.monitor.diagnosis.straggler import Straggler, scaling
 from torchtop.monitor.link.job import JobLink, apply_events
 from torchtop.monitor.link.job_targets import JobPlan, ranks_text, short_job_id
-from torchtop.monitor.model import fmt
 from torchtop.monitor.model.captures import capture_lines, fetch_from, progress_text
 from torchtop.monitor.model.job import JobState, Member
 from torchtop.monitor.model.job_captures import JobCaptures, round_summary, start_step
@@ -38,29 +37,10 @@ from torchtop.monitor.model.state import RunState
 from torchtop.monitor.tui.app import TorchtopApp
 from torchtop.monitor.tui.job_feed import JobEvents, JobFeedError, JobRequest, run_job_feed
 from torchtop.monitor.tui.widgets import CapturesScreen
-from torchtop.monitor.tui.widgets.ranks_panel import RanksPanel
-from torchtop.monitor.tui.widgets.verdict_panel import SEVERITY_STYLES
+from torchtop.monitor.tui.widgets.ranks_panel import RanksPanel, focus_text, head_lines
 
 if TYPE_CHECKING:
     from torchtop.monitor.link.targets import Endpoint
-
-
-def focus_text(job: JobState, focus: Member | None) -> Text:
-    text = Text(no_wrap=True, overflow="ellipsis")
-    ranked = job.ranked()
-    nodes = sorted({m.node for m in ranked})
-    text.append(" showing ", style="dim")
-    if focus is None:
-        text.append("the job (mean of its ranks)", style="bold reverse cyan")
-    else:
-        pid = focus.hello.pid if focus.hello else "?"
-        text.append(f"rank {focus.rank} (pid {pid} on {focus.node})", style="bold reverse cyan")
-    text.append(
-        f"  of {len(ranked)} ranks ({ranks_text([m.rank for m in ranked])}) on {len(nodes)} node", style="dim"
-    )
-    text.append("s" if len(nodes) != 1 else "", style="dim")
-    text.append("   j job · [ ] rank · s slowest · click a rank", style="dim")
-    return text
 
 
 class JobApp(TorchtopApp):
@@ -100,6 +80,7 @@ class JobApp(TorchtopApp):
         self.focus_bar = Static(id="focus-bar")
         self.job_requests: queue.SimpleQueue[JobRequest] = queue.SimpleQueue()
         self.job_captures = JobCaptures()
+        self._telemetry_rank: int | None = None  # whose memory/GPU/host the job's tabs show
 
     # -- layout --------------------------------------------------------------------------------
     def compose_bar(self) -> ComposeResult:
@@ -265,6 +246,10 @@ class JobApp(TorchtopApp):
             device = job.job.hello.device if job.job.hello else "?"
             self.header.target = f"job {short_job_id(job.job_id) or '?'} · {len(ranked)} ranks · {device}"
         self.focus_bar.update(focus_text(job, m))
+        top = self._telemetry_rank if m is None else None
+        which = f" · rank {top} (the most memory)" if top is not None else ""
+        self.query_one("#memory-panel").border_title = "CUDA memory" + which
+        self.query_one("#host-panel").border_title = "host · psutil" + which
         now = self.clock()
         self.ranks_panel.show(ranks_view(job, WINDOW_S, window_end(job), now), self._head())
         self.ranks_panel.border_title = f"ranks · last {WINDOW_S:.0f} s"
@@ -283,6 +268,7 @@ class JobApp(TorchtopApp):
             return tel.host.proc_rss if tel.host is not None else 0
 
         top = max(ranked, key=used)
+        self._telemetry_rank = top.rank
         agg = self.job.job
         agg.telemetry, agg.points, agg.peak_window = (
             top.state.telemetry,
@@ -291,48 +277,8 @@ class JobApp(TorchtopApp):
         )
 
     def _head(self) -> list[Text]:
-        job = self.job
-        head: list[Text] = []
-        times = rank_times(job)
-        scale = scaling(times, self.baseline_ms)
-        line = Text(no_wrap=True, overflow="ellipsis")
-        if scale is not None:
-            line.append("job step ", style="dim")
-            line.append(f"{fmt.ms(scale.step_ms)} ms", style="bold")
-            line.append("   scaling: compute ", style="dim")
-            line.append(fmt.pct(scale.efficiency), style="bold")
-            j = scale.to_json()
-            for label, key in (
-                ("comm", "lost_to_communication"),
-                ("waiting", "lost_to_waiting"),
-                ("other", "lost_to_other"),
-            ):
-                line.append(f"  {label} ", style="dim")
-                line.append(fmt.pct(float(j[key])), style="bold")  # type: ignore[arg-type]
-            if scale.vs_baseline is not None:
-                line.append("   vs 1 rank ", style="dim")
-                line.append(f"{scale.vs_baseline:.2f}", style="bold")
-        else:
-            line.append("waiting for steps from the ranks", style="dim")
-        head.append(line)
-        d = self.job_diagnosis
-        if d is not None and d.verdict.kind in ("straggler", "communication"):
-            style = SEVERITY_STYLES.get(d.verdict.severity, "")
-            head.append(
-                Text(f"● {d.verdict.evidence[0]}", style=f"bold {style}", no_wrap=True, overflow="ellipsis")
-            )
-            head += [
-                Text(f"  {e}", style=style, no_wrap=True, overflow="ellipsis") for e in d.verdict.evidence[1:]
-            ]
-        elif times:
-            head.append(Text("● no straggler: no rank makes the others wait", style="green"))
-        versions = job.versions()
-        if len(versions) > 1:
-            which = "; ".join(f"{v} on ranks {ranks_text(r)}" for v, r in versions.items())
-            head.append(Text(f"⚑ the ranks run different torchtop versions: {which}", style="yellow"))
-        head += [Text(f"⚑ {n}", style="yellow", no_wrap=True, overflow="ellipsis") for n in job.notes]
-        head.append(Text(""))
-        return head
+        times = rank_times(self.job)
+        return head_lines(self.job, times, scaling(times, self.baseline_ms), self.job_diagnosis)
 
     def _refresh_status(self) -> None:
         super()._refresh_status()

@@ -16,8 +16,14 @@ from textual import events
 from textual.message import Message
 from textual.widget import Widget
 
+from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.straggler import Scaling
+from torchtop.monitor.link.job_targets import ranks_text
 from torchtop.monitor.model import fmt
+from torchtop.monitor.model.job import JobState, Member
+from torchtop.monitor.model.rank_stats import RankTimes
 from torchtop.monitor.model.ranks_view import COLUMNS, MANY, TOP_K, RankRow, RanksView, deviation
+from torchtop.monitor.tui.widgets.verdict_panel import SEVERITY_STYLES
 
 WIDTHS = {"step": 7, "data": 7, "fwd+bwd": 8, "optim": 7, "comm": 7, "own": 7}
 STATUS_STYLE = {"connected": "", "agent gone": "red", "refused": "red"}
@@ -51,6 +57,69 @@ def header_line(bucket_s: int) -> Text:
         text.append(c.rjust(WIDTHS[c]) + " ")
     text.append(f"{'mem peak':>10}  GPU  own vs median ({bucket_s}s)")
     return text
+
+
+def focus_text(job: JobState, focus: Member | None) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    ranked = job.ranked()
+    nodes = sorted({m.node for m in ranked})
+    text.append(" showing ", style="dim")
+    if focus is None:
+        text.append("the job (mean of its ranks)", style="bold reverse cyan")
+    else:
+        pid = focus.hello.pid if focus.hello else "?"
+        text.append(f"rank {focus.rank} (pid {pid} on {focus.node})", style="bold reverse cyan")
+    text.append(
+        f"  of {len(ranked)} ranks ({ranks_text([m.rank for m in ranked])}) on {len(nodes)} node", style="dim"
+    )
+    text.append("s" if len(nodes) != 1 else "", style="dim")
+    text.append("   j job · [ ] rank · s slowest · click a rank", style="dim")
+    return text
+
+
+def head_lines(
+    job: JobState, times: dict[int, RankTimes], scale: Scaling | None, d: Diagnosis | None
+) -> list[Text]:
+    """The lines above the table: the job's step and scaling, its verdict, notes (a node that
+    failed, an agent of another job, versions that differ)."""
+    head: list[Text] = []
+    line = Text(no_wrap=True, overflow="ellipsis")
+    if scale is not None:
+        line.append("job step ", style="dim")
+        line.append(f"{fmt.ms(scale.step_ms)} ms", style="bold")
+        line.append("   scaling: compute ", style="dim")
+        line.append(fmt.pct(scale.efficiency), style="bold")
+        j = scale.to_json()
+        for label, key in (
+            ("comm", "lost_to_communication"),
+            ("waiting", "lost_to_waiting"),
+            ("other", "lost_to_other"),
+        ):
+            line.append(f"  {label} ", style="dim")
+            line.append(fmt.pct(float(j[key])), style="bold")  # type: ignore[arg-type]
+        if scale.vs_baseline is not None:
+            line.append("   vs 1 rank ", style="dim")
+            line.append(f"{scale.vs_baseline:.2f}", style="bold")
+    else:
+        line.append("waiting for steps from the ranks", style="dim")
+    head.append(line)
+    if d is not None and d.verdict.kind in ("straggler", "communication"):
+        style = SEVERITY_STYLES.get(d.verdict.severity, "")
+        head.append(
+            Text(f"● {d.verdict.evidence[0]}", style=f"bold {style}", no_wrap=True, overflow="ellipsis")
+        )
+        head += [
+            Text(f"  {e}", style=style, no_wrap=True, overflow="ellipsis") for e in d.verdict.evidence[1:]
+        ]
+    elif times:
+        head.append(Text("● no straggler: no rank makes the others wait", style="green"))
+    versions = job.versions()
+    if len(versions) > 1:
+        which = "; ".join(f"{v} on ranks {ranks_text(r)}" for v, r in versions.items())
+        head.append(Text(f"⚑ the ranks run different torchtop versions: {which}", style="yellow"))
+    head += [Text(f"⚑ {n}", style="yellow", no_wrap=True, overflow="ellipsis") for n in job.notes]
+    head.append(Text(""))
+    return head
 
 
 @dataclass
