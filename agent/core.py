@@ -15,11 +15,19 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent import identity
 from torchtop.agent.contract import discovery, wire
 from torchtop.agent.warn import warn
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torchtop.agent.hooks.auto import AutoHooks
+    from torchtop.agent.loop.recorder import Recorder
+    from torchtop.agent.telemetry.collector import TelemetryCollector
+    from torchtop.agent.telemetry.why import WhyCollector
 
 VERSION = "0.1.0"
 IDENTITY_EVERY_S = 1.0  # the agent thread asks torch.distributed who this rank is this often
@@ -39,12 +47,14 @@ class Agent:
 
     def __init__(
         self,
-        torch: Any,
+        torch: ModuleType,
         port: int | None,
         bind: str | None,
         auto: bool,
         phase_every: int = 0,
         record: str | os.PathLike[str] | None = None,
+        peak_tflops: float | None = None,
+        flops_per_step: float | None = None,
     ) -> None:
         from torchtop.agent.cuda_use import CudaUse
         from torchtop.agent.hooks.auto import AutoHooks
@@ -64,9 +74,10 @@ class Agent:
             self.sockets = open_sockets(bind or "127.0.0.1", port)
         self.probe = Probe()
         self.probe.phase_every = max(0, phase_every)
-        self.hooks = None
-        self.telemetry = None
-        self.recorder = None
+        self.hooks: AutoHooks | None = None
+        self.telemetry: TelemetryCollector | None = None
+        self.recorder: Recorder | None = None
+        self.why: WhyCollector | None = None
         try:
             from torchtop.agent.capture.controller import CaptureController
 
@@ -82,6 +93,10 @@ class Agent:
             if auto:
                 self.hooks = AutoHooks(self.probe, torch, h2d=torch.cuda.is_available())
                 self.hooks.install()
+            from torchtop.agent.telemetry.why import WhyCollector
+
+            self.why = WhyCollector(torch, self.probe, self.cuda, self.hooks, peak_tflops, flops_per_step)
+            self.why.start()
             self.loop = AgentLoop(
                 self.probe,
                 self.sockets,
@@ -92,6 +107,7 @@ class Agent:
                 telemetry=self.telemetry,
                 captures=self.captures,
                 chores=self._chores,
+                why=self.why,
                 recorder=self.recorder,
             )
             if self.recorder is not None:
@@ -237,6 +253,8 @@ class Agent:
 
     def _teardown(self) -> None:
         self.probe.disable()
+        if self.why is not None:
+            self.why.stop()
         if self.telemetry is not None:
             self.telemetry.stop()
         if self.recorder is not None:
@@ -246,9 +264,7 @@ class Agent:
         self.sockets.close()
 
     def stop(self) -> None:
-        self.probe.disable()
-        if getattr(self, "captures", None) is not None:
-            self.captures.close()
+        self.probe.disable()  # disarms a capture too: no boundary reaches it any more
         if self.hooks is not None:
             self.hooks.uninstall()
         loop = getattr(self, "loop", None)
@@ -259,8 +275,12 @@ class Agent:
                 pass
         if loop is not None:
             loop.stop()
+        if getattr(self, "captures", None) is not None:
+            self.captures.close()  # after the agent thread, which owned the capture's record
         if self.recorder is not None:  # after the loop's last tick: its batch is recorded too
             self.recorder.close()
+        if self.why is not None:
+            self.why.stop()
         if self.telemetry is not None:
             self.telemetry.stop()
         self.sockets.close()
@@ -274,7 +294,7 @@ class Agent:
             self.hooks.uninstall()
 
 
-def _recorder(record: str | os.PathLike[str] | None, rank: int) -> Any:
+def _recorder(record: str | os.PathLike[str] | None, rank: int) -> Recorder | None:
     """The recorder thread (not started) for `record` or $TORCHTOP_RECORD; None when neither
     asks for one or the directory cannot be written (said once: training goes on)."""
     record = record or os.environ.get("TORCHTOP_RECORD") or None
@@ -297,6 +317,8 @@ def start(
     auto: bool = True,
     phase_every: int | None = None,
     record: str | os.PathLike[str] | None = None,
+    peak_tflops: float | None = None,
+    flops_per_step: float | None = None,
 ) -> Agent | None:
     """Start the agent in this process (once). Returns at once; never raises into training.
 
@@ -311,6 +333,9 @@ def start(
     record: a directory to record the run into (rank r writes PATH/rank{r}), watched or not;
     default $TORCHTOP_RECORD (none). Its size is bounded by $TORCHTOP_RECORD_MB (1024 MiB a
     rank): older steps are thinned to one a tick, the oldest then deleted (docs/recording.md).
+    peak_tflops: the device's peak TFLOP/s for MFU (default $TORCHTOP_PEAK_TFLOPS, else the
+    monitor's table of common GPUs). flops_per_step: the model's FLOPs a step, when counting
+    them over one step (FlopCounterMode) will not do (default $TORCHTOP_FLOPS_PER_STEP).
     """
     global _agent
     try:
@@ -333,7 +358,7 @@ def start(
             try:
                 if phase_every is None:
                     phase_every = _env_int("TORCHTOP_PHASE_EVERY", 0)
-                _agent = Agent(torch, port, bind, auto, phase_every, record)
+                _agent = Agent(torch, port, bind, auto, phase_every, record, peak_tflops, flops_per_step)
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")
                 return None

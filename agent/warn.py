@@ -1,8 +1,11 @@
-"""The agent's one way to tell the user something: a line on stderr that never raises."""
+"""The agent's one way to tell the user something (a line on stderr), and the one way it keeps
+torch's warnings about its own doings out of the user's output without leaving a filter behind."""
 
 from __future__ import annotations
 
 import sys
+import warnings
+from collections.abc import Callable
 
 
 def warn(message: str) -> None:
@@ -11,3 +14,36 @@ def warn(message: str) -> None:
         print(f"torchtop: {message}", file=sys.stderr, flush=True)
     except Exception:
         pass
+
+
+def ignore_warning(message: str = "", module: str = "") -> Callable[[], None]:
+    """Ignore the warnings matching `message` (and `module`), process-wide, until the returned
+    function is called; it removes that one filter entry and no other.
+
+    `warnings.catch_warnings()` is not an option off the main thread: it swaps the process-wide
+    filter list, so another thread's filters (the user's) could be lost when it restores it.
+    """
+    import re
+
+    warnings.filterwarnings("ignore", message=message, module=module)
+    # the entry as filterwarnings stores it (patterns compare equal by text and flags)
+    entry = (
+        "ignore",
+        re.compile(message, re.I) if message else None,
+        Warning,
+        re.compile(module) if module else None,
+        0,
+    )
+    if entry not in warnings.filters:  # a Python that stores filters otherwise: the one just added
+        entry = warnings.filters[0]
+
+    def remove() -> None:
+        try:
+            warnings.filters.remove(entry)  # equal entries do the same: which one goes is moot
+        except ValueError:
+            return
+        mutated = getattr(warnings, "_filters_mutated", None)
+        if mutated is not None:  # drop the registries' cached decisions, as filterwarnings does
+            mutated()
+
+    return remove

@@ -60,9 +60,9 @@ def _isolated_agent(
     ):
         monkeypatch.delenv(name, raising=False)
     # Tests of the step model check every step's phases: they time every step. Phase sampling
-    # (the default on steps under 10 ms) runs in the tests marked `sampled_phases`: its own
+    # (the default on steps under 10 ms) runs in the tests marked `phase_sampling`: its own
     # tests and the end-to-end ones (scenarios, demo, `torchtop run`, tmux).
-    if request.node.get_closest_marker("sampled_phases") is None:
+    if request.node.get_closest_marker("phase_sampling") is None:
         monkeypatch.setenv("TORCHTOP_PHASE_EVERY", "1")
     yield runtime
     if "torchtop.agent" in sys.modules:

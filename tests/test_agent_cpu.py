@@ -18,7 +18,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import torchtop.agent as ta  # noqa: E402
-from tests.agent_util import check_records, median, mlp, snapshot_steps, tensor_loader, train  # noqa: E402
+from tests.agent_util import check_records, median, mlp, snapshot_steps, tensor_loader, train, waited  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread_warm_torch")
 
@@ -60,6 +60,7 @@ class SleepyBatches(Dataset):
 
     def __init__(self, n: int, delay: float) -> None:
         self.n, self.delay = n, delay
+        self.made: list[int] = []  # ns each item took to make, timed inside (workers: not seen here)
 
     def __len__(self) -> int:
         return self.n
@@ -67,22 +68,28 @@ class SleepyBatches(Dataset):
     def __getitem__(self, i: int):
         if i >= self.n:
             raise IndexError(i)
+        t = time.perf_counter_ns()
         time.sleep(self.delay)
-        return torch.randn(16, 32), torch.randint(0, 4, (16,))
+        batch = torch.randn(16, 32), torch.randint(0, 4, (16,))
+        self.made.append(time.perf_counter_ns() - t)
+        return batch
 
 
 def test_dataloader_wait_matches_a_known_sleep() -> None:
     delay = 0.030
     assert ta.start() is not None
-    n = train(mlp(), DataLoader(SleepyBatches(25, delay), batch_size=None, num_workers=0))
+    dataset, waits = SleepyBatches(25, delay), []
+    n = train(mlp(), waited(DataLoader(dataset, batch_size=None, num_workers=0), waits))
     steps = snapshot_steps(ta.current(), n)
     assert len(steps) == n == 25
     check_records(steps)
-    data_ms = [s.phases["data"] / MS for s in steps]
-    assert median(data_ms) == pytest.approx(delay * 1000, rel=0.10), data_ms
-    assert min(data_ms) >= delay * 1000 * 0.98  # a sleep never ends early
+    # nested intervals, whatever the machine's speed: making the batch lies inside the data
+    # phase, which lies inside this loop's own next()
+    for s, inner, outer in zip(steps, dataset.made, waits):
+        assert inner <= s.phases["data"] <= outer, (inner / MS, s.phases["data"] / MS, outer / MS)
+        assert s.phases["data"] >= delay * 1e9 * 0.98  # a sleep never ends early
     # the wait is data, not "other": the rest of the step is the tiny MLP's work
-    assert median([s.phases["other"] / MS for s in steps]) < delay * 1000 * 0.2
+    assert median([s.phases["other"] for s in steps]) < 0.2 * median([s.phases["data"] for s in steps])
 
 
 def test_prefetch_thread_time_is_not_counted() -> None:
@@ -117,7 +124,8 @@ def test_prefetch_thread_time_is_not_counted() -> None:
     steps = snapshot_steps(ta.current(), n)
     assert len(steps) == n == 15
     check_records(steps)
-    assert median([s.phases["data"] / MS for s in steps[2:]]) < 2.0
+    # the queue stays full: the data wait is a small share of each step, whatever the machine's speed
+    assert median([s.phases["data"] / s.wall_ns for s in steps[2:]]) < 0.1
     assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 for s in steps)
 
 

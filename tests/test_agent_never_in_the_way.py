@@ -228,7 +228,7 @@ def test_fork_workers_train_with_the_agent_on() -> None:
 
     orig_next = dataloader_mod._BaseDataLoaderIter.__next__
 
-    class Probe(Dataset):
+    class WorkerCheck(Dataset):
         def __len__(self) -> int:
             return 64
 
@@ -245,7 +245,7 @@ def test_fork_workers_train_with_the_agent_on() -> None:
     assert agent is not None
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = DataLoader(Probe(), batch_size=8, num_workers=2, multiprocessing_context="fork")
+    loader = DataLoader(WorkerCheck(), batch_size=8, num_workers=2, multiprocessing_context="fork")
     flags = []
     n = 0
     for _epoch in range(2):
@@ -264,3 +264,25 @@ def test_fork_workers_train_with_the_agent_on() -> None:
     # the workers exited without touching the parent's discovery file or sockets
     assert [a["pid"] for a in discovery.list_agents()] == [agent.pid]
     assert client_for(agent).hello().pid == agent.pid
+
+
+def test_ignore_warning_removes_its_own_filter_and_no_other() -> None:
+    """The agent quiets torch's warnings about its own doings with one filter entry, and takes
+    back exactly that entry: a filter the user added meanwhile stays."""
+    import warnings
+
+    from torchtop.agent.warn import ignore_warning
+
+    before = list(warnings.filters)
+    try:
+        remove = ignore_warning(message=r"torchtop test: ours")
+        warnings.filterwarnings("error", message=r"torchtop test: the user's")  # added meanwhile
+        users = warnings.filters[0]
+        with warnings.catch_warnings(record=True) as seen:  # this test's own thread: safe here
+            warnings.warn("torchtop test: ours, quiet", UserWarning, stacklevel=1)
+        assert seen == []
+        remove()
+        remove()  # twice: nothing more goes
+        assert warnings.filters == [users, *before]
+    finally:
+        warnings.filters[:] = before

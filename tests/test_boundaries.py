@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.extras import missing_integrations
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"agent": "torchtop.agent", "monitor": "torchtop.monitor", "demos": "torchtop.demos"}
 
@@ -125,14 +127,15 @@ def test_monitor_link_needs_no_tui() -> None:
 
 
 def test_agent_never_imports_textual() -> None:
+    missing = missing_integrations()  # an integration whose framework is not installed: left out
     out = run_fresh(
         f"""
         import json
-        names = walk("torchtop.agent")
+        names = walk("torchtop.agent", skip={missing!r})
         print(json.dumps({{"modules": names, "loaded": {loaded("textual")}}}))
         """
     )
-    on_disk = {_dotted(p) for p in (ROOT / "agent").rglob("*.py") if "_boot" not in p.parts}
+    on_disk = {_dotted(p) for p in (ROOT / "agent").rglob("*.py") if "_boot" not in p.parts} - set(missing)
     assert on_disk <= set(out["modules"]), f"not walked: {on_disk - set(out['modules'])}"
     assert out["loaded"] == {"textual": False}
 
@@ -176,6 +179,7 @@ def test_contract_imports_only_msgspec_and_starts_nothing() -> None:
     assert out["atexit"] == 0
 
 
+@pytest.mark.slow  # imports torch in a fresh interpreter
 def test_agent_start_imports_torch_and_zmq() -> None:
     """The other half of the boundary: start() is what pays for torch and zmq."""
     out = run_fresh(

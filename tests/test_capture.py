@@ -170,6 +170,7 @@ def test_unusable_output_directory_falls_back_or_is_refused(tmp_path, monkeypatc
     assert not reply.ok and "TORCHTOP_DIR" in reply.error and str(locked / "captures") in reply.error
 
 
+@pytest.mark.slow  # a training subprocess and the CLI
 def test_capture_cli_end_to_end(tmp_path) -> None:
     """`torchtop capture PID --steps 2 --json` against a training process."""
     import subprocess
@@ -190,35 +191,140 @@ def test_capture_cli_end_to_end(tmp_path) -> None:
         while not discovery.list_agents():
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torchtop.monitor.commands.cli",
-                "capture",
-                str(child.pid),
-                "--steps",
-                "2",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+
+        def capture(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "torchtop.monitor.commands.cli", "capture", str(child.pid), *args],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+
+        out = capture("--steps", "2", "--json")
         assert out.returncode == 0, out.stderr
         cap = json.loads(out.stdout)
         assert cap["state"] == "done" and Path(cap["path"]).parent == tmp_path / "out"
         assert cap["summary"]["steps"] == 2
-        bad = subprocess.run(
-            [sys.executable, "-m", "torchtop.monitor.commands.cli", "capture", str(child.pid), "--memory"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        text = capture("--steps", "2")
+        assert text.returncode == 0, text.stderr
+        assert f"  file: {tmp_path / 'out'}" in text.stdout  # this machine's path, as it is
+        assert "scp" not in text.stdout  # nothing to fetch from a local run
+        bad = capture("--memory")
         assert bad.returncode == 1 and "need CUDA" in bad.stderr
     finally:
         child.kill()
         child.wait()
+
+
+class _Probe:
+    on_step = None
+
+
+@pytest.fixture
+def controller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from torchtop.agent.capture.controller import CaptureController
+    from torchtop.agent.cuda_use import CudaUse
+
+    monkeypatch.setenv("TORCHTOP_DIR", str(tmp_path / "captures"))
+    return CaptureController(CudaUse(torch), _Probe())
+
+
+def test_the_capture_record_has_one_owner_the_agent_thread(controller) -> None:
+    """The training and writer threads post news; only poll() (the agent thread) publishes a new,
+    frozen CaptureInfo. A published record never changes under a reader."""
+    import msgspec
+
+    from torchtop.agent.contract.wire import CaptureState
+
+    probe, model = controller.probe, torch.nn.Linear(8, 8)
+    pending = controller.request("capture-profile", {"steps": 2})
+    assert pending.state == CaptureState.PENDING and probe.on_step == controller.on_boundary
+    probe.on_step()  # the training thread's boundary: the profiler starts
+    assert controller.current is pending  # nothing published off the agent thread
+    controller.poll()
+    running = controller.current
+    assert running.state == CaptureState.RUNNING and pending.state == CaptureState.PENDING
+    with pytest.raises(AttributeError):
+        running.state = CaptureState.DONE  # type: ignore[misc]
+    for _ in range(2):
+        model(torch.randn(4, 8)).sum().backward()
+        probe.on_step()
+    assert probe.on_step is None  # disarmed after exactly 2 steps
+    deadline = time.monotonic() + 60
+    while controller.current.state != CaptureState.DONE:
+        assert time.monotonic() < deadline and controller.current.state != CaptureState.FAILED, (
+            controller.current
+        )
+        time.sleep(0.02)
+        controller.poll()
+    done = controller.current
+    assert done.steps_done == 2 and done.path and running.state == CaptureState.RUNNING
+    assert controller.status() == [done] and msgspec.msgpack.encode(done)
+
+
+def test_a_start_timeout_is_final_even_if_a_boundary_comes_late(controller, monkeypatch) -> None:
+    from torchtop.agent.capture import controller as module
+    from torchtop.agent.contract.wire import CaptureState
+
+    monkeypatch.setattr(module, "START_TIMEOUT_S", 0.0)
+    late = controller.on_boundary  # what a training thread already inside the boundary holds
+    controller.request("capture-profile", {"steps": 2})
+    time.sleep(0.01)
+    controller.poll()
+    assert controller.current.state == CaptureState.FAILED and "no step boundary" in controller.current.error
+    assert controller.probe.on_step is None
+    late()  # no profiler starts after the capture failed
+    assert controller._run is not None and not controller._run.started
+    controller.poll()
+    assert controller.current.state == CaptureState.FAILED
+
+
+def test_a_failing_profiler_step_fails_the_capture_and_stops_the_profiler(controller) -> None:
+    from torchtop.agent.contract.wire import CaptureState
+
+    probe = controller.probe
+    controller.request("capture-profile", {"steps": 3})
+    probe.on_step()  # started
+    assert torch.autograd._profiler_enabled()
+
+    def broken() -> None:
+        raise RuntimeError("profiler step broke")
+
+    controller._run.prof.step = broken
+    probe.on_step()  # never raises into the training loop
+    assert probe.on_step is None and not torch.autograd._profiler_enabled()
+    controller.poll()
+    assert (
+        controller.current.state == CaptureState.FAILED and "profiler step broke" in controller.current.error
+    )
+
+
+def test_the_agent_leaves_the_warning_filters_as_it_found_them(tmp_path, monkeypatch) -> None:
+    """Its own filters (torch.compile's global-hook warning, the profiler export's) go with it:
+    none stays in the user's process after stop()."""
+    import warnings
+
+    from torchtop.agent.contract.wire import CaptureState
+
+    monkeypatch.setenv("TORCHTOP_DIR", str(tmp_path / "captures"))
+    before = list(warnings.filters)
+    agent = ta.start()
+    assert agent is not None
+    loop = Loop()
+    client = client_for(agent)
+    box: dict = {}
+    asker = threading.Thread(
+        target=lambda: box.update(r=client.request("capture-profile", {"steps": 2}, timeout=5))
+    )
+    asker.start()
+    _run_until(loop, lambda: "r" in box)
+    asker.join()
+    client.close()
+    assert box["r"].ok, box["r"].error
+    _run_until(loop, lambda: agent.captures.current.state in (CaptureState.DONE, CaptureState.FAILED))
+    assert agent.captures.current.state == CaptureState.DONE, agent.captures.current.error
+    ta.stop()
+    assert warnings.filters == before
 
 
 def test_summarize_buckets_by_priority() -> None:

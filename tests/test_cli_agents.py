@@ -121,6 +121,7 @@ def _check_report(report: dict, pid: int) -> None:
     assert shares["h2d"] == 0
 
 
+@pytest.mark.slow  # a training subprocess
 def test_report_and_ls_against_a_running_training_process(training_run: dict) -> None:
     pid, port = training_run["pid"], training_run["port"]
     if port:  # TCP: the loopback HOST:PORT forms find the CURVE keys in this user's discovery entry
@@ -184,6 +185,7 @@ def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> Non
         assert needle in err, err
 
 
+@pytest.mark.slow  # one CLI subprocess per target
 def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
     gone = dead_pid()
     closed = free_port_pair()
@@ -195,7 +197,7 @@ def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
     )
     one_line_error(cli("report", "no-such-thing"), "unknown target 'no-such-thing'")
     one_line_error(cli("report", "127.0.0.1:99999"), "out of range")
-    one_line_error(cli("attach", "no-such-thing"), "unknown target")
+    one_line_error(cli("attach", "no-such-thing"), "unknown target", "ssh://[user@]host[/pid]")
     one_line_error(cli("report", str(gone)), f"no torchtop agent with pid {gone}")
     one_line_error(cli("attach", str(gone)), f"no torchtop agent with pid {gone}")
     one_line_error(cli("report", "--seconds", "0"), "--seconds must be positive")
@@ -209,6 +211,33 @@ def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
     )
 
 
+@pytest.mark.slow
+def test_attach_to_a_closed_or_wrong_port_ends_with_the_headless_error(runtime_dir: Path) -> None:
+    """No TUI that waits forever: a first hello that never comes back within a few seconds is the
+    one line `report` prints. The wrong port is a TCP listener that is no torchtop agent."""
+    import socket
+
+    closed = free_port_pair()
+    with socket.socket() as wrong:
+        wrong.bind(("127.0.0.1", 0))
+        wrong.listen()
+        for port in (closed, wrong.getsockname()[1]):
+            started = time.monotonic()
+            try:
+                proc = subprocess.run(
+                    [*CLI, "attach", f"127.0.0.1:{port}"],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"`torchtop attach 127.0.0.1:{port}` still waiting after 30 s")
+            one_line_error(proc, "no answer from a torchtop agent", str(port))
+            assert time.monotonic() - started < 20
+
+
+@pytest.mark.slow  # CLI subprocesses
 def test_stale_discovery_file_is_skipped_and_removed(runtime_dir: Path) -> None:
     gone = dead_pid()
     stale = runtime_dir / f"agent-{gone}.json"

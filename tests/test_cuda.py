@@ -140,7 +140,7 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
 
     probe = agent.probe
     resolver = agent.loop.resolver
-    # Warm up (synchronised steps: the host step time is the GPU's) until enough sampled steps
+    # Warm up (synchronised steps: the host step time is the GPU's) until enough event steps
     # resolved that the stride, a median over the last 64 samples, stays small through the
     # window's first steps, whose host time is short while the launch queue fills.
     end = time.monotonic() + 30
@@ -187,20 +187,20 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
 
     steps = {s.i: s for s in _steps_over_wire(agent, i0 + n - 1)}
     window = [steps[i] for i in range(i0 + 1, i0 + n) if i in steps]
-    sampled = [s for s in window if s.device_ms]
+    evented = [s for s in window if s.device_ms]
     print(
-        f"[cuda timing] window {i0 + 1}..{i0 + n - 1}: {len(window)} steps, {len(sampled)} sampled, "
+        f"[cuda timing] window {i0 + 1}..{i0 + n - 1}: {len(window)} steps, {len(evented)} event steps, "
         f"stride {probe.event_every}, pool misses {agent.loop.resolver.pool.misses}"
     )
-    assert len(sampled) >= 3, f"only {len(sampled)} sampled steps in the window (stride {probe.event_every})"
-    assert all("forward" in s.device_ms for s in sampled), [s.device_ms for s in sampled]
+    assert len(evented) >= 3, f"only {len(evented)} event steps in the window (stride {probe.event_every})"
+    assert all("forward" in s.device_ms for s in evented), [s.device_ms for s in evented]
 
-    prof_fwd_ms = sum(fwd_us[s.i - i0] for s in sampled) / len(sampled) / 1000
-    ev_fwd_ms = sum(s.device_ms["forward"] for s in sampled) / len(sampled)
+    prof_fwd_ms = sum(fwd_us[s.i - i0] for s in evented) / len(evented) / 1000
+    ev_fwd_ms = sum(s.device_ms["forward"] for s in evented) / len(evented)
     prof_step_ms = all_kernels_us / n / 1000  # every step launches the same kernels
-    ev_step_ms = sum(s.device_ms["step"] for s in sampled) / len(sampled)
+    ev_step_ms = sum(s.device_ms["step"] for s in evented) / len(evented)
     per_step = ", ".join(
-        f"{s.i - i0}:{s.device_ms['forward']:.3f}/{fwd_us[s.i - i0] / 1000:.3f}" for s in sampled
+        f"{s.i - i0}:{s.device_ms['forward']:.3f}/{fwd_us[s.i - i0] / 1000:.3f}" for s in evented
     )
     print(
         f"[cuda timing] forward: events {ev_fwd_ms:.4f} ms, profiler kernels {prof_fwd_ms:.4f} ms "
@@ -210,11 +210,11 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
         f"[cuda timing] step:    events {ev_step_ms:.4f} ms, profiler kernels {prof_step_ms:.4f} ms "
         f"({ev_step_ms / prof_step_ms - 1:+.2%})"
     )
-    print(f"[cuda timing] per sampled step (events/profiler ms): {per_step}")
-    print(f"[cuda timing] device_ms of one step: {sampled[-1].device_ms}")
+    print(f"[cuda timing] per event step (events/profiler ms): {per_step}")
+    print(f"[cuda timing] device_ms of one step: {evented[-1].device_ms}")
     assert abs(ev_fwd_ms / prof_fwd_ms - 1) <= TOLERANCE
     assert abs(ev_step_ms / prof_step_ms - 1) <= TOLERANCE
-    for s in sampled:  # and each sampled step against the same step's kernels
+    for s in evented:  # and each event step against the same step's kernels
         assert abs(s.device_ms["forward"] / (fwd_us[s.i - i0] / 1000) - 1) <= TOLERANCE, per_step
 
 
@@ -222,7 +222,7 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("how", ["to", "cuda", "copy_"])
 def test_h2d_is_attributed(agent: Any, how: str) -> None:
-    """A CPU batch moved to the GPU is h2d: host time on every step, device time when sampled."""
+    """A CPU batch moved to the GPU is h2d: host time on every step, device time on event steps."""
     torch.manual_seed(0)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -244,18 +244,18 @@ def test_h2d_is_attributed(agent: Any, how: str) -> None:
         opt.zero_grad(set_to_none=True)
         n += 1
     steps = [s for s in _steps_over_wire(agent, i0 + n - 1) if i0 < s.i < i0 + n]
-    sampled = [s for s in steps if s.device_ms]
+    evented = [s for s in steps if s.device_ms]
     h2d_host = sorted(s.phases["h2d"] for s in steps)
     print(
-        f"\n[h2d {how}] {len(steps)} steps, {len(sampled)} sampled; host h2d median "
+        f"\n[h2d {how}] {len(steps)} steps, {len(evented)} event steps; host h2d median "
         f"{h2d_host[len(h2d_host) // 2] / 1e6:.4f} ms; device h2d "
-        f"{[round(s.device_ms.get('h2d', -1), 4) for s in sampled[:8]]}"
+        f"{[round(s.device_ms.get('h2d', -1), 4) for s in evented[:8]]}"
     )
     # the first step of a fresh agent opens at the forward, after the copy: it is left out
     assert all(s.phases["h2d"] > 0 for s in steps), "a step without host h2d time"
     assert all(s.phases["h2d"] <= s.wall_ns for s in steps)
-    assert sampled, "no sampled step"
-    assert all(s.device_ms.get("h2d", 0) > 0 for s in sampled), [s.device_ms for s in sampled]
+    assert evented, "no event step"
+    assert all(s.device_ms.get("h2d", 0) > 0 for s in evented), [s.device_ms for s in evented]
     assert agent.probe.failures == 0
 
 
@@ -404,8 +404,8 @@ def test_no_sync_on_training_thread(agent: Any) -> None:
     assert failures() == failures0, "a hook failed under sync-debug mode"
     assert agent.loop.errors == errors0, "the agent thread raised under sync-debug mode"
 
-    # the loop really was measured: sampled steps with device time, and h2d seen
+    # the loop really was measured: event steps with device time, and h2d seen
     steps = [s for s in _steps_over_wire(agent, i0 + n - 1) if i0 < s.i < i0 + n]
-    sampled = [s for s in steps if s.device_ms]
-    assert sampled and all("forward" in s.device_ms and "h2d" in s.device_ms for s in sampled)
+    evented = [s for s in steps if s.device_ms]
+    assert evented and all("forward" in s.device_ms and "h2d" in s.device_ms for s in evented)
     assert all(s.phases["h2d"] > 0 for s in steps)

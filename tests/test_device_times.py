@@ -1,4 +1,4 @@
-"""CUDA device times without a GPU: the probe records fake events on sampled steps, the agent's
+"""CUDA device times without a GPU: the probe records fake events on event steps, the agent's
 EventResolver waits for them (query(), never a sync) and writes device times into the log, the
 log crosses the wire, and the monitor's replay turns it into each step's `device_ms`.
 
@@ -133,13 +133,13 @@ def test_device_times_wait_for_the_gpu_then_reach_the_monitor() -> None:
     assert len(ready) == 1 and resolver.pending() == 0
     # every event went back to the pool, once, but the start event of the step now open
     assert len(pool.free) == pool.size - 1
-    assert resolver.event_steps == 3  # steps 2, 4, 6 sampled (8's sampling starts the next one)
+    assert resolver.event_steps == 3  # steps 2, 4, 6 are event steps (8's starts the next one)
 
     records = LogReplay().feed(_ship(ready), wall_offset=0.0, rank=0, flush=True)
     assert len(records) == 8
-    sampled = [r for r in records if r.device_ms]
-    assert [r.i for r in sampled] == [2, 4, 6]
-    for r in sampled:
+    evented = [r for r in records if r.device_ms]
+    assert [r.i for r in evented] == [2, 4, 6]
+    for r in evented:
         assert abs(r.device_ms["forward"] - 2.0) < 1e-9
         assert abs(r.device_ms["backward"] - 3.0) < 1e-9
         assert abs(r.device_ms["optimizer"] - 1.0) < 1e-9
@@ -161,7 +161,7 @@ def test_the_stride_follows_the_recording_cost_and_is_worked_out_once_per_new_sa
     resolver.run(*probe.drain())
     assert resolver.event_steps == 3
     assert resolver.stride(8) == 1
-    assert resolver.stride(77) == 77  # nothing sampled since: kept as it is, no sorting
+    assert resolver.stride(77) == 77  # no event step since: kept as it is, no sorting
     monkeypatch.setattr(cuda_timing, "BUDGET", 1e-9)
     for _ in range(4):
         _one_step(probe, gpu)
@@ -170,23 +170,23 @@ def test_the_stride_follows_the_recording_cost_and_is_worked_out_once_per_new_sa
     assert resolver.stride(77) == 1000  # new samples: worked out again (at the new budget, the cap)
 
 
-def test_a_sampled_step_records_events_around_compute_but_not_the_data_wait() -> None:
+def test_an_event_step_records_events_around_compute_but_not_the_data_wait() -> None:
     probe, gpu, pool, resolver = _setup()
     fetch = timed(probe, logcodes.DATA, lambda it: None, events=False)  # as the DataLoader's __next__
     backward = timed(probe, BACKWARD, lambda loss: gpu.launch(3.0))
     while not probe.event_step:
         probe.cut()
-    free = len(pool.free)  # the sampled step's start event is out already
+    free = len(pool.free)  # the event step's start event is out already
     fetch(None)
     backward(None)
     probe.cut()
     entries, steps = probe.drain()
-    sampled = entries[
+    evented = entries[
         entries.index(
             next(e for e in entries if type(e) is tuple and e[0] & logcodes.MASK == logcodes.STEP_EVENT)
         ) :
     ]
-    codes = [(e if type(e) is int else e[0]) & logcodes.MASK for e in sampled]
+    codes = [(e if type(e) is int else e[0]) & logcodes.MASK for e in evented]
     assert codes[1:6] == [
         logcodes.DATA,
         logcodes.EXIT | logcodes.DATA,
@@ -194,8 +194,8 @@ def test_a_sampled_step_records_events_around_compute_but_not_the_data_wait() ->
         logcodes.EXIT | BACKWARD,
         logcodes.BOUNDARY,
     ]
-    assert [type(e) for e in sampled[1:6]] == [int, int, tuple, tuple, tuple]  # no event at the data wait
-    # the backward's two events and the step end's (and the next step's start, if sampled too)
+    assert [type(e) for e in evented[1:6]] == [int, int, tuple, tuple, tuple]  # no event at the data wait
+    # the backward's two events and the step end's (and the next step's start, if an event step too)
     assert free - len(pool.free) == 3 + probe.event_step
     gpu.done_ms = gpu.queued_ms
     records = LogReplay().feed(_ship(resolver.run(entries, steps)), wall_offset=0.0, rank=0, flush=True)
@@ -204,14 +204,14 @@ def test_a_sampled_step_records_events_around_compute_but_not_the_data_wait() ->
     assert timed_step.phases["data"] >= 0
 
 
-def test_a_sampled_step_split_across_chunks_keeps_its_device_times() -> None:
+def test_an_event_step_split_across_chunks_keeps_its_device_times() -> None:
     probe, gpu, pool, resolver = _setup()
     _one_step(probe, gpu)
-    _one_step(probe, gpu)  # its cut starts sampling: step 2 is sampled
+    _one_step(probe, gpu)  # its cut starts the next event step: step 2
     probe.enter(FORWARD)
     gpu.launch(2.0)
     probe.exit(FORWARD)
-    first = probe.drain()  # the agent ticks in the middle of the sampled step
+    first = probe.drain()  # the agent ticks in the middle of the event step
     probe.enter(BACKWARD)
     gpu.launch(3.0)
     probe.exit(BACKWARD)

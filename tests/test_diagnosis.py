@@ -240,3 +240,30 @@ def test_state_memory_flags_from_telemetry() -> None:
     frag = FragSample(device=0, largest_free=2 * GIB, total_free=40 * GIB, external=0.95, segments=500)
     d = diagnose(_state(1.0, 99.0, telemetry=Telemetry(time=0, memory=[mem], frag=[frag])))
     assert {"memory-pressure", "fragmentation"} <= {f.kind for f in d.flags}
+
+
+def test_unknown_figures_are_none_and_change_no_verdict() -> None:
+    """No NVML, no host sample: None, not -1. A rule that needs a figure stays silent without it;
+    a known 0 is a figure (no DataLoader workers at all)."""
+    f = facts(data=0.3)
+    f.device = "cuda"
+    assert f.gpu_util is None and f.workers is None and f.worker_cpu is None and f.proc_cpu is None
+    assert rule_host_overhead(f) is None
+    assert flag_dataloader_workers(f) is None  # unknown workers: no flag
+    data = rule_data(f)
+    assert data is not None and not any("workers" in e for e in data.evidence)
+    f.workers = 0
+    assert "no DataLoader worker processes" in " ".join(rule_data(f).evidence)
+    assert flag_dataloader_workers(f) is not None
+
+
+def test_evidence_uses_the_panels_units() -> None:
+    """One set of formatters: the verdict says 41.8 MiB where the memory panel does."""
+    from torchtop.monitor.model import fmt
+
+    f = facts()
+    f.mem_total, f.reserved, f.window_peak = 80 * 2**30, int(78.5 * 2**30), int(41.8 * 2**20)
+    got = flag_memory_pressure(f)
+    assert got is not None
+    assert f"reserved {fmt.size(f.reserved)} of 80.0 GiB (98%)" in got.evidence[0]
+    assert "peak allocated 41.8 MiB" in got.evidence[0]

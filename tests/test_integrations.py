@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import torchtop.agent as ta
 from tests.agent_util import snapshot_steps
 
+pytestmark = pytest.mark.slow  # real Lightning / Hugging Face loops
+
 
 def _data(n: int = 32) -> TensorDataset:
     g = torch.Generator().manual_seed(0)

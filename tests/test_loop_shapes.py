@@ -67,6 +67,7 @@ def test_amp_autocast_and_grad_scaler_skipped_steps() -> None:
     assert steps[3].phases["optimizer"] == 0 and steps[4].phases["optimizer"] > 0
 
 
+@pytest.mark.slow  # torch.compile
 def test_torch_compile_model() -> None:
     assert ta.start() is not None
     model = torch.compile(mlp(), backend="eager")
@@ -81,6 +82,7 @@ def test_torch_compile_model() -> None:
     assert steps[0].phases["forward"] > 5 * median([s.phases["forward"] for s in steps[2:]])  # compiling
 
 
+@pytest.mark.slow  # torch.compile; compile time against step time is load-sensitive
 def test_model_compiled_in_place() -> None:
     """`model.compile()` (in place, after start()): dynamo traces the module's whole call, so the
     forward is timed around the compiled call instead; stop() puts the compiled call back."""
@@ -108,6 +110,7 @@ def test_model_compiled_in_place() -> None:
     assert model(torch.randn(2, 32)).shape == (2, 4)  # still compiled, still works
 
 
+@pytest.mark.slow  # torch.compile
 def test_model_compiled_in_place_before_start() -> None:
     """`model.compile()` before start(): no hook of ours runs in its call, so the agent thread
     finds it once the first steps are done, and its forward is timed from then on."""
@@ -180,25 +183,35 @@ def test_eval_loop_is_reported_as_eval_not_training() -> None:
     assert len(train) == 16 and len(evals) == 6
     assert all(s.phases["backward"] == 0 and s.phases["optimizer"] == 0 for s in evals)
     assert all(s.phases["data"] >= 7 * MS for s in evals)  # the eval loader's wait is in eval steps
-    assert median([s.phases["data"] for s in train]) < 3 * MS  # and not in training steps
+    # and not in training steps: theirs is a fraction of it, however loaded the machine
+    assert median([s.phases["data"] for s in train]) < 0.5 * median([s.phases["data"] for s in evals])
 
 
 def test_plain_generator_wrapped_with_data() -> None:
+    work: list[int] = []  # the generator's own time per item, timed inside it
+
     def gen():
         for x, y in batches(8):
+            t = time.perf_counter_ns()
             time.sleep(0.02)  # the generator's own work, on the training thread
+            work.append(time.perf_counter_ns() - t)
             yield x, y
 
     assert ta.start() is not None
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for x, y in ta.data(gen()):
+    waits: list[int] = []
+    for x, y in waited(ta.data(gen()), waits):
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         opt.zero_grad()
     steps = snapshot_steps(ta.current(), 7)
     assert len(steps) == 8
-    assert all(19 * MS <= s.phases["data"] <= 30 * MS for s in steps[1:])
+    # nested intervals, whatever the machine's speed: the generator's work lies inside the data
+    # phase, which lies inside this loop's own next()
+    for s, inner, outer in zip(steps[1:], work[1:], waits[1:]):
+        assert inner <= s.phases["data"] <= outer, (inner / MS, s.phases["data"] / MS, outer / MS)
+        assert s.phases["data"] >= 19 * MS  # a sleep never ends early
 
 
 def test_iterable_dataset_through_dataloader() -> None:
@@ -220,11 +233,14 @@ def test_iterable_dataset_through_dataloader() -> None:
     assert median([s.phases["data"] for s in steps[1:]]) >= 11 * MS  # 4 items x 3 ms
 
 
+@pytest.mark.slow  # timed against this test's own clock: load-sensitive
 def test_thread_prefetching_loader_counts_only_the_training_threads_wait() -> None:
     """The loader thread spends ~30 ms a batch, training ~10 ms: the data phase of each step is
     what the training thread itself waited in `get()` (timed here too), not the thread's work."""
     q: queue.Queue = queue.Queue(maxsize=2)
-    loader = DataLoader(SleepyItems(48, 7.5), batch_size=4)
+    loader = DataLoader(
+        SleepyItems(48, 15.0), batch_size=4
+    )  # 60 ms a batch: slower than training, even loaded
 
     def produce() -> None:
         for item in loader:
@@ -251,10 +267,14 @@ def test_thread_prefetching_loader_counts_only_the_training_threads_wait() -> No
     assert len(steps) == 12
     assert sum(waits[:12]) >= 60 * MS  # the training thread did wait for the slower loader
     for s, wait in zip(steps, waits):
-        assert abs(s.phases["data"] - wait) <= 1 * MS, (s.phases["data"] / MS, wait / MS)
+        # the hook's interval lies inside the one timed here, and covers nearly all of it
+        assert s.phases["data"] <= wait, (s.phases["data"] / MS, wait / MS)
         assert s.phases["data"] < s.wall_ns
+    data, waited_ns = sum(s.phases["data"] for s in steps), sum(waits[:12])
+    assert waited_ns - data <= 0.1 * waited_ns + 1 * MS, (data / MS, waited_ns / MS)  # and nearly all of it
 
 
+@pytest.mark.slow  # worker processes; timed against this test's own clock
 def test_dataloader_workers_pin_memory_persistent() -> None:
     """Worker processes: the data phase is the training thread's wait in next(), as timed here."""
     assert ta.start() is not None
@@ -278,7 +298,10 @@ def test_dataloader_workers_pin_memory_persistent() -> None:
     # when a loaded machine slows the training thread, as a concurrent test run does)
     assert max(waits) >= 30 * MS
     for s, wait in zip(steps, waits):
-        assert abs(s.phases["data"] - wait) <= 1 * MS, (s.phases["data"] / MS, wait / MS)
+        # the hook's interval lies inside the one timed here, and covers nearly all of it
+        assert s.phases["data"] <= wait, (s.phases["data"] / MS, wait / MS)
+    data, waited_ns = sum(s.phases["data"] for s in steps), sum(waits[:12])
+    assert waited_ns - data <= 0.1 * waited_ns + 1 * MS, (data / MS, waited_ns / MS)  # and nearly all of it
 
 
 @pytest.mark.parametrize("where", ["after_step", "mid_step"])
@@ -325,6 +348,7 @@ def test_gradient_penalty_is_backward_time_but_not_a_micro_batch() -> None:
     assert all(s.phases["backward"] >= 4 * MS for s in steps)  # the penalty's sleep is backward time
 
 
+@pytest.mark.slow  # torch.compile
 def test_compiled_optimizer_step_still_ends_steps() -> None:
     """The recipe of PyTorch's "compiling the optimizer" tutorial: the hooks run (dynamo breaks the
     graph at them, as torch's own step does), so every iteration is still a step."""

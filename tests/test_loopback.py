@@ -135,6 +135,7 @@ def test_batches_arrive_in_order_and_carry_every_step_once(agent, client) -> Non
     assert span > 0 and 3 <= (len(batches) - 1) / span <= 30
 
 
+@pytest.mark.slow  # counts wakes over 1.5 s: load-sensitive
 def test_the_agent_thread_wakes_about_once_a_tick(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every wake of the agent thread takes the GIL from training. zmq's poll counts whole
     milliseconds and may return a little early: the loop once waited out the rest of each tick

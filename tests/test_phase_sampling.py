@@ -23,7 +23,7 @@ from torchtop.agent.contract import logcodes  # noqa: E402
 from torchtop.agent.hooks import probe as probe_mod  # noqa: E402
 from torchtop.monitor.model.state import breakdown  # noqa: E402
 
-pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
+pytestmark = pytest.mark.phase_sampling  # the default policy, end to end
 
 
 @pytest.fixture
@@ -68,6 +68,19 @@ def _loader(n: int, every: int, ms: float) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(_Sleepy(n, every, ms), batch_size=None, shuffle=False)
 
 
+def _expected_share(steps: list) -> float:
+    """The share of `steps` the policy times: min(1, step time / FULL_STEP_NS), at least
+    1 / MAX_ONE_IN, over each housekeeping period of their wall times."""
+    period = probe_mod.PERIOD
+    shares = []
+    for k in range(0, len(steps), period):
+        block = steps[k : k + period]
+        mean_ns = sum(s.wall_ns for s in block) / len(block)
+        shares.append(min(1.0, max(1 / probe_mod.MAX_ONE_IN, mean_ns / probe_mod.FULL_STEP_NS)))
+    return sum(shares) / len(shares)
+
+
+@pytest.mark.slow  # a 3000-step real loop
 def test_fast_steps_are_all_counted_and_a_sample_is_timed(stopped) -> None:
     agent = ta.start()
     assert agent is not None
@@ -79,13 +92,18 @@ def test_fast_steps_are_all_counted_and_a_sample_is_timed(stopped) -> None:
     timed = [s for s in steps if s.phases]
     untimed = [s for s in steps if not s.phases]
     assert all(s.phases for s in steps[: probe_mod.FIRST_STEPS])  # the start is timed in full
-    # ~0.3 ms steps: about 1 in 33 timed (1 in ~64 at most, as the policy caps a run)
-    assert 0.01 * len(steps) <= len(timed) <= 0.25 * len(steps), len(timed)
+    # about 1 step in (10 ms / step time), at least 1 in 64: ~1 in 33 of ~0.3 ms steps on an idle
+    # machine, more where a loaded one makes them longer. The share expected from the steps' own
+    # wall times, period by period as the policy draws them:
+    expected = _expected_share(steps[probe_mod.FIRST_STEPS :])
+    assert 0.4 * expected <= len(timed) / len(steps) <= 2.5 * expected + 0.02, (len(timed), expected)
     for s in timed:
         assert s.phases["forward"] > 0 and s.phases["backward"] > 0 and s.phases["optimizer"] > 0
         assert sum(s.phases.values()) == s.wall_ns  # they add up, `other` the rest
         assert s.micro == 1
     assert all(s.micro == 0 and not s.device_ms for s in untimed)
+    if expected > 0.5:
+        return  # a machine so loaded that most steps take 5 ms or more: few untimed runs to look at
     # untimed runs are random: not one stride
     runs, n = set(), 0
     for s in steps[probe_mod.FIRST_STEPS :]:
@@ -98,6 +116,7 @@ def test_fast_steps_are_all_counted_and_a_sample_is_timed(stopped) -> None:
     assert len(runs) >= 5, runs
 
 
+@pytest.mark.slow  # long real loops
 def test_every_step_is_timed_on_request_or_when_steps_are_long(stopped) -> None:
     agent = ta.start(phase_every=1)
     assert agent is not None
@@ -113,7 +132,8 @@ def test_every_step_is_timed_on_request_or_when_steps_are_long(stopped) -> None:
     assert len(steps) == 120 and all(s.phases for s in steps)
 
 
-def test_the_sampled_breakdown_is_the_runs_own_with_periodic_stalls(stopped) -> None:
+@pytest.mark.slow  # a 2400-step real loop
+def test_the_timed_steps_breakdown_is_the_runs_own_with_periodic_stalls(stopped) -> None:
     """A loader that stalls on every 4th batch (as 4 workers would) and 1 timed step in ~4:
     a fixed stride of 4 would see every stall or none; random runs see a quarter of them."""
     agent = ta.start(phase_every=4)
@@ -129,12 +149,13 @@ def test_the_sampled_breakdown_is_the_runs_own_with_periodic_stalls(stopped) -> 
     assert 0.15 * len(steps) <= len(timed) <= 0.4 * len(steps), len(timed)
     true_share = sum(waits) / total  # the data wait of every step, timed by this test
     got = breakdown(steps)["data"]
-    assert true_share > 0.1  # the stalls are a real part of the step (~80% of it on an idle machine)
+    assert true_share > 0.02  # the stalls are a real part of the step (~80% of it on an idle machine)
     assert abs(got - true_share) <= 0.25 * true_share, (got, true_share)
     stalled = sum(1 for s in timed if s.phases["data"] > 2_000_000)
     assert 0.12 * len(timed) <= stalled <= 0.4 * len(timed), (stalled, len(timed))
 
 
+@pytest.mark.slow  # waits out the idle timeout
 def test_an_eval_loop_that_starts_untimed_is_seen_as_eval(stopped) -> None:
     agent = ta.start(phase_every=64)  # long untimed stretches: the loop below starts in one
     assert agent is not None
@@ -159,7 +180,7 @@ def test_an_eval_loop_that_starts_untimed_is_seen_as_eval(stopped) -> None:
     assert len(evals) >= n // 3, (len(evals), n)  # most of the eval iterations, once timed again
     timed = [s for s in evals if s.phases]
     assert len(timed) >= n // 3
-    assert all(0.5e6 < s.wall_ns < 50e6 for s in timed[1:-1])  # one ~1 ms iteration each
+    assert all(s.phases["data"] >= 0.9e6 for s in timed[1:-1])  # each holds its iteration's 1 ms load
 
 
 def test_the_replay_keeps_wall_time_and_drops_phases_of_untimed_steps() -> None:

@@ -18,7 +18,7 @@ from torchtop.agent.autostart import is_launcher
 from torchtop.agent.contract import discovery
 from torchtop.monitor.commands.run import child_env, job_name
 
-pytestmark = pytest.mark.sampled_phases  # the default policy, end to end
+pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]  # subprocesses; the default policy, end to end
 
 TRAIN = textwrap.dedent(
     """

@@ -132,6 +132,7 @@ def _silent(endpoint: Endpoint, timeout: float = 0.5) -> None:
         client.close()
 
 
+@pytest.mark.slow  # subprocess clients
 @pytest.mark.parametrize("bind", ["0.0.0.0", "127.0.0.1"])
 def test_curve_agent_serves_only_authorized_keys(
     bind: str,
@@ -334,6 +335,7 @@ def _steps_between(endpoint: Endpoint, start: float, end: float) -> list[float]:
     return [s.wall_ns / 1e6 for s in steps if start <= s.t0 <= end]
 
 
+@pytest.mark.slow  # thousands of frames against a training loop
 def test_fuzzed_frames_never_crash_the_agent_nor_slow_training(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
@@ -369,6 +371,7 @@ def test_fuzzed_frames_never_crash_the_agent_nor_slow_training(
         assert ratio < 1.5, f"the training loop slowed x{ratio:.2f} under fuzzing"
 
 
+@pytest.mark.slow  # thousands of frames
 def test_fuzzed_frames_on_a_curve_agent(curve_setup) -> None:
     """Unauthenticated fuzz reaches nothing; an authorized client's garbage is refused, not fatal."""
     agent = ta.start(bind="0.0.0.0")

@@ -28,6 +28,8 @@ from torchtop.monitor.link import ssh
 from torchtop.monitor.link.client import AgentClient
 from torchtop.monitor.link.targets import Endpoint, TargetError
 
+pytestmark = pytest.mark.slow  # a real sshd and ssh subprocesses
+
 SSHD = shutil.which("sshd") or next(
     (p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd") if os.path.exists(p)), None
 )

@@ -1,9 +1,12 @@
-"""The one end-to-end test: `torchtop demo` in a real terminal (tmux), read as a user reads it.
+"""End to end in a real terminal (tmux), read as a user reads it: `torchtop demo`, and Ctrl-C in
+the TUI of `torchtop run`.
 
-A detached tmux session of fixed size runs the launcher, which starts the balanced demo and opens
-the TUI. The test reads the screen with `capture-pane` until the step panel shows a non-zero
-step time and the phase table names the phases, presses `q`, and checks that the session ends
-and that neither the demo nor its loader workers are left behind. The pane's stderr is never
+A detached tmux session of fixed size runs the launcher, which starts the job and opens the TUI.
+The demo test runs at 80x24 (many terminals' and tmux panes' default) and 120x40: it reads the
+screen with `capture-pane` until the step panel shows a non-zero step time, presses PageDown (at
+80x24 the phase table is below the fold) until the phase table names the phases, checks that
+nothing but blanks lies beside the panels, presses `q`, and checks that the session ends and
+that neither the demo nor its loader workers are left behind. The pane's stderr is never
 redirected: Textual draws on it.
 """
 
@@ -15,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -22,11 +26,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.tui_util import outside_the_panels
 from torchtop.agent.contract import discovery
 
-pytestmark = [pytest.mark.tmux, pytest.mark.sampled_phases]
+pytestmark = [pytest.mark.slow, pytest.mark.tmux, pytest.mark.phase_sampling]
 
-COLS, ROWS = 120, 40
+SIZES = [(80, 24), (120, 40)]
 SCREEN_TIMEOUT_S = 90.0
 EXIT_TIMEOUT_S = 20.0
 PHASE_ROWS = ("data", "forward", "backward", "optimizer")
@@ -78,7 +83,39 @@ def phases_shown(screen: str) -> list[str]:
     return [p for p in PHASE_ROWS if re.search(rf"\b{p}\s+[\d,]+(?:\.\d+)?\s", screen)]
 
 
-def test_demo_in_tmux_shows_live_panels_and_quits_cleanly(tmp_path: Path, runtime_dir: Path) -> None:
+def new_session(tmux: Tmux, session: str, size: tuple[int, int], runtime_dir: Path, command: str) -> None:
+    cols, rows = size
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        session,
+        "-x",
+        str(cols),
+        "-y",
+        str(rows),
+        "-e",
+        f"TORCHTOP_RUNTIME_DIR={runtime_dir}",
+        command,
+    )
+
+
+def wait_screen(tmux: Tmux, session: str, done, timeout: float = SCREEN_TIMEOUT_S) -> str:  # type: ignore[no-untyped-def]
+    """The pane's text once `done(text)` holds, or the last one seen (the session ended, or time)."""
+    deadline = time.monotonic() + timeout
+    screen = ""
+    while time.monotonic() < deadline:
+        screen = tmux.screen(session)
+        if done(screen) or not tmux.alive(session):
+            break
+        time.sleep(0.5)
+    return screen
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{c}x{r}" for c, r in SIZES])
+def test_demo_in_tmux_shows_live_panels_and_quits_cleanly(
+    tmp_path: Path, runtime_dir: Path, size: tuple[int, int]
+) -> None:
     if shutil.which("tmux") is None:
         pytest.skip("needs tmux")
     env = dict(os.environ, TORCHTOP_RUNTIME_DIR=str(runtime_dir), TERM="xterm-256color")
@@ -90,40 +127,29 @@ def test_demo_in_tmux_shows_live_panels_and_quits_cleanly(tmp_path: Path, runtim
     tmux = Tmux(env)
     session = "demo"
     pids: list[int] = []
-    screen = ""
     try:
-        tmux(
-            "new-session",
-            "-d",
-            "-s",
-            session,
-            "-x",
-            str(COLS),
-            "-y",
-            str(ROWS),
-            "-e",
-            f"TORCHTOP_RUNTIME_DIR={runtime_dir}",
-            command,
-        )
-        deadline = time.monotonic() + SCREEN_TIMEOUT_S
-        while time.monotonic() < deadline:
-            screen = tmux.screen(session)
-            if not pids:
-                pids = [a["pid"] for a in discovery.list_agents()]
-            step_ms = step_time_shown(screen)
-            if step_ms and phases_shown(screen) == list(PHASE_ROWS):
-                break
-            if not tmux.alive(session):
-                break
-            time.sleep(0.5)
+        new_session(tmux, session, size, runtime_dir, command)
+        screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)))
+        pids = [a["pid"] for a in discovery.list_agents()]
         logs_text = "\n".join(p.read_text() for p in logs.glob("*.log"))
         assert tmux.alive(session), (
             f"the launcher exited early (rc {rc_file.read_text().strip() if rc_file.exists() else '?'}); "
             f"its last screen:\n{screen}\ndemo log:\n{logs_text}"
         )
         assert (step_ms := step_time_shown(screen)) and step_ms > 0, f"no step time on screen:\n{screen}"
-        assert phases_shown(screen) == list(PHASE_ROWS), f"phase rows missing:\n{screen}"
         assert re.search(r"\bsteps in window\b", screen), screen
+        assert re.search(r"\btorch \d+\.\d+", screen), f"the header lost the torch version:\n{screen}"
+        assert "Quit+stop demo" in screen, screen  # the footer says what q does here
+
+        def phases(text: str) -> bool:
+            if phases_shown(text) != list(PHASE_ROWS):
+                tmux("send-keys", "-t", session, "NPage")  # below the fold at 80x24
+                return False
+            return True
+
+        screen = wait_screen(tmux, session, phases, timeout=30)
+        assert phases_shown(screen) == list(PHASE_ROWS), f"phase rows missing after PageDown:\n{screen}"
+        assert outside_the_panels(screen) == [], f"stray glyphs beside the panels:\n{screen}"
 
         assert len(pids) == 1, f"expected the demo's agent in {runtime_dir}, found pids {pids}"
         pids += [c.pid for c in psutil.Process(pids[0]).children(recursive=True)]
@@ -141,6 +167,59 @@ def test_demo_in_tmux_shows_live_panels_and_quits_cleanly(tmp_path: Path, runtim
         tmux.kill_server()
         for pid in pids:
             _kill_demo(pid)
+
+
+#: A training script that says how it ended: Ctrl-C must reach it as a KeyboardInterrupt.
+JOB = """
+import sys, time, torch
+model = torch.nn.Linear(32, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+try:
+    while True:
+        loss = model(torch.randn(16, 32)).square().mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        time.sleep(0.01)
+except KeyboardInterrupt:
+    print("job: KeyboardInterrupt", flush=True)
+    sys.exit(7)
+"""
+
+
+def test_ctrl_c_in_the_tui_of_torchtop_run_stops_the_job(tmp_path: Path, runtime_dir: Path) -> None:
+    """The TUI holds the terminal in raw mode, so Ctrl-C is a key, not a SIGINT: the TUI must pass
+    it on to the job, and `torchtop run` then exits with the job's own code."""
+    if shutil.which("tmux") is None:
+        pytest.skip("needs tmux")
+    env = dict(os.environ, TORCHTOP_RUNTIME_DIR=str(runtime_dir), TERM="xterm-256color")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(JOB))
+    rc_file = tmp_path / "rc"
+    logs = tmp_path / "logs"
+    launcher = shlex.join([*_torchtop(), "run", "--log-dir", str(logs), "--", sys.executable, str(script)])
+    command = f"{launcher}; echo $? > {shlex.quote(str(rc_file))}"
+    tmux = Tmux(env)
+    session = "run"
+    pids: list[int] = []
+    try:
+        new_session(tmux, session, (80, 24), runtime_dir, command)
+        screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)))
+        pids = [a["pid"] for a in discovery.list_agents()]
+        assert step_time_shown(screen), f"no steps on screen:\n{screen}"
+        tmux("send-keys", "-t", session, "C-c")
+        deadline = time.monotonic() + EXIT_TIMEOUT_S
+        while not rc_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = "\n".join(p.read_text() for p in logs.glob("*.log"))
+        assert rc_file.exists(), f"still running after Ctrl-C:\n{tmux.screen(session)}\njob log:\n{log}"
+        assert rc_file.read_text().strip() == "7", log  # the job's own code, after its KeyboardInterrupt
+        assert "job: KeyboardInterrupt" in log
+        assert [p for p in pids if _running(p)] == []
+        assert "Stop job" in screen, screen  # and the footer said what Ctrl-C would do
+    finally:
+        tmux.kill_server()
+        for pid in pids:
+            if _running(pid):
+                psutil.Process(pid).kill()
 
 
 def _running(pid: int) -> bool:

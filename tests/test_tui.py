@@ -23,6 +23,7 @@ from torchtop.agent.contract import wire
 from torchtop.monitor.link.client import AgentUnreachable, Received, Snapshot
 from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
 from torchtop.monitor.model import fmt
+from torchtop.monitor.model import state as state_mod
 from torchtop.monitor.model.steps import StepRecord
 from torchtop.monitor.tui import feed
 from torchtop.monitor.tui.app import TorchtopApp
@@ -144,6 +145,23 @@ async def test_panels_show_the_numbers_of_the_steps_fed() -> None:
         assert "pid 4242 @ box" in header and "run run000000001" in header and "up 1m 03s" in header
 
 
+async def test_step_panel_says_how_many_steps_it_counted_and_kept_whole(monkeypatch) -> None:
+    monkeypatch.setattr(state_mod, "HISTORY", 8)  # the monitor keeps 8 steps whole: 20 come
+    app = app_without_feed()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await fed_app(pilot, HelloReceived(hello()), BatchesReceived([batch(steps())]))
+        panel = app.query_one(StepPanel)
+        assert (panel.count, panel.in_full) == (20, 8)
+        assert panel.border_title == "step time · last 2 s · 20 steps (8 in full)"
+        assert "20 steps in window" in panel.numbers_text()
+        assert panel.stats["median_ms"] == pytest.approx(10.0, rel=0.025)  # of all 20 (binned)
+    monkeypatch.setattr(state_mod, "HISTORY", 20_000)
+    app = app_without_feed()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await fed_app(pilot, HelloReceived(hello()), BatchesReceived([batch(steps())]))
+        assert app.query_one(StepPanel).border_title == "step time · last 2 s"  # all kept: no count
+
+
 async def test_untimed_steps_count_in_step_time_and_not_in_the_phases() -> None:
     """Phase sampling: steps without phases (untimed) are steps, and the phase breakdown is the
     timed steps' own, with the panel saying how many were timed."""
@@ -178,6 +196,7 @@ async def test_device_ms_gaps_and_bad_frames_show_up() -> None:
         assert "gaps 2" in status and "bad frames 3" in status and "malformed frame: junk" in status
 
 
+@pytest.mark.slow  # a real agent through its life
 async def test_snapshot_history_and_agent_gone() -> None:
     app = app_without_feed()
     recs = steps()
@@ -316,6 +335,7 @@ def start_training(tmp_path: Path, env: dict[str, str], port: int) -> subprocess
     return subprocess.Popen([sys.executable, str(script), "60"], env={**env, "TORCHTOP_PORT": str(port)})
 
 
+@pytest.mark.slow  # a training subprocess, stopped and restarted
 async def test_real_agent_steps_then_gone_then_restarted(tmp_path: Path, subprocess_env) -> None:
     port = free_port_pair()
     first = start_training(tmp_path, subprocess_env, port)

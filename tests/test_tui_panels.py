@@ -380,6 +380,7 @@ async def test_small_terminal_still_shows_every_tab() -> None:
 # -- a real agent ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real agent, a real profile
 async def test_real_agent_profile_capture_and_memory_refusal(tmp_path: Path, subprocess_env) -> None:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(TRAIN))

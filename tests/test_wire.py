@@ -351,3 +351,75 @@ def test_a_held_step_goes_out_with_the_next_batch_even_an_empty_one() -> None:
     assert replay.feed([wire.LogChunk(0, 1, step, True)], 0.0, 0) == []
     assert [s.i for s in replay.feed([], 0.0, 0)] == [0]  # a heartbeat: no mark came in a tick
     assert replay.feed([], 0.0, 0) == []
+
+
+def test_unknown_gpu_figures_are_none_on_the_wire_and_left_out_of_the_panel() -> None:
+    """NVML could not read them: None, not -1 (a -1 W power or -1 % utilisation is a number)."""
+    from torchtop.monitor.tui.widgets.gpu_panel import gpu_level, gpu_lines
+
+    frame = wire.encode(
+        wire.Batch(
+            v=V,
+            run_id="r",
+            seq=0,
+            time=1.0,
+            telemetry=wire.Telemetry(time=1.0, gpus=[wire.GpuSample(index=0, name="T4", mem_total=1 << 34)]),
+        )
+    )
+    (gpu,) = wire.decode(frame).telemetry.gpus
+    assert gpu.util_gpu is None and gpu.power_w is None and gpu.temp_c is None and gpu.pcie_tx_kbs is None
+    text = "\n".join(t.plain for t in gpu_lines(gpu, 100))
+    assert "util" not in text and "power" not in text and "temp" not in text and "PCIe" not in text
+    assert "0 B / 16.0 GiB" in text and gpu_level(gpu) == "ok"
+    zero = msgspec.structs.replace(gpu, util_gpu=0.0, power_w=0.0)  # a real zero is shown
+    text = "\n".join(t.plain for t in gpu_lines(zero, 100))
+    assert "util" in text and "0%" in text and "power 0" in text
+
+
+def test_capture_states_are_enums_that_compare_as_their_names() -> None:
+    info = wire.CaptureInfo(id=1, kind=wire.CaptureKind.PROFILE, state=wire.CaptureState.RUNNING)
+    back = wire.decode(wire.encode(wire.Reply(v=V, id=1, ok=True, capture=info))).capture
+    assert back.state is wire.CaptureState.RUNNING and back.state == "running" and f"{back.kind}" == "profile"
+    assert msgspec.to_builtins(back)["state"] == "running"
+    bad = msgspec.msgpack.encode(
+        {
+            "type": "reply",
+            "v": V,
+            "id": 1,
+            "ok": True,
+            "capture": {"id": 1, "kind": "profile", "state": "runing"},
+        }
+    )
+    with pytest.raises(wire.WireError, match="Invalid enum value 'runing'"):
+        wire.decode(bad)
+
+
+def test_a_host_is_bracketed_once_in_an_address() -> None:
+    from torchtop.agent.contract.net import tcp_address, url_host
+
+    assert url_host("::1") == "[::1]" and url_host("[::1]") == "[::1]" and url_host("gpu-box") == "gpu-box"
+    assert (
+        tcp_address("fe80::1", 5) == "tcp://[fe80::1]:5" and tcp_address("10.0.0.1", 5) == "tcp://10.0.0.1:5"
+    )
+
+
+def test_why_round_trips_and_is_left_out_when_absent() -> None:
+    """Stack samples (array-like: a few bytes each), sync sites and the FLOP count on a batch."""
+    why = wire.Why(
+        stacks=[wire.StackSample(123, 5, "/u/train.py:88 log_metrics", "json:dumps", False, True)],
+        stack_hz=20.0,
+        stack_cost_us=14.5,
+        sync=wire.SyncInfo(
+            state="idle",
+            windows=2,
+            sites=[wire.SyncSite("/u/train.py:57 main", "loss.item()", calls=9, steps=9)],
+        ),
+        flops=wire.FlopInfo(
+            state="done", source="counted", flops=10**12, by_dtype={"bfloat16": 10**12}, samples=64
+        ),
+    )
+    batch = wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=1, time=1.0, why=why)
+    assert wire.decode(wire.encode(batch)) == batch
+    bare = wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=1, time=1.0)
+    assert b"why" not in wire.encode(bare) and wire.decode(wire.encode(bare)).why is None
+    assert wire.FlopInfo(state="waiting").samples is None  # unknown is None

@@ -91,3 +91,38 @@ HOST = wire.HostSample(
         wire.WorkerSample(pid=102, cpu_percent=94.0, rss=310 * MIB, name="pt_data_worker", dataloader=True),
     ],
 )
+
+
+def screen_text(app) -> str:  # type: ignore[no-untyped-def]
+    """The whole screen as plain text, as a terminal would show it (what snapshot SVGs hold)."""
+    import io
+
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(
+        width=width,
+        height=height,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system=None,
+        record=True,
+        legacy_windows=False,
+        safe_box=False,
+    )
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return console.export_text()
+
+
+BORDERS = set("│┃╭╮╰╯┏┓┗┛")
+
+
+def outside_the_panels(text: str) -> list[tuple[int, str]]:
+    """(row, what) for anything but spaces right of a line's last panel border: a stray glyph
+    (a scrollbar's eighth block, say) where no panel is."""
+    out = []
+    for row, line in enumerate(text.splitlines()):
+        last = max((i for i, ch in enumerate(line) if ch in BORDERS), default=-1)
+        if last >= 0 and line[last + 1 :].strip():
+            out.append((row, line[last + 1 :]))
+    return out

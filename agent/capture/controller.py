@@ -1,11 +1,11 @@
 """On-demand captures: a torch.profiler trace of the next N steps, or a CUDA memory snapshot.
 
-The agent thread validates a request and arms the controller; the training thread, at its next
-step boundary, starts the profiler (it records only the thread that started it), steps it at each
-boundary, and stops it after exactly N steps. Export and summaries run on a writer thread. The
-client names no path: files go only under the agent's output directory ($TORCHTOP_DIR, else
-./torchtop-captures), and only as files.py allows (a private directory, new 0600 files, never
-through a link). One capture at a time; another request while one runs is told "busy".
+Three threads take part and one owns the record: the agent thread validates a request, arms the
+training thread and publishes each `CaptureInfo` (a new frozen one at every change). The training
+thread starts, steps and stops the profiler at step boundaries (it records only the thread that
+started it); a writer thread exports the files. Both post what happened to the agent thread.
+The client names no path: files go under $TORCHTOP_DIR (else ./torchtop-captures), and only as
+files.py allows (a private directory, new 0600 files, never through a link).
 """
 
 from __future__ import annotations
@@ -16,21 +16,33 @@ import os
 import socket
 import threading
 import time
-import warnings
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from torchtop.agent.capture import files
-from torchtop.agent.contract.wire import CaptureInfo
-from torchtop.agent.warn import warn
+from torchtop.agent.contract.wire import (
+    CAPTURE_ACTIVE,
+    CAPTURE_DEFAULT_STEPS,
+    MEMORY_MAX_STEPS,
+    MEMORY_SECONDS,
+    PROFILE_MAX_STEPS,
+    CaptureInfo,
+    CaptureKind,
+    CaptureState,
+)
+from torchtop.agent.warn import ignore_warning, warn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+
+    from torch.profiler import profile as Profiler
+
     from torchtop.agent.cuda_use import CudaUse
     from torchtop.agent.hooks.probe import Probe
 
-MAX_PROFILE_STEPS = 100
-MAX_MEMORY_STEPS = 1000
-MAX_MEMORY_SECONDS = 120.0
 START_TIMEOUT_S = 60.0  # no step boundary in this long: the capture fails with a reason
 # at_step: start where the run's step count reaches it (a job's ranks capture the same steps)
 PROFILE_ARGS = {
@@ -41,6 +53,8 @@ PROFILE_ARGS = {
     "at_step": int,
 }
 MEMORY_ARGS = {"steps": int, "seconds": (int, float), "at_step": int}
+PENDING, RUNNING, WRITING = CaptureState.PENDING, CaptureState.RUNNING, CaptureState.WRITING
+DONE, FAILED = CaptureState.DONE, CaptureState.FAILED
 
 
 class CaptureError(ValueError):
@@ -58,56 +72,86 @@ def _check_args(args: dict[str, Any], allowed: dict[str, Any]) -> None:
             raise CaptureError(f"argument {key!r} has the wrong type ({type(value).__name__})")
 
 
+class _Run:
+    """One armed capture as the training thread runs it. `over` is set once, by the thread that
+    ends the run: the training thread after N steps, the agent thread on a start timeout (under
+    the start lock) or when a memory capture's seconds are up. The other fields are the training
+    thread's."""
+
+    def __init__(self, info: CaptureInfo, options: dict[str, Any]) -> None:
+        self.id, self.kind, self.steps = info.id, info.kind, info.steps_total
+        self.options = options
+        self.over = False
+        self.started = False
+        self.started_at = 0.0
+        self.steps_done = 0
+        self.at_step = int(options.get("at_step", 0))
+        self.prof: Profiler | None = None
+
+
 class CaptureController:
     def __init__(self, cuda: CudaUse, probe: Probe) -> None:
         self.cuda = cuda
-        self.torch = cuda.torch
+        self.torch: ModuleType = cuda.torch
         self.probe = probe
         self.wanted = files.wanted_dir()  # from the cwd at start; checked again at each request
-        self._dest: files.Destination | None = None  # the verified directory of the current capture
+        self._dest: files.Destination | None = None  # the current capture's verified directory
         self._warned = ""  # the fallback note already said on stderr
         self.host = socket.gethostname()
+        # the agent thread's (close()'s once that thread has stopped): published, never mutated
         self.current: CaptureInfo | None = None
         self.done: deque[CaptureInfo] = deque(maxlen=20)
         self._ids = 0
-        self._prof: Any = None
-        self._lock = threading.Lock()
+        self._run: _Run | None = None  # handed to the training thread when armed
+        self._news: deque[tuple[int, dict[str, Any]]] = deque()  # (id, changes) from the other threads
+        self._start_lock = threading.Lock()  # a start and a timeout's cancel never cross
         self.rank: int | None = None  # a rank of a job: its files are named by it
 
-    # -- agent thread: requests ----------------------------------------------------------------
+    # -- agent thread ----------------------------------------------------------------------------
     def request(self, cmd: str, args: dict[str, Any]) -> CaptureInfo:
-        with self._lock:
-            if self.current is not None and self.current.state in ("pending", "running", "writing"):
-                c = self.current
-                raise CaptureError(
-                    f"busy: capture {c.id} ({c.kind}) is {c.state}, {c.steps_done}/{c.steps_total} steps"
-                )
-            info = self._validate(cmd, args)
-            try:
-                dest = files.open_destination(self.wanted)
-            except files.CaptureDirError as exc:
-                raise CaptureError(str(exc)) from None
-            if dest.note and dest.note != self._warned:
-                warn(dest.note)  # once per reason; every capture it applies to carries it too
-                self._warned = dest.note
-            self._dest, info.note = dest, dest.note  # the last capture closed its own
-            self._ids += 1
-            info.id, info.host, info.requested_at = self._ids, self.host, time.time()
-            self._args = args
-            self.current = info
-            self.probe.on_step = self.on_boundary  # armed: the training thread starts it
-            return info
+        self._apply_news()
+        c = self.current
+        if c is not None and c.state in CAPTURE_ACTIVE:
+            raise CaptureError(
+                f"busy: capture {c.id} ({c.kind}) is {c.state}, {c.steps_done}/{c.steps_total} steps"
+            )
+        kind, steps, seconds = self._validate(cmd, args)
+        if getattr(self.probe.on_step, "entered", False):  # the one-step FLOP count (telemetry/why.py)
+            raise CaptureError("busy: torchtop is counting the model's FLOPs over one step; ask again")
+        try:
+            dest = files.open_destination(self.wanted)
+        except files.CaptureDirError as exc:
+            raise CaptureError(str(exc)) from None
+        if dest.note and dest.note != self._warned:
+            warn(dest.note)  # once per reason; every capture it applies to carries it too
+            self._warned = dest.note
+        self._dest = dest  # the last capture's was closed when it finished
+        self._ids += 1
+        info = CaptureInfo(
+            id=self._ids,
+            kind=kind,
+            state=PENDING,
+            steps_total=steps,
+            seconds=seconds,
+            host=self.host,
+            note=dest.note,
+            requested_at=time.time(),
+        )
+        self.current = info
+        self._run = _Run(info, args)
+        self.probe.on_step = self.on_boundary  # armed: the training thread starts it
+        return info
 
-    def _validate(self, cmd: str, args: dict[str, Any]) -> CaptureInfo:
+    def _validate(self, cmd: str, args: dict[str, Any]) -> tuple[CaptureKind, int, float]:
         at = args.get("at_step", 0)
         if isinstance(at, int) and not isinstance(at, bool) and at < 0:
             raise CaptureError(f"at_step must be a step number (0 or more), got {at}")
         if cmd == "capture-profile":
             _check_args(args, PROFILE_ARGS)
-            steps = args.get("steps", 5)
-            if not 1 <= steps <= MAX_PROFILE_STEPS:
-                raise CaptureError(f"steps must be in 1..{MAX_PROFILE_STEPS}, got {steps}")
-            return CaptureInfo(id=0, kind="profile", state="pending", steps_total=steps)
+            steps = args.get("steps", CAPTURE_DEFAULT_STEPS)
+            if not 1 <= steps <= PROFILE_MAX_STEPS:
+                raise CaptureError(f"steps must be in 1..{PROFILE_MAX_STEPS}, got {steps}")
+            return CaptureKind.PROFILE, steps, 0.0
         if cmd == "capture-memory":
             _check_args(args, MEMORY_ARGS)
             if not self._cuda():
@@ -115,153 +159,200 @@ class CaptureController:
             if "steps" in args and "seconds" in args:
                 raise CaptureError("give steps or seconds, not both")
             steps, seconds = args.get("steps", 0), float(args.get("seconds", 0.0))
-            if "steps" in args and not 1 <= steps <= MAX_MEMORY_STEPS:
-                raise CaptureError(f"steps must be in 1..{MAX_MEMORY_STEPS}, got {steps}")
-            if "seconds" in args and not 0.1 <= seconds <= MAX_MEMORY_SECONDS:
-                raise CaptureError(f"seconds must be in 0.1..{MAX_MEMORY_SECONDS:g}, got {seconds:g}")
-            if not steps and not seconds:
-                steps = 5
-            return CaptureInfo(id=0, kind="memory", state="pending", steps_total=steps, seconds=seconds)
+            if "steps" in args and not 1 <= steps <= MEMORY_MAX_STEPS:
+                raise CaptureError(f"steps must be in 1..{MEMORY_MAX_STEPS}, got {steps}")
+            low, high = MEMORY_SECONDS
+            if "seconds" in args and not low <= seconds <= high:
+                raise CaptureError(f"seconds must be in {low:g}..{high:g}, got {seconds:g}")
+            return CaptureKind.MEMORY, steps or (0 if seconds else CAPTURE_DEFAULT_STEPS), seconds
         raise CaptureError(f"unknown capture command {cmd!r}")
 
     def _cuda(self) -> bool:
         return self.cuda.initialised(fresh=True)
 
     def poll(self) -> None:
-        """Agent thread, each tick: time limits (start timeout, memory capture by seconds)."""
-        c = self.current
-        if c is None:
+        """Agent thread, each tick: publish the other threads' news, then the time limits."""
+        self._apply_news()
+        c, run = self.current, self._run
+        if c is None or run is None or run.over:
             return
         now = time.time()
-        if c.state == "pending" and now - c.requested_at > START_TIMEOUT_S:
-            self.probe.on_step = None
-            self._fail(
-                c,
-                f"no step boundary in {START_TIMEOUT_S:.0f} s: is the loop running? Steps end at "
+        if c.state == PENDING and now - c.requested_at > START_TIMEOUT_S:
+            with self._start_lock:
+                if run.started:  # it started meanwhile: its news comes next tick
+                    return
+                run.over = True
+                self.probe.on_step = None
+            self._publish(
+                c.id,
+                state=FAILED,
+                error=f"no step boundary in {START_TIMEOUT_S:.0f} s: is the loop running? Steps end at "
                 "optimizer.step() or torchtop.agent.step()",
             )
-        elif c.kind == "memory" and c.state == "running" and c.seconds and now - c.started_at >= c.seconds:
+        elif (
+            c.kind == CaptureKind.MEMORY
+            and c.state == RUNNING
+            and c.seconds
+            and now - c.started_at >= c.seconds
+        ):
+            run.over = True
             self.probe.on_step = None
-            self._finish_memory(c)
+            self._publish(c.id, state=WRITING)
+            self._spawn(self._write_memory, c.id, c.kind, c.started_at, self._dest)
 
     def status(self) -> list[CaptureInfo]:
-        return list(self.done) + ([self.current] if self.current and self.current not in self.done else [])
+        self._apply_news()
+        listed = list(self.done)
+        if self.current is not None and all(c.id != self.current.id for c in listed):
+            listed.append(self.current)
+        return listed
 
-    def close(self) -> None:
-        """On agent stop: end a profiler or memory recording still running (never raises)."""
-        self.probe.on_step = None
+    def _apply_news(self) -> None:
+        news = self._news
+        while news:
+            cid, changes = news.popleft()
+            self._publish(cid, **changes)
+
+    def _publish(self, cid: int, **changes: Any) -> None:
+        """The one place a capture's record changes: a new frozen CaptureInfo replaces the old."""
         c = self.current
-        try:
-            if self._prof is not None:
-                self._prof.stop()
-                self._prof = None
-            if c is not None and c.kind == "memory" and c.state == "running":
-                self.torch.cuda.memory._record_memory_history(enabled=None)
-        except Exception:
-            pass
-        if c is not None and c.state in ("pending", "running"):
-            self._fail(c, "the agent stopped before the capture finished")
-
-    # -- training thread: at each step boundary while armed --------------------------------------
-    def on_boundary(self) -> None:
-        c = self.current
-        if c is None:
-            self.probe.on_step = None
-            return
-        with warnings.catch_warnings():  # the profiler's warnings are ours, not the run's
-            warnings.simplefilter("ignore")
-            self._on_boundary(c)
-
-    def _on_boundary(self, c: CaptureInfo) -> None:
-        try:
-            if c.state == "pending":
-                if self.probe.steps < self._args.get("at_step", 0):
-                    return  # the step the job's ranks start at has not come yet
-                self._start(c)
-            elif c.state == "running":
-                c.steps_done += 1
-                if c.kind == "profile":
-                    self._prof.step()
-                if c.steps_total and c.steps_done >= c.steps_total:
-                    self.probe.on_step = None
-                    if c.kind == "profile":
-                        self._prof.stop()
-                        self._spawn(self._write_profile, c, self._prof)
-                        self._prof = None
-                    else:
-                        self._finish_memory(c)
-        except Exception as exc:
-            self.probe.on_step = None
-            self._fail(c, f"{type(exc).__name__}: {exc}")
-
-    def _start(self, c: CaptureInfo) -> None:
-        torch = self.torch
-        c.started_at = time.time()
-        c.start_step = self.probe.steps
-        if c.kind == "profile":
-            from torch.profiler import ProfilerActivity, profile, schedule
-
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda() else [])
-            args = self._args
-            with warnings.catch_warnings():  # "won't be using warmup": we start at a boundary on purpose
-                warnings.simplefilter("ignore")
-                self._prof = profile(
-                    activities=activities,
-                    schedule=schedule(wait=0, warmup=0, active=c.steps_total, repeat=1),
-                    record_shapes=bool(args.get("record_shapes", False)),
-                    profile_memory=bool(args.get("profile_memory", False)),
-                    with_stack=bool(args.get("with_stack", False)),
-                )
-            self._prof.start()
-        else:
-            torch.cuda.memory._record_memory_history(max_entries=200_000)
-        c.state = "running"
-
-    # -- writer thread -------------------------------------------------------------------------
-    def _spawn(self, fn: Any, *args: Any) -> None:
-        args[0].state = "writing"
-        threading.Thread(target=fn, args=args, name="torchtop-capture", daemon=True).start()
-
-    def _fail(self, c: CaptureInfo, error: str) -> None:
-        self._close_dest()  # before the state says so: the next request may then open its own
-        c.state, c.error, c.finished_at = "failed", error[:500], time.time()
-        self.done.append(c)
-
-    def _done(self, c: CaptureInfo) -> None:
-        self._close_dest()
-        c.state, c.finished_at = "done", time.time()
-        self.done.append(c)
+        if c is None or c.id != cid or c.state not in CAPTURE_ACTIVE:
+            return  # news of a capture already failed (a timeout) or replaced
+        if "error" in changes:
+            changes["error"] = changes["error"][:500]
+        c = msgspec.structs.replace(c, **changes)
+        if c.state not in CAPTURE_ACTIVE:
+            self._close_dest()  # before the state says so: the next request may open its own
+            c = msgspec.structs.replace(c, finished_at=time.time())
+            self.done.append(c)
+        self.current = c
 
     def _close_dest(self) -> None:
         dest, self._dest = self._dest, None
         if dest is not None:
             dest.close()
 
-    def _stem(self, c: CaptureInfo) -> str:
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(c.started_at))
-        rank = f"rank{self.rank}-" if self.rank is not None else ""
-        return f"{c.kind}-{rank}{os.getpid()}-{stamp}-{c.id}"
+    def close(self) -> None:
+        """On agent stop, once the agent thread has stopped (this thread owns the record now):
+        end a profiler or memory recording still running. Never raises."""
+        self.probe.on_step = None
+        run = self._run
+        if run is not None and run.started and not run.over:
+            try:
+                if run.prof is not None:
+                    run.prof.stop()
+                elif run.kind == CaptureKind.MEMORY:
+                    self.torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:
+                pass
+        self._apply_news()
+        c = self.current
+        if c is not None and c.state in (PENDING, RUNNING):
+            self._publish(c.id, state=FAILED, error="the agent stopped before the capture finished")
 
-    def _write_profile(self, c: CaptureInfo, prof: Any) -> None:
+    # -- training thread: at each step boundary while armed ------------------------------------
+    def on_boundary(self) -> None:
+        run = self._run
+        if run is None or run.over:
+            self.probe.on_step = None
+            return
+        try:
+            if not run.started:
+                if self.probe.steps >= run.at_step:  # else the step the job's ranks start at is ahead
+                    self._start(run)
+                return
+            run.steps_done += 1
+            if run.prof is not None:
+                run.prof.step()
+            self._news.append((run.id, {"steps_done": run.steps_done}))
+            if run.steps and run.steps_done >= run.steps:
+                self.probe.on_step = None
+                run.over = True
+                dest = self._dest  # set before arming; closed only once the capture has finished
+                if run.prof is not None:
+                    prof, run.prof = run.prof, None
+                    prof.stop()
+                    self._news.append((run.id, {"state": WRITING}))
+                    self._spawn(self._write_profile, run.id, run.kind, run.started_at, dest, prof)
+                else:
+                    self._news.append((run.id, {"state": WRITING}))
+                    self._spawn(self._write_memory, run.id, run.kind, run.started_at, dest)
+        except Exception as exc:
+            self.probe.on_step = None
+            run.over = True
+            prof, run.prof = run.prof, None
+            try:
+                if prof is not None:
+                    prof.stop()  # a profiler left running would slow every step after
+            except Exception:
+                pass
+            self._news.append((run.id, {"state": FAILED, "error": f"{type(exc).__name__}: {exc}"}))
+
+    def _start(self, run: _Run) -> None:
+        with self._start_lock:  # once a capture: cheap, and a timeout cannot cancel it half-started
+            if run.over:
+                return
+            run.started_at = started_at = time.time()
+            if run.kind == CaptureKind.PROFILE:
+                run.prof = self._profiler(run)
+                run.prof.start()
+            else:
+                self.torch.cuda.memory._record_memory_history(max_entries=200_000)
+            run.started = True
+        self._news.append(
+            (run.id, {"state": RUNNING, "started_at": started_at, "start_step": self.probe.steps})
+        )
+
+    def _profiler(self, run: _Run) -> Profiler:
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+        def record(step: int) -> ProfilerAction:  # schedule(warmup=0, active=N) without its warning
+            if step < run.steps - 1:
+                return ProfilerAction.RECORD
+            return ProfilerAction.RECORD_AND_SAVE if step == run.steps - 1 else ProfilerAction.NONE
+
+        options = run.options
+        return profile(
+            activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda() else []),
+            schedule=record,  # a schedule also marks each step (ProfilerStep#N) in the trace
+            record_shapes=bool(options.get("record_shapes", False)),
+            profile_memory=bool(options.get("profile_memory", False)),
+            with_stack=bool(options.get("with_stack", False)),
+        )
+
+    # -- writer thread: posts its outcome --------------------------------------------------------
+    def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
+        threading.Thread(target=fn, args=args, name="torchtop-capture", daemon=True).start()
+
+    def _stem(self, cid: int, kind: CaptureKind, started_at: float) -> str:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started_at))
+        rank = f"rank{self.rank}-" if self.rank is not None else ""
+        return f"{kind}-{rank}{os.getpid()}-{stamp}-{cid}"
+
+    def _write_profile(
+        self, cid: int, kind: CaptureKind, started_at: float, dest: files.Destination | None, prof: Profiler
+    ) -> None:
         from torchtop.agent.capture.trace_summary import summarize
 
-        warnings.filterwarnings("ignore", module=r"torch\.profiler.*")  # export warns on our thread
+        quiet = ignore_warning(module=r"torch\.(autograd\.)?profiler")  # its export warns on this thread
         try:
-            assert self._dest is not None
+            assert dest is not None
+            stem = self._stem(cid, kind, started_at)
             path, events = files.export(
-                self._dest, self._stem(c), ".pt.trace.json.gz", prof.export_chrome_trace, _trace_events
+                dest, stem, ".pt.trace.json.gz", prof.export_chrome_trace, _trace_events
             )
-            summary = summarize(events)
-            summary |= _top_ops(prof)
-            c.path, c.summary = str(path), summary
-            self._done(c)
+            summary = summarize(events) | _top_ops(prof)
+            self._news.append((cid, {"state": DONE, "path": str(path), "summary": summary}))
         except Exception as exc:
-            self._fail(c, f"export failed: {type(exc).__name__}: {exc}")
+            self._news.append(
+                (cid, {"state": FAILED, "error": f"export failed: {type(exc).__name__}: {exc}"})
+            )
+        finally:
+            quiet()
 
-    def _finish_memory(self, c: CaptureInfo) -> None:
-        self._spawn(self._write_memory, c)
-
-    def _write_memory(self, c: CaptureInfo) -> None:
+    def _write_memory(
+        self, cid: int, kind: CaptureKind, started_at: float, dest: files.Destination | None
+    ) -> None:
         from torchtop.agent.capture.memory_summary import top_allocation_sites
 
         torch = self.torch
@@ -270,22 +361,23 @@ class CaptureController:
             torch.cuda.memory._record_memory_history(enabled=None)
             import pickle
 
-            assert self._dest is not None
-            path, fd = files.create(self._dest, self._stem(c), ".memory.pickle")
+            assert dest is not None
+            path, fd = files.create(dest, self._stem(cid, kind, started_at), ".memory.pickle")
             with os.fdopen(fd, "wb") as fh:  # the format pytorch.org/memory_viz opens; never sent on the wire
                 pickle.dump(snapshot, fh)
-            c.path = str(path)
-            c.summary = {
+            summary = {
                 "top_sites": top_allocation_sites(snapshot),
                 "segments": len(snapshot.get("segments", [])),
             }
-            self._done(c)
+            self._news.append((cid, {"state": DONE, "path": str(path), "summary": summary}))
         except Exception as exc:
             try:
                 torch.cuda.memory._record_memory_history(enabled=None)
             except Exception:
                 pass
-            self._fail(c, f"snapshot failed: {type(exc).__name__}: {exc}")
+            self._news.append(
+                (cid, {"state": FAILED, "error": f"snapshot failed: {type(exc).__name__}: {exc}"})
+            )
 
 
 def _trace_events(path: str) -> list[dict[str, Any]]:
@@ -293,7 +385,7 @@ def _trace_events(path: str) -> list[dict[str, Any]]:
         return json.load(fh).get("traceEvents", [])
 
 
-def _top_ops(prof: Any, n: int = 10) -> dict[str, Any]:
+def _top_ops(prof: Profiler, n: int = 10) -> dict[str, Any]:
     avgs = prof.key_averages()
 
     def row(a: Any, key: str) -> dict[str, Any]:

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 from itertools import repeat
 from operator import lshift, or_
-from typing import Any
+from typing import Any, Union
 
+#: One item of the training thread's log (a time or a code), or one packed entry: an int, or a
+#: tuple headed by one.
+Item = Union[int, tuple[Any, ...]]
 #: Phases measured on the training thread, in display order. `other` is the rest of the step.
 PHASES: tuple[str, ...] = ("data", "h2d", "forward", "backward", "optimizer", "comm", "other")
 TIMED_PHASES: tuple[str, ...] = PHASES[:-1]
@@ -33,7 +36,7 @@ GRAD = 6  # opens BACKWARD for torch.autograd.grad: backward time, but not a mic
 OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
 BOUNDARY = 21  # a training step ends here
 SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)
-STEP_EVENT = 23  # a step sampled for CUDA timing starts here
+STEP_EVENT = 23  # an event step (CUDA events recorded) starts here
 H2D_COPY = 24  # one host-to-device copy
 MARK = 25  # a user scalar
 RESET = 26  # entries were lost before this one: forget the open step
@@ -46,23 +49,23 @@ FORWARD_START = 32  # FORWARD_START + 2 * root slot + grad: a root module's forw
 MAX_SLOT = (MASK - FORWARD_START) // 2  # root slots 0..MAX_SLOT; slot 0 is phase("forward")
 
 
-def code_of(entry: Any) -> int:
+def code_of(entry: Item) -> int:
     return (entry if type(entry) is int else entry[0]) & MASK
 
 
-def is_step_end(entry: Any) -> bool:
+def is_step_end(entry: Item) -> bool:
     return code_of(entry) in STEP_ENDS
 
 
-def count_step_ends(codes: list[Any]) -> int:
+def count_step_ends(codes: list[Item]) -> int:
     """Step ends among a log's code items (small ints; a tuple code is never counted here)."""
     return codes.count(STEP_END) + codes.count(BOUNDARY) + codes.count(UNTIMED_END)
 
 
-def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
-    """The training thread's log pairs (agent/probe.py) as entries (`ns << SHIFT | code`, or a
+def to_entries(raw: list[Item]) -> tuple[list[Item], int]:
+    """The training thread's log pairs (agent/hooks/probe.py) as entries (`ns << SHIFT | code`, or a
     tuple headed by one), and the step ends among them. The monitor does this for a CPU run's
-    chunks (~80 ns an entry: not the agent's business); the agent, before it resolves CUDA
+    chunks (not the agent thread's business: it shares the GIL with training); the agent, before it resolves CUDA
     events. Pairs of plain ints convert at C speed. Malformed pairs raise."""
     times, codes = raw[0::2], raw[1::2]
     try:
@@ -70,7 +73,7 @@ def to_entries(raw: list[Any]) -> tuple[list[Any], int]:
         return entries, count_step_ends(codes)
     except TypeError:
         pass
-    out: list[Any] = []
+    out: list[Item] = []
     cuts = 0
     for t, c in zip(times, codes):
         if type(c) is int:

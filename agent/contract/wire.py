@@ -7,6 +7,7 @@ is described in logcodes.py.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Union
 
 import msgspec
@@ -16,9 +17,40 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: The most steps a `snapshot` request may ask for.
 SNAPSHOT_MAX_STEPS = 16_000
 
+# What a capture request may ask for: the agent refuses more, the TUI's keys and the CLI offer this.
+CAPTURE_DEFAULT_STEPS = 5
+PROFILE_MAX_STEPS = 100  # a profiler trace grows with every step it holds
+MEMORY_MAX_STEPS = 1000
+MEMORY_SECONDS = (0.1, 120.0)  # a memory capture by time: at least, at most
+
 
 class WireError(ValueError):
     """A frame that is not a valid torchtop message of this protocol version."""
+
+
+class _Name(str, Enum):
+    """A state named by its string on the wire (and in JSON); compares equal to that string."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class CaptureKind(_Name):
+    PROFILE = "profile"  # a torch.profiler trace of N steps
+    MEMORY = "memory"  # a CUDA memory snapshot after N steps or S seconds of allocator history
+
+
+class CaptureState(_Name):
+    PENDING = "pending"  # armed: waits for the training thread's next step boundary
+    RUNNING = "running"
+    WRITING = "writing"  # the files are written off the training thread
+    DONE = "done"
+    FAILED = "failed"
+
+
+# tuples, not sets: a member's hash is its name's, so only equality matches a plain string
+CAPTURE_ACTIVE = (CaptureState.PENDING, CaptureState.RUNNING, CaptureState.WRITING)
+CAPTURE_FINISHED = (CaptureState.DONE, CaptureState.FAILED)
 
 
 class MemorySample(msgspec.Struct, omit_defaults=True):
@@ -61,17 +93,18 @@ class GpuSample(msgspec.Struct, omit_defaults=True):
 
     index: int  # the CUDA device index as the process sees it
     name: str = ""
-    util_gpu: float = -1.0  # percent; -1 when not known
-    util_mem: float = -1.0
+    # None: NVML could not say (the device or driver does not report it)
+    util_gpu: float | None = None  # percent
+    util_mem: float | None = None
     mem_used: int = 0
     mem_total: int = 0
-    power_w: float = -1.0
-    power_limit_w: float = -1.0
-    temp_c: float = -1.0
-    sm_clock_mhz: float = -1.0
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: float | None = None
     throttle: list[str] = []
-    pcie_tx_kbs: float = -1.0  # sampled at <= 1 Hz: the call takes ~20 ms
-    pcie_rx_kbs: float = -1.0
+    pcie_tx_kbs: float | None = None  # on the slow sampler thread: the call waits in the driver
+    pcie_rx_kbs: float | None = None
 
 
 class WorkerSample(msgspec.Struct, omit_defaults=True):
@@ -110,12 +143,14 @@ class Telemetry(msgspec.Struct, omit_defaults=True):
     unavailable: dict[str, str] = {}
 
 
-class CaptureInfo(msgspec.Struct, omit_defaults=True):
-    """One on-demand capture (profiler trace or CUDA memory snapshot) and how far it got."""
+class CaptureInfo(msgspec.Struct, omit_defaults=True, frozen=True):
+    """One on-demand capture (profiler trace or CUDA memory snapshot) and how far it got.
+
+    Frozen: the agent thread publishes a new one at each change (see capture/controller.py)."""
 
     id: int
-    kind: str  # "profile" | "memory"
-    state: str  # "pending" | "running" | "writing" | "done" | "failed"
+    kind: CaptureKind
+    state: CaptureState
     steps_total: int = 0
     steps_done: int = 0
     seconds: float = 0.0
@@ -130,6 +165,80 @@ class CaptureInfo(msgspec.Struct, omit_defaults=True):
     start_step: int = -1  # the run's step count where it started (the first step captured)
 
 
+class StackSample(msgspec.Struct, array_like=True):
+    """The training thread's Python stack, sampled from an agent thread (agent/telemetry/stacks.py).
+
+    `t` is the agent's perf_counter_ns (the log's clock); `phase` an index into logcodes.PHASES
+    (5: other), read off torchtop's wrapper frames on the stack (or the log's open explicit phase).
+    `site` is the innermost frame of the user's own code ("path:line function"; a library's when
+    none), `callee` the function it was in the middle of calling ("module:qualname"; "" when the
+    site is the innermost Python frame). `sync`: the innermost frame sat at a call that a sync
+    window saw synchronise the device, and the sample was taken on time (not `late`), so the
+    training thread was blocked there. `late`: the sample came over 1 ms after it was due (the
+    training thread held the GIL, so its stack was read where it let go of it).
+    """
+
+    t: int
+    phase: int
+    site: str = ""
+    callee: str = ""
+    sync: bool = False
+    late: bool = False
+
+
+class SyncSite(msgspec.Struct, omit_defaults=True):
+    """A place where the training thread synchronised the device, seen in a sync window."""
+
+    site: str  # the user's frame, "path:line function"
+    call: str = ""  # what synchronised, as called there (".item()", "print()"); "" unknown
+    via: str = ""  # the torch function that synchronised on its behalf ("module:qualname")
+    line: str = ""  # the source line
+    calls: int = 0  # synchronisations seen there, over all windows
+    steps: int = 0  # training steps those windows spanned
+
+
+class SyncInfo(msgspec.Struct, omit_defaults=True):
+    """Sync detection: short windows with torch.cuda.set_sync_debug_mode("warn") (docs/why.md)."""
+
+    state: str  # "off" (reason says why) | "waiting" | "window" (one is open) | "idle" (between)
+    reason: str = ""
+    windows: int = 0  # windows run so far
+    window_s: float = 0.0  # how long each lasts
+    every_s: float = 0.0  # how often one opens while a monitor listens
+    last_at: float | None = None  # unix time the last window closed
+    cost_us: float | None = None  # training-thread time torchtop spent per synchronisation seen
+    sites: list[SyncSite] = []
+
+
+class FlopInfo(msgspec.Struct, omit_defaults=True):
+    """The model's FLOPs per training step, counted once (FlopCounterMode over one step) or given."""
+
+    state: str  # "waiting" | "counting" | "done" | "off" | "failed" (reason says why)
+    reason: str = ""
+    source: str = ""  # "counted" (FlopCounterMode) | "given" (TORCHTOP_FLOPS_PER_STEP)
+    flops: int = 0  # per training step, every micro-batch's forward and backward
+    by_dtype: dict[str, int] = {}  # FLOPs by the dtype of the op's first input ("bfloat16", ...)
+    tf32: bool = False  # float32 matmuls may use TF32 (torch.get_float32_matmul_precision() != "highest")
+    samples: int | None = None  # per step: the roots' inputs' first dimension, over micro-batches
+    tokens: int | None = None  # per step, when the input is a 2-D integer tensor (token ids)
+    input_shape: list[int] = []
+    input_dtype: str = ""
+    t0: int = 0  # perf_counter_ns: the counted step began (it and the next are kept out of stats)
+    t1: int = 0  # ... and the counter was taken down
+    cost_ms: float | None = None  # how long the counted step took
+    peak_tflops: float | None = None  # the user's peak (TORCHTOP_PEAK_TFLOPS), over the table's
+
+
+class Why(msgspec.Struct, omit_defaults=True):
+    """What says why: stack samples since the last batch, sync detection, the FLOP count."""
+
+    stacks: list[StackSample] = []
+    stack_hz: float = 0.0  # the sampler's rate (0: off)
+    stack_cost_us: float | None = None  # the sampler's CPU per sample (mostly holding the GIL)
+    sync: SyncInfo | None = None
+    flops: FlopInfo | None = None
+
+
 class LogChunk(msgspec.Struct, array_like=True):
     """The probe's log entries drained at one agent tick, in order.
 
@@ -142,6 +251,17 @@ class LogChunk(msgspec.Struct, array_like=True):
     steps: int
     entries: list[Union[int, tuple[Any, ...]]]
     pairs: bool = False  # entries as the training thread wrote them (time, code): see to_entries
+
+
+class StepTally(msgspec.Struct, array_like=True):
+    """Every training step of the run, counted: what a late joiner learns of the steps the
+    history no longer holds (agent/loop/tally.py). `counts[k]` steps had ended by `ends[k]`;
+    between two points they ended at times not kept. Times are the agent's perf_counter ns."""
+
+    start: int  # the first time the run logged: its first step's start
+    ends: list[int]  # step end times, oldest first, about `width_ns` apart or more
+    counts: list[int]  # training steps ended up to and including each of `ends`
+    width_ns: int = 0
 
 
 class Hello(msgspec.Struct, tag="hello", omit_defaults=True):
@@ -186,6 +306,9 @@ class Batch(msgspec.Struct, tag="batch", omit_defaults=True):
     hook_errors: int = 0  # cumulative guarded failures inside hooks
     telemetry: Telemetry | None = None  # memory / GPU / host samples taken since last batch
     capture: CaptureInfo | None = None  # the capture in progress, or the last one
+    why: Why | None = None  # stack samples, sync detection, FLOPs (docs/why.md)
+    bad_requests: int = 0  # cumulative requests the agent refused as malformed or oversized
+    dropped_requests: int = 0  # cumulative requests read and not answered (a flood, a banned peer)
 
 
 class Request(msgspec.Struct, tag="request", omit_defaults=True):
@@ -213,6 +336,7 @@ class Reply(msgspec.Struct, tag="reply", omit_defaults=True):
     data: dict[str, Any] = {}
     capture: Union[CaptureInfo, None] = None
     captures: list[CaptureInfo] = []
+    tally: StepTally | None = None  # a snapshot's count of every step of the run
 
 
 Message = Union[Hello, Batch, Request, Reply]

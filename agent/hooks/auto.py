@@ -1,26 +1,13 @@
 """Zero-code instrumentation: the patches and hooks that feed the probe on the training thread.
 
-- DataLoader wait: `_BaseDataLoaderIter.__next__` (shared by single- and multi-process iterators),
-  counted only on the training thread.
-- forward: one global forward pre-hook finds the root modules (modules with parameters called
-  while no root forward is open) during the first steps and removes itself; from then on the
-  roots' class `forward` is wrapped (nn.Module keeps its fast call path). Global hooks on every
-  module would cost ~1.7 us per module call; instance hooks force the slow path on the root.
-- backward: wraps `torch.autograd.backward` (which `Tensor.backward` calls) and `autograd.grad`;
-  in a distributed run a timed backward also logs where its compute ends (`collectives.py`).
-- collectives: torch.distributed's blocking collectives are the `comm` phase (`collectives.py`).
-- optimizer: a wrapper inside torch's own step wrapper, between the step hooks
-  (`hooks_optimizer.py`); a step ends after the last optimizer of an iteration has stepped.
-- h2d (only where CUDA exists): `Tensor.to`, `Tensor.cuda`, `Tensor.copy_` from a CPU tensor to a
-  CUDA one (`hooks_h2d.py`).
-- `model.compile()` in place: the compiled call is timed as a root forward (`hooks_compile.py`);
-  one compiled before `start()` is found by the agent thread after the first steps.
-
-Each hook only logs timestamps into the `Probe` (see probe.py); the monitor makes steps of
-them. Step ends are decided here, at the optimizer, because a capture must start there.
-
-No global full-backward hooks: they cost milliseconds a step and break `ReLU(inplace=True)`.
-`uninstall()` restores everything, so start/stop can alternate in one process.
+data (`DataLoader` iterators, `queue.Queue.get`), forward (root modules found by a global
+pre-hook during the first steps, then their class `forward` wrapped), backward
+(`torch.autograd.backward`/`grad`; in a distributed run a timed backward also logs where its
+compute ends), torch.distributed's blocking collectives (the `comm` phase: collectives.py), the
+optimizer (optimizer.py), host-to-device copies (h2d.py)
+and `model.compile()` in place (compiled.py). Each hook only logs into the `Probe`; step ends are
+decided at the optimizer, because a capture must start there. Why each hook is where it is:
+docs/architecture.md, "The step model". `uninstall()` restores everything.
 """
 
 from __future__ import annotations
@@ -29,12 +16,21 @@ import functools
 import sys
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.logcodes import BACKWARD, DATA, FORWARD, FORWARD_START, GRAD, MAX_SLOT, SKIPPED
 from torchtop.agent.hooks.optimizer import OptimizerSteps
 from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.timed import compiling_check, dynamo_check, timed, timed_forward
+from torchtop.agent.warn import ignore_warning
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torch import nn
+    from torch.amp import GradScaler
+    from torch.optim import Optimizer
+    from torch.utils.hooks import RemovableHandle
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
@@ -43,18 +39,19 @@ DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 class AutoHooks:
     """Installs and removes every automatic hook for one probe."""
 
-    def __init__(self, probe: Probe, torch: Any, h2d: bool) -> None:
+    def __init__(self, probe: Probe, torch: ModuleType, h2d: bool) -> None:
         self.probe = probe
         self.torch = torch
         self.want_h2d = h2d
-        self._undo: list[Any] = []
-        self._roots: dict[int, Any] = {}  # id(module) -> weakref
+        self._undo: list[Callable[[], object]] = []
+        self._roots: dict[int, weakref.ref[nn.Module]] = {}
         self._slots: dict[int, int] = {}  # id(root module) -> its slot in the log's codes
         self._not_roots: set[int] = set()  # parameterless modules called on their own
-        self._patched: dict[type, tuple[list[Any], dict[int, int]]] = {}  # class -> its wrapper's roots
-        self._once: list[Any] = []  # one-shot hooks timing a root's discovery call
+        # class -> its wrapper's roots: [weakref to the first, its code], {id: code} of others
+        self._patched: dict[type, tuple[list[Any], dict[int, int]]] = {}
+        self._once: list[RemovableHandle] = []  # one-shot hooks timing a root's discovery call
         self._root_calls = 0
-        self.discovery_hook: Any = None
+        self.discovery_hook: RemovableHandle | None = None
         self.optimizers = OptimizerSteps(probe)
         self._grad_enabled = torch.is_grad_enabled
         self.scan_compiled: Callable[[], int] | None = (
@@ -99,14 +96,14 @@ class AutoHooks:
         """Agent thread, each tick: if the first steps went by and no root forward was seen,
         look for modules compiled in place before start() (no hook of ours runs in their calls)
         and time them from then on. Only then: the walk over the garbage collector's objects
-        holds the GIL for tens of milliseconds (~50 ms at 300k objects)."""
+        holds the GIL for tens of milliseconds."""
         if self._scanned or self.probe.steps < DISCOVERY_STEPS:
             return
         self._scanned = True
         if not self._roots and self.scan_compiled is not None and "torch._dynamo" in sys.modules:
             self.scan_compiled()
 
-    def _setattr(self, owner: Any, name: str, value: Any) -> None:
+    def _setattr(self, owner: object, name: str, value: object) -> None:
         if name in owner.__dict__:
             original = owner.__dict__[name]
             self._undo.append(lambda: setattr(owner, name, original))
@@ -114,11 +111,11 @@ class AutoHooks:
             self._undo.append(lambda: delattr(owner, name))
         setattr(owner, name, value)
 
-    def _handle(self, handle: Any) -> Any:
+    def _handle(self, handle: RemovableHandle) -> RemovableHandle:
         self._undo.append(handle.remove)
         return handle
 
-    def root_modules(self) -> list[Any]:
+    def root_modules(self) -> list[nn.Module]:
         return [m for m in (r() for r in self._roots.values()) if m is not None]
 
     # -- data ----------------------------------------------------------------------------------
@@ -127,7 +124,7 @@ class AutoHooks:
 
         cls = dataloader._BaseDataLoaderIter
         # no CUDA events around the data wait: its device time means nothing, and two records are
-        # a fifth of a sampled step's cost
+        # a fifth of an event step's cost
         self._setattr(cls, "__next__", timed(self.probe, DATA, cls.__next__, events=False))
         self._patch_queue_get()
 
@@ -140,18 +137,17 @@ class AutoHooks:
 
     # -- forward -------------------------------------------------------------------------------
     def _hook_forward(self) -> None:
-        import warnings
-
         from torch.nn.modules import module as module_mod
 
-        # torch warns that global hooks fire twice around an OptimizedModule: ours count depth
-        warnings.filterwarnings(
-            "ignore", message=r"Using `torch.compile\(module\)` when there are global hooks"
+        # torch warns that global hooks fire twice around an OptimizedModule: ours count depth.
+        # Only while installed: uninstall removes exactly this filter.
+        self._undo.append(
+            ignore_warning(message=r"Using `torch.compile\(module\)` when there are global hooks")
         )
 
         self.discovery_hook = self._handle(module_mod.register_module_forward_pre_hook(self._discover))
 
-    def _discover(self, module: Any, args: Any) -> None:
+    def _discover(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if self.compiling():  # traced by dynamo: do nothing it would break a graph on
             return
         probe = self.probe
@@ -178,21 +174,21 @@ class AutoHooks:
         except Exception:
             probe.fail()
 
-    def add_root(self, module: Any) -> None:
+    def add_root(self, module: nn.Module) -> None:
         """Count `module` as a root: its forwards, outside any other root's, are the forward phase."""
         key = id(module)
         if key not in self._roots:
             self._roots[key] = weakref.ref(module)
             self._slots[key] = 1 + (len(self._slots) % MAX_SLOT)  # slot 0 is phase("forward")
 
-    def _once_post(self, module: Any, args: Any, output: Any) -> None:
+    def _once_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         try:
             self._once.pop().remove()
         except Exception:
             pass
         self.root_leave(module)
 
-    def _adopt(self, module: Any) -> None:
+    def _adopt(self, module: nn.Module) -> None:
         """Time a root's forward from now on as cheaply as possible.
 
         Wrapping the class's `forward` keeps nn.Module's fast call path (an instance hook would
@@ -232,15 +228,15 @@ class AutoHooks:
         if self.probe.steps >= DISCOVERY_STEPS:
             self._end_discovery()
 
-    def _hook_pre(self, module: Any, args: Any) -> None:
+    def _hook_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if not self.compiling() and self.probe.on_thread():
             self.root_enter(module)
 
-    def _hook_post(self, module: Any, args: Any, output: Any) -> None:
+    def _hook_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if not self.compiling() and self.probe.on_thread():
             self.root_leave(module)
 
-    def root_enter(self, module: Any) -> None:
+    def root_enter(self, module: nn.Module) -> None:
         """On the training thread: the outermost root forward opens the FORWARD phase."""
         probe = self.probe
         try:
@@ -250,7 +246,7 @@ class AutoHooks:
         except Exception:
             probe.fail()
 
-    def root_leave(self, module: Any) -> None:
+    def root_leave(self, module: nn.Module) -> None:
         probe = self.probe
         try:
             if probe.depth > 0:
@@ -282,7 +278,7 @@ class AutoHooks:
         hooks = self
 
         @functools.wraps(orig)
-        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        def step(scaler: GradScaler, optimizer: Optimizer, *args: Any, **kwargs: Any) -> Any:
             before = probe.steps
             probe.opt_ran = False
             out = orig(scaler, optimizer, *args, **kwargs)

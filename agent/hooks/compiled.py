@@ -1,42 +1,38 @@
 """`model.compile()` in place: the module's compiled call timed as a root forward.
 
-`nn.Module.compile()` compiles the module's whole `_call_impl` and stores it on the instance
-(`_compiled_call_impl`). Dynamo then traces everything a forward runs, the global discovery hook
-and the forward wrapper included, as no-ops (they ask `compiling()` first), so such a module is
-never found as a root and its forward would land in `other`. `Module.compile` is wrapped so
-that, once it has compiled, the compiled call is wrapped in turn: eagerly, outside the compiled
-code, timed like any root forward (the outermost root open wins, so a block compiled in place
-inside an eager model adds nothing). Modules compiled in place before `start()` are looked for
-once, on the agent thread, when the first steps went by without any root forward
-(`AutoHooks.agent_tick`, `scan`: a walk over the garbage collector's objects), and timed the same
-way from then on.
+Dynamo traces our hooks inside a module compiled in place as no-ops (they ask `compiling()`
+first), so its forward would land in `other`. `Module.compile` is wrapped so that the compiled
+call (`_compiled_call_impl`) is wrapped in turn, eagerly, and timed like any root forward.
+Modules compiled before `start()` are found once by the agent thread (`scan`: a walk over the
+garbage collector's objects) when the first steps went by without any root forward.
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torch import nn
+
     from torchtop.agent.hooks.auto import AutoHooks
+    from torchtop.agent.hooks.wrap import Fn, SetAttr, Undo
+
+    Wrapped = list[tuple[weakref.ref[nn.Module], Fn, Fn]]  # (module, our call, the compiled call)
 
 
-def patch_module_compile(
-    hooks: AutoHooks,
-    torch: Any,
-    setattr_: Callable[[Any, str, Any], None],
-    undo: Callable[[Callable[[], None]], None],
-) -> None:
+def patch_module_compile(hooks: AutoHooks, torch: ModuleType, setattr_: SetAttr, undo: Undo) -> None:
     """Wrap `torch.nn.Module.compile` through `setattr_` (which keeps its undo); `undo` takes
     what restores the modules compiled meanwhile."""
     module_cls = torch.nn.Module
     orig = module_cls.compile
-    wrapped: list[tuple[Any, Any, Any]] = []  # (weakref to module, our call, the compiled call)
+    wrapped: Wrapped = []
 
     @functools.wraps(orig)
-    def compile(module: Any, *args: Any, **kwargs: Any) -> Any:
+    def compile(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         out = orig(module, *args, **kwargs)
         try:
             _time_compiled_call(hooks, module, wrapped)
@@ -74,7 +70,7 @@ def patch_module_compile(
     hooks.scan_compiled = scan
 
 
-def _time_compiled_call(hooks: AutoHooks, module: Any, wrapped: list[tuple[Any, Any, Any]]) -> None:
+def _time_compiled_call(hooks: AutoHooks, module: nn.Module, wrapped: Wrapped) -> None:
     inner = module.__dict__.get("_compiled_call_impl")
     if inner is None:
         return

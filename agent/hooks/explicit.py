@@ -9,12 +9,18 @@ Both are no-ops when the agent is not running, and never raise into the loop.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from torchtop.agent import core
-from torchtop.agent.contract.logcodes import FORWARD_START, TIMED_PHASES
+from torchtop.agent.contract.logcodes import DATA, FORWARD_START, TIMED_PHASES
+from torchtop.agent.hooks.wrap import note_phase
 from torchtop.agent.warn import warn
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
+T = TypeVar("T")
 _PHASE_INDEX = {name: i for i, name in enumerate(TIMED_PHASES)}
 _FORWARD = _PHASE_INDEX["forward"]
 _warned: set[str] = set()
@@ -36,7 +42,7 @@ class _Step:
         except Exception:
             probe.fail()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         agent = core._agent
         if agent is None:
             return
@@ -68,7 +74,7 @@ class _Phase:
         except Exception:
             probe.fail()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         agent = core._agent
         if agent is None or self.index < 0:
             return
@@ -101,7 +107,7 @@ def phase(name: str) -> _Phase:
     return found
 
 
-def mark(name: str, value: Any) -> None:
+def mark(name: str, value: float | Tensor) -> None:
     """Attach a user scalar (loss, tokens/s, lr) to the current step; shown by the monitor.
 
     A CUDA tensor is never read on the training thread (that would synchronize): it is copied
@@ -137,17 +143,17 @@ def mark(name: str, value: Any) -> None:
         probe.fail()
 
 
-class _TimedIterable:
+class _TimedIterable(Generic[T]):
     """`for batch in torchtop.agent.data(iterable)`: each `next()` on the training thread is
     timed as the data phase. For inputs the automatic hooks cannot see: a plain generator, a
     custom iterator. (DataLoaders and queue-fed prefetchers need no wrapper.)"""
 
     __slots__ = ("_it",)
 
-    def __init__(self, iterable: Any) -> None:
+    def __init__(self, iterable: Iterable[T]) -> None:
         self._it = iterable
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[T]:
         it = iter(self._it)
         data = _PHASES["data"]
         while True:
@@ -164,6 +170,9 @@ class _TimedIterable:
         return len(self._it)  # type: ignore[arg-type]
 
 
-def data(iterable: Any) -> Any:
+note_phase(_TimedIterable.__iter__, DATA)  # its frame is on the stack only inside next()
+
+
+def data(iterable: Iterable[T]) -> _TimedIterable[T]:
     """Wrap an iterable so the time spent fetching each item counts as the data phase."""
     return _TimedIterable(iterable)

@@ -2,18 +2,27 @@
 CUDA one, timed on the training thread (installed only where CUDA exists).
 
 A copy's host time moves from the open phase to h2d; its bytes are counted as pinned or
-pageable, and on a step sampled for CUDA timing a pair of events brackets it on the GPU.
+pageable, and on an event step a pair of CUDA events brackets it on the GPU.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from torchtop.agent.contract.logcodes import H2D
 from torchtop.agent.hooks.probe import Probe, current
 from torchtop.agent.hooks.timed import compiling_check
+from torchtop.agent.hooks.wrap import note_phase
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torch import Tensor
+    from torch.cuda import Event
+
+    from torchtop.agent.hooks.wrap import SetAttr
 
 
 def _may_be_cuda(args: tuple, kwargs: dict) -> bool:
@@ -31,19 +40,19 @@ def _may_be_cuda(args: tuple, kwargs: dict) -> bool:
     return getattr(target, "type", None) == "cuda"  # a torch.device (a dtype has no .type)
 
 
-def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None]) -> None:
+def patch_h2d(probe: Probe, torch: ModuleType, setattr_: SetAttr) -> None:
     """Wrap the three copy methods of `torch.Tensor` through `setattr_` (which keeps the undo)."""
     compiling = compiling_check(torch)
-    Tensor = torch.Tensor
+    tensor_cls = torch.Tensor
 
-    def begin() -> Any:
+    def begin() -> Event | None:
         try:
             return probe.record() if probe.event_step else None
         except Exception:
             probe.fail()
             return None
 
-    def settle(t: int, ev0: Any, was_h2d: bool, src: Any) -> None:
+    def settle(t: int, ev0: Event | None, was_h2d: bool, src: Tensor) -> None:
         dt = perf_counter_ns() - t
         try:
             if was_h2d:
@@ -55,10 +64,10 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
         except Exception:
             probe.fail()
 
-    orig_to, orig_cuda, orig_copy = Tensor.to, Tensor.cuda, Tensor.copy_
+    orig_to, orig_cuda, orig_copy = tensor_cls.to, tensor_cls.cuda, tensor_cls.copy_
 
     @functools.wraps(orig_to)
-    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         # is_cuda first: most calls are a model's `.to(dtype)` on GPU tensors, and dynamo
         # traces it; then compiling(): dynamo traces a `.to()` inside a compiled forward and
         # cannot trace the context-variable read (a graph break, an error under fullgraph=True)
@@ -72,7 +81,7 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
         return out
 
     @functools.wraps(orig_cuda)
-    def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def cuda(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         if self.is_cuda or probe.untimed or compiling() or (current() is not probe and probe.adopt() is None):
             return orig_cuda(self, *args, **kwargs)
         ev0 = begin()
@@ -82,7 +91,7 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
         return out
 
     @functools.wraps(orig_copy)
-    def copy_(self: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
+    def copy_(self: Tensor, src: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         if (
             not self.is_cuda
             or probe.untimed
@@ -97,6 +106,6 @@ def patch_h2d(probe: Probe, torch: Any, setattr_: Callable[[Any, str, Any], None
         settle(t, ev0, True, src)
         return out
 
-    setattr_(Tensor, "to", to)
-    setattr_(Tensor, "cuda", cuda)
-    setattr_(Tensor, "copy_", copy_)
+    setattr_(tensor_cls, "to", note_phase(to, H2D))
+    setattr_(tensor_cls, "cuda", note_phase(cuda, H2D))
+    setattr_(tensor_cls, "copy_", note_phase(copy_, H2D))

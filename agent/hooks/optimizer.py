@@ -1,34 +1,27 @@
 """Optimizer steps: the optimizer phase, and where a training step ends.
 
-torch wraps every optimizer class's `step` once (`Optimizer.profile_hook_step`, marked `hooked`):
-that wrapper runs the global and per-instance step hooks around the real `step`, which it holds
-in a closure cell. torchtop puts its timing wrapper in that cell, so it runs wherever torch's
-wrapper runs (through the class, or a bound method captured earlier, as an LR scheduler does),
-between the hooks, and once for a subclass's `super().step()` into another wrapped step (global
-step hooks fired twice there). Classes wrapped by torch after start() get it through
-`Optimizer._patch_step_function`. Where torch's wrapper has no such cell (another torch
-version), the global step pre/post hooks do the same work. (One frame instead of two hooks
-measured the same in a training loop: README, "What it costs".)
-
-With one optimizer (`probe.opt_fast`: the common case) a step is a context-variable check, a
-flag and two entries; the optimizer carries an attribute naming the probe (a weakref call costs
-~1.5 us in a loop), and its STEP_END closes the optimizer phase and the step at once. Several
-optimizers, or explicit steps, take the general path (`pre_any`, `post`).
-
-No compiling() check, unlike the forward and h2d wrappers: in an optimizer step compiled with
-torch.compile, dynamo breaks the graph at the context-variable read (torch's step breaks it
-anyway: `_use_grad` calls `graph_break()`), so this always runs eagerly and the step still ends.
+Our wrapper goes into the closure cell of torch's own step wrapper (`profile_hook_step`), so it
+runs between the step hooks wherever torch's wrapper runs, and once for a subclass's
+`super().step()`; classes wrapped after start() are caught at `_patch_step_function`, and
+another torch falls back to global step hooks (docs/architecture.md, "The step model"). With one
+optimizer (`probe.opt_fast`) the optimizer carries an attribute naming the probe (cheaper than a
+weakref call) and its STEP_END closes the phase and the step at once. No compiling() check:
+dynamo breaks the graph at the context-variable read, so this always runs eagerly.
 """
 
 from __future__ import annotations
 
 import weakref
 from time import perf_counter_ns
-from typing import Any
+from types import CellType, ModuleType
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.logcodes import OPTIMIZER, STEP_END, UNTIMED_END
 from torchtop.agent.hooks.probe import Probe, current
-from torchtop.agent.hooks.wrap import signature_wrapper
+from torchtop.agent.hooks.wrap import Fn, SetAttr, Undo, note_phase, signature_wrapper
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
 
 MARK = "_torchtop_probe"  # on the one optimizer: the probe whose fast path it takes
 _OURS = "_torchtop_step"  # on our wrapper: never wrapped twice
@@ -75,11 +68,11 @@ class OptimizerSteps:
         self.probe = probe
         self._seen: set[int] = set()  # optimizers of the current cycle (several optimizers)
         self._stepped: set[int] = set()
-        self._marked: list[Any] = []  # weakrefs to optimizers that carry MARK
-        self._cells: list[tuple[Any, Any]] = []  # (cell, the step it held) we filled
+        self._marked: list[weakref.ref[Optimizer]] = []  # optimizers that carry MARK
+        self._cells: list[tuple[CellType, Fn]] = []  # (cell, the step it held) we filled
 
     # -- install / uninstall -------------------------------------------------------------------
-    def install(self, setattr_: Any, undo: Any) -> None:
+    def install(self, setattr_: SetAttr, undo: Undo) -> None:
         from torch.optim import optimizer as optim_mod
 
         base = optim_mod.Optimizer
@@ -93,7 +86,7 @@ class OptimizerSteps:
         orig = base.__dict__["_patch_step_function"]
         steps = self
 
-        def _patch_step_function(opt: Any) -> None:  # once per optimizer, at its __init__
+        def _patch_step_function(opt: Optimizer) -> None:  # once per optimizer, at its __init__
             orig(opt)
             try:
                 steps._wrap_class(type(opt))
@@ -115,6 +108,7 @@ class OptimizerSteps:
                 inner = cell.cell_contents
                 name = getattr(inner, "__name__", "step")
                 wrapper = signature_wrapper(inner, _STEP, self._names(), name, follow_wrapped=True)
+                note_phase(wrapper, OPTIMIZER)
                 setattr(wrapper, _OURS, True)
                 self._cells.append((cell, inner))
                 cell.cell_contents = wrapper
@@ -136,15 +130,15 @@ class OptimizerSteps:
             cell, inner = self._cells.pop()
             cell.cell_contents = inner
 
-    def _install_global(self, optim_mod: Any, undo: Any) -> None:
+    def _install_global(self, optim_mod: ModuleType, undo: Undo) -> None:
         """Where torch's wrapper holds no cell: the global step hooks."""
         probe = self.probe
 
-        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+        def pre(opt: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if current() is probe or probe.adopt() is not None:
                 self.pre_any(opt)
 
-        def post(opt: Any, args: Any, kwargs: Any) -> None:
+        def post(opt: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if current() is probe or probe.adopt() is not None:
                 probe.opt_ran = True
                 self.post(opt)
@@ -163,7 +157,7 @@ class OptimizerSteps:
         self._marked.clear()
 
     # -- the general path ----------------------------------------------------------------------
-    def _step_any(self, orig: Any, opt: Any, *args: Any, **kwargs: Any) -> Any:
+    def _step_any(self, orig: Fn, opt: Optimizer, *args: Any, **kwargs: Any) -> Any:
         """A step off the fast path: the first one, several optimizers, explicit steps."""
         probe = self.probe
         self.pre_any(opt)
@@ -176,7 +170,7 @@ class OptimizerSteps:
         self.post(opt)
         return out
 
-    def pre_any(self, opt: Any) -> None:
+    def pre_any(self, opt: Optimizer) -> None:
         probe = self.probe
         try:
             oid = id(opt)
@@ -192,7 +186,7 @@ class OptimizerSteps:
         except Exception:
             probe.fail()
 
-    def post(self, opt: Any) -> None:
+    def post(self, opt: Optimizer) -> None:
         probe = self.probe
         try:
             if getattr(opt, MARK, None) is probe and probe.opt_fast:
@@ -208,7 +202,7 @@ class OptimizerSteps:
         except Exception:
             probe.fail()
 
-    def _go_fast(self, opt: Any) -> None:
+    def _go_fast(self, opt: Optimizer) -> None:
         try:
             setattr(opt, MARK, self.probe)
         except Exception:
@@ -216,7 +210,7 @@ class OptimizerSteps:
         self._marked.append(weakref.ref(opt))
         self.probe.opt_fast = True
 
-    def cycle_done(self, opt: Any) -> None:
+    def cycle_done(self, opt: Optimizer) -> None:
         """`opt` stepped (or was skipped): end the step once every optimizer of the cycle has."""
         if self.probe.explicit:
             return
@@ -227,7 +221,7 @@ class OptimizerSteps:
             self.probe.cut()
 
 
-def _step_cell(fn: Any) -> Any:
+def _step_cell(fn: Fn) -> CellType | None:
     """The closure cell of torch's step wrapper that holds the real step, or None."""
     code, closure = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
     if code is None or not closure or "func" not in code.co_freevars:

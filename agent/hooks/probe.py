@@ -1,23 +1,10 @@
-"""The training thread's side: a timestamp and a code per event, appended to a flat log.
+"""The training thread's side: a time and a code per event, appended to a bounded log.
 
-This is all the work the training thread does for torchtop: `perf_counter_ns()` and two
-`list.append`s (the time, then a small-int code: no big-int arithmetic, which costs more than
-the appends on a cold cache), and on sampled steps a CUDA `Event.record()` from a pool.
-Everything else (nesting phases, cutting steps, telling training from evaluation) is done by
-the monitor, which replays the log (monitor/replay.py); the agent thread only converts it to
-the wire's entries and ships it (publisher.py). Step ends are the one decision taken here,
-because captures and CUDA sampling must act on the training thread at step boundaries.
-
-The log holds pairs: a time item (an int, or `(ns, event)` on a sampled step) and a code item
-(an int < 256, or `(code, *payload)`). It is bounded: when the agent thread stops draining
-it, the oldest half goes (counted), and a RESET entry tells the replay.
-
-Which thread is the training thread is a context variable (`current()`), set where `start()`
-was called: reading it costs a fraction of `threading.get_ident()` and allocates nothing. A
-context that lost it (a notebook cell run in a copied context) gets it back through `adopt()`,
-which checks the thread id. Threads do not inherit contexts (where they do, Python 3.14's
-free-threaded build, the thread id is checked every time); a context copied into another thread
-on purpose (`asyncio.to_thread`) would count that thread's hooked calls as training.
+All the training thread does for torchtop is here: `perf_counter_ns()`, two `list.append`s and,
+on event steps, a CUDA `Event.record()` from a pool. The monitor makes steps of the log
+(monitor/model/replay.py); step ends are the one decision taken here, because captures and CUDA
+event steps act at step boundaries. The log, phase timing and the training-thread check are
+described in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -26,9 +13,10 @@ import random
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from contextvars import ContextVar
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torchtop.agent.contract.logcodes import (
     BOUNDARY,
@@ -43,30 +31,33 @@ from torchtop.agent.contract.logcodes import (
     STEP_EVENT,
     TIMING_RESUMED,
     UNTIMED_END,
+    Item,
     code_of,
     count_step_ends,
     to_entries,
 )
 
+if TYPE_CHECKING:
+    import torch
+
+    from torchtop.agent.loop.cuda_events import EventPool
+
 LOG_CAP = 1 << 19  # items (two an entry, ~20 a step): a stalled agent thread costs at most ~10 MB
 MAX_FAILURES = 20
 PERIOD = 64  # steps between the boundary's housekeeping (sampling, shedding) when nothing is due
 FIRST_STEPS = 8  # steps with housekeeping at every boundary (discovery counts them)
-# Phase sampling. Timing a step's phases costs ~10 us of cold-cache work on the training thread
-# (README, "What it costs"); ending a step costs a fraction of that. On steps shorter than
-# FULL_STEP_NS only a random sample of steps have their phases timed, about one in
-# FULL_STEP_NS / step time, so that timing them costs ~0.1% of the run; every step's end and
-# wall time are still logged.
+# Phase timing: timing a step's phases costs far more than ending it (docs/benchmarks.md), so on
+# steps shorter than FULL_STEP_NS only about one in FULL_STEP_NS / step time is timed, drawn at
+# random; every step's end and wall time are still logged.
 FULL_STEP_NS = 10_000_000  # steps at least this long: every one timed (1 in 2 at 5 ms, 1 in 5 at 2 ms)
 # a timed backward of a distributed run also arms the collective-wait callback (hooks/collectives.py),
 # which about triples what a timed step costs (docs/benchmarks.md): there, a third as many fast
 # steps are timed, so timing them costs what it costs elsewhere
 COMM_FULL_STEP_NS = 3 * FULL_STEP_NS
 MAX_ONE_IN = 64  # 1 step in 64 timed at least (steps of 0.16 ms or less)
-UNTIMED, WAKE = (
-    2,
-    1,
-)  # values of `untimed` (0: timed; timed.py tests `>= 2`); WAKE: time from the next root forward
+# values of `untimed` (0: a timed step); timed.py tests `>= UNTIMED`
+UNTIMED = 2
+WAKE = 1  # set by the agent thread: time again from the next root forward (an eval loop?)
 _rand = random.Random().random  # our own generator: the user's seeded one is theirs
 _ALL_TIMED = [0] * (PERIOD + 1)  # `plan` while every step is timed
 
@@ -90,7 +81,7 @@ _discard = deque(maxlen=0).append  # `put` of a disabled probe: takes an item, k
 class Probe:
     """What the hooks call on the training thread. `tid` is that thread (0: switched off).
 
-    `put(item)` appends one item; on a step sampled for CUDA timing it is swapped for a method
+    `put(item)` appends one item; on an event step (CUDA events) it is swapped for a method
     that records an event with each time item, so the wrappers never test for sampling.
     `left` counts the boundaries until the next housekeeping (`housekeep`), so an ordinary
     boundary costs a decrement, a test and `untimed = plan[left]`. `untimed` is non-zero on a step
@@ -132,12 +123,13 @@ class Probe:
         "_hk_ns",
         "_hk_steps",
         "comm",
+        "tail",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
         self.tid = thread_id if thread_id is not None else threading.get_ident()
         self.active = True
-        self.log: list[Any] = []  # never replaced: the agent thread takes a prefix (drain)
+        self.log: list[Item] = []  # never replaced: the agent thread takes a prefix (drain)
         self._append = self.log.append
         self.put = self._append
         self.lock = threading.Lock()  # drain vs shedding the oldest entries
@@ -145,7 +137,7 @@ class Probe:
         self.left = self._batch = 1  # boundaries until housekeeping, of a batch of that many
         self._steps = 0  # training steps cut here, as of the last housekeeping
         self.explicit = False  # step() was used: the hooks stop cutting steps
-        self.on_step: Any = None  # set while a capture is armed: called at each boundary
+        self.on_step: Callable[[], None] | None = None  # while a capture is armed: at each boundary
         self.failures = 0
         self.dropped = 0  # steps lost to the log's bound
         self.opt_fast = False  # one optimizer, marked: the optimizer hooks' fast path
@@ -154,10 +146,10 @@ class Probe:
         self._drained = 0  # step ends the agent thread has drained (or lost to shedding)
         self._shed_cuts = 0
         # CUDA sampling, driven by the agent thread: `pool` stays None off CUDA
-        self.pool: Any = None
+        self.pool: EventPool | None = None
         self.event_every = 0
         self.event_step = False
-        self._stream: Any = None
+        self._stream: torch.cuda.Stream | None = None
         self._record_ns = 0
         self.cuda_marks = False  # a mark holds a CUDA event: the agent must resolve it
         # phase sampling, decided at boundaries (housekeep): `untimed` is 0 on a timed step,
@@ -171,6 +163,9 @@ class Probe:
         # a process group of several ranks is in use (set by the agent thread): timed backwards
         # log where their compute ends, so the rest is collective wait (hooks/collectives.py)
         self.comm = False
+        # the last pairs the agent thread drained: where the stack sampler reads the open explicit
+        # phase when the log was just emptied (agent/telemetry/stacks.py)
+        self.tail: list[Item] = []
         if thread_id is None:
             _current.set(self)
 
@@ -234,26 +229,35 @@ class Probe:
         self.opt_fast = False  # the optimizer hooks' fast path cuts steps
         self.stamp(OPEN_STEP)
 
-    def mark(self, name: str, value: Any) -> None:
+    def mark(self, name: str, value: float | tuple[torch.Tensor, torch.cuda.Event]) -> None:
+        """A user scalar: a number, or a CUDA one being copied to pinned memory (tensor, done event)."""
         a = self._append
         a(perf_counter_ns())
         a((MARK, name, value))
 
-    def h2d(self, start_ns: int, dt_ns: int, nbytes: int, pinned: bool, ev0: Any, ev1: Any) -> None:
+    def h2d(
+        self,
+        start_ns: int,
+        dt_ns: int,
+        nbytes: int,
+        pinned: bool,
+        ev0: torch.cuda.Event | None,
+        ev1: torch.cuda.Event | None,
+    ) -> None:
         a = self._append
         a(start_ns)
         a((H2D_COPY, dt_ns, nbytes, pinned, ev0, ev1))
 
     # -- CUDA events ---------------------------------------------------------------------------
-    def record(self) -> Any:
+    def record(self) -> torch.cuda.Event | None:
         """A pooled event recorded now on this step's stream (None if the pool ran dry)."""
         t = perf_counter_ns()
-        ev = self.pool.recorded(self._stream)  # looked up once a step: current_stream() costs ~4 us
+        ev = self.pool.recorded(self._stream)  # looked up once a step: current_stream() is slow
         self._record_ns += perf_counter_ns() - t
         return ev
 
     def _put_with_events(self, item: int) -> None:
-        """`put` on a sampled step: a time item gets an event; a step end, the recording cost."""
+        """`put` on an event step: a time item gets an event; a step end, the recording cost."""
         try:
             if item > MASK:
                 self._append((item, self.record()))
@@ -312,8 +316,8 @@ class Probe:
         self.untimed = plan[0]  # then plan[batch - 1] .. plan[1], as `left` counts down
 
     def housekeep(self) -> None:
-        """At a boundary, every `_batch` steps (each while something is due): end or start a
-        sampled step, draw which of the next steps have their phases timed, bound the log, run
+        """At a boundary, every `_batch` steps (each while something is due): end or start an
+        event step, draw which of the next steps have their phases timed, bound the log, run
         an armed capture."""
         try:
             self._steps += self._batch - self.left
@@ -379,27 +383,29 @@ class Probe:
             self.dropped += cuts - counted
             self._shed_cuts += cuts - kept_cut  # the agent thread will not see these end
 
-    def _take(self) -> list[Any]:
+    def _take(self) -> list[Item]:
         """Agent thread: the log's whole pairs so far, oldest first; counts the shed step ends."""
         log = self.log
         with self.lock:
             n = len(log) & ~1  # a pair the training thread is half-way through stays
             raw = log[:n]
             del log[:n]
+            if n:
+                self.tail = raw[-8:]
             self._drained += self._shed_cuts
             self._shed_cuts = 0
         return raw
 
-    def drain_pairs(self) -> tuple[list[Any], int]:
+    def drain_pairs(self) -> tuple[list[Item], int]:
         """Agent thread, a run without CUDA sampling: the log as it was written (pairs), and the
-        steps cut so far (drained and shed). A CPU run ships this as is. (A sampled step's end
+        steps cut so far (drained and shed). A CPU run ships this as is. (An event step's end
         is a tuple, which only `drain` counts.)"""
         raw = self._take()
         codes = raw[1::2]
         self._drained += count_step_ends(codes)
         return raw, self._drained
 
-    def drain(self) -> tuple[list[Any], int]:
+    def drain(self) -> tuple[list[Item], int]:
         """The log as wire entries (for the CUDA event resolver, which works on those), and the
         steps cut so far."""
         entries, cuts = to_entries(self._take())

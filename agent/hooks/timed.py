@@ -4,17 +4,24 @@ Each is generated with the wrapped function's own signature (wrap.py) from a tem
 check that this step is timed (`probe.untimed`: phase sampling) and that this is the training
 thread (a context variable), then a time and a code on each side (`probe.put`), with no call
 layer of ours in between. Every operation here was chosen by timing
-it right after a matmul, as it runs in a training loop (README: "How the step model works").
+it right after a matmul, as it runs in a training loop (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torchtop.agent.contract.logcodes import EXIT, FORWARD
 from torchtop.agent.hooks.probe import Probe, current
-from torchtop.agent.hooks.wrap import signature_wrapper
+from torchtop.agent.hooks.wrap import Fn, note_phase, signature_wrapper
+
+if TYPE_CHECKING:
+    import weakref
+    from types import ModuleType
+
+    from torch import nn
 
 _TIMED = """
 def {name}({params}):
@@ -38,14 +45,14 @@ def {name}({params}):
 """
 
 
-def timed(probe: Probe, phase: int, orig: Any, enter: int | None = None, events: bool = True) -> Any:
+def timed(probe: Probe, phase: int, orig: Fn, enter: int | None = None, events: bool = True) -> Fn:
     """`orig` wrapped so that its time on the training thread counts as `phase`.
 
     The hottest code torchtop has: a context-variable check that this is the training thread,
     then a time and a code on each side (`probe.put`), with orig's own signature and no call
     layer of ours in between (wrap.py). The try blocks are free in CPython 3.11 until they
     catch; nothing can raise into the user's code. Without `events` (the data wait: no device
-    work of its own) a sampled step records no CUDA event there (`probe._append`, not `put`).
+    work of its own) an event step records no CUDA event there (`probe._append`, not `put`).
     """
     names = {
         "_tt_current": current,
@@ -55,7 +62,7 @@ def timed(probe: Probe, phase: int, orig: Any, enter: int | None = None, events:
         "_tt_leave": EXIT | phase,
     }
     template = _TIMED if events else _TIMED.replace("_tt_probe.put", "_tt_probe._append")
-    return signature_wrapper(orig, template, names, getattr(orig, "__name__", "wrapper"))
+    return note_phase(signature_wrapper(orig, template, names, getattr(orig, "__name__", "wrapper")), phase)
 
 
 _FORWARD = """
@@ -95,7 +102,7 @@ def {name}({params}):
 """
 
 
-def dynamo_check(torch: Any) -> Any:
+def dynamo_check(torch: ModuleType) -> Callable[[], bool]:
     """A check that is True while dynamo traces: `is_dynamo_compiling` (one frame that returns
     False, folded to True by dynamo) where torch has it, else `is_compiling` (two frames)."""
     compiler = getattr(torch, "compiler", None)
@@ -103,14 +110,19 @@ def dynamo_check(torch: Any) -> Any:
     return fn if fn is not None else (lambda: False)
 
 
-def compiling_check(torch: Any) -> Any:
+def compiling_check(torch: ModuleType) -> Callable[[], bool]:
     fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     return fn if fn is not None else (lambda: False)
 
 
 def timed_forward(
-    probe: Probe, orig: Any, root: list[Any], others: dict[int, int], dynamo: Any, grad_enabled: Any
-) -> Any:
+    probe: Probe,
+    orig: Fn,
+    root: list[weakref.ref[nn.Module] | int],
+    others: dict[int, int],
+    dynamo: Callable[[], bool],
+    grad_enabled: Callable[[], bool],
+) -> Fn:
     """A root class's `forward` wrapped: `root` is [weakref to its first root, its code],
     `others` the codes of further roots of the class by id (filled in later)."""
     names = {
@@ -124,4 +136,4 @@ def timed_forward(
         "_tt_grad": grad_enabled,
         "_tt_leave": EXIT | FORWARD,
     }
-    return signature_wrapper(orig, _FORWARD, names, "forward")
+    return note_phase(signature_wrapper(orig, _FORWARD, names, "forward"), FORWARD)

@@ -1,8 +1,7 @@
 """Wrappers with the wrapped function's own signature.
 
 A `def wrapper(*args, **kwargs)` packs a tuple and a dict at every call and unpacks them again
-for the call it makes: measured in a training loop, ~0.7 us a call more than a wrapper that
-takes the same parameters as the function it wraps. `signature_wrapper` writes that wrapper
+for the call it makes: measured in a training loop, it costs more than the rest of a hook. `signature_wrapper` writes that wrapper
 (the body is a template of the hook's logic) and falls back to `*args, **kwargs` where the
 signature cannot be read (builtins) or mirrored. Defaults are passed on as the very objects
 the wrapped function has, so the call is the same call.
@@ -13,13 +12,31 @@ from __future__ import annotations
 import functools
 import inspect
 import keyword
+import weakref
+from collections.abc import Callable
+from types import CodeType
 from typing import Any
+
+Fn = Callable[..., Any]  # a function of the user's or torch's, wrapped as it is
+SetAttr = Callable[[object, str, object], None]  # AutoHooks._setattr: a patch, its undo kept
+Undo = Callable[[Callable[[], object]], None]  # keeps a function that undoes a patch
 
 _VAR_POS, _VAR_KW = inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD
 _PREFIX = "_tt_"  # the template's own names start with this; a parameter that does is not mirrored
+#: The code of each timing wrapper and the phase it times: the stack sampler (an agent thread)
+#: tells the training thread's phase from the wrapper frames on its stack, on untimed steps too.
+WRAPPER_PHASES: weakref.WeakKeyDictionary[CodeType, int] = weakref.WeakKeyDictionary()
 
 
-def mirror(fn: Any, follow_wrapped: bool = False) -> tuple[str, str, str, dict[str, Any]] | None:
+def note_phase(fn: Fn, phase: int) -> Fn:
+    """Record that frames of `fn` (a wrapper of ours) are inside `phase`; returns `fn`."""
+    code = getattr(fn, "__code__", None)  # its own code, not the wrapped function's
+    if code is not None:
+        WRAPPER_PHASES[code] = phase
+    return fn
+
+
+def mirror(fn: Fn, follow_wrapped: bool = False) -> tuple[str, str, str, dict[str, Any]] | None:
     """(parameters, call arguments, first parameter, defaults) reproducing `fn`'s signature.
 
     `follow_wrapped`: where `fn`'s own signature is `(*args, **kwargs)` and it wraps another
@@ -74,12 +91,12 @@ def mirror(fn: Any, follow_wrapped: bool = False) -> tuple[str, str, str, dict[s
 
 
 def signature_wrapper(
-    orig: Any,
+    orig: Fn,
     template: str,
     names: dict[str, Any],
     name: str = "wrapper",
     follow_wrapped: bool = False,
-) -> Any:
+) -> Fn:
     """`template` compiled as a function wrapping `orig`: `{params}` are orig's parameters,
     `{call}` the arguments that pass them on, `{first}` the first one; `names` are its globals
     (`_tt_orig` is orig). The result carries orig's metadata (functools.wraps)."""

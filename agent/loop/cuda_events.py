@@ -1,6 +1,6 @@
 """CUDA device time of the phases, from pooled events resolved off the training thread.
 
-The training thread records events from a pool on sampled steps only; the agent thread polls
+The training thread records events from a pool on event steps only; the agent thread polls
 `Event.query()` (never `synchronize`) and calls `elapsed_time` once both events of a pair have
 completed, writes the device times into the log in place of the events (the monitor replays
 it), then returns the events to the pool. The sampling stride keeps event recording under
@@ -12,25 +12,29 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.logcodes import BOUNDARY, H2D_COPY, MARK, MASK, SHIFT, STEP_END, STEP_EVENT
 
-BUDGET = 0.0003  # event recording may take at most this share of step wall time. A sampled step
-# costs ~1.7x its record() calls (housekeeping, the stream lookup, the log's tuples, cold caches):
-# 81-96 us more than a timed step on a launch-bound ~2 ms step on an H100, where the budget of
-# 0.1% gave a stride of 25 (3.3 us a step). At 0.03% it measured 79-120 there (~1 us a step,
-# 4-6 sampled steps a second); on a 15 ms step, 16-22 (bench_modes.py, test_cuda.py).
-MAX_PENDING = 4096  # sampled steps waiting for the GPU; beyond this, their device times are dropped
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torch.cuda import Event, Stream
+
+# The share of step wall time that event steps may cost. An event step costs more than its
+# record() calls (housekeeping, the stream lookup, cold caches): the stride counts its whole
+# measured cost. Strides as measured: docs/benchmarks.md.
+BUDGET = 0.0003
+MAX_PENDING = 4096  # event steps waiting for the GPU; beyond this, their device times are dropped
 GIVE_UP_S = 30.0  # events not completed after this are abandoned (a hung kernel, a dead context)
 
 
 class EventPool:
     """Reusable timing events. `recorded` runs on the training thread; everything else on the agent's."""
 
-    def __init__(self, torch: Any, size: int = 512) -> None:
+    def __init__(self, torch: ModuleType, size: int = 512) -> None:
         self._torch = torch
-        self._free: deque[Any] = deque()
+        self._free: deque[Event] = deque()
         self.target = size
         self.misses = 0
         # the C method under torch.cuda.Event.record: a Python frame less on the training thread
@@ -44,10 +48,10 @@ class EventPool:
         while len(self._free) < self.target:
             self._free.append(self._torch.cuda.Event(enable_timing=True))
 
-    def current_stream(self) -> Any:
+    def current_stream(self) -> Stream:
         return self._torch.cuda.current_stream()
 
-    def recorded(self, stream: Any) -> Any:
+    def recorded(self, stream: Stream | None) -> Event | None:
         """Training thread: a pooled event, recorded now on `stream` (None if the pool ran dry)."""
         try:
             ev = self._free.pop()
@@ -57,7 +61,7 @@ class EventPool:
         self._record(ev, stream)
         return ev
 
-    def give(self, ev: Any) -> None:
+    def give(self, ev: Event | None) -> None:
         if ev is not None:
             self._free.append(ev)
 
@@ -66,21 +70,21 @@ class EventResolver:
     """Replaces the CUDA events in drained log entries with device times, chunk by chunk, in
     order: a chunk leaves once every event in it has completed (or after GIVE_UP_S).
 
-    A phase entry's event becomes its time in ms from the sampled step's STEP_EVENT (the monitor
+    A phase entry's event becomes its time in ms from the event step's STEP_EVENT (the monitor
     subtracts pairs); an h2d copy's pair becomes its duration; a CUDA mark becomes its value.
     Events go back to the pool once read. Chunks without tuples (every chunk of a CPU run, the
-    unsampled steps of a CUDA one) cost one scan.
+    the other steps of a CUDA one) cost one scan.
     """
 
     def __init__(self, pool: EventPool | None) -> None:
         self.pool = pool
         self._pending: deque[tuple[float, list[Any], int, list[int]]] = deque()
-        self._ref: Any = None  # the STEP_EVENT event of the sampled step being read
+        self._ref: Event | None = None  # the STEP_EVENT event of the event step being read
         self._ref_ns = 0
         self.abandoned = 0
-        self.event_steps = 0  # sampled steps whose device times were read
+        self.event_steps = 0  # event steps whose device times were read
         self._record_cost: deque[tuple[int, int]] = deque(maxlen=64)  # (record_ns, wall_ns)
-        self._costed = 0  # sampled steps read when the stride was last worked out
+        self._costed = 0  # event steps read when the stride was last worked out
 
     def run(self, entries: list[Any], steps: int) -> list[tuple[list[Any], int]]:
         """Submit one drained chunk; return every chunk now ready, in order."""
@@ -109,11 +113,11 @@ class EventResolver:
         return len(self._pending)
 
     # -- one chunk -----------------------------------------------------------------------------
-    def _give(self, ev: Any, done: bool) -> None:
+    def _give(self, ev: Event | None, done: bool) -> None:
         if done and ev is not None and self.pool is not None and ev is not self._ref:
             self.pool.give(ev)
 
-    def _since_ref(self, ev: Any, done: bool) -> float | None:
+    def _since_ref(self, ev: Event | None, done: bool) -> float | None:
         return _elapsed(self._ref, ev) if done else None
 
     def _drop_ref(self, done: bool) -> None:
@@ -150,7 +154,7 @@ class EventResolver:
                     except Exception:
                         value = None
                     entries[k] = (head, e[1], value)
-            elif len(e) == 2:  # a phase entry of a sampled step
+            elif len(e) == 2:  # a phase entry of an event step
                 entries[k] = (head, self._since_ref(e[1], done))
                 self._give(e[1], done)
 
@@ -167,7 +171,7 @@ class EventResolver:
         return max(1, min(1000, math.ceil(rec / (BUDGET * wall))))
 
 
-def _elapsed(start: Any, end: Any) -> float | None:
+def _elapsed(start: Event | None, end: Event | None) -> float | None:
     """ms between two completed events; None when either is missing or cannot be read (never
     recorded, another device): no device time, nothing else lost."""
     if start is None or end is None:

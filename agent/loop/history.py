@@ -19,11 +19,14 @@ SPARSE_CHUNKS = 6_000  # before those: one step per chunk (~one per tick): 10 mi
 class LogHistory:
     """Every entry of the last `entries` log entries; older chunks thinned to a step each."""
 
-    def __init__(self, entries: int | None = None, sparse_chunks: int = SPARSE_CHUNKS) -> None:
+    def __init__(self, entries: int | None = None, sparse_chunks: int | None = None) -> None:
         self.limit = HISTORY_ENTRIES if entries is None else entries
         self.full: deque[wire.LogChunk] = deque()  # every entry, up to `limit`
         self._entries = 0
-        self.sparse: deque[wire.LogChunk] = deque(maxlen=sparse_chunks)  # older: a step per chunk
+        # older: a step per chunk
+        self.sparse: deque[wire.LogChunk] = deque(
+            maxlen=SPARSE_CHUNKS if sparse_chunks is None else sparse_chunks
+        )
 
     def keep(self, chunk: wire.LogChunk) -> None:
         full = self.full

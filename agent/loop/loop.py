@@ -23,7 +23,8 @@ from torchtop.agent.contract import logcodes, wire
 from torchtop.agent.hooks.probe import UNTIMED, WAKE
 from torchtop.agent.loop.cuda_events import EventPool, EventResolver
 from torchtop.agent.loop.history import LogHistory
-from torchtop.agent.loop.requests import RequestRouter
+from torchtop.agent.loop.requests import WINDOW_S, RequestRouter
+from torchtop.agent.loop.tally import StepCounter
 from torchtop.agent.warn import warn
 
 if TYPE_CHECKING:
@@ -33,16 +34,15 @@ if TYPE_CHECKING:
     from torchtop.agent.loop.recorder import Recorder
     from torchtop.agent.loop.sockets import AgentSockets
     from torchtop.agent.telemetry.collector import TelemetryCollector
+    from torchtop.agent.telemetry.why import WhyCollector
 
 RATE_HZ = 10.0
 QUIET_RATE_HZ = 2.0  # ticks while nobody is subscribed: the log still drains into the history
 CATCH_UP_CHUNKS = 30  # re-sent when the first subscriber arrives: covers a snapshot taken before it
 CATCH_UP_ENTRIES = 500_000  # ... and at most this many entries (~5 MB: a frame's limit is 16 MiB)
-REQUESTS_PER_TICK = 50  # more are left queued (and dropped at the socket's HWM): bounded agent CPU
-# A wake this close to the tick ticks now. zmq's poll counts whole milliseconds on a coarse clock
-# and may return a little early: waiting out the rest in 0 ms polls spun this thread ~35 times a
-# tick, and every spin took the GIL from the training thread (which then blocked on it 116 times in
-# 2 s of a 1.9 ms loop, against 41 with one wake a tick).
+STREAM_FRAMES_PER_WINDOW = 100  # frames read off the stream socket per request window (requests.py)
+# A wake this close to the tick ticks now: zmq's poll counts whole milliseconds and may return a
+# little early, and waiting out the rest in 0 ms polls took the GIL from training at every spin.
 TICK_EARLY_S = 0.002
 UNTIMED_IDLE_S = 1.0  # no step ended this long in an untimed stretch: an eval loop? time it again
 QUIET_TELEMETRY_S = 1.0  # nobody subscribed: memory and NVML sampled this often
@@ -64,6 +64,7 @@ class AgentLoop(threading.Thread):
         captures: CaptureController | None = None,
         rate_hz: float = RATE_HZ,
         chores: Callable[[], None] | None = None,
+        why: WhyCollector | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         super().__init__(name="torchtop-agent", daemon=True)
@@ -76,19 +77,22 @@ class AgentLoop(threading.Thread):
         self.telemetry = telemetry
         self.captures = captures
         self.chores = chores  # the hooks' work for this thread (AutoHooks.agent_tick)
+        self.why = why  # stack samples, sync windows, the FLOP count (telemetry/why.py)
         self.period = 1.0 / rate_hz
         self.seq = 0
         self.chunk_seq = 0
         self.history = LogHistory()
+        self.counter = StepCounter()  # every step of the run, counted (for late joiners)
         self.subscribed = False  # anyone on the batch stream (XPUB tells first join, last leave)
         self._catch_up = False
-        self._budget = REQUESTS_PER_TICK
+        self._stream_frames = STREAM_FRAMES_PER_WINDOW
+        self.bad_stream_frames = 0  # frames on the stream port that are not a (un)subscription to all
         self.errors = 0
         self.resolver = EventResolver(None)
         self._stop_event = threading.Event()
         self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
         self.router = RequestRouter(
-            hello, self.history, lambda: self.seq - 1, run_id, rank, self._wall_offset, captures
+            hello, self.history, lambda: self.seq - 1, run_id, rank, self._wall_offset, captures, self.counter
         )
         self._untimed_seen = (-1, 0.0)  # (training steps, when that count was first seen)
         self.ticks = 0
@@ -99,7 +103,8 @@ class AgentLoop(threading.Thread):
 
     @property
     def bad_requests(self) -> int:
-        return self.router.bad_requests
+        """What peers sent that was refused: malformed or oversized requests, stream junk."""
+        return self.router.bad_requests + self.bad_stream_frames
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop_event.set()
@@ -108,27 +113,47 @@ class AgentLoop(threading.Thread):
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
-        poller = zmq.Poller()
         router, pub = self.sockets.router, self.sockets.pub
-        poller.register(router, zmq.POLLIN)
-        poller.register(pub, zmq.POLLIN)
+        requests = self.router
+        pollers = {}
+        for socks in ((router, pub), (router,), (pub,)):
+            pollers[socks] = poller = zmq.Poller()
+            for sock in socks:
+                poller.register(sock, zmq.POLLIN)
         next_tick = time.monotonic()
+        window_end = 0.0  # request budgets refill when a wake finds this passed
         while not self._stop_event.is_set():
             try:
-                wait_ms = math.ceil(max(0.0, next_tick - time.monotonic()) * 1000)
-                if self._budget <= 0:  # a flood of requests waits for the next tick: it must not
-                    self._stop_event.wait(wait_ms / 1000)  # take the training thread's GIL
-                    busy = time.thread_time_ns()
+                busy = time.thread_time_ns()  # work from waking to waiting again, both sides of a wait
+                now = time.monotonic()
+                if now >= window_end:
+                    window_end = now + WINDOW_S
+                    requests.refill(router, now)
+                    self._stream_frames = STREAM_FRAMES_PER_WINDOW
+                # a spent budget waits for the next window, not polled: what floods in must not
+                # take the training thread's GIL faster than the budget allows
+                socks = tuple(
+                    s
+                    for s, open_ in ((router, not requests.starved()), (pub, self._stream_frames > 0))
+                    if open_
+                )
+                wake = next_tick
+                if len(socks) < 2 or requests.waiting():
+                    wake = min(wake, window_end)
+                wait_ms = math.ceil(max(0.0, wake - now) * 1000)
+                self.busy_ns += time.thread_time_ns() - busy
+                if socks:
+                    ready = dict(pollers[socks].poll(wait_ms))
                 else:
-                    ready = dict(poller.poll(wait_ms))
-                    busy = time.thread_time_ns()
-                    if pub in ready and self._subscriptions():
-                        next_tick = time.monotonic()  # a first subscriber: its catch-up now
-                    if router in ready:
-                        self._budget -= self.router.serve(router, self._budget)
+                    self._stop_event.wait(wait_ms / 1000)
+                    ready = {}
+                busy = time.thread_time_ns()
+                if pub in ready and self._subscriptions():
+                    next_tick = time.monotonic()  # a first subscriber: its catch-up now
+                if router in ready:
+                    requests.serve(router, time.monotonic())
                 now = time.monotonic()
                 if now >= next_tick - TICK_EARLY_S:
-                    self._budget = REQUESTS_PER_TICK
                     self._tick()
                     period = self.period if self.subscribed else max(self.period, 1.0 / QUIET_RATE_HZ)
                     next_tick = max(next_tick + period, now)
@@ -162,21 +187,25 @@ class AgentLoop(threading.Thread):
             self.errors += 1
 
     def _subscriptions(self) -> bool:
-        """(Un)subscription messages: b"\\x01" when the first subscriber joins, b"\\x00" when
-        the last leaves. Anything else a peer sends is read and ignored. True when a first
-        subscriber came."""
+        """(Un)subscription messages: b"\\x01" when the first subscriber to everything joins,
+        b"\\x00" when the last leaves (a monitor subscribes to everything). Anything else a peer
+        sends (a topic, a message, a frame of one) is read within the window's budget, counted
+        and ignored. True when a first subscriber came."""
         pub = self.sockets.pub
         joined = False
-        for _ in range(REQUESTS_PER_TICK):
+        while self._stream_frames > 0:
             try:
                 msg = pub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            if msg[:1] == b"\x01":
+            self._stream_frames -= 1
+            if msg == b"\x01":
                 if not self.subscribed:
                     self.subscribed, self._catch_up, joined = True, True, True
-            elif msg[:1] == b"\x00":
+            elif msg == b"\x00":
                 self.subscribed = False
+            else:
+                self.bad_stream_frames += 1
         return joined
 
     def _watch_untimed(self) -> None:
@@ -216,12 +245,15 @@ class AgentLoop(threading.Thread):
                 self.chunk_seq += 1
         for chunk in new:
             self.history.keep(chunk)
+            self.counter.keep(chunk)
         if resolver.pool is not None:
             probe.event_every = resolver.stride(probe.event_every)
             resolver.pool.top_up()
         if self.captures is not None:
             self.captures.poll()
         attended = self.subscribed or self._catch_up
+        if self.why is not None:
+            self.why.tick(attended)
         sampled = False
         if self.telemetry is not None:
             self.telemetry.attended = attended
@@ -240,12 +272,14 @@ class AgentLoop(threading.Thread):
                 recorder.put(self._batch(new, sampled))
                 self.seq += 1
             return
-        if self._catch_up:  # a first subscriber: what it may have missed between snapshot and now
+        catch_up = self._catch_up
+        why = self.why.message(catch_up) if self.why is not None else None
+        if catch_up:  # a first subscriber: what it may have missed between snapshot and now
             self._catch_up = False
             log = self.history.recent(CATCH_UP_CHUNKS, CATCH_UP_ENTRIES)
         else:
             log = new
-        batch = self._batch(log, True)
+        batch = self._batch(log, True, why)
         frame = wire.encode(batch)
         try:
             self.sockets.pub.send(frame, zmq.NOBLOCK)
@@ -255,10 +289,10 @@ class AgentLoop(threading.Thread):
             if log is new:
                 recorder.put(batch, frame)
             else:
-                recorder.put(self._batch(new, True))
+                recorder.put(self._batch(new, True, why))
         self.seq += 1  # batches built (sent, or recorded): a subscriber counts missing numbers as gaps
 
-    def _batch(self, log: list[wire.LogChunk], telemetry: bool) -> wire.Batch:
+    def _batch(self, log: list[wire.LogChunk], telemetry: bool, why: wire.Why | None = None) -> wire.Batch:
         capture = self.captures.current if self.captures is not None else None
         return wire.Batch(
             v=wire.PROTOCOL_VERSION,
@@ -272,6 +306,9 @@ class AgentLoop(threading.Thread):
             hook_errors=self.probe.failures,
             telemetry=self.telemetry.latest() if telemetry and self.telemetry is not None else None,
             capture=capture,
+            why=why,
+            bad_requests=self.bad_requests,
+            dropped_requests=self.router.dropped_requests,
         )
 
     def _record_hello(self, recorder: Recorder) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import zmq
 
 from torchtop.agent.contract import discovery, keys
+from torchtop.agent.contract.net import tcp_address
 from torchtop.agent.contract.private import NotPrivate, check_private_dir, fits_socket, short_private_tempdir
 
 PORT_RANGE = (20000, 60000)
@@ -79,11 +80,6 @@ class AgentSockets:
                 path.unlink()
             except OSError:
                 pass
-
-
-def _tcp(host: str, port: int) -> str:
-    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return f"tcp://{host}:{port}"
 
 
 def connect_host(bind: str) -> str:
@@ -155,7 +151,8 @@ def _bind_pair(
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.IPV6, int(ipv6))
         router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # requests are small; refuse floods
-        router.setsockopt(zmq.SNDHWM, 1000)
+        router.setsockopt(zmq.RCVHWM, 4)  # per peer: a monitor waits for each answer
+        router.setsockopt(zmq.SNDHWM, 16)  # per peer: replies (snapshots ~2 MB) to one not reading
         _secure(router, curve)
         router.bind(request)
         # XPUB: a PUB that hears (un)subscriptions, so the agent knows when anyone listens
@@ -193,7 +190,7 @@ def open_sockets(bind: str = "127.0.0.1", port: int | None = None) -> AgentSocke
     last_error: Exception | None = None
     for p in attempts:
         try:
-            router, pub = _bind_pair(ctx, _tcp(bind, p), _tcp(bind, p + 1), curve, ipv6)
+            router, pub = _bind_pair(ctx, tcp_address(bind, p), tcp_address(bind, p + 1), curve, ipv6)
         except zmq.ZMQError as exc:
             last_error = exc
             continue
@@ -202,8 +199,8 @@ def open_sockets(bind: str = "127.0.0.1", port: int | None = None) -> AgentSocke
             ctx,
             router,
             pub,
-            _tcp(host, p),
-            _tcp(host, p + 1),
+            tcp_address(host, p),
+            tcp_address(host, p + 1),
             bind,
             p,
             curve,

@@ -1,8 +1,8 @@
 """Memory, GPU and host sampling on the agent's threads, never the training thread.
 
-`fast()` runs in the publisher's 10 Hz tick: allocator stats (~70 us) and NVML's cheap figures.
-A separate 1 Hz thread takes what is slow: psutil (per-core CPU, children), NVML PCIe throughput
-(~20 ms a call), the allocator snapshot for fragmentation (adaptive rate). Each sampler that fails
+`fast()` runs in the agent loop's tick: allocator stats and NVML's cheap figures. A separate
+1 Hz thread takes what is slow: psutil (per-core CPU, children), NVML PCIe throughput (it waits
+in the driver), the allocator snapshot for fragmentation (adaptive rate). Each sampler that fails
 repeatedly is switched off and its reason reported in `unavailable`; none ever raises.
 """
 
@@ -10,17 +10,25 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchtop.agent.contract.wire import FragSample, GpuSample, HostSample, MemorySample, Telemetry
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torchtop.agent.cuda_use import CudaUse
+    from torchtop.agent.telemetry.cuda_memory import CudaMemorySampler
+    from torchtop.agent.telemetry.host import HostSampler
+    from torchtop.agent.telemetry.nvml import NvmlSampler
 
 SLOW_PERIOD_S = 1.0
 UNATTENDED_SLOW_PERIODS = 10  # nobody subscribed: the slow samplers run every this many periods
 DEVICE_REFRESH_S = 5.0
 MAX_FAILURES = 5
+
+
+T = TypeVar("T")
 
 
 class _Breaker:
@@ -35,7 +43,7 @@ class _Breaker:
     def on(self) -> bool:
         return self.failures < MAX_FAILURES
 
-    def run(self, fn: Any, *args: Any) -> Any:
+    def run(self, fn: Callable[..., T], *args: Any) -> T | None:
         try:
             return fn(*args)
         except Exception as exc:
@@ -55,13 +63,13 @@ class TelemetryCollector:
         self._memory: list[MemorySample] = []
         self._frag: list[FragSample] = []
         self._gpus: list[GpuSample] = []
-        self._pcie: dict[int, tuple[float, float]] = {}
+        self._pcie: dict[int, tuple[float | None, float | None]] = {}
         self._host: HostSample | None = None
         self._devices: list[int] = []
         self._devices_at = 0.0
-        self._cuda_mem: Any = None
-        self._nvml: Any = None
-        self._host_sampler: Any = None
+        self._cuda_mem: CudaMemorySampler | None = None
+        self._nvml: NvmlSampler | None = None
+        self._host_sampler: HostSampler | None = None
         self._breakers = {n: _Breaker(n, self.unavailable) for n in ("memory", "frag", "gpu", "pcie", "host")}
         self._stop = threading.Event()
         self._slow_lock = threading.Lock()  # the slow thread, and a last host sample at stop
@@ -77,7 +85,7 @@ class TelemetryCollector:
             self.unavailable["host"] = "disabled"
 
     @staticmethod
-    def _make_host() -> Any:
+    def _make_host() -> HostSampler:
         from torchtop.agent.telemetry.host import HostSampler
 
         return HostSampler()
@@ -130,7 +138,7 @@ class TelemetryCollector:
             for d in devices:
                 s = gpu.run(self._nvml.sample, d)
                 if s is not None:
-                    s.pcie_tx_kbs, s.pcie_rx_kbs = self._pcie.get(d, (-1.0, -1.0))
+                    s.pcie_tx_kbs, s.pcie_rx_kbs = self._pcie.get(d, (None, None))
                     gpus.append(s)
             self._gpus = gpus
 

@@ -1,8 +1,8 @@
 """CUDA caching-allocator figures and fragmentation, sampled off the training thread.
 
-`memory_stats()` costs 60-74 us, so it runs at ~10 Hz on the agent thread, never per step.
-`memory_snapshot()` (without traces) costs ~0.5 ms per 1k blocks: its interval adapts so it stays
-under 0.1% of wall time. Neither waits for queued GPU work. Nothing here initialises CUDA: the
+`memory_stats()` is too costly for every step, so it runs with the agent's tick; the cost of
+`memory_snapshot()` (without traces) grows with the blocks, so its interval adapts to stay under
+0.1% of wall time (figures: docs/benchmarks.md). Neither waits for queued GPU work. Nothing here initialises CUDA: the
 sampler is created only once the user's code has.
 """
 
@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.wire import FragSample, MemorySample
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 SNAPSHOT_BUDGET = 0.001  # share of wall time the snapshot may take
 SNAPSHOT_MIN_INTERVAL = 1.0
@@ -62,7 +65,7 @@ def fragmentation(segments: list[dict[str, Any]], device: int) -> FragSample:
 
 
 class CudaMemorySampler:
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: ModuleType) -> None:
         self.torch = torch
         self._last_peak: dict[int, int] = {}
         self.snapshot_interval = SNAPSHOT_MIN_INTERVAL

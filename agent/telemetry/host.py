@@ -2,7 +2,7 @@
 
 DataLoader workers are children of the training process (their main thread is named
 `pt_data_worker`); their CPU % is the first thing to look at when a run is data-bound.
-Runs on the agent's slow sampler thread (~1 Hz): per-core CPU alone costs ~100 us.
+Runs on the agent's slow sampler thread (~1 Hz): psutil's per-core CPU is too slow for the tick.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class HostSampler:
     def _workers(self) -> list[WorkerSample]:
         psutil = self.psutil
         now = time.monotonic()
-        if now >= self._children_due:  # listing children scans all of /proc (~2 ms): not every time
+        if now >= self._children_due:  # listing children scans all of /proc: not every time
             self._children_due = now + CHILDREN_REFRESH_S
             try:
                 kids = self.proc.children(recursive=False)[:MAX_WORKERS]

@@ -2,8 +2,8 @@
 
 CUDA device i of this process is NVML device CUDA_VISIBLE_DEVICES[i] (an index or a UUID), or i
 when the variable is unset. Without a driver (a CPU machine) `available` is False and `reason`
-says why; nothing raises. Utilisation, power, clocks: ~1 us a call, sampled with the fast tick.
-PCIe throughput takes ~20 ms a call (it measures a window): `pcie()` runs on the slow timer only.
+says why; nothing raises. Utilisation, power and clocks are cheap: sampled with the fast tick.
+PCIe throughput waits in the driver for a measuring window: `pcie()` runs on the slow thread only.
 """
 
 from __future__ import annotations
@@ -116,13 +116,13 @@ class NvmlSampler:
             out.throttle = [label for bit, label in self._throttle_bits if reasons & bit]
         return out
 
-    def pcie(self, cuda_index: int) -> tuple[float, float]:
-        """(tx, rx) KB/s over NVML's ~20 ms window; (-1, -1) when unsupported."""
+    def pcie(self, cuda_index: int) -> tuple[float | None, float | None]:
+        """(tx, rx) KB/s over NVML's sampling window; None where unsupported."""
         nv = self.nvml
         h = self.handle(cuda_index)
-        tx = self._try(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES, default=-1)
-        rx = self._try(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES, default=-1)
-        return float(tx), float(rx)
+        tx = self._try(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._try(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES)
+        return (None if tx is None else float(tx)), (None if rx is None else float(rx))
 
     def close(self) -> None:
         if self.available:

@@ -13,7 +13,15 @@ from typing import Any
 
 import msgspec
 
-from torchtop.monitor.model.captures import describe
+from torchtop.agent.contract.wire import (
+    CAPTURE_DEFAULT_STEPS,
+    CAPTURE_FINISHED,
+    MEMORY_MAX_STEPS,
+    MEMORY_SECONDS,
+    PROFILE_MAX_STEPS,
+    CaptureState,
+)
+from torchtop.monitor.model.captures import capture_lines, fetch_from
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,10 +30,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         nargs="?",
         help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent)",
     )
-    p.add_argument("--steps", type=int, default=None, help="steps to capture (default 5)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"steps to capture (default {CAPTURE_DEFAULT_STEPS}; at most {PROFILE_MAX_STEPS} for a "
+        f"profile, {MEMORY_MAX_STEPS} for a memory snapshot)",
+    )
     p.add_argument("--memory", action="store_true", help="a CUDA memory snapshot instead of a profiler trace")
     p.add_argument(
-        "--seconds", type=float, default=None, help="memory snapshot: record this long instead of N steps"
+        "--seconds",
+        type=float,
+        default=None,
+        help=f"memory snapshot: record this long ({MEMORY_SECONDS[0]:g} to {MEMORY_SECONDS[1]:g} s) "
+        "instead of N steps",
     )
     p.add_argument("--with-stack", action="store_true", help="profiler: record Python stacks (costly)")
     p.add_argument("--record-shapes", action="store_true", help="profiler: record input shapes")
@@ -44,7 +62,7 @@ def request_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         if args.steps is not None:
             out["steps"] = args.steps
         return "capture-memory", out
-    out = {"steps": args.steps if args.steps is not None else 5}
+    out = {"steps": args.steps if args.steps is not None else CAPTURE_DEFAULT_STEPS}
     for flag in ("with_stack", "record_shapes", "profile_memory"):
         if getattr(args, flag):
             out[flag] = True
@@ -77,12 +95,14 @@ def run(args: argparse.Namespace) -> int:
         while time.monotonic() < deadline:
             status = client.request("capture-status", timeout=5.0)
             found = next((c for c in status.captures if c.id == want), None)
-            if found is not None and found.state in ("done", "failed"):
+            if found is not None and found.state in CAPTURE_FINISHED:
                 if args.json:
                     print(json.dumps(msgspec.to_builtins(found)))
-                else:
-                    print(describe(found))
-                return 0 if found.state == "done" else 1
+                else:  # the scp line only for a file on another machine
+                    print(
+                        "\n".join(capture_lines(found, fetch_from(str(endpoint), endpoint.host, found.host)))
+                    )
+                return 0 if found.state == CaptureState.DONE else 1
             if found is not None and not args.json:
                 line = f"{found.kind}: {found.state} {found.steps_done}/{found.steps_total or '-'} steps"
                 if line != last:

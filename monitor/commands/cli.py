@@ -10,8 +10,13 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchtop.monitor.link.targets import Endpoint
 
 EXIT_NO_AGENT = 2
+ATTACH_HELLO_S = 5.0  # attach: how long the first hello may take before it is an error
 
 
 def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
@@ -63,7 +68,7 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
 
             reply, steps = client.snapshot(max_steps=SNAPSHOT_MAX_STEPS, timeout=10.0)
             if reply.ok:
-                state.apply_snapshot(steps, reply.seq)
+                state.apply_snapshot(steps, reply.seq, reply.tally, reply.wall_offset)
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             for got in client.recv_batches(min(left, 0.5)):
@@ -156,15 +161,36 @@ def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
     return 0
 
 
+def first_contact(endpoint: Endpoint, timeout: float = ATTACH_HELLO_S) -> None:
+    """AgentUnreachable (the headless commands' one line) unless the agent answers a hello within
+    `timeout`: a wrong or closed port ends here instead of in a TUI that waits forever. Once the
+    TUI has seen the agent, it waits for it across restarts as before."""
+    from torchtop.monitor.link.client import AgentClient
+
+    client = AgentClient(endpoint)
+    try:
+        client.hello(timeout=timeout)
+    finally:
+        client.close()
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from torchtop.monitor.commands.job import job_targets
+    from torchtop.monitor.commands.tui_entry import TuiMissing, require_tui
+    from torchtop.monitor.link.client import AgentUnreachable
     from torchtop.monitor.link.remote import open_target, target_options
-    from torchtop.monitor.link.targets import TargetError, local_agents, no_agent_message
+    from torchtop.monitor.link.targets import TargetError, from_discovery, local_agents, no_agent_message
 
     args.target = args.targets[0] if args.targets else None
     record = Path(args.record) if args.record else None
+    try:
+        require_tui()
+    except TuiMissing as exc:
+        return _fail(str(exc))
+    from torchtop.monitor.tui.app import run_tui
+
     try:
         targets = job_targets(args)
         if targets is not None:
@@ -177,21 +203,17 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
             return run_job_tui(targets, args.job, args.ssh_option, args.baseline_ms)
         if args.target:
-            from torchtop.monitor.tui.app import run_tui
-
             with open_target(args.target, **target_options(args)) as endpoint:
+                first_contact(endpoint)
                 return run_tui(endpoint, None, record=record)
-        else:
-            agents = local_agents()
-            if not agents:
-                return _fail(no_agent_message())
-            endpoint = None
-            choices = agents
-    except TargetError as exc:
+        agents = local_agents()
+        if not agents:
+            return _fail(no_agent_message())
+        if len(agents) == 1:
+            first_contact(from_discovery(agents[0]))
+    except (TargetError, AgentUnreachable) as exc:
         return _fail(str(exc))
-    from torchtop.monitor.tui.app import run_tui
-
-    return run_tui(endpoint, choices, record=record)
+    return run_tui(None, agents, record=record)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -215,7 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from torchtop.monitor.commands import job as job_cli
 
-    p = sub.add_parser("attach", help="open the live TUI on a run, or on every rank of a job")
+    p = sub.add_parser(
+        "attach", help="open the live TUI on a run, or on every rank of a job (the TUI needs torchtop[tui])"
+    )
     p.add_argument(
         "targets",
         nargs="*",
@@ -251,8 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--history",
         action="store_true",
-        help="report over everything the agent retained (every step of roughly the last 15,000, "
-        "one per 0.1 s for 10 minutes before those), not only the steps of the last S seconds",
+        help="report over the whole run: every step counted from the run's start, the last ~15,000 "
+        "kept whole (and one per 0.1 s for 10 minutes before those), not only the last S seconds",
     )
     p.add_argument(
         "--until",
@@ -279,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         (
             "run",
             run_cmd,
-            "run a training command with the agent injected: torchtop run -- python train.py",
+            "run a training command with the agent injected: torchtop run -- python train.py "
+            "(its TUI needs torchtop[tui]; --no-tui does not)",
             False,
         ),
         ("replay", replay, "the TUI over a recording: pause, speed, seek, jump to a step or time", False),
@@ -305,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from torchtop.monitor.commands.demo import add_demo_arguments
 
-    p = sub.add_parser("demo", help="run a demo training job with the agent and open the TUI on it")
+    p = sub.add_parser(
+        "demo", help="run a demo training job with the agent and open the TUI on it (--no-tui: without)"
+    )
     add_demo_arguments(p)
     p.set_defaults(func=cmd_demo)
     return parser

@@ -172,14 +172,14 @@ def run_demo(args: argparse.Namespace) -> int:
             return 2
     run_tui = None
     if not args.no_tui:
+        from torchtop.monitor.commands.tui_entry import EXIT_NO_TUI, TuiMissing, require_tui
+
         try:  # before the child starts: a broken install leaves nothing running
-            from torchtop.monitor.tui.app import run_tui
-        except ImportError as exc:
-            print(
-                f"torchtop: the TUI cannot start ({exc}); reinstall torchtop, or use --no-tui",
-                file=sys.stderr,
-            )
-            return EXIT_FAILED
+            require_tui()
+        except TuiMissing as exc:
+            print(f"torchtop: {exc}", file=sys.stderr)
+            return EXIT_NO_TUI
+        from torchtop.monitor.tui.app import run_tui
     try:
         log_path, log = open_log(args.scenario, args.log_dir)
     except LaunchError as exc:
@@ -210,9 +210,11 @@ def run_demo(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
         from torchtop.monitor.tui.job_app import run_agents_tui
 
-        code = run_agents_tui(wait_for_ranks(child, agents)) if info.get("world_size", 1) > 1 else None
+        code = None
+        if info.get("world_size", 1) > 1:  # a job of several ranks: the job view
+            code = run_agents_tui(wait_for_ranks(child, agents), mode="demo")
         if code is None:
-            code = run_tui(from_discovery(info), None)
+            code = run_tui(from_discovery(info), None, mode="demo")  # q: quit and stop the demo
         if child.poll() is not None and child.returncode != 0:
             _show_tail(log_path, f"the demo exited with code {child.returncode}")
         return code

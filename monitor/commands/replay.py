@@ -33,6 +33,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for line in notes(playback, ranks, args.rank, "replaying"):
         print(f"torchtop: {line}", file=sys.stderr)
+    from torchtop.monitor.commands.tui_entry import EXIT_NO_TUI, TuiMissing, require_tui
+
+    try:
+        require_tui()
+    except TuiMissing as exc:
+        print(f"torchtop: {exc}", file=sys.stderr)
+        return EXIT_NO_TUI
     from torchtop.monitor.tui.replay_app import ReplayApp, jump_target
 
     at = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -35,6 +36,7 @@ from torchtop.monitor.commands.launch import (
 
 if TYPE_CHECKING:
     from torchtop.monitor.tui.app import TorchtopApp
+    from torchtop.monitor.tui.keys import Leaving
 
 EXIT_USAGE = 2
 
@@ -117,7 +119,13 @@ def run(args: argparse.Namespace) -> int:
     env = child_env(args.port, record=args.record)
     if args.no_tui:
         return _run_headless(command, env)
-    # imported before the job starts: a broken install leaves nothing running
+    from torchtop.monitor.commands.tui_entry import EXIT_NO_TUI, TuiMissing, require_tui
+
+    try:  # before the job starts: a broken install leaves nothing running
+        require_tui()
+    except TuiMissing as exc:
+        print(f"torchtop: {exc}", file=sys.stderr)
+        return EXIT_NO_TUI
     from torchtop.monitor.tui.app import TorchtopApp
 
     try:
@@ -149,14 +157,24 @@ def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int
         if job.forwarded is None:
             _show_tail(log_path, f"the job exited (code {code}) before an agent started")
         return _exit_code(code)
+    from torchtop.monitor.tui.keys import Leaving
+
+    stopped: list[bool] = []  # Ctrl-C in the TUI signalled the job
+
+    def stop_job() -> None:  # the TUI holds the terminal in raw mode: Ctrl-C there is a key
+        job.signal(signal.SIGINT)
+        stopped.append(True)
+
     if job.forwarded is None:  # not told to stop meanwhile
-        app = _app_for(app_class, wait_for_ranks(job.proc, agents), log_path)
+        app = _app_for(app_class, wait_for_ranks(job.proc, agents), log_path, Leaving("run", stop_job))
         job.on_forward = lambda _signum: _close_when_done(job, app)
         try:
             app.run()
         finally:
             job.on_forward = None
-    if job.poll() is None:
+    if stopped:
+        print(f"torchtop: Ctrl-C: SIGINT sent to the job (pid {job.pid}); waiting for it to end", flush=True)
+    elif job.poll() is None:
         print(
             f"torchtop: the job goes on (pid {job.pid}); its output: {log_path}\n"
             f"          attach again with `torchtop attach {agents[0]['pid']}`; Ctrl-C stops the job",
@@ -165,15 +183,17 @@ def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int
     return _finish(job)
 
 
-def _app_for(app_class: type[TorchtopApp], agents: list[dict[str, Any]], log_path: Path) -> TorchtopApp:
+def _app_for(
+    app_class: type[TorchtopApp], agents: list[dict[str, Any]], log_path: Path, leaving: Leaving
+) -> TorchtopApp:
     """The job view when the agents are the ranks of one job (torchrun), else the one-agent view
     (a chooser for several)."""
     from torchtop.monitor.tui.job_app import JobApp, job_plan_of
 
     plan = job_plan_of(agents)
     if plan is not None and app_class is TorchtopApp:
-        return JobApp(plan, log_path=log_path)
-    return app_class(None, agents, log_path=log_path)
+        return JobApp(plan, log_path=log_path, leaving=leaving)
+    return app_class(None, agents, log_path=log_path, leaving=leaving)
 
 
 def _close_when_done(job: Job, app: TorchtopApp) -> None:

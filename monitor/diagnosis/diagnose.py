@@ -7,7 +7,9 @@ from statistics import mean
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
 from torchtop.monitor.diagnosis.flags import FLAG_RULES
+from torchtop.monitor.diagnosis.upside import with_upsides
 from torchtop.monitor.diagnosis.verdicts import primary
+from torchtop.monitor.diagnosis.why import why_facts
 from torchtop.monitor.model.state import (
     Point,
     RunState,
@@ -26,7 +28,7 @@ def judged_steps(state: RunState) -> list[StepRecord]:
     recent = [s for s in state.window(T["window_s"]) if s.i >= warm]
     if len(recent) >= T["window_steps"]:
         return recent
-    train = [s for s in state.steps if s.kind == "train" and s.i >= warm]
+    train = [s for s in state.steps if s.kind == "train" and s.i >= warm and not state.why.excluded(s)]
     return train[-int(T["window_steps"]) :]
 
 
@@ -70,16 +72,16 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     span = (steps[-1].t0 - steps[0].t0) if len(steps) > 1 else T["window_s"]
     window = max(span, 1.0)
     pts = recent_points(state, window)
-    utils = [p.gpu_util for p in pts if p.gpu_util >= 0]
-    f.gpu_util = mean(utils) if utils else -1.0
-    cpus = [p.proc_cpu for p in pts if p.proc_cpu >= 0]
-    f.proc_cpu = mean(cpus) if cpus else -1.0
+    utils = [p.gpu_util for p in pts if p.gpu_util is not None]
+    f.gpu_util = mean(utils) if utils else None
+    cpus = [p.proc_cpu for p in pts if p.proc_cpu is not None]
+    f.proc_cpu = mean(cpus) if cpus else None
     tel = state.telemetry
     if tel is not None and tel.host is not None:
         f.cores = tel.host.cpu_count
         workers = [w for w in tel.host.workers if w.dataloader]
         f.workers = len(workers)
-        f.worker_cpu = mean(w.cpu_percent for w in workers) if workers else -1.0
+        f.worker_cpu = mean(w.cpu_percent for w in workers) if workers else None
     if tel is not None and tel.memory:
         m = tel.memory[0]
         f.mem_total, f.reserved, f.allocated = m.device_total, m.reserved, m.allocated
@@ -98,6 +100,7 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     cuda = bool(tel and tel.memory)
     f.growth = _growth(leak_pts, cuda)
     f.growth_what = "allocated CUDA memory" if cuda else "process RSS"
+    f.why = why_facts(state, steps, f.gpu_util)
     return f
 
 
@@ -119,4 +122,4 @@ def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
     f = facts(state, steps)
     verdict = primary(f, previous.verdict.kind if previous else None)
     flags = tuple(x for x in (rule(f) for rule in FLAG_RULES) if x is not None)
-    return Diagnosis(verdict, flags, len(steps))
+    return with_upsides(Diagnosis(verdict, flags, len(steps)), f)

@@ -7,7 +7,11 @@ functions of `Facts`, so each is tested at its thresholds without sockets or a U
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from torchtop.monitor.diagnosis.upside import Upside
+    from torchtop.monitor.diagnosis.why import WhyFacts
 
 THRESHOLDS: dict[str, float] = {
     "warmup_steps": 10,  # first steps of a run are not judged (compilation, allocator warm-up)
@@ -41,18 +45,28 @@ THRESHOLDS: dict[str, float] = {
     "straggler_critical": 0.20,
     "straggler_min_ms": 0.2,  # ... and at least this long (sub-ms jitter on fast steps is noise)
     "straggler_explained": 0.3,  # its slowest phase's excess explains at least this share of the wait
+    # why.py: stack samples and sync windows (docs/why.md)
+    "min_stack_samples": 20,  # fewer samples in the judged steps: no sync or host-code finding
+    "min_phase_samples": 8,  # fewer in a phase: its sites are not named
+    "sync_flag": 0.05,  # time blocked on the device, share of the step: a flag (info) ...
+    # ... and a verdict from input_high (warning) and input_severe (critical); so is host-code:
+    # time in user code outside the measured phases, not blocked on the device
+    "mfu_low": 0.10,  # MFU under this ...
+    "util_busy": 80.0,  # ... while NVML says the GPU is busy at least this: low-mfu (warning)
 }
 T = THRESHOLDS
-SEVERITY_RANK = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
+Severity = Literal["ok", "info", "warning", "critical"]
+SEVERITY_RANK: dict[Severity, int] = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
 
 
 @dataclass(frozen=True)
 class Finding:
     kind: str
-    severity: str
+    severity: Severity
     share: float
     evidence: tuple[str, ...] = ()
     advice: tuple[str, ...] = ()
+    upside: Upside | None = None  # what fixing it would buy (upside.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +75,7 @@ class Finding:
             "share": round(self.share, 4),
             "evidence": list(self.evidence),
             "advice": list(self.advice),
+            "upside": self.upside.to_json() if self.upside is not None else None,
         }
 
 
@@ -88,11 +103,12 @@ class Facts:
     ms: dict[str, float]
     device: str = "cpu"
     device_ms: dict[str, float] = field(default_factory=dict)
-    gpu_util: float = -1.0  # mean NVML utilisation over the window, -1 unknown
-    proc_cpu: float = -1.0  # mean training-process CPU percent
+    # None: not known (no NVML, no host sample yet)
+    gpu_util: float | None = None  # mean NVML utilisation over the window
+    proc_cpu: float | None = None  # mean training-process CPU percent
     cores: int = 0
-    workers: int = -1  # DataLoader worker processes, -1 unknown
-    worker_cpu: float = -1.0  # their mean CPU percent
+    workers: int | None = None  # DataLoader worker processes
+    worker_cpu: float | None = None  # their mean CPU percent
     mem_total: int = 0
     reserved: int = 0
     allocated: int = 0
@@ -105,11 +121,4 @@ class Facts:
     expandable: bool = False
     growth: tuple[float, float, float, float] | None = None  # (first, last, span_s, upward share)
     growth_what: str = "allocated"
-
-
-def _pct(x: float) -> str:
-    return f"{x * 100:.0f}%"
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+    why: WhyFacts | None = None  # stack samples, sync windows, throughput and MFU (why.py)

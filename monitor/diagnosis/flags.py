@@ -4,7 +4,9 @@ memory growth. Pure functions of `Facts`; thresholds live in diagnosis.THRESHOLD
 from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Facts, Finding, _gib, _pct
+from torchtop.monitor.diagnosis.facts import Facts, Finding
+from torchtop.monitor.diagnosis.why import WHY_FLAGS
+from torchtop.monitor.model.fmt import pct, size
 
 
 def flag_memory_pressure(f: Facts) -> Finding | None:
@@ -16,8 +18,8 @@ def flag_memory_pressure(f: Facts) -> Finding | None:
         return None
     severity = "critical" if used >= T["memory_critical"] or f.ooms > 0 else "warning"
     evidence = [
-        f"reserved {_gib(f.reserved)} of {_gib(f.mem_total)} ({_pct(f.reserved / f.mem_total)}), "
-        f"peak allocated {_gib(f.window_peak)}"
+        f"reserved {size(f.reserved)} of {size(f.mem_total)} ({pct(f.reserved / f.mem_total, 0)}), "
+        f"peak allocated {size(f.window_peak)}"
     ]
     if retrying:
         evidence.append(f"{f.retry_rate:.2f} allocator retries/s: each flushes the cache and stalls the step")
@@ -53,16 +55,16 @@ def flag_fragmentation(f: Facts) -> Finding | None:
     evidence = []
     if retrying:
         evidence.append(
-            f"{f.retry_rate:.2f} allocator retries/s while {_gib(free_in_cache)} sat free in the cache"
+            f"{f.retry_rate:.2f} allocator retries/s while {size(free_in_cache)} sat free in the cache"
         )
     if f.frag_free:
         evidence.append(
-            f"{_gib(f.frag_free)} free inside segments but {_pct(f.frag_external)} of it is "
+            f"{size(f.frag_free)} free inside segments but {pct(f.frag_external, 0)} of it is "
             "unusable for one large block (external fragmentation)"
         )
     evidence.append(
-        f"reserved {_gib(f.reserved)} for {_gib(f.allocated)} allocated; "
-        f"{_gib(f.inactive_split)} cached in split blocks"
+        f"reserved {size(f.reserved)} for {size(f.allocated)} allocated; "
+        f"{size(f.inactive_split)} cached in split blocks"
     )
     advice = []
     if not f.expandable:
@@ -77,7 +79,7 @@ def flag_fragmentation(f: Facts) -> Finding | None:
 
 def flag_dataloader_workers(f: Facts) -> Finding | None:
     data = f.shares.get("data", 0.0)
-    if data < T["input_moderate"] or f.workers < 0:
+    if data < T["input_moderate"] or f.workers is None:
         return None
     severity = "warning" if data >= T["input_high"] else "info"
     if f.workers == 0:
@@ -85,10 +87,10 @@ def flag_dataloader_workers(f: Facts) -> Finding | None:
             "dataloader-workers",
             severity,
             data,
-            (f"num_workers=0 while data wait is {_pct(data)} of the step",),
+            (f"num_workers=0 while data wait is {pct(data, 0)} of the step",),
             (f"DataLoader(num_workers={max(2, f.cores - 1)}, persistent_workers=True)",),
         )
-    if f.worker_cpu >= T["worker_saturated"]:
+    if f.worker_cpu is not None and f.worker_cpu >= T["worker_saturated"]:
         if f.cores > f.workers + 1:
             advice = (f"raise num_workers from {f.workers} toward {f.cores - 1} (cores are free)",)
         else:
@@ -113,7 +115,7 @@ def flag_memory_leak(f: Facts) -> Finding | None:
     if grew < T["leak_growth"] or upward < T["leak_monotonic"]:
         return None
     evidence = (
-        f"{f.growth_what} grew {_gib(first)} -> {_gib(last)} (+{_pct(grew)}) in {span:.0f} s, steadily",
+        f"{f.growth_what} grew {size(first)} -> {size(last)} (+{pct(grew, 0)}) in {span:.0f} s, steadily",
     )
     advice = (
         "look for tensors kept across steps: losses or outputs appended to a list without .item()/.detach()",
@@ -122,4 +124,4 @@ def flag_memory_leak(f: Facts) -> Finding | None:
     return Finding("memory-leak", "warning", grew, evidence, advice)
 
 
-FLAG_RULES = (flag_memory_pressure, flag_fragmentation, flag_dataloader_workers, flag_memory_leak)
+FLAG_RULES = (flag_memory_pressure, flag_fragmentation, flag_dataloader_workers, flag_memory_leak, *WHY_FLAGS)

@@ -7,13 +7,13 @@ from typing import Any
 import msgspec
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis.why import why_report
 from torchtop.monitor.model.state import (
     RunState,
     breakdown,
     device_ms,
     phase_ms,
     retry_rate,
-    step_stats,
     timed,
 )
 
@@ -23,9 +23,9 @@ def build_report(
 ) -> dict[str, Any]:
     """`window` (default `seconds`) is how far back the figures reach on the agent's clock."""
     window = seconds if window is None else window
-    steps = state.window(window)
-    evals = state.window(window, kind="eval")
-    stats = step_stats(steps)
+    summary = state.summary(window)
+    steps = summary.in_full
+    stats = summary.stats
     timed_steps = timed(steps)
     hello = state.hello
     return (
@@ -33,17 +33,23 @@ def build_report(
             "target": target,
             "seconds": seconds,
             "history": window != seconds,
-            "span_s": round((steps[-1].t0 + steps[-1].wall_ns / 1e9 - steps[0].t0), 3) if steps else 0.0,
+            # every training step in the window is counted (`steps`) over `covered_s` of agent
+            # time; `steps_in_full` of them are kept whole, and the breakdown, phase and device
+            # times are theirs. `thinned`: not every step was kept whole (a window of more steps
+            # than the monitor keeps, the agent's thinned history before it joined, lost batches)
+            "covered_s": round(summary.covered_s, 3),
             "run_id": state.run_id,
             "pid": hello.pid if hello else None,
             "hostname": hello.host if hello else None,
             "device": hello.device if hello else "cpu",
             "device_name": hello.device_name if hello else "",
             "ranks": sorted({s.rank for s in steps} or ({hello.rank} if hello else set())),
-            "steps": len(steps),
-            "eval_steps": len(evals),
+            "steps": summary.steps,
+            "steps_in_full": len(steps),
+            "thinned": summary.thinned,
+            "eval_steps": len(summary.evals),
             # phases (and micro-batches) are timed on every step of 10 ms or more, on a random
-            # sample of faster ones: `timed_steps` of `steps`
+            # sample of faster ones: `timed_steps` of `steps_in_full`
             "timed_steps": len(timed_steps),
             "micro_batches": (sum(s.micro for s in timed_steps) / len(timed_steps)) if timed_steps else 0.0,
             "step_time_ms": {k: round(stats[f"{k}_ms"], 4) for k in ("median", "p90", "mean")},
@@ -56,8 +62,10 @@ def build_report(
             "gaps": state.gaps,
             "bad_frames": state.bad_frames,
             "hook_errors": state.hook_errors,
+            "agent_refused": {"bad": state.bad_requests, "dropped": state.dropped_requests},
         }
         | telemetry_report(state, seconds)
+        | why_report(state, steps, seconds)
         | diagnose(state).to_json()
     )
 

@@ -1,28 +1,21 @@
-"""What holds the run back, in plain words with the numbers: pure functions over RunState.
+"""What holds the run back, in plain words with the numbers: pure functions of `Facts`.
 
-One primary verdict (`data-loading`, `transfer`, `compute`, `host-overhead`; `unknown` while
-there are too few steps) with a severity, and independent flags (`memory-pressure`,
-`fragmentation`, `dataloader-workers`, `memory-leak`). A monitor follows one agent, so one rank:
-there is no straggler flag (it would need every rank's steps side by side).
-Every threshold is in facts.THRESHOLDS and in the README; each rule is a function of `Facts`, so
-each is tested at its thresholds without sockets or a UI.
-
-Where the numbers come from (public rules this starts from):
-- input share bands 5% / 20% (TensorFlow input-pipeline analysis: < 5% not input-bound,
-  5-20% moderately, >= 20% highly); >= 50% is `critical` here (more than half the step waits).
-- GPU utilisation < 50% and peak memory > 90% of the device (PyTorch TensorBoard profiler plugin).
-- reserved >= 2x allocated with reserved >= 30% of the device (TraceML) as one fragmentation sign.
-Hysteresis: the verdict in force is re-judged with thresholds x0.8, so it does not flap between
-neighbours on noise. Warm-up steps (the first 10, where compilation and caches fill) are not judged.
+One primary verdict (`data-loading`, `transfer`, `host-overhead`, else `compute`; `unknown` with
+too few steps) with a severity; the independent flags are in flags.py. A monitor follows one
+rank, so there is no straggler flag. Thresholds (and the public rules they start from: README,
+"What the verdict means") are in facts.THRESHOLDS. The verdict in force is re-judged with its
+thresholds x0.8 (hysteresis), so it does not flap between neighbours on noise.
 """
 
 from __future__ import annotations
 
-from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, _pct
+from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, Severity
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.why import WHY_VERDICTS, refine
+from torchtop.monitor.model.fmt import pct
 
 
-def _band(share: float, scale: float = 1.0) -> str | None:
+def _band(share: float, scale: float = 1.0) -> Severity | None:
     if share >= T["input_severe"] * scale:
         return "critical"
     if share >= T["input_high"] * scale:
@@ -39,16 +32,17 @@ def rule_data(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     severity = _band(share) or "info"  # hysteresis keeps the verdict; it does not raise the severity
     evidence = [
-        f"data wait is {_pct(share)} of step time: {f.ms.get('data', 0):.1f} ms of {f.step_ms:.1f} ms"
+        f"data wait is {pct(share, 0)} of step time: {f.ms.get('data', 0):.1f} ms of {f.step_ms:.1f} ms"
     ]
     if f.workers == 0:
         evidence.append("no DataLoader worker processes: loading runs on the training process")
-    elif f.workers > 0 and f.worker_cpu >= 0:
+    elif f.workers and f.worker_cpu is not None:
         evidence.append(
             f"{f.workers} DataLoader workers at {f.worker_cpu:.0f}% CPU on average ({f.cores} cores)"
         )
     advice = []
-    if f.workers <= 0 or (f.worker_cpu >= T["worker_saturated"] and f.cores > f.workers + 1):
+    saturated = f.worker_cpu is not None and f.worker_cpu >= T["worker_saturated"]
+    if not f.workers or (saturated and f.cores > f.workers + 1):
         advice.append(
             f"raise DataLoader num_workers (try {max(2, f.cores - 1)}) with persistent_workers=True"
         )
@@ -66,11 +60,11 @@ def rule_transfer(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     severity = _band(share) or "info"  # hysteresis keeps the verdict; it does not raise the severity
     evidence = [
-        f"host-to-device copies take {_pct(host)} of step time ({f.ms.get('h2d', 0):.1f} ms of {f.step_ms:.1f} ms)"
+        f"host-to-device copies take {pct(host, 0)} of step time ({f.ms.get('h2d', 0):.1f} ms of {f.step_ms:.1f} ms)"
     ]
     if dev > 0:
         evidence.append(
-            f"on the GPU the copies take {_pct(dev)} of the step ({f.device_ms.get('h2d', 0):.1f} ms)"
+            f"on the GPU the copies take {pct(dev, 0)} of the step ({f.device_ms.get('h2d', 0):.1f} ms)"
         )
     advice = (
         "DataLoader(pin_memory=True) and .to(device, non_blocking=True): pinned copies overlap compute",
@@ -81,7 +75,7 @@ def rule_transfer(f: Facts, scale: float = 1.0) -> Finding | None:
 
 
 def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
-    if f.device != "cuda" or f.gpu_util < 0:
+    if f.device != "cuda" or f.gpu_util is None:
         return None
     if f.shares.get("data", 0.0) >= T["input_moderate"] or f.shares.get("h2d", 0.0) >= T["input_moderate"]:
         return None
@@ -90,7 +84,7 @@ def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     severity = "critical" if f.gpu_util < T["gpu_util_very_low"] else "warning"
     evidence = [f"GPU busy {f.gpu_util:.0f}% of the time (NVML) with no data or transfer wait"]
-    if f.proc_cpu >= 0:
+    if f.proc_cpu is not None:
         evidence.append(
             f"the training process uses {f.proc_cpu:.0f}% CPU: Python and kernel launches set the pace"
         )
@@ -104,13 +98,13 @@ def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
 
 def rule_compute(f: Facts) -> Finding:
     share = sum(f.shares.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
-    evidence = [f"forward+backward+optimizer are {_pct(share)} of step time ({f.step_ms:.1f} ms a step)"]
-    if f.device == "cuda" and f.gpu_util >= 0:
+    evidence = [f"forward+backward+optimizer are {pct(share, 0)} of step time ({f.step_ms:.1f} ms a step)"]
+    if f.device == "cuda" and f.gpu_util is not None:
         evidence.append(f"GPU busy {f.gpu_util:.0f}% of the time (NVML)")
     other = f.shares.get("other", 0.0)
     if other >= T["input_high"]:
         evidence.append(
-            f"{_pct(other)} of the step is outside the measured phases (logging, metrics, checkpoints?)"
+            f"{pct(other, 0)} of the step is outside the measured phases (logging, metrics, checkpoints?)"
         )
     if f.device == "cuda":
         advice = (
@@ -128,6 +122,7 @@ def rule_compute(f: Facts) -> Finding:
 
 
 VERDICT_RULES = {"data-loading": rule_data, "transfer": rule_transfer, "host-overhead": rule_host_overhead}
+VERDICT_RULES.update(WHY_VERDICTS)  # sync, host-code: why.py
 
 
 def primary(f: Facts, previous: str | None = None) -> Finding:
@@ -138,5 +133,5 @@ def primary(f: Facts, previous: str | None = None) -> Finding:
         if result is not None:
             found.append(result)
     if not found:
-        return rule_compute(f)
-    return max(found, key=lambda x: (SEVERITY_RANK[x.severity], x.kind == previous, x.share))
+        return refine(rule_compute(f), f)
+    return refine(max(found, key=lambda x: (SEVERITY_RANK[x.severity], x.kind == previous, x.share)), f)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from torchtop.agent.contract.net import url_host
 from torchtop.agent.contract.private import short_private_tempdir
 from torchtop.monitor.link.targets import Endpoint, TargetError, agent_addresses, describe, from_discovery
 
@@ -62,8 +63,7 @@ class SshTarget:
 
     def __str__(self) -> str:
         port = f":{self.port}" if self.port else ""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"ssh://{self.user + '@' if self.user else ''}{host}{port}"
+        return f"ssh://{self.user + '@' if self.user else ''}{url_host(self.host)}{port}"
 
 
 def is_ssh(target: str | None) -> bool:
@@ -280,8 +280,7 @@ class _Keeper:
 def _tcp_forward(remote: str) -> tuple[str, str]:
     """`-L` spec parts for a remote tcp://host:port: (host, port), the host bracketed for IPv6."""
     host, port = remote.removeprefix("tcp://").rsplit(":", 1)
-    host = host.strip("[]")
-    return (f"[{host}]" if ":" in host else host), port
+    return url_host(host.strip("[]")), port
 
 
 def _forwards(remote: tuple[str, str], sock_dir: Path | None) -> tuple[list[str], tuple[str, str]]:

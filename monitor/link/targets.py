@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torchtop.agent.contract import discovery, keys
+from torchtop.agent.contract.net import tcp_address
 
 
 class TargetError(Exception):
@@ -75,10 +76,6 @@ class Endpoint:
 _HOSTPORT = re.compile(r"^(?:tcp://)?(\[[^\]]+\]|[^:/\[\]]+):(\d{1,5})/?$")
 _TCP = re.compile(r"^tcp://(\[[^\]]+\]|[^:/\[\]]+):(\d{1,5})$")
 REQ_SUFFIX, PUB_SUFFIX = ".req", ".pub"
-
-
-def tcp_address(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def agent_addresses(info: dict[str, Any]) -> tuple[str, str]:
@@ -193,7 +190,9 @@ def parse(target: str) -> Endpoint:
                 if info.get("port") == port:
                     return from_discovery(info, label=label)
         return Endpoint.tcp(host, port, None, label)
-    raise TargetError(f"unknown target {target!r}: use a pid, ipc://PATH, HOST:PORT or tcp://HOST:PORT")
+    raise TargetError(
+        f"unknown target {target!r}: use a pid, ipc://PATH, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid]"
+    )
 
 
 def local_agents() -> list[dict[str, Any]]:

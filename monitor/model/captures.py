@@ -10,24 +10,27 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit
 
-import msgspec
+from torchtop.agent.contract.net import url_host
+from torchtop.agent.contract.wire import (
+    CAPTURE_ACTIVE,
+    CAPTURE_FINISHED,
+    PROFILE_MAX_STEPS,
+    CaptureInfo,
+    CaptureKind,
+    CaptureState,
+)
+from torchtop.monitor.model import fmt
 
-from torchtop.agent.contract.wire import CaptureInfo
-
-ACTIVE = ("pending", "running", "writing")
-FINISHED = ("done", "failed")
-DEFAULT_STEPS = 5
-MAX_STEPS = 100  # the agent's limit for profiler captures
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def next_steps(n: int, up: bool) -> int:
-    """The capture length after one + or - press: by 1 to 10, by 5 to 50, by 10 to MAX_STEPS."""
+    """The capture length after one + or - press: by 1 to 10, by 5 to 50, by 10 to the limit."""
     if up:
         n += 1 if n < 10 else 5 if n < 50 else 10
     else:
         n -= 1 if n <= 10 else 5 if n <= 50 else 10
-    return max(1, min(MAX_STEPS, n))
+    return max(1, min(PROFILE_MAX_STEPS, n))
 
 
 class CaptureBook:
@@ -56,8 +59,8 @@ class CaptureBook:
         before = self.by_id.get(capture.id)
         self.by_id[capture.id] = capture
         self.current = capture
-        newly = capture.state in FINISHED and (before is None or before.state not in FINISHED)
-        if newly and (capture.id in self.asked or (before is not None and before.state in ACTIVE)):
+        newly = capture.state in CAPTURE_FINISHED and (before is None or before.state not in CAPTURE_FINISHED)
+        if newly and (capture.id in self.asked or (before is not None and before.state in CAPTURE_ACTIVE)):
             return capture
         return None
 
@@ -69,7 +72,7 @@ class CaptureBook:
     @property
     def active(self) -> CaptureInfo | None:
         c = self.current
-        return c if c is not None and c.state in ACTIVE else None
+        return c if c is not None and c.state in CAPTURE_ACTIVE else None
 
     def listing(self) -> list[CaptureInfo]:
         """Newest first."""
@@ -78,7 +81,7 @@ class CaptureBook:
 
 def progress(c: CaptureInfo) -> float:
     """How far a capture got, 0..1 (steps, or seconds for a timed memory capture)."""
-    if c.state in FINISHED or c.state == "writing":
+    if c.state in CAPTURE_FINISHED or c.state == CaptureState.WRITING:
         return 1.0
     if c.steps_total:
         return min(1.0, c.steps_done / c.steps_total)
@@ -87,16 +90,16 @@ def progress(c: CaptureInfo) -> float:
 
 def progress_text(c: CaptureInfo) -> str:
     """One line: what the capture is doing now."""
-    what = "profile" if c.kind == "profile" else "memory snapshot"
-    if c.state == "pending":
+    what = "profile" if c.kind == CaptureKind.PROFILE else "memory snapshot"
+    if c.state == CaptureState.PENDING:
         return f"{what} #{c.id}: waiting for the next step boundary"
-    if c.state == "running":
+    if c.state == CaptureState.RUNNING:
         if c.steps_total:
             return f"{what} #{c.id}: step {c.steps_done}/{c.steps_total}"
         return f"{what} #{c.id}: recording for {c.seconds:g} s"
-    if c.state == "writing":
+    if c.state == CaptureState.WRITING:
         return f"{what} #{c.id}: writing the file"
-    if c.state == "failed":
+    if c.state == CaptureState.FAILED:
         return f"{what} #{c.id} failed: {c.error}"
     return f"{what} #{c.id} done: {c.path}"
 
@@ -118,10 +121,10 @@ def fetch_from(
         except ValueError:
             host = None
         if host:
-            host = f"[{host}]" if ":" in host else host
+            host = url_host(host)
             return (f"{user}@{host}" if user else host), (["-P", str(port)] if port else [])
     if endpoint_host and endpoint_host not in LOOPBACK:
-        return (f"[{endpoint_host}]" if ":" in endpoint_host else endpoint_host), []
+        return url_host(endpoint_host), []
     local = socket.gethostname() if local_host is None else local_host
     if capture_host and capture_host != local:
         return capture_host, []
@@ -129,19 +132,16 @@ def fetch_from(
 
 
 def describe(c: CaptureInfo) -> str:
-    """Human lines for a finished capture (also used by the TUI's Captures screen)."""
+    """Human lines for a finished capture, without its file: capture_lines says where that is."""
     lines = [f"{c.kind} capture {c.id}: {c.state}" + (f" ({c.error})" if c.error else "")]
     if c.note:  # the directory asked for was refused: where the file went, and why
         lines.append(f"  note: {c.note}")
-    if c.path:
-        lines.append(f"  file: {c.host}:{c.path}")
-        lines.append(f"  fetch: scp {c.host}:{c.path} .")
     s = c.summary or {}
     if "buckets" in s:
-        parts = "  ".join(f"{k} {v * 100:.0f}%" for k, v in s["buckets"].items() if v >= 0.005)
+        parts = "  ".join(f"{k} {fmt.pct(v, 0)}" for k, v in s["buckets"].items() if v >= 0.005)
         lines.append(f"  {s.get('steps', 0)} steps of {s.get('step_ms', 0):.1f} ms: {parts}")
         if s.get("gpu_idle") is not None:
-            lines.append(f"  GPU idle {s['gpu_idle'] * 100:.0f}% of the steps")
+            lines.append(f"  GPU idle {fmt.pct(s['gpu_idle'], 0)} of the steps")
     for key, title in (
         ("top_device", "top ops by self device time"),
         ("top_cpu", "top ops by self CPU time"),
@@ -158,13 +158,15 @@ def describe(c: CaptureInfo) -> str:
 
 
 def capture_lines(c: CaptureInfo, source: tuple[str, list[str]] | None) -> list[str]:
-    """A capture for the Captures screen: state, file (with host and scp line when remote), summary."""
-    lines = describe(msgspec.structs.replace(c, path="")).splitlines()
+    """A capture for the Captures screen and `torchtop capture`: state, file (with its host and
+    the scp line when it is on another machine: `source`, from fetch_from), summary."""
+    lines = describe(c).splitlines()
+    at = 2 if c.note else 1  # after the state and its note
     if c.path:
         if source is None:
-            lines.insert(1, f"  file: {c.path}")
+            lines.insert(at, f"  file: {c.path}")
         else:
             dest, args = source
-            lines.insert(1, f"  file: {dest}:{c.path}")
-            lines.insert(2, "  fetch: " + " ".join(["scp", *args, f"{dest}:{c.path}", "."]))
+            lines.insert(at, f"  file: {dest}:{c.path}")
+            lines.insert(at + 1, "  fetch: " + " ".join(["scp", *args, f"{dest}:{c.path}", "."]))
     return lines

@@ -129,7 +129,7 @@ def compare(reports: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
             "device": r.get("device", ""),
             "device_name": r.get("device_name", ""),
             "steps": r.get("steps", 0),
-            "span_s": r.get("span_s", 0.0),
+            "span_s": r.get("covered_s", 0.0),
             "verdict": r.get("verdict", {}).get("kind", "unknown"),
             "severity": r.get("verdict", {}).get("severity", "ok"),
             "flags": list(r.get("flags", [])),

@@ -5,6 +5,11 @@ Pure (no textual): the same strings show up in tests, so they are defined once h
 
 from __future__ import annotations
 
+from typing import Literal
+
+Level = Literal["ok", "warning", "critical"]  # a figure against its limit: the panels' colours
+LEVELS: tuple[Level, ...] = ("ok", "warning", "critical")
+
 
 def ms(value: float) -> str:
     """Milliseconds with ~3 significant digits: 0.412, 4.18, 41.8, 418, 4,180."""
@@ -33,9 +38,9 @@ def rate(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def pct(share: float) -> str:
-    """A share (0..1) as a percentage with one decimal."""
-    return f"{share * 100:.1f}%"
+def pct(share: float, decimals: int = 1) -> str:
+    """A share (0..1) as a percentage: one decimal in tables, none in prose (`pct(x, 0)`)."""
+    return f"{share * 100:.{decimals}f}%"
 
 
 def duration(seconds: float) -> str:
@@ -72,7 +77,7 @@ def throughput(kb_per_s: float) -> str:
     return f"{size(kb_per_s * 1024)}/s"
 
 
-def level(fraction: float, warn: float = 0.8, crit: float = 0.9) -> str:
+def level(fraction: float, warn: float = 0.8, crit: float = 0.9) -> Level:
     """'ok', 'warning' or 'critical' for a fraction of a limit (the panels' threshold colours)."""
     if fraction >= crit:
         return "critical"

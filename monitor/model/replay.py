@@ -1,20 +1,12 @@
 """The monitor's side of step timing: replays an agent's log into steps.
 
-The training thread only logs timestamps (agent/probe.py) and the agent ships the log as it was
-written (wire.LogChunk); here, in the monitor's process, the log becomes steps with exclusive
-phase times: entering a phase pauses the one open (a `.to()` inside
-forward), so a step's phases add up to at most its wall time and `other` is the remainder.
-Steps are contiguous: a step runs from the previous boundary to this one, so the data wait
-before a step's forward belongs to that step. Evaluation iterations (no-grad forwards, no
-backward, no optimizer) are cut here too, at the next data fetch or the next forward of the
-same root. A malformed entry is counted and forgets the open step; it never stops the replay.
-A step whose phases were not timed (phase sampling on fast steps: agent/probe.py) ends with
-UNTIMED_END and keeps its wall time only (empty `phases`, `micro` 0); so does the step in which
-TIMING_RESUMED says timing resumed.
-Device times arrive resolved: on a sampled step each entry carries its CUDA event's time in ms
-from the step's start event (agent/cuda_timing.py), so a phase's device time is a difference.
-COMM_READY inside a backward ends its compute: the rest of that backward, up to its exit, is
-`comm` (the wait for DDP's all-reduce; on CUDA, the compute stream's wait for it).
+The training thread logs times and codes (agent/hooks/probe.py); here they become steps with
+exclusive phases (entering one pauses the one open, so they add up to the wall time and `other`
+is the rest), evaluation iterations are cut at the next data fetch or forward of the same root,
+and an untimed step (UNTIMED_END) keeps its wall time only. Device times arrive resolved: each
+entry of an event step carries its event's ms from the step's start. A malformed entry is
+counted and forgets the open step. COMM_READY inside a backward ends its compute: the rest of
+that backward is `comm` (the wait for DDP's all-reduce). Details: docs/architecture.md, "The log".
 """
 
 from __future__ import annotations
@@ -47,7 +39,7 @@ from torchtop.agent.contract.logcodes import (
     TIMING_RESUMED,
     UNTIMED_END,
 )
-from torchtop.monitor.model.steps import StepRecord
+from torchtop.monitor.model.steps import StepKind, StepRecord
 
 __all__ = ["BACKWARD", "COMM", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder", "to_record"]
 N_PHASES = len(TIMED_PHASES)
@@ -95,7 +87,7 @@ class StepRecorder:
         self._stack: list[int] = []
         self._t0 = 0  # 0: no step open
         self._micro = 0
-        # a sampled step's device times: [(phase, start ms, end ms)], phase -1 the whole step
+        # an event step's device times: [(phase, start ms, end ms)], phase -1 the whole step
         self._events: list | None = None
         # what kind of step is open: train activity (grad forward, backward, optimizer) or only
         # no-grad forwards (an evaluation loop), and the first root of such a forward
@@ -309,7 +301,7 @@ class StepRecorder:
         if self._t0 != 0 and self._events is None and ms is not None:
             self._events = [(-1, ms, None)]
 
-    def boundary(self, kind: str, now: int, end_ms: float | None = None, timed: bool = True) -> None:
+    def boundary(self, kind: StepKind, now: int, end_ms: float | None = None, timed: bool = True) -> None:
         """End the open step at `now` and open the next one at once (steps are contiguous).
         With no step open (the log starts here, or after a RESET) it only opens one. A step
         whose phases were not timed (`timed` False: UNTIMED_END) keeps its wall time only."""

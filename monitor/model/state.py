@@ -6,18 +6,51 @@ functions that the TUI, `report` and the diagnosis rules share.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from statistics import median
 from typing import NamedTuple
 
 from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import Batch, Hello, Telemetry
-from torchtop.monitor.model.steps import StepRecord
+from torchtop.agent.contract.wire import Batch, Hello, StepTally, Telemetry
+from torchtop.monitor.model.steps import StepKind, StepRecord
+from torchtop.monitor.model.tally import RunTally, between, quantile_ms
+from torchtop.monitor.model.why_state import WhyState
 
 HISTORY = 20_000
 STALE_AFTER_S = 3.0
+
+
+class Link(str, Enum):
+    """How the monitor's link to the agent stands (the status line's colour and words)."""
+
+    UNCHOSEN = "choose an agent"
+    WAITING = "waiting"  # no batch yet
+    CONNECTED = "connected"
+    STALE = "stale"  # no batch for STALE_AFTER_S
+    GONE = "agent gone"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Summary(NamedTuple):
+    """A window of a run: every training step counted, and those of them kept whole."""
+
+    steps: int  # training steps that ended in the window, every one counted
+    in_full: list[StepRecord]  # those kept whole (phases, marks, device times): the breakdown's
+    evals: list[StepRecord]
+    covered_s: float  # agent time from the window's first step's start to its last step's end
+    start: float  # the agent time the window's first step started (nan with no step)
+    stats: dict[str, float]  # step_stats over every step counted (quantiles binned when thinned)
+
+    @property
+    def thinned(self) -> bool:
+        """Fewer steps kept whole than counted: the breakdown is drawn from a part of them."""
+        return self.steps > len(self.in_full)
 
 
 class Point(NamedTuple):
@@ -27,8 +60,8 @@ class Point(NamedTuple):
     allocated: int  # first CUDA device; 0 on CPU
     reserved: int
     retries: int
-    gpu_util: float  # NVML percent, -1 when unknown
-    proc_cpu: float  # training process CPU percent, -1 when unknown
+    gpu_util: float | None  # NVML percent
+    proc_cpu: float | None  # training process CPU percent
     rss: int  # training process resident memory, 0 when unknown
 
 
@@ -51,6 +84,10 @@ class RunState:
     telemetry: Telemetry | None = None  # the latest memory / GPU / host samples
     points: deque[Point] = field(default_factory=lambda: deque(maxlen=HISTORY))
     peak_window: dict[int, int] = field(default_factory=dict)  # per device: highest window peak seen
+    why: WhyState = field(default_factory=WhyState)  # stack samples, sync detection, FLOPs
+    tally: RunTally = field(default_factory=RunTally)  # every step counted, the whole run
+    bad_requests: int = 0  # what the agent refused (from its batches)
+    dropped_requests: int = 0
 
     # -- feeding -------------------------------------------------------------------------------
     def apply_hello(self, hello: Hello) -> None:
@@ -63,8 +100,10 @@ class RunState:
         self.steps.clear()
         self.points.clear()
         self.peak_window.clear()
+        self.why = WhyState()
         self.telemetry = None
         self.last_seq = None
+        self.tally.reset()
         self.new_runs += 1
 
     def apply_batch(self, batch: Batch, steps: list[StepRecord], now: float, log_errors: int = 0) -> None:
@@ -82,16 +121,26 @@ class RunState:
         self.dropped = batch.dropped
         self.hook_errors = batch.hook_errors + log_errors
         self.agent_time = batch.time
+        self.bad_requests, self.dropped_requests = batch.bad_requests, batch.dropped_requests
         self.last_batch_at = now
         self.gone = False
         if batch.telemetry is not None:
             self.apply_telemetry(batch.telemetry)
+        if batch.why is not None:
+            self.why.apply(batch.why, batch.wall_offset)
         last_t0 = self.steps[-1].t0 if self.steps else float("-inf")
         self.steps.extend(s for s in steps if s.t0 > last_t0)  # steps are in order, once
+        self.tally.add(steps)
 
-    def apply_snapshot(self, steps: list[StepRecord], seq: int) -> None:
+    def apply_snapshot(
+        self, steps: list[StepRecord], seq: int, tally: StepTally | None = None, wall_offset: float = 0.0
+    ) -> None:
         """History from before we joined; batches up to `seq` are then ignored. Where it
-        overlaps steps already held, the snapshot's are kept."""
+        overlaps steps already held, the snapshot's are kept. `tally` (the agent's count of the
+        steps before its history) covers the run from its start."""
+        if tally is not None:
+            self.tally.add_agent(tally, wall_offset, steps[0].i if steps else None)
+        self.tally.add(steps)
         if steps:
             first, last = steps[0].t0, steps[-1].t0
             merged = (
@@ -116,8 +165,8 @@ class RunState:
                 m.allocated if m else 0,
                 m.reserved if m else 0,
                 m.alloc_retries if m else 0,
-                g.util_gpu if g else -1.0,
-                h.proc_cpu if h else -1.0,
+                g.util_gpu if g else None,
+                h.proc_cpu if h else None,
                 h.proc_rss if h else 0,
             )
         )
@@ -129,26 +178,81 @@ class RunState:
         self.last_error = reason
 
     # -- reading -------------------------------------------------------------------------------
-    def connection(self, now: float) -> str:
+    def link(self, now: float) -> Link:
         if self.gone:
-            return "agent gone"
+            return Link.GONE
         if self.last_batch_at is None:
-            return "waiting"
+            return Link.WAITING
         if now - self.last_batch_at > STALE_AFTER_S:
-            return f"stale ({now - self.last_batch_at:.0f}s)"
-        return "connected"
+            return Link.STALE
+        return Link.CONNECTED
 
-    def window(self, seconds: float, kind: str = "train") -> list[StepRecord]:
-        """Steps of `kind` that ended in the last `seconds` of the agent's clock."""
+    def connection(self, now: float) -> str:
+        """The link in words: `stale (12s)` says for how long."""
+        link = self.link(now)
+        if link == Link.STALE and self.last_batch_at is not None:
+            return f"{link} ({now - self.last_batch_at:.0f}s)"
+        return str(link)
+
+    def window(self, seconds: float, kind: StepKind = "train") -> list[StepRecord]:
+        """Steps of `kind` that ended in the last `seconds` of the agent's clock (not the two
+        the FLOP count slowed: they are not the run's pace)."""
         horizon = self.agent_time - seconds
+        excluded = self.why.excluded
         out = []
         for s in reversed(self.steps):
             if s.t0 + s.wall_ns / 1e9 < horizon:
                 break
-            if s.kind == kind:
+            if s.kind == kind and not excluded(s):
                 out.append(s)
         out.reverse()
         return out
+
+    def summary(self, seconds: float) -> Summary:
+        """The last `seconds` of agent time (inf: the whole run): every training step counted, and
+        the ones kept whole. Counts are exact where whole steps reach past the window's start,
+        read from the tally (spread evenly between its points) where they do not."""
+        horizon = self.agent_time - seconds
+        records: list[StepRecord] = []
+        prev = None
+        for s in reversed(self.steps):
+            if s.t0 + s.wall_ns / 1e9 < horizon:
+                prev = s
+                break
+            records.append(s)
+        records.reverse()
+        in_full = [s for s in records if s.kind == "train"]
+        evals = [s for s in records if s.kind != "train"]
+        tally = self.tally
+        if records and prev is not None:  # whole steps on both sides of the window's start
+            first = records[0]
+            before = (prev.t0 + prev.wall_ns / 1e9, prev.i + 1)
+            ended = first.i if horizon >= first.t0 else between(before, (first.t0, first.i), horizon)
+            evals_before = 0
+        elif records:
+            ended = min(tally.ended_by(horizon), records[0].i)
+            evals_before = tally.evals_after(horizon, records[0].t0)
+        else:
+            ended = tally.ended_by(horizon)
+            evals_before = tally.evals_after(horizon, float("inf"))
+        newest = max(tally.n, records[-1].i + 1 if records else 0)
+        counted = max(len(in_full), newest - ended - len(evals) - evals_before)
+        if counted == len(in_full):
+            if not in_full:
+                return Summary(0, in_full, evals, 0.0, math.nan, step_stats(in_full))
+            covered = in_full[-1].t0 + in_full[-1].wall_ns / 1e9 - in_full[0].t0
+            return Summary(counted, in_full, evals, covered, in_full[0].t0, step_stats(in_full))
+        span = tally.span(horizon)
+        start = max(horizon, tally.base[0]) if tally.base is not None else horizon
+        covered = max(0.0, (tally.last_end or start) - start)
+        stats = {
+            "now_ms": in_full[-1].wall_ns / 1e6 if in_full else 0.0,
+            "median_ms": quantile_ms(span.hist, 0.5),
+            "p90_ms": quantile_ms(span.hist, 0.9),
+            "mean_ms": span.wall_ns / span.steps / 1e6 if span.steps else 0.0,
+            "steps_per_s": counted / covered if covered > 0 else 0.0,
+        }
+        return Summary(counted, in_full, evals, covered, start, stats)
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
@@ -203,7 +307,7 @@ def phase_ms(steps: list[StepRecord]) -> dict[str, float]:
 
 
 def device_ms(steps: list[StepRecord]) -> dict[str, float]:
-    """Mean CUDA-event milliseconds per sampled step, by phase (and `step`); {} on CPU."""
+    """Mean CUDA-event milliseconds per event step, by phase (and `step`); {} on CPU."""
     sampled = [s for s in steps if s.device_ms]
     if not sampled:
         return {}

@@ -1,13 +1,15 @@
 """`torchtop attach`: the live TUI on one agent.
 
-Messages up, attributes down: a thread worker (monitor/feed.py) owns the AgentClient and posts
+Messages up, attributes down: a thread worker (tui/feed.py) owns the AgentClient and posts
 messages; the app applies them to a pure RunState, and a ~4 Hz timer pushes plain values from
 that state into the widgets' reactive attributes (never per batch: a 10 kHz loop must not
 make the terminal the bottleneck). Requests to the agent (captures) go to the worker through a
 queue; its answers come back as messages. Never imports torch.
 
-Tabs: Overview (step time, verdict, phases, marks), Memory, GPU · Host. Panels of a hidden tab
-get only the latest samples (cheap); the memory plot's series is computed while it is shown.
+Tabs: Overview (step time, verdict, phases, marks), Memory, GPU · Host, and under `torchtop run`
+the job's Log. Panels of a hidden tab get only the latest samples (cheap); the memory plot's
+series is computed while it is shown. Below 32 rows the screen gets the class -short (app.tcss
+packs the panels tighter); the tabs scroll from the keyboard wherever the focus is.
 """
 
 from __future__ import annotations
@@ -19,25 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from textual import work
-from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
+from textual.scrollbar import ScrollBar, ScrollBarRender
 from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from torchtop.agent.contract.wire import CAPTURE_DEFAULT_STEPS
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.why import why_facts
 from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model import fmt
-from torchtop.monitor.model.captures import (
-    DEFAULT_STEPS,
-    CaptureBook,
-    capture_lines,
-    fetch_from,
-    next_steps,
-    progress_text,
-)
+from torchtop.monitor.model.captures import CaptureBook
 from torchtop.monitor.model.panel_data import (
     PLOT_S,
     mark_rows,
@@ -47,26 +44,26 @@ from torchtop.monitor.model.panel_data import (
     y_top,
 )
 from torchtop.monitor.model.state import (
+    Link,
     RunState,
     breakdown,
     device_ms,
     phase_ms,
     recent_points,
     retry_rate,
-    step_stats,
     timed,
 )
+from torchtop.monitor.tui import keys
+from torchtop.monitor.tui.capture_flow import CaptureApp
 from torchtop.monitor.tui.feed import (
     BatchesReceived,
     FeedError,
     HelloReceived,
-    RequestAnswered,
     SnapshotReceived,
     run_feed,
 )
 from torchtop.monitor.tui.widgets import (
     CaptureLine,
-    CapturesScreen,
     ChooserScreen,
     GpuPanel,
     HelpScreen,
@@ -80,6 +77,7 @@ from torchtop.monitor.tui.widgets import (
     StatusLine,
     StepPanel,
     VerdictPanel,
+    WhyPanel,
     WorkerTable,
 )
 
@@ -89,28 +87,29 @@ SPARK_POINTS = 2000  # most step times handed to the sparkline (it buckets them 
 MAX_CPU_SHARE = 0.05  # of one core, for recomputing the panels (see TorchtopApp._tick)
 PLOT_REFRESH_S = 1.0  # the memory plot (5 minutes wide) is redrawn at most this often
 NO_TELEMETRY = "no telemetry received yet"
+SCROLLERS = {"overview": "#overview-scroll", "memory": "#memory-scroll", "gpu-host": "#gpu-host-scroll"}
 
 
-class TorchtopApp(App[int]):
+class WholeCellScrollBar(ScrollBarRender):
+    """A scrollbar whose thumb is whole coloured cells: Textual's eighth-block glyphs at the
+    thumb's ends read as stray blocks beside the panels (tmux capture, few-colour terminals)."""
+
+    VERTICAL_BARS = [" "] * 8
+    HORIZONTAL_BARS = [" "] * 8
+
+
+ScrollBar.renderer = WholeCellScrollBar  # the monitor's process draws only this app
+
+
+class TorchtopApp(CaptureApp):
     """The dashboard. `feed=False` starts no worker, so tests can post messages themselves;
     `clock` replaces time.monotonic (staleness), so snapshot tests render the same every time."""
 
     CSS_PATH = "app.tcss"
     TITLE = "torchtop"
     ENABLE_COMMAND_PALETTE = False
-    BINDINGS = [
-        Binding("q", "quit", "Quit"),
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("p", "profile", "Profile"),
-        Binding("m", "memory_snapshot", "Mem snapshot"),
-        Binding("c", "captures", "Captures"),
-        Binding("plus,equals_sign", "steps(1)", "Steps +", show=False),
-        Binding("minus", "steps(-1)", "Steps -", show=False),
-        Binding("1", "tab('overview')", "Overview", show=False),
-        Binding("2", "tab('memory')", "Memory", show=False),
-        Binding("3", "tab('gpu-host')", "GPU·Host", show=False),
-        Binding("4", "tab('log')", "Log", show=False),
-    ]
+    BINDINGS = keys.BINDINGS
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     def __init__(
         self,
@@ -120,9 +119,11 @@ class TorchtopApp(App[int]):
         feed: bool = True,
         clock: Callable[[], float] = time.monotonic,
         log_path: Path | None = None,
+        leaving: keys.Leaving | None = None,
         record: Path | None = None,
     ) -> None:
         super().__init__()
+        self.leaving = leaving or keys.Leaving()
         self.record = record  # attach --record: the feed keeps what it receives here
         self.log_tail = LogTail(log_path, id="log-tail") if log_path is not None else None
         self.endpoint = endpoint
@@ -137,6 +138,7 @@ class TorchtopApp(App[int]):
         self.header = RunHeader(id="run-header")
         self.step_panel = StepPanel(WINDOW_S, id="step-panel")
         self.phase_panel = PhasePanel(id="phase-panel")
+        self.why_panel = WhyPanel(id="why-panel")
         self.status_line = StatusLine(id="status-line")
         self.verdict_panel = VerdictPanel(id="verdict-panel")
         self.marks_panel = MarksPanel(id="marks-panel")
@@ -148,7 +150,7 @@ class TorchtopApp(App[int]):
         self.capture_line = CaptureLine(id="capture-line")
         self.diagnosis: Diagnosis | None = None  # the previous verdict: diagnose()'s hysteresis
         self.captures = CaptureBook()
-        self.capture_steps = DEFAULT_STEPS
+        self.capture_steps = CAPTURE_DEFAULT_STEPS
         self.requests: queue.SimpleQueue[tuple[str, dict[str, Any]]] = (
             queue.SimpleQueue()
         )  # to the feed worker
@@ -173,6 +175,7 @@ class TorchtopApp(App[int]):
                 yield self.step_panel
                 yield self.verdict_panel
                 yield self.phase_panel
+                yield self.why_panel
                 yield self.marks_panel
             with (
                 TabPane("Memory", id="memory"),
@@ -191,7 +194,7 @@ class TorchtopApp(App[int]):
                     yield self.log_tail
         yield self.capture_line
         yield self.status_line
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#memory-panel").border_title = "CUDA memory"
@@ -250,7 +253,7 @@ class TorchtopApp(App[int]):
         self._refresh_captures()
 
     def on_snapshot_received(self, message: SnapshotReceived) -> None:
-        self.state.apply_snapshot(message.steps, message.seq)
+        self.state.apply_snapshot(message.steps, message.seq, message.tally, message.wall_offset)
         self._dirty = True
 
     def on_batches_received(self, message: BatchesReceived) -> None:
@@ -290,8 +293,8 @@ class TorchtopApp(App[int]):
         """Recompute every panel's values from the state and push them into the widgets."""
         self._dirty = False
         state = self.state
-        steps = state.window(WINDOW_S)
-        stats = step_stats(steps)
+        summary = state.summary(WINDOW_S)
+        steps, stats = summary.in_full, summary.stats
 
         hello = state.hello
         self.header.hello = hello
@@ -300,10 +303,11 @@ class TorchtopApp(App[int]):
         )
 
         self.step_panel.stats = stats
-        self.step_panel.count = len(steps)
+        self.step_panel.count = summary.steps
+        self.step_panel.in_full = len(steps)
         self.step_panel.last_step = steps[-1].i if steps else None
         self.step_panel.series = [s.wall_ns / 1e6 for s in steps[-SPARK_POINTS:]]
-        self.step_panel.span_s = round(min(WINDOW_S, state.agent_time - steps[0].t0), 1) if steps else None
+        self.step_panel.span_s = round(min(WINDOW_S, state.agent_time - summary.start), 1) if steps else None
 
         self.phase_panel.shares = breakdown(steps)
         self.phase_panel.ms = phase_ms(steps)
@@ -313,7 +317,12 @@ class TorchtopApp(App[int]):
         self.phase_panel.timed = len(timed(steps))
         self.phase_panel.count = len(steps)
 
-        skipped, evals = step_counts(steps, state.window(WINDOW_S, kind="eval"))
+        utils = [p.gpu_util for p in recent_points(state, WINDOW_S) if p.gpu_util is not None]
+        self.why_panel.shares = self.phase_panel.shares
+        self.why_panel.step_ms = stats["mean_ms"]
+        self.why_panel.why = why_facts(state, steps, sum(utils) / len(utils) if utils else None)
+
+        skipped, evals = step_counts(steps, summary.evals)
         self.step_panel.evals = evals
         self.step_panel.skipped = skipped
         self.diagnosis = self.judge(state)
@@ -338,7 +347,7 @@ class TorchtopApp(App[int]):
         mem.retry_rate = retry_rate(state, WINDOW_S)
         mem.reason = missing.get("memory", "") if tel is not None else NO_TELEMETRY
         if self._tab() == "memory" and time.perf_counter() >= self._plot_due:
-            # plotext draws a 120x30 plot in ~20 ms: once a second keeps it near 2% of a core
+            # plotext takes milliseconds to draw: once a second keeps it a small share of a core
             self._plot_due = time.perf_counter() + PLOT_REFRESH_S
             total = tel.memory[0].device_total if tel is not None and tel.memory else 0
             cuda = bool(tel is not None and tel.memory)
@@ -362,8 +371,11 @@ class TorchtopApp(App[int]):
     def _refresh_status(self) -> None:
         state = self.state
         status = self.status_line
-        status.connection = state.connection(self.clock()) if self.endpoint else "choose an agent"
+        now = self.clock()
+        status.link = state.link(now) if self.endpoint else Link.UNCHOSEN
+        status.connection = state.connection(now) if self.endpoint else str(Link.UNCHOSEN)
         trouble = self.endpoint.link_trouble() if self.endpoint else ""
+        status.tunnel_down = bool(trouble)
         if trouble:
             status.connection = f"{trouble} · {status.connection}"
         status.batches = state.batches
@@ -376,79 +388,56 @@ class TorchtopApp(App[int]):
         self.capture_line.steps = self.capture_steps
         self.capture_line.count = len(self.captures.by_id)
 
-    # -- captures --------------------------------------------------------------------------------
-    def ask(self, cmd: str, args: dict[str, Any] | None = None) -> None:
-        """Queue a request for the feed worker; the answer comes back as RequestAnswered."""
-        self.requests.put((cmd, args or {}))
-
-    def _capture_seen(self, batch: Any) -> None:
-        if batch.capture is None or batch.capture == self.captures.current:
-            return  # most batches: nothing new about captures
-        finished = self.captures.see(batch.capture)
-        if finished is not None:
-            if finished.state == "done":
-                self.notify(progress_text(finished), title="capture done", timeout=10)
-            else:
-                self.notify(progress_text(finished), title="capture failed", severity="error", timeout=10)
-            self.ask("capture-status")  # the list (and the Captures screen) with its summary
-        if isinstance(self.screen, CapturesScreen):
-            self._refresh_captures()
-
-    def on_request_answered(self, message: RequestAnswered) -> None:
-        reply = message.reply
-        if reply is None:
-            self.notify(message.error, title=f"{message.cmd}: no answer", severity="error", timeout=8)
-            return
-        if message.cmd == "capture-status":
-            if reply.ok:
-                self.captures.merge(reply.captures)
-        elif reply.ok:
-            self.captures.requested(reply.capture)
-            if reply.capture is not None:
-                self.notify(progress_text(reply.capture), title="capture requested")
-        else:
-            what = "profile" if message.cmd == "capture-profile" else "memory snapshot"
-            self.notify(reply.error, title=f"{what} refused", severity="warning", timeout=10)
-        self._refresh_captures()
-
-    def on_captures_screen_refresh_wanted(self, _message: CapturesScreen.RefreshWanted) -> None:
-        self.ask("capture-status")
-
-    def _refresh_captures(self) -> None:
-        self._refresh_status()
-        screen = self.screen
-        if not isinstance(screen, CapturesScreen):
-            return
-        label, host = (str(self.endpoint), self.endpoint.host) if self.endpoint else ("", "")
-        screen.entries = [capture_lines(c, fetch_from(label, host, c.host)) for c in self.captures.listing()]
-        active = self.captures.active
-        screen.note = progress_text(active) if active is not None else ""
-
     # -- keys ----------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """q and Ctrl-C: only the pair of this way of opening; tab 4 only with a Log tab; a scroll
+        key that a subclass binds itself (the replay's Home and End seek) is the subclass's."""
+        if action in ("leave", "interrupt"):
+            return parameters[:1] == (self.leaving.mode,)
+        if action == "tab":
+            return parameters[:1] != ("log",) or self.log_tail is not None
+        if action == "scroll" and type(self) is not TorchtopApp:  # a subclass's own key wins
+            return all(str(parameters[0]) not in b.key.split(",") for b in type(self).BINDINGS)
+        return True
+
+    def action_leave(self, _mode: str) -> None:
+        self.exit(0)  # `torchtop demo` stops its job once the TUI is closed; attach and run do not
+
+    def action_interrupt(self, _mode: str) -> None:
+        if self.leaving.stop_job is not None:
+            try:
+                self.leaving.stop_job()
+            except Exception as exc:  # the job may be gone already: say so, and stay
+                self.notify(f"could not signal the job: {exc}", severity="error", timeout=10)
+                return
+        self.exit(0)
+
+    def action_scroll(self, key: str) -> None:
+        """Scroll the tab on screen, whichever widget has the focus (the tab bar, after a click)."""
+        if len(self.screen_stack) > 1:
+            return  # help, captures, chooser: their own widgets scroll
+        tab = self._tab()
+        target = self.log_tail if tab == "log" else self.query_one(SCROLLERS.get(tab, "#overview-scroll"))
+        if target is None:
+            return
+        move = {
+            "up": target.scroll_up,
+            "down": target.scroll_down,
+            "pageup": target.scroll_page_up,
+            "pagedown": target.scroll_page_down,
+            "home": target.scroll_home,
+            "end": target.scroll_end,
+        }.get(key)
+        if move is not None:
+            move(animate=False)
+
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
             self.screen.dismiss(None)
         else:
-            self.push_screen(HelpScreen())
-
-    def action_profile(self) -> None:
-        self.ask("capture-profile", {"steps": self.capture_steps})
-
-    def action_memory_snapshot(self) -> None:
-        self.ask("capture-memory", {"steps": self.capture_steps})
-
-    def action_steps(self, direction: int) -> None:
-        self.capture_steps = next_steps(self.capture_steps, direction > 0)
-        self._refresh_status()
-
-    def action_captures(self) -> None:
-        if not isinstance(self.screen, CapturesScreen):
-            self.push_screen(CapturesScreen())
-            self.call_after_refresh(self._refresh_captures)
+            self.push_screen(HelpScreen(keys.help_rows(self.check_action)))
 
     def action_tab(self, tab: str) -> None:
-        if tab == "log" and self.log_tail is None:
-            return
         self.query_one("#tabs", TabbedContent).active = tab
 
     def on_tabbed_content_tab_activated(self, _event: TabbedContent.TabActivated) -> None:
@@ -460,11 +449,13 @@ def run_tui(
     endpoint: Endpoint | None,
     choices: list[dict[str, Any]] | None,
     log_path: Path | None = None,
+    mode: keys.LeaveMode = "attach",
     record: Path | None = None,
 ) -> int:
     """Run the TUI on `endpoint`, or on one of `choices` (discovery entries); the exit code.
     With `log_path`, a Log tab follows the job's output; with `record`, what it receives is
-    recorded there."""
-    app = TorchtopApp(endpoint, choices, log_path=log_path, record=record)
+    recorded there. `mode` says what q and Ctrl-C do (keys.QUIT_WORDS); `torchtop run` builds
+    its app itself, with the job's Ctrl-C callback."""
+    app = TorchtopApp(endpoint, choices, log_path=log_path, leaving=keys.Leaving(mode), record=record)
     app.run()
     return app.return_code or 0

@@ -46,6 +46,8 @@ class SnapshotReceived(Message):
 
     steps: list[StepRecord]
     seq: int
+    tally: wire.StepTally | None = None  # the agent's count of every step of the run
+    wall_offset: float = 0.0
 
 
 @dataclass
@@ -157,7 +159,7 @@ def _loop(
             try:
                 reply, steps = client.snapshot(timeout=SNAPSHOT_TIMEOUT_S)
                 if reply.ok:
-                    post(SnapshotReceived(steps, reply.seq))
+                    post(SnapshotReceived(steps, reply.seq, reply.tally, reply.wall_offset))
                     if recorder is not None:
                         recorder.snapshot(reply)
             except AgentUnreachable:

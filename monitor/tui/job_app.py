@@ -33,14 +33,28 @@ from torchtop.monitor.model.captures import capture_lines, fetch_from, progress_
 from torchtop.monitor.model.job import JobState, Member
 from torchtop.monitor.model.job_captures import JobCaptures, round_summary, start_step
 from torchtop.monitor.model.ranks_view import ranks_view
-from torchtop.monitor.model.state import RunState
+from torchtop.monitor.model.state import Link, RunState
+from torchtop.monitor.tui import keys
 from torchtop.monitor.tui.app import TorchtopApp
 from torchtop.monitor.tui.job_feed import JobEvents, JobFeedError, JobRequest, run_job_feed
-from torchtop.monitor.tui.widgets import CapturesScreen
+from torchtop.monitor.tui.widgets import CapturesScreen, HelpScreen
 from torchtop.monitor.tui.widgets.ranks_panel import RanksPanel, focus_text, head_lines
 
 if TYPE_CHECKING:
     from torchtop.monitor.link.targets import Endpoint
+
+
+JOB_BINDINGS = [
+    Binding(
+        "0", "tab('ranks')", "Ranks", show=False, tooltip="the Ranks tab: every rank against the median rank"
+    ),
+    Binding("j", "show_job", "Job", tooltip="the other tabs show the job (the mean of its ranks)"),
+    Binding("left_square_bracket", "rank(-1)", show=False, key_display="[", tooltip="... the previous rank"),
+    Binding("right_square_bracket", "rank(1)", show=False, key_display="]", tooltip="... the next rank"),
+    Binding(
+        "s", "slowest", "Slowest", tooltip="... the slowest rank (the straggler); a click: the rank clicked"
+    ),
+]
 
 
 class JobApp(TorchtopApp):
@@ -48,14 +62,7 @@ class JobApp(TorchtopApp):
 
     FIRST_TAB = "ranks"
     refresh_s = 0.5  # 2 Hz: a refresh redraws every rank's line (64 ranks at 200 steps/s: benchmarks.md)
-    BINDINGS = [
-        *TorchtopApp.BINDINGS,
-        Binding("0", "tab('ranks')", "Ranks", show=False),
-        Binding("j", "show_job", "Job"),
-        Binding("left_square_bracket", "rank(-1)", "Rank -", show=False),
-        Binding("right_square_bracket", "rank(1)", "Rank +", show=False),
-        Binding("s", "slowest", "Slowest"),
-    ]
+    BINDINGS = [*TorchtopApp.BINDINGS, *JOB_BINDINGS]
 
     def __init__(
         self,
@@ -65,8 +72,9 @@ class JobApp(TorchtopApp):
         clock: Callable[[], float] = time.monotonic,
         log_path: Path | None = None,
         baseline_ms: float | None = None,
+        leaving: keys.Leaving | None = None,
     ) -> None:
-        super().__init__(None, None, feed=feed, clock=clock, log_path=log_path)
+        super().__init__(None, None, feed=feed, clock=clock, log_path=log_path, leaving=leaving)
         self.plan = plan or JobPlan([])
         self.job = JobState(self.plan.job_id)
         for line in self.plan.notes:
@@ -194,6 +202,26 @@ class JobApp(TorchtopApp):
         self.show_member(message.key)
         self.action_tab("overview")
 
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss(None)
+        else:
+            rows = keys.help_rows(self.check_action) + [
+                (b.key_display or b.key, b.tooltip) for b in JOB_BINDINGS
+            ]
+            rows.append(("p m", "in the job view: the same N steps on every rank (or on the rank shown)"))
+            self.push_screen(HelpScreen(rows))
+
+    def action_scroll(self, key: str) -> None:
+        if self._tab() != "ranks" or len(self.screen_stack) > 1:
+            super().action_scroll(key)
+            return
+        target = self.query_one("#ranks-scroll", VerticalScroll)
+        move = {"up": target.scroll_up, "down": target.scroll_down, "pageup": target.scroll_page_up,
+                "pagedown": target.scroll_page_down, "home": target.scroll_home, "end": target.scroll_end}.get(key)  # fmt: skip
+        if move is not None:
+            move(animate=False)
+
     # -- focus ---------------------------------------------------------------------------------
     def shown_member(self) -> Member | None:
         return self.job.members.get(self.shown_key) if self.shown_key is not None else None
@@ -284,17 +312,29 @@ class JobApp(TorchtopApp):
         super()._refresh_status()
         job, status, now = self.job, self.status_line, self.clock()
         ranked = job.ranked()
-        states = [m.state.connection(now) for m in ranked]
-        up = states.count("connected")
-        gone = [m.rank for m, s in zip(ranked, states) if s == "agent gone"]
+        links = [m.state.link(now) for m in ranked]
+        up = links.count(Link.CONNECTED)
+        gone = [m.rank for m, link in zip(ranked, links) if link == Link.GONE]
         waiting = [m for m in job.members.values() if m.hello is None]
+        # green when every rank answers, red when none does, yellow between
+        status.link = (
+            Link.CONNECTED
+            if ranked and up == len(ranked)
+            else Link.GONE
+            if gone and len(gone) == len(ranked)
+            else Link.WAITING
+        )
+        troubles = [t for t in (ep.link_trouble() for ep in self.plan.endpoints) if t]
+        status.tunnel_down = bool(troubles)
         text = f"connected · {up} of {len(ranked)} ranks" if ranked else "waiting for the ranks"
         if gone:
             text += f" · gone: rank{'s' if len(gone) > 1 else ''} {ranks_text(gone)}"
-        if len(states) - up - len(gone):
-            text += f" · stale: {len(states) - up - len(gone)}"
+        if len(links) - up - len(gone):
+            text += f" · stale: {len(links) - up - len(gone)}"
         if waiting:
             text += f" · not answering: {len(waiting)}"
+        if troubles:
+            text = f"{troubles[0]}{f' (and {len(troubles) - 1} more)' if len(troubles) > 1 else ''} · {text}"
         status.connection = text if up else text.replace("connected · ", "")
         members = list(job.members.values())
         status.batches = sum(m.state.batches for m in members)
@@ -322,8 +362,13 @@ def run_job_tui(
         return run_plan(plan, baseline_ms, log_path)
 
 
-def run_plan(plan: JobPlan, baseline_ms: float | None = None, log_path: Path | None = None) -> int:
-    app = JobApp(plan, baseline_ms=baseline_ms, log_path=log_path)
+def run_plan(
+    plan: JobPlan,
+    baseline_ms: float | None = None,
+    log_path: Path | None = None,
+    mode: keys.LeaveMode = "attach",
+) -> int:
+    app = JobApp(plan, baseline_ms=baseline_ms, log_path=log_path, leaving=keys.Leaving(mode))
     app.run()
     return app.return_code or 0
 

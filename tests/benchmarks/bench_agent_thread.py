@@ -2,6 +2,8 @@
 
     python tests/benchmarks/bench_agent_thread.py [--hidden H] [--steps N] [--rounds R]
 
+Its figures go in docs/benchmarks.md (a dated section per round).
+
 Not collected by pytest. That thread shares the GIL with training: whatever Python it runs per
 step, the training thread may wait for. It is timed with `time.thread_time_ns()` around each of
 its ticks (its CPU time, not wall time, so other processes do not blur it), on the benchmark's

@@ -2,12 +2,14 @@
 
     python tests/benchmarks/bench_modes.py [--device cpu|cuda] [--pairs N]
 
+Its figures go in docs/benchmarks.md (a dated section per round).
+
 Not collected by pytest. The same loop and pairing as bench_paired.py, in sessions that each
 force one kind of step on the wrapped side: every step untimed (only its end logged), every
 step's phases timed, and on CUDA every step (or 1 in 8) with CUDA events, then the agent's
 default as it runs on this loop (its timed share and event stride read from a free run) and the
 default unpinned. An A/A session (the originals on both sides) checks the estimator. The last
-line puts the parts together: untimed + share x timed extra + sampled extra / stride.
+line puts the parts together: untimed + share x timed extra + event-step extra / stride.
 """
 
 from __future__ import annotations
@@ -100,15 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         session("A/A: the originals on both sides", None, None, aa=True)
         untimed = session("every step untimed", probe_mod.UNTIMED, 0)
         timed = session("every step timed", 0, 0)
-        sampled = session("every step with CUDA events", None, 1) if every else 0.0
+        evented = session("every step with CUDA events", None, 1) if every else 0.0
         if every:
             session("CUDA events on 1 step in 8", None, 8)
         session("the default as it runs here", None, every or 0, phase_every=one_in(share))
         session("the default, unpinned (the agent sees every other step)", None, None)
-        model = untimed + share * (timed - untimed) + ((sampled - timed) / every if every else 0.0)
+        model = untimed + share * (timed - untimed) + ((evented - timed) / every if every else 0.0)
         print(
             f"parts: untimed {untimed:.2f} + {share:.3f} x timed extra {timed - untimed:.2f}"
-            + (f" + sampled extra {sampled - timed:.2f} / {every}" if every else "")
+            + (f" + event-step extra {evented - timed:.2f} / {every}" if every else "")
             + f" = {model:.2f} us a step"
         )
     finally:

@@ -2,6 +2,8 @@
 
     python tests/benchmarks/bench_overhead.py [--device cpu|cuda] [--split] [--rounds R] [--steps N]
 
+Its figures go in docs/benchmarks.md (a dated section per round).
+
 Not collected by pytest. One process, alternating: each round times one block of N steps with
 the agent on (`torchtop.agent.start()`) and one with it off (`stop()`), in alternating order so
 drift cancels. Each block is preceded by untimed warm-up steps (the same for both), so the agent
@@ -172,7 +174,7 @@ def calibrate_cuda(batch: int, target_ms: float, start_depth: int = 8) -> int:
     return depth
 
 
-# -- CUDA event probe costs ------------------------------------------------------------------------
+# -- CUDA event costs -----------------------------------------------------------------------------
 def event_costs(n: int = 2000) -> dict[str, float]:
     """Median us per call of the CUDA event calls the agent makes (record on the training thread)."""
     ns = time.perf_counter_ns

@@ -1,6 +1,8 @@
 """The agent's cost per step, paired: torchtop's wrappers swapped in and out on alternate steps.
 
-    python tests/benchmarks/bench_paired.py [--device cpu|cuda] [--pairs N] [--phase-every K]
+    python tests/benchmarks/bench_paired.py [--device cpu|cuda] [--pairs N] [--phase-every K] [--markdown]
+
+Its figures go in docs/benchmarks.md: `--markdown` also prints the table row to paste there.
 
 Not collected by pytest. The agent runs all along (threads, sockets, probe); what alternates is
 whether the hooked functions (DataLoader `__next__` on CPU, the root's `forward`,
@@ -17,9 +19,8 @@ same loop first reads what the agent chooses on it (the share of steps timed, th
 stride), and the paired steps keep those. The agent's own threads run through both steps of
 a pair, so their cost cancels there: their work per step (CPU time from waking to waiting again,
 which holds the GIL for most of it) is measured beside it and added to the total, as if all of
-it held up training. Their whole CPU time is printed too: it adds the cost of waking up (~70 us
-a wake on the 2-core VM, the same for a bare `time.sleep(0.1)` loop), spent in the kernel
-without the GIL.
+it held up training. Their whole CPU time is printed too: it adds the cost of waking up, spent
+in the kernel without the GIL.
 The goal is judged on the total's 95% interval (bootstrap of the 10% trimmed mean): CPU <= 0.5%
 of a ~2 ms step, CUDA <= 1% of a launch-bound ~2 ms step. `--phase-every 1` times every step's
 phases; 0 (default) is the agent's own phase sampling. Not counted: the start-up transient.
@@ -50,7 +51,7 @@ from torchtop.agent.hooks.optimizer import _step_cell
 from torchtop.agent.loop import cuda_events as cuda_timing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import GOALS, calibrate_cpu, calibrate_cuda  # noqa: E402
+from bench_overhead import GOALS, SUBSCRIBER, calibrate_cpu, calibrate_cuda  # noqa: E402
 
 PARTS = ("next", "forward", "loss+zero", "backward", "optimizer", "step")
 
@@ -144,13 +145,16 @@ def trimmed_ci(values: list[int], n: int = 300) -> tuple[float, float]:
     return means[int(0.025 * n)], means[int(0.975 * n) - 1]
 
 
-def agent_busy_ns(agent: Any) -> tuple[int, int, int]:
+def agent_busy_ns(agent: Any) -> tuple[int, int, int, int]:
     """CPU time so far of the agent's threads at work (each counts its own): the agent loop,
-    the slow samplers, the recorder (0 without a recording)."""
+    the slow samplers, the recorder (0 without a recording), the stack sampler (which samples
+    only while a monitor listens: `--attached`)."""
+    why = getattr(agent, "why", None)
     return (
         agent.loop.busy_ns,
         agent.telemetry.busy_ns if agent.telemetry is not None else 0,
         agent.recorder.busy_ns if agent.recorder is not None else 0,
+        why.sampler.busy_ns if why is not None else 0,
     )
 
 
@@ -244,11 +248,51 @@ def one_in(share: float) -> int:
     return max(1, round(1 / share)) if share > 0 else 1
 
 
+def markdown_row(
+    args: argparse.Namespace,
+    size: int,
+    desc: str,
+    step_us: float,
+    hooks_us: float,
+    threads_us: float,
+    total: tuple[float, float, float],
+    verdict: str,
+    share: float,
+    every: int,
+) -> str:
+    """One row of docs/benchmarks.md's overhead tables: | date | machine | loop | command | result |"""
+    import platform
+
+    machine = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else (platform.processor() or platform.machine())
+    )
+    machine += f", {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
+    command = f"`bench_paired.py --device {args.device} --size {size} --pairs {args.pairs}`"
+    if args.phase_every:
+        command = command[:-1] + f" --phase-every {args.phase_every}`"
+    pct, lo, hi = total
+    chose = f"phases timed on {share:.0%} of steps" + (f", events 1 step in {every}" if every else "")
+    result = (
+        f"hooks {hooks_us:+.1f} µs + threads {threads_us:.1f} µs = **{pct:+.2%}** "
+        f"(95% CI {lo:+.2%} .. {hi:+.2%}): {verdict}; {chose}"
+    )
+    return (
+        f"| {time.strftime('%Y-%m-%d')} | {machine} | {desc}, {step_us / 1e3:.2f} ms | {command} | {result} |"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--pairs", type=int, default=5000)
     p.add_argument("--phase-every", type=int, default=0)
+    p.add_argument(
+        "--attached",
+        action="store_true",
+        help="a subscriber process listens all along (as an open TUI does): 10 Hz ticks, stack samples",
+    )
     p.add_argument(
         "--size", type=int, default=0, help="cpu: hidden width; cuda: depth (default: calibrated to ~2 ms)"
     )
@@ -259,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with --ddp: the wrappers stay in; what alternates is the collective-wait callback of a "
         "timed backward (probe.comm): its own cost",
     )
+    p.add_argument("--markdown", action="store_true", help="also print the row for docs/benchmarks.md")
     p.add_argument(
         "--record", metavar="PATH", default=None, help="the agent records the run into PATH meanwhile"
     )
@@ -281,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
         probe.comm = True
     if args.ddp:
         desc += f", DDP over {torch.distributed.get_world_size()} rank(s) ({torch.distributed.get_backend()})"
+    listener = None
+    if (
+        args.attached
+    ):  # a monitor in another process, as an open TUI: the agent ticks at 10 Hz and samples stacks
+        import subprocess
+
+        listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(agent.port)])  # type: ignore[union-attr]
     stride = cuda_timing.EventResolver.stride
     try:
         for _ in range(300):
@@ -298,8 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu0, busy0 = agent_threads_cpu_ns(), agent_busy_ns(agent)
         diffs, base = paired(step, hooked, args.pairs)
         busy1 = agent_busy_ns(agent)
-        loop_us, slow_us, rec_us = ((b - a) / (2 * args.pairs) / 1e3 for a, b in zip(busy0, busy1))
-        threads_us = loop_us + slow_us + rec_us
+        loop_us, slow_us, rec_us, stacks_us = ((b - a) / (2 * args.pairs) / 1e3 for a, b in zip(busy0, busy1))
+        threads_us = loop_us + slow_us + rec_us + stacks_us
         cpu_us = (agent_threads_cpu_ns() - cpu0) / (2 * args.pairs) / 1e3
         if args.device == "cuda":
             torch.cuda.synchronize()
@@ -330,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  agent threads at work {threads_us:+.2f} us a step (loop {loop_us:.2f}, slow samplers {slow_us:.2f}"
             + (f", recorder {rec_us:.2f}" if args.record else "")
+            + f", stack sampler {stacks_us:.2f}"
+            + (f" at {agent.why.sampler.rate:.1f} Hz" if listener else " (idle: nobody listens)")
             + "; "
             f"their whole CPU time, waking up included: {cpu_us:.2f} us)"
         )
@@ -337,8 +391,16 @@ def main(argv: list[str] | None = None) -> int:
             f"  overhead: hooks {hooks / step_us:+.2%} + threads {threads_us / step_us:+.2%} = {total:+.2%} of the step "
             f"(95% CI {lo_t:+.2%} .. {hi_t:+.2%}); goal <= {goal:.1%}: {verdict}"
         )
+        if args.markdown:
+            print(
+                markdown_row(
+                    args, size, desc, step_us, hooks, threads_us, (total, lo_t, hi_t), verdict, share, every
+                )
+            )
     finally:
         cuda_timing.EventResolver.stride = stride  # type: ignore[method-assign]
+        if listener is not None:
+            listener.kill()
         ta.stop()
         if args.ddp and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -3,6 +3,8 @@ forward, loss, zero_grad, backward, optimizer step), in five modes interleaved r
 
     python tests/benchmarks/bench_parts.py [--hidden H] [--rounds R]
 
+Its figures go in docs/benchmarks.md (a dated section per round).
+
 Not collected by pytest. Modes: `off` (no agent), `threads` (`start(auto=False)`: the agent's
 threads, no hook), `on` (`start()`), `on_noproc` (hooks on, the agent thread only empties the log:
 what its replay and publishing cost), `on_nolog` (hooks in place, every entry thrown away: what the

@@ -1,8 +1,10 @@
-"""What each telemetry probe costs the agent's thread (median of repeated calls), as printed
-figures, and the share of one core that makes at the rate each runs. On CUDA with a few hundred
-live blocks so the allocator snapshot has work to do.
+"""What each telemetry sampler costs the agent's threads (median of repeated calls), and the
+share of one core that makes at the rate each runs. On CUDA with a few hundred live blocks so the
+allocator snapshot has work to do.
 
     python tests/benchmarks/bench_samplers.py
+
+Its figures go in docs/benchmarks.md (a dated section per round).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def main() -> None:
     host = HostSampler()
     row("psutil host sample (incl. children)", cost_us(host.sample, 50), 1 / SLOW_PERIOD_S)
     if not torch.cuda.is_available():
-        print("  (no CUDA: allocator and NVML probes not measured)")
+        print("  (no CUDA: allocator and NVML samplers not measured)")
         return
     from torchtop.agent.telemetry.cuda_memory import CudaMemorySampler
     from torchtop.agent.telemetry.nvml import NvmlSampler

@@ -15,6 +15,7 @@ from torchtop.monitor.tui.widgets.run_header import RunHeader
 from torchtop.monitor.tui.widgets.status_line import StatusLine
 from torchtop.monitor.tui.widgets.step_panel import StepPanel
 from torchtop.monitor.tui.widgets.verdict_panel import VerdictPanel
+from torchtop.monitor.tui.widgets.why_panel import WhyPanel
 from torchtop.monitor.tui.widgets.worker_table import WorkerTable
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "StatusLine",
     "StepPanel",
     "VerdictPanel",
+    "WhyPanel",
     "WorkerTable",
     "phase_bar",
 ]

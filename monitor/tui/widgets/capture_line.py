@@ -11,14 +11,14 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchtop.agent.contract.wire import CaptureInfo
+from torchtop.agent.contract.wire import CAPTURE_ACTIVE, CAPTURE_DEFAULT_STEPS, CaptureInfo, CaptureState
 from torchtop.monitor.model import fmt
-from torchtop.monitor.model.captures import ACTIVE, progress, progress_text
+from torchtop.monitor.model.captures import progress, progress_text
 
 
 def capture_text(capture: CaptureInfo | None, steps: int, count: int) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
-    if capture is not None and capture.state in ACTIVE:
+    if capture is not None and capture.state in CAPTURE_ACTIVE:
         text.append("◉ capturing ", style="bold magenta")
         text.append("▕", style="dim")
         text.append(fmt.bar(progress(capture), 20), style="magenta")
@@ -34,7 +34,7 @@ def capture_text(capture: CaptureInfo | None, steps: int, count: int) -> Text:
         text.append(f"{key} ", style="bold")
         text.append(f"{words}   ", style="dim")
     if capture is not None:
-        style = "red" if capture.state == "failed" else "green"
+        style = "red" if capture.state == CaptureState.FAILED else "green"
         text.append("last: ", style="dim")
         text.append(progress_text(capture), style=style)
     return text
@@ -42,11 +42,11 @@ def capture_text(capture: CaptureInfo | None, steps: int, count: int) -> Text:
 
 class CaptureLine(Widget):
     capture: reactive[CaptureInfo | None] = reactive(None)
-    steps: reactive[int] = reactive(5)
+    steps: reactive[int] = reactive(CAPTURE_DEFAULT_STEPS)
     count: reactive[int] = reactive(0)
 
     def watch_capture(self, capture: CaptureInfo | None) -> None:
-        self.set_class(capture is not None and capture.state in ACTIVE, "-active")
+        self.set_class(capture is not None and capture.state in CAPTURE_ACTIVE, "-active")
 
     def render(self) -> RenderableType:
         return capture_text(self.capture, self.steps, self.count)

@@ -1,7 +1,7 @@
 """GPU panel: each GPU of the process from NVML — utilisation, memory, power, heat, clocks, PCIe.
 
 The app sets `gpus` (wire.GpuSample list) or, without NVML or CUDA, `reason`. Figures the
-agent could not read arrive as -1 and are left out rather than shown as zero.
+agent could not read arrive as None and are left out rather than shown as zero.
 Colours: memory >= 80% / 90% of the GPU, temperature >= 80 / 90 °C, power >= 95% of the limit,
 any throttle reason other than idle.
 """
@@ -15,60 +15,68 @@ from textual.widget import Widget
 
 from torchtop.agent.contract.wire import GpuSample
 from torchtop.monitor.model import fmt
-from torchtop.monitor.tui.widgets.meter import LEVEL_STYLES, meter, pairs, set_level_class, unavailable
+from torchtop.monitor.model.fmt import LEVELS, Level
+from torchtop.monitor.tui.widgets.meter import (
+    LEVEL_STYLES,
+    bar_width,
+    meter,
+    pairs,
+    set_level_class,
+    unavailable,
+)
 
-BENIGN_THROTTLE = {"idle", "app-clocks", "display-clocks", "sync-boost"}  # agent/sample_nvml.py names
+BENIGN_THROTTLE = {"idle", "app-clocks", "display-clocks", "sync-boost"}  # agent/telemetry/nvml.py names
 
 
-def temp_level(c: float) -> str:
-    return fmt.level(c, 80.0, 90.0)
+def temp_level(c: float | None) -> Level:
+    return "ok" if c is None else fmt.level(c, 80.0, 90.0)
 
 
-def gpu_level(g: GpuSample) -> str:
+def gpu_level(g: GpuSample) -> Level:
     """The worst of memory share, temperature and power against its limit."""
-    levels = [fmt.level(g.mem_used / g.mem_total if g.mem_total else 0.0), temp_level(g.temp_c)]
-    if g.power_w >= 0 and g.power_limit_w > 0:
+    levels: list[Level] = [fmt.level(g.mem_used / g.mem_total if g.mem_total else 0.0), temp_level(g.temp_c)]
+    if g.power_w is not None and g.power_limit_w:
         levels.append(fmt.level(g.power_w / g.power_limit_w, 0.95, 1.01))
     if any(t not in BENIGN_THROTTLE for t in g.throttle):
         levels.append("warning")
-    return max(levels, key=("ok", "warning", "critical").index)
+    return max(levels, key=LEVELS.index)
 
 
 def gpu_lines(g: GpuSample, width: int) -> list[Text]:
-    bar_w = max(8, min(30, width - 50))
     lines = [Text.assemble((f"GPU {g.index}", "bold"), ("  " + (g.name or "unknown GPU"), ""))]
-    if g.util_gpu >= 0:
-        extra = f" · memory controller {g.util_mem:.0f}%" if g.util_mem >= 0 else ""
-        lines.append(meter("util", g.util_gpu / 100, bar_w, f"{g.util_gpu:.0f}%{extra}"))
-    if g.mem_total:
-        share = g.mem_used / g.mem_total
-        lines.append(
-            meter(
-                "memory",
-                share,
-                bar_w,
-                f"{fmt.size(g.mem_used)} / {fmt.size(g.mem_total)} · {fmt.pct(share)}",
-                fmt.level(share),
-            )
+    util = ""
+    if g.util_gpu is not None:
+        util = f"{g.util_gpu:.0f}%" + (
+            f" · memory controller {g.util_mem:.0f}%" if g.util_mem is not None else ""
         )
+    share = g.mem_used / g.mem_total if g.mem_total else 0.0
+    memory = f"{fmt.size(g.mem_used)} / {fmt.size(g.mem_total)} · {fmt.pct(share)}" if g.mem_total else ""
+    bar_w = bar_width(width, [util, memory], most=30)
+    if g.util_gpu is not None:
+        lines.append(meter("util", g.util_gpu / 100, bar_w, util))
+    if g.mem_total:
+        lines.append(meter("memory", share, bar_w, memory, fmt.level(share)))
     items: list[tuple[str, str] | tuple[str, str, str]] = []
-    if g.power_w >= 0:
-        limit = f" / {g.power_limit_w:.0f}" if g.power_limit_w > 0 else ""
-        lvl = fmt.level(g.power_w / g.power_limit_w, 0.95, 1.01) if g.power_limit_w > 0 else "ok"
+    if g.power_w is not None:
+        limit = f" / {g.power_limit_w:.0f}" if g.power_limit_w else ""
+        lvl = fmt.level(g.power_w / g.power_limit_w, 0.95, 1.01) if g.power_limit_w else "ok"
         items.append(
             ("power", f"{g.power_w:.0f}{limit} W", f"bold {LEVEL_STYLES[lvl]}" if lvl != "ok" else "bold")
         )
-    if g.temp_c >= 0:
+    if g.temp_c is not None:
         lvl = temp_level(g.temp_c)
         items.append(("temp", f"{g.temp_c:.0f} °C", f"bold {LEVEL_STYLES[lvl]}" if lvl != "ok" else "bold"))
-    if g.sm_clock_mhz >= 0:
+    if g.sm_clock_mhz is not None:
         items.append(("SM clock", f"{g.sm_clock_mhz:.0f} MHz"))
-    if g.pcie_tx_kbs >= 0:
-        items.append(("PCIe tx", fmt.throughput(g.pcie_tx_kbs)))
-    if g.pcie_rx_kbs >= 0:
-        items.append(("rx", fmt.throughput(g.pcie_rx_kbs)))
+    pcie = [
+        f"{way} {fmt.throughput(kbs)}"
+        for way, kbs in (("tx", g.pcie_tx_kbs), ("rx", g.pcie_rx_kbs))
+        if kbs is not None
+    ]
+    if pcie:
+        items.append(("PCIe", " · ".join(pcie)))
     if items:
-        lines.append(pairs(*items))
+        lines.append(pairs(*items, width=width))
     if g.throttle:
         bad = any(t not in BENIGN_THROTTLE for t in g.throttle)
         lines.append(pairs(("throttle", ", ".join(g.throttle), "bold yellow" if bad else "bold")))
@@ -84,7 +92,7 @@ class GpuPanel(Widget):
 
     def watch_gpus(self, gpus: list[GpuSample]) -> None:
         levels = [gpu_level(g) for g in gpus]
-        set_level_class(self, max(levels, key=("ok", "warning", "critical").index) if levels else "ok")
+        set_level_class(self, max(levels, key=LEVELS.index) if levels else "ok")
 
     def lines(self, width: int = 100) -> list[Text]:
         if not self.gpus:

@@ -1,51 +1,73 @@
-"""The `?` screen: the keys, and what the panels measure (so nobody has to guess)."""
+"""The `?` screen: the keys (as this TUI binds them), and what the panels measure.
+
+The key rows come from the app (keys.help_rows over its enabled bindings), so the help never
+names a tab or a quit behaviour that this TUI does not have.
+"""
 
 from __future__ import annotations
 
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-HELP = """\
-[b]Keys[/b]
-  [b]q[/b]        quit (training goes on)
-  [b]1 2 3[/b]    tabs: overview · memory · GPU and host
-  [b]p[/b]        profile the next N steps (torch.profiler trace, .json.gz)
-  [b]+ -[/b]      change N (default 5, at most 100)
-  [b]m[/b]        CUDA memory snapshot of the next N steps (a pickle for
-           pytorch.org/memory_viz)
-  [b]c[/b]        captures: past traces and snapshots, summaries, file paths
-  [b]?[/b]        this help
-  [b]escape[/b]   close this help
+PANELS: tuple[tuple[str, str], ...] = (
+    (
+        "step time",
+        "now / median / p90 of the training steps that ended in the last 10 s of the agent's "
+        "clock, and steps per second",
+    ),
+    (
+        "verdict",
+        "data-loading, transfer, compute or host-overhead bound, with the numbers and what to try; "
+        "flags for memory pressure, fragmentation, DataLoader workers, memory growth",
+    ),
+    (
+        "phases",
+        "host time per step in data (dataloader wait), h2d (host-to-device copies), forward, "
+        "backward, optimizer and other (the rest of the step), over the timed steps; device ms "
+        "are CUDA-event times on event steps (1 step in k)",
+    ),
+    ("marks", 'values from torchtop.agent.mark("loss", loss)'),
+    (
+        "memory",
+        "CUDA caching allocator: allocated / reserved / peak of the device, fragmentation (largest "
+        "free block, external %)",
+    ),
+    (
+        "GPU, host",
+        "NVML per GPU; process and system CPU and memory, and each child process (DataLoader "
+        "workers flagged)",
+    ),
+    (
+        "status",
+        "gaps: batches lost between agent and monitor; dropped: step records the agent's buffer dropped",
+    ),
+)
 
-[b]Job view[/b] (every rank of a job: several targets, or a job here)
-  [b]0[/b]        the Ranks tab: every rank against the median rank
-  [b]j[/b]        the other tabs show the job (the mean of its ranks)
-  [b][ ][/b]      ... the previous / next rank;  [b]s[/b] the slowest
-  click     ... the rank clicked in the Ranks tab
-  [b]p m[/b]      the same N steps on every rank (or the rank shown)
 
-[b]Panels[/b]
-  [b]step time[/b]   now / median / p90 of the training steps that ended
-              in the last 10 s of the agent's clock, and steps per second
-  [b]verdict[/b]     data-loading, transfer, compute or host-overhead bound,
-              with the numbers and what to try; flags for memory pressure,
-              fragmentation, DataLoader workers, memory growth
-  [b]phases[/b]      host time per step in data (dataloader wait), h2d
-              (host-to-device copies), forward, backward, optimizer,
-              comm (waiting in collectives: DDP's all-reduce at the end
-              of backward, blocking torch.distributed calls) and other
-              (the rest of the step); device ms are CUDA-event times on
-              sampled steps
-  [b]marks[/b]       values from torchtop.agent.mark("loss", loss)
-  [b]memory[/b]      CUDA caching allocator: allocated / reserved / peak of
-              the device, fragmentation (largest free block, external %)
-  [b]GPU, host[/b]   NVML per GPU; process and system CPU and memory, and
-              each child process (DataLoader workers flagged)
-  [b]status[/b]      gaps: batches lost between agent and monitor;
-              dropped: step records the agent's buffer dropped"""
+def _grid(rows: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> Table:
+    """Two columns, the second wrapping under itself (never under the first) on a narrow screen."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True, style="bold")
+    grid.add_column(ratio=1)
+    for key, words in rows:
+        grid.add_row(key, words)
+    return grid
+
+
+def help_renderable(key_rows: list[tuple[str, str]]) -> RenderableType:
+    return Group(
+        Text("Keys", style="bold underline"),
+        _grid(key_rows),
+        Text(""),
+        Text("Panels", style="bold underline"),
+        _grid(PANELS),
+    )
 
 
 class HelpScreen(ModalScreen[None]):
@@ -54,12 +76,26 @@ class HelpScreen(ModalScreen[None]):
         Binding("question_mark", "close", "Close"),
     ]
 
+    def __init__(self, key_rows: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.key_rows = key_rows
+
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):
-            yield Static(HELP, id="help-text")
+            yield Static(help_renderable(self.key_rows), id="help-text")
 
     def on_mount(self) -> None:
         self.query_one("#help-box").border_title = "torchtop help"
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+    def plain(self, width: int = 80) -> str:
+        """The help as plain text at `width` columns (tests, screen readers)."""
+        from io import StringIO
+
+        from rich.console import Console
+
+        console = Console(file=StringIO(), width=width, color_system=None)
+        console.print(help_renderable(self.key_rows))
+        return console.file.getvalue()  # type: ignore[attr-defined]

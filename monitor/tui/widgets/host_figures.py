@@ -13,7 +13,14 @@ from textual.widget import Widget
 
 from torchtop.agent.contract.wire import HostSample
 from torchtop.monitor.model import fmt
-from torchtop.monitor.tui.widgets.meter import LEVEL_STYLES, meter, pairs, set_level_class, unavailable
+from torchtop.monitor.tui.widgets.meter import (
+    LEVEL_STYLES,
+    bar_width,
+    meter,
+    pairs,
+    set_level_class,
+    unavailable,
+)
 
 
 def core_row(per_core: list[float], width: int) -> Text:
@@ -36,20 +43,14 @@ def host_lines(h: HostSample, width: int) -> list[Text]:
             ("RSS", fmt.size(h.proc_rss)),
             ("threads", fmt.count(h.threads)),
             ("children", fmt.count(len(h.workers))),
+            width=width,
         )
     ]
     if h.mem_total:
         share = h.mem_percent / 100 if h.mem_percent else 1 - h.mem_available / h.mem_total
         used = h.mem_total - h.mem_available
-        lines.append(
-            meter(
-                "memory",
-                share,
-                max(8, min(30, width - 50)),
-                f"{fmt.size(used)} used of {fmt.size(h.mem_total)} · {fmt.pct(share)}",
-                fmt.level(share),
-            )
-        )
+        figures = f"{fmt.size(used)} used of {fmt.size(h.mem_total)} · {fmt.pct(share)}"
+        lines.append(meter("memory", share, bar_width(width, [figures], most=30), figures, fmt.level(share)))
     if h.cpu_per_core:
         lines.append(core_row(h.cpu_per_core, min(len(h.cpu_per_core), max(8, width - 40))))
     return lines

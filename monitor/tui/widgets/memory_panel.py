@@ -1,6 +1,6 @@
 """Memory figures: allocated / reserved / peak against the device, fragmentation, retries, OOMs.
 
-The app sets the latest `memory` and `frag` samples (agent/wire.py), the highest window peak
+The app sets the latest `memory` and `frag` samples (contract/wire.py), the highest window peak
 seen per device and the retry rate; without CUDA it sets `reason` (the agent's word for why,
 e.g. "CUDA not in use") and the panel shows only that. Threshold colours: a share of the device
 >= 80% yellow, >= 90% red (the diagnosis warns at 90%); any retry or OOM red.
@@ -17,7 +17,7 @@ from torchtop.agent.contract.wire import FragSample, MemorySample
 from torchtop.monitor.diagnosis.facts import THRESHOLDS
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.panel_data import memory_level
-from torchtop.monitor.tui.widgets.meter import meter, pairs, set_level_class, unavailable
+from torchtop.monitor.tui.widgets.meter import bar_width, meter, pairs, set_level_class, unavailable
 
 WARN, CRIT = 0.8, 0.9
 
@@ -31,11 +31,10 @@ def device_lines(
 ) -> list[Text]:
     """One device: three meters, then the allocator's other figures."""
     total = m.device_total
-    bar_w = max(8, min(40, width - 48))
     of = f" of {fmt.size(total)}" if total else ""
     if total and m.limit_fraction < 1.0:  # set_per_process_memory_fraction: the cap, not the device
         of += f" (capped at {fmt.pct(m.limit_fraction)} of the device)"
-    lines = []
+    rows = []
     for label, value, extra in (
         ("allocated", m.allocated, of),
         ("reserved", m.reserved, ""),
@@ -43,12 +42,15 @@ def device_lines(
     ):
         share = _share(value, total)
         figures = f"{fmt.size(value)} · {fmt.pct(share)}{extra}" if total else f"{fmt.size(value)}{extra}"
-        lines.append(meter(label, share, bar_w, figures, fmt.level(share, WARN, CRIT)))
+        rows.append((label, share, figures))
+    bar_w = bar_width(width, [f for _, _, f in rows])
+    lines = [meter(label, share, bar_w, f, fmt.level(share, WARN, CRIT)) for label, share, f in rows]
     lines.append(
         pairs(
             ("active", fmt.size(m.active)),
             ("requested", fmt.size(m.requested)),
             ("rounding waste", fmt.size(max(0, m.allocated - m.requested))),
+            width=width,
         )
     )
     if frag is not None:
@@ -60,6 +62,7 @@ def device_lines(
                 ("largest free", fmt.size(frag.largest_free)),
                 ("free in segments", fmt.size(frag.total_free)),
                 ("external fragmentation", fmt.pct(frag.external), ext_style),
+                width=width,
             )
         )
         lines.append(
@@ -67,17 +70,23 @@ def device_lines(
                 ("segments", fmt.count(frag.segments)),
                 ("expandable", "on" if frag.expandable else "off"),
                 ("inactive split", fmt.size(m.inactive_split)),
+                width=width,
             )
         )
     else:
         lines.append(
-            pairs(("inactive split", fmt.size(m.inactive_split)), ("fragmentation", "not sampled yet", "dim"))
+            pairs(
+                ("inactive split", fmt.size(m.inactive_split)),
+                ("fragmentation", "not sampled yet", "dim"),
+                width=width,
+            )
         )
     retries = "bold red" if retry_rate > 0 else ("bold yellow" if m.alloc_retries else "bold")
     lines.append(
         pairs(
             ("alloc retries", f"{fmt.count(m.alloc_retries)} ({retry_rate:.2f}/s)", retries),
             ("OOMs", fmt.count(m.ooms), "bold red" if m.ooms else "bold"),
+            width=width,
         )
     )
     return lines

@@ -28,8 +28,21 @@ class MemoryPlot(PlotextPlot):
             return
         for name, values in series.lines.items():
             plt.plot(series.xs, values, label=name, marker="braille", color=LINE_COLOURS.get(name, "white"))
-        plt.ylim(0, y_top(series))
+        top = y_top(series)
+        plt.ylim(0, top)
         plt.xlim(min(series.xs), 0)
-        plt.xlabel("seconds (0 = now)")
-        plt.ylabel(series.unit)
+        # units on the ticks themselves: plotext's axis labels sit on its last row, the first
+        # to go when the plot is short (80x24)
+        ys = [top * k / 4 for k in range(5)]
+        plt.yticks(ys, [f"{y:.3g} {series.unit}" for y in ys])
+        span = -min(series.xs)
+        xs = [-span * k / 4 for k in range(4, -1, -1)]
+        plt.xticks(xs, [tick_seconds(x, span) for x in xs])
         self.refresh()
+
+
+def tick_seconds(x: float, span: float) -> str:
+    """An x tick: seconds before the latest point (tenths on a plot under 10 s), `now` at 0."""
+    if x == 0:
+        return "now"
+    return f"{x:.1f} s" if span < 10 else f"{x:.0f} s"

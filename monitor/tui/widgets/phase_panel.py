@@ -1,7 +1,7 @@
 """Phase breakdown panel: where each step's time goes, as a stacked bar and per-phase lines.
 
 Shares come from `state.breakdown` (host time), ms from `state.phase_ms`, device ms from
-`state.device_ms` (CUDA events on sampled steps; empty on CPU). Labels sit inside the bar
+`state.device_ms` (CUDA events on event steps; empty on CPU). Labels sit inside the bar
 segments so the bar still reads without colour (TERM=dumb, NO_COLOR).
 """
 

@@ -12,21 +12,25 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from torchtop.monitor.model import fmt
+from torchtop.monitor.model.state import Link
 
-
-def _connection_style(connection: str) -> str:
-    if connection.startswith("connected"):
-        return "bold green"
-    if connection.startswith("agent gone"):
-        return "bold red"
-    return "bold yellow"  # waiting, stale, a tunnel being rebuilt
+LINK_STYLES = {Link.CONNECTED: "bold green", Link.GONE: "bold red"}  # else yellow: waiting, stale
 
 
 def status_text(
-    connection: str, batches: int, gaps: int, dropped: int, bad_frames: int, hook_errors: int, error: str
+    connection: str,
+    batches: int,
+    gaps: int,
+    dropped: int,
+    bad_frames: int,
+    hook_errors: int,
+    error: str,
+    link: Link = Link.WAITING,
+    tunnel_down: bool = False,
 ) -> Text:
     text = Text()  # wraps: a long error takes a second line rather than being cut
-    text.append(f"● {connection}", style=_connection_style(connection))
+    style = "bold yellow" if tunnel_down else LINK_STYLES.get(link, "bold yellow")
+    text.append(f"● {connection}", style=style)
     for label, value in (
         ("batches", batches),
         ("gaps", gaps),
@@ -43,7 +47,9 @@ def status_text(
 
 
 class StatusLine(Widget):
-    connection: reactive[str] = reactive("waiting", layout=True)
+    connection: reactive[str] = reactive("waiting", layout=True)  # the link in words
+    link: reactive[Link] = reactive(Link.WAITING)  # ... and as a state: its colour
+    tunnel_down: reactive[bool] = reactive(False)
     batches: reactive[int] = reactive(0)
     gaps: reactive[int] = reactive(0)
     dropped: reactive[int] = reactive(0)
@@ -51,7 +57,7 @@ class StatusLine(Widget):
     hook_errors: reactive[int] = reactive(0)
     error: reactive[str] = reactive("", layout=True)  # may take a second line
 
-    def render(self) -> RenderableType:
+    def _text(self) -> Text:
         return status_text(
             self.connection,
             self.batches,
@@ -60,15 +66,12 @@ class StatusLine(Widget):
             self.bad_frames,
             self.hook_errors,
             self.error,
+            self.link,
+            self.tunnel_down,
         )
 
+    def render(self) -> RenderableType:
+        return self._text()
+
     def plain(self) -> str:
-        return status_text(
-            self.connection,
-            self.batches,
-            self.gaps,
-            self.dropped,
-            self.bad_frames,
-            self.hook_errors,
-            self.error,
-        ).plain
+        return self._text().plain

@@ -17,19 +17,18 @@ from torchtop.monitor.model import fmt
 EMPTY_STATS = {"now_ms": 0.0, "median_ms": 0.0, "p90_ms": 0.0, "mean_ms": 0.0, "steps_per_s": 0.0}
 
 
-def step_line(
+def step_groups(
     stats: dict[str, float], count: int, last_step: int | None, evals: int = 0, skipped: int = 0
-) -> Text:
-    """One line of figures; labels dim, numbers bold, so the eye finds the numbers.
-
-    Eval steps and GradScaler-skipped optimizer steps in the window follow when there are any.
-    """
-    text = Text()
+) -> list[Text]:
+    """The figures, one group each (a label never parts from its number); labels dim, numbers
+    bold, so the eye finds the numbers. Eval steps and GradScaler-skipped optimizer steps in the
+    window follow when there are any."""
     if not count:
-        text.append("no training steps in the window yet", style="dim")
+        groups = [Text("no training steps in the window yet", style="dim")]
         if evals:
-            text.append(f"   eval {fmt.count(evals)} steps", style="bold")
-        return text
+            groups.append(Text(f"eval {fmt.count(evals)} steps", style="bold"))
+        return groups
+    groups = []
     for label, value, unit in (
         ("now", fmt.ms(stats["now_ms"]), " ms"),
         ("median", fmt.ms(stats["median_ms"]), " ms"),
@@ -37,22 +36,49 @@ def step_line(
         ("", fmt.rate(stats["steps_per_s"]), " steps/s"),
         ("", fmt.count(count), " steps in window"),
     ):
-        if label:
-            text.append(f"{label} ", style="dim")
-        text.append(value, style="bold")
-        text.append(f"{unit}   ", style="dim")
+        groups.append(Text.assemble((f"{label} " if label else "", "dim"), (value, "bold"), (unit, "dim")))
     if last_step is not None:
-        text.append("latest ", style="dim")
-        text.append(f"#{fmt.count(last_step)}", style="bold")
+        groups.append(Text.assemble(("latest ", "dim"), (f"#{fmt.count(last_step)}", "bold")))
     if evals:
-        text.append("   eval ", style="dim")
-        text.append(fmt.count(evals), style="bold")
-        text.append(" steps", style="dim")
+        groups.append(Text.assemble(("eval ", "dim"), (fmt.count(evals), "bold"), (" steps", "dim")))
     if skipped:
-        text.append("   skipped ", style="dim")
-        text.append(fmt.count(skipped), style="bold yellow")
-        text.append(" (GradScaler)", style="dim")
+        groups.append(
+            Text.assemble(("skipped ", "dim"), (fmt.count(skipped), "bold yellow"), (" (GradScaler)", "dim"))
+        )
+    return groups
+
+
+def step_line(
+    stats: dict[str, float],
+    count: int,
+    last_step: int | None,
+    evals: int = 0,
+    skipped: int = 0,
+    width: int = 0,
+) -> Text:
+    """The groups three spaces apart; with a `width`, a group that would cross it starts a line."""
+    text = Text()
+    line = 0
+    for k, group in enumerate(step_groups(stats, count, last_step, evals, skipped)):
+        if k and width and line + 3 + group.cell_len > width:
+            text.append("\n")
+            line = 0
+        elif k:
+            text.append("   ")
+            line += 3
+        text.append_text(group)
+        line += group.cell_len
     return text
+
+
+def step_title(window_s: float, span_s: float | None, count: int, in_full: int) -> str:
+    """The panel's title: the span it covers (shorter than the window when the run is young) and,
+    when not every step of it was kept whole, how many of them were (the phases are theirs)."""
+    shown = window_s if span_s is None or span_s >= window_s - 0.05 else span_s
+    title = f"step time · last {shown:.3g} s"
+    if count > in_full:
+        title += f" · {fmt.count(count)} steps ({fmt.count(in_full)} in full)"
+    return title
 
 
 class StepPanel(Vertical):
@@ -63,6 +89,7 @@ class StepPanel(Vertical):
     last_step: reactive[int | None] = reactive(None)
     series: reactive[list[float]] = reactive(list)
     span_s: reactive[float | None] = reactive(None)  # the agent time the window covers
+    in_full: reactive[int] = reactive(0)  # of `count`, the steps kept whole (fewer: thinned)
     evals: reactive[int] = reactive(0)  # eval steps in the window
     skipped: reactive[int] = reactive(0)  # optimizer steps GradScaler skipped in the window
 
@@ -71,10 +98,14 @@ class StepPanel(Vertical):
         self.window_s = window_s
         self.border_title = f"step time · last {window_s:.3g} s"
 
-    def watch_span_s(self, span: float | None) -> None:
-        # Shorter than the window when the run is young or the history limit cut it: say so.
-        shown = self.window_s if span is None or span >= self.window_s - 0.05 else span
-        self.border_title = f"step time · last {shown:.3g} s"
+    def watch_span_s(self) -> None:
+        self._sync_title()
+
+    def watch_in_full(self) -> None:
+        self._sync_title()
+
+    def _sync_title(self) -> None:
+        self.border_title = step_title(self.window_s, self.span_s, self.count, self.in_full)
 
     def compose(self) -> ComposeResult:
         yield Static(
@@ -85,14 +116,20 @@ class StepPanel(Vertical):
     def _sync_numbers(self) -> None:
         if self.is_mounted:
             self.query_one("#step-numbers", Static).update(
-                step_line(self.stats, self.count, self.last_step, self.evals, self.skipped)
+                step_line(
+                    self.stats, self.count, self.last_step, self.evals, self.skipped, self.content_size.width
+                )
             )
+
+    def on_resize(self) -> None:
+        self._sync_numbers()  # the figures wrap between groups at the new width
 
     def watch_stats(self) -> None:
         self._sync_numbers()
 
     def watch_count(self) -> None:
         self._sync_numbers()
+        self._sync_title()
 
     def watch_last_step(self) -> None:
         self._sync_numbers()

@@ -33,6 +33,8 @@ VERDICT_WORDS: dict[str, tuple[str, str]] = {
     "host-overhead": ("Host-overhead bound", "the GPU idles while Python launches kernels"),
     "straggler": ("Straggler", "one rank holds every other rank back"),
     "communication": ("Communication bound", "every rank waits in collectives its compute does not hide"),
+    "sync": ("Sync stalls", "the host waits for the GPU at a call of yours; the GPU then waits for the host"),
+    "host-code": ("Host-code bound", "your Python between the phases holds the step back"),
     "unknown": ("Warming up", "not judged yet"),
 }
 
@@ -41,6 +43,8 @@ FLAG_WORDS = {
     "fragmentation": "allocator fragmentation",
     "dataloader-workers": "DataLoader workers",
     "memory-leak": "memory keeps growing",
+    "sync": "waits on the GPU",
+    "low-mfu": "busy, little useful work",
 }
 
 
@@ -72,12 +76,17 @@ def verdict_rows(d: Diagnosis | None) -> list[tuple[Text, Text]]:
     rows = [(Text("●", style=f"bold {style}"), title)]
     rows += [(Text("  •", style=style), Text(line)) for line in v.evidence]
     rows += [(Text("  →", style="bold"), Text(line, style="italic")) for line in v.advice[:3]]
+    if v.upside is not None:
+        rows.append((Text("  ↑", style="bold"), Text(v.upside.text)))
     for flag in d.flags:
         fs = _style(flag)
         row = Text.assemble((FLAG_WORDS.get(flag.kind, flag.kind), f"bold {fs}"), (f" {flag.severity}", fs))
         if flag.evidence:
             row.append(f": {flag.evidence[0]}")
         rows.append((Text("  ⚑", style=f"bold {fs}"), row))
+        # a flag's upside is said once: not again where the verdict already says the same
+        if flag.upside is not None and (v.upside is None or flag.upside.text != v.upside.text):
+            rows.append((Text("  ↑", style="dim"), Text(flag.upside.text, style="dim")))
     return rows
 
 
@@ -89,7 +98,13 @@ def verdict_table(d: Diagnosis | None) -> Group:
     grid.add_column(ratio=1)
     for m, line in rest:
         grid.add_row(m, line)
-    return Group(Text.assemble(marker, " " if marker.plain else "", headline), grid)
+    if not marker.plain:
+        return Group(headline, grid)
+    top = Table.grid(padding=(0, 1))  # a headline that wraps stays right of its marker
+    top.add_column(no_wrap=True)
+    top.add_column(ratio=1)
+    top.add_row(marker, headline)
+    return Group(top, grid)
 
 
 class VerdictPanel(Widget):

@@ -1,0 +1,165 @@
+"""One training step under `torch.utils.flop_counter.FlopCounterMode`: the model's FLOPs a step.
+
+Armed by the agent thread (why.py) as the probe's `on_step`, like a profiler capture: at the next
+step boundary the training thread enters the counter, at the one after it leaves it and hands
+the count over. That step runs slower (every op goes through a Python dispatch mode; the agent
+says so on stderr) and the monitor leaves it, and the step after it (which pays for the exit),
+out of its figures. Meanwhile a forward pre-hook on each root module reads the batch's shape:
+samples a step (the input's first dimension, summed over micro-batches) and, for a 2-D integer
+input (token ids), tokens a step. Nothing of this is left on the hot path afterwards.
+
+FLOPs are also split by the dtype of each counted op's first input (the peak FLOP/s depends on
+it), through FlopCounterMode's public `custom_mapping`: each formula of torch's registry is
+passed in again wrapped to note the dtype before it counts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchtop.agent.hooks.probe import Probe
+
+MAX_EXIT_TRIES = 8  # boundaries to wait for our mode to be on top of the dispatch stack again
+
+
+class FlopResult:
+    """What one counted step found (filled on the training thread, read by the agent thread)."""
+
+    def __init__(self) -> None:
+        self.flops = 0
+        self.by_dtype: dict[str, int] = defaultdict(int)
+        self.samples = 0
+        self.tokens = 0
+        self.input_shape: list[int] = []
+        self.input_dtype = ""
+        self.t0 = 0
+        self.t1 = 0
+        self.error = ""
+
+
+def _dtype_tap(formula: Any, tally: dict[str, int]) -> Any:
+    """`formula` (a registry entry: it takes tensors and turns them into shapes) noting the
+    dtype of its first tensor argument."""
+
+    def counted(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+        n = formula(*args, out_val=out_val, **kwargs)
+        dtype = next((a.dtype for a in args if hasattr(a, "dtype")), None)
+        tally[str(dtype).replace("torch.", "") if dtype is not None else "?"] += n
+        return n
+
+    counted._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode passes it tensors as they are
+    return counted
+
+
+def first_tensor(torch: Any, args: Any, kwargs: Any) -> Any:
+    for a in (*args, *(kwargs or {}).values()):
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
+
+
+class FlopStep:
+    """`probe.on_step` for two boundaries: enter the counter, then leave it and call `done`."""
+
+    def __init__(
+        self, torch: Any, probe: Probe, roots: Callable[[], list[Any]], done: Callable[[FlopResult], None]
+    ) -> None:
+        # imported here, on the agent thread, not on the training thread at the boundary
+        from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+        self.torch = torch
+        self.probe = probe
+        self.roots = roots
+        self.done = done
+        self.result = FlopResult()
+        try:
+            mapping = {k: _dtype_tap(v, self.result.by_dtype) for k, v in flop_registry.items()}
+            self.counter: Any = FlopCounterMode(display=False, custom_mapping=mapping)
+        except Exception:  # another torch's registry: FLOPs without the dtype split
+            self.counter = FlopCounterMode(display=False)
+        self.entered = False
+        self.finished = False
+        self.tid = 0  # the thread that entered the counter: only it can leave it
+        self._handles: list[Any] = []
+        self._tries = 0
+
+    def __call__(self) -> None:
+        """At a step boundary, on the training thread (Probe.housekeep)."""
+        if not self.entered:
+            self._enter()
+        else:
+            self._exit()
+
+    def _enter(self) -> None:
+        r = self.result
+        try:
+            for root in self.roots():
+                self._handles.append(root.register_forward_pre_hook(self._batch, with_kwargs=True))
+            r.t0 = perf_counter_ns()
+            self.counter.__enter__()
+            self.entered = True
+            self.tid = threading.get_ident()
+        except Exception as exc:
+            self._remove_hooks()
+            self.probe.on_step = None
+            r.error = f"{type(exc).__name__}: {exc}"[:200]
+            self.finished = True
+            self.done(r)
+
+    def finish_here(self) -> None:
+        """The agent stops mid-count: leave the counter now if this is the thread that entered it
+        (the dispatch mode is that thread's); elsewhere it cannot be left."""
+        if self.entered and not self.finished and threading.get_ident() == self.tid:
+            self._tries = MAX_EXIT_TRIES
+            self._exit()
+
+    def _exit(self) -> None:
+        r = self.result
+        mode = getattr(self.counter, "mode", None)
+        try:
+            from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+            if mode is not None and _get_current_dispatch_mode() is not mode:
+                self._tries += 1  # a mode of the user's is on top: popping ours would pop theirs
+                if self._tries < MAX_EXIT_TRIES:
+                    return
+                raise RuntimeError("another dispatch mode stayed on top of the FLOP counter")
+            self.counter.__exit__(None, None, None)
+            r.flops = int(self.counter.get_total_flops())
+        except Exception as exc:
+            r.error = f"{type(exc).__name__}: {exc}"[:200]
+        self._remove_hooks()
+        if self.probe.on_step is self:
+            self.probe.on_step = None
+        self.finished = True
+        r.t1 = perf_counter_ns()
+        self.done(r)
+
+    def _remove_hooks(self) -> None:
+        for h in self._handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._handles.clear()
+
+    def _batch(self, module: Any, args: Any, kwargs: Any) -> None:
+        """A root's forward pre-hook during the counted step: the batch's shape."""
+        torch = self.torch
+        if not torch.is_grad_enabled():
+            return  # an evaluation forward inside the step
+        x = first_tensor(torch, args, kwargs)
+        if x is None or x.dim() == 0:
+            return
+        r = self.result
+        r.samples += int(x.shape[0])
+        if x.dim() == 2 and not x.is_floating_point() and not x.is_complex():
+            r.tokens += int(x.shape[0] * x.shape[1])
+        if not r.input_shape:
+            r.input_shape = [int(n) for n in x.shape]
+            r.input_dtype = str(x.dtype).replace("torch.", "")

@@ -1,0 +1,315 @@
+"""The training thread's Python stack, sampled from a thread of torchtop's: where host time goes.
+
+A daemon thread wakes at a jittered rate (up to 20 Hz, fewer where a sample costs more than
+BUDGET allows; a fixed period would alias with a periodic loop), reads the training thread's
+innermost frame from `sys._current_frames()` and walks it outward (a few tens of microseconds,
+holding the GIL: docs/benchmarks.md; nothing on the training thread). Each sample says which phase the thread was in, read off torchtop's own wrapper frames
+on the stack (wrap.WRAPPER_PHASES: right on untimed steps too) or, where no wrapper is on it,
+the probe's log (an explicit `phase()`, whose body has no frame of ours); the innermost frame of
+the user's own code; what that frame was calling; and whether the innermost frame sat at a call
+a sync window saw synchronise the device (sync_window.py).
+
+The sample is taken when this thread gets the GIL. If the training thread held it (Python
+code), that is up to the switch interval (5 ms) after the sample was due, and the stack is read
+where the training thread let go of it: such a sample is marked `late` and never counts as a
+wait on the device. Nothing is sampled while no monitor listens.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import sysconfig
+import threading
+import time
+from collections import deque
+from enum import IntEnum
+from types import CodeType, FrameType
+from typing import TYPE_CHECKING, Any
+
+from torchtop.agent.contract.logcodes import (
+    BACKWARD,
+    FORWARD,
+    FORWARD_START,
+    GRAD,
+    H2D_COPY,
+    MARK,
+    OPTIMIZER,
+    TIMED_PHASES,
+)
+from torchtop.agent.contract.wire import StackSample
+from torchtop.agent.hooks.wrap import WRAPPER_PHASES
+
+if TYPE_CHECKING:
+    from torchtop.agent.hooks.probe import Probe
+
+OTHER = len(TIMED_PHASES)  # a sample's phase outside data/h2d/forward/backward/optimizer
+DEFAULT_HZ = 20.0
+LATE_NS = 1_000_000  # a sample this far past its time waited for the GIL: the stack moved on
+MAX_DEPTH = 256
+CACHE_CAP = 20_000  # code objects classified (a strong reference each): cleared past this
+NEW_CAP = 4_000  # samples waiting for the next batch (a monitor that stopped reading loses the oldest)
+RECENT_S = 10.0  # samples kept for a monitor that joins (its catch-up)
+QUIET_CHECK_S = 0.5  # nobody listens: how often the thread looks again
+# the sampler's CPU (most of it holding the GIL the training thread needs) stays under this share of
+# wall time: at ~15 us a sample that allows the full rate; a loaded machine's dearer samples, fewer
+BUDGET = 0.0005
+MIN_HZ = 2.0
+FIRST_SAMPLES = 5
+
+
+class Kind(IntEnum):
+    """Whose code a frame runs."""
+
+    OURS = 0  # torchtop's: transparent (its wrappers say the phase)
+    TORCH = 1
+    STDLIB = 2
+    LIB = 3  # an installed package (site-packages)
+    USER = 4  # everything else: the user's own code
+
+
+def _dir(path: str | None) -> str:
+    return os.path.join(os.path.realpath(path), "") if path else "\0"
+
+
+class Classifier:
+    """Kind, phase and names of a code object, cached per code object (shared by threads: a
+    dict's get and set are atomic under the GIL)."""
+
+    def __init__(self, torch_dir: str | None, ours_dir: str | None) -> None:
+        paths = sysconfig.get_paths()
+        self.ours = _dir(ours_dir)
+        self.torch = _dir(torch_dir)
+        libs = {paths.get("purelib"), paths.get("platlib")}
+        libs |= {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+        self.libs = tuple(_dir(p) for p in libs if p)
+        self.stdlib = tuple(_dir(p) for p in {paths.get("stdlib"), paths.get("platstdlib")} if p)
+        # keyed by id(): a code object's own hash is computed afresh from its contents at every
+        # lookup (tens of microseconds a stack on a cold cache). The entry holds the code, so
+        # its id is not reused while the entry exists, and is checked against it.
+        self._cache: dict[int, tuple[CodeType, Kind, int]] = {}
+        self._names: dict[int, str] = {}
+
+    def kind(self, code: CodeType) -> tuple[CodeType, Kind, int]:
+        """(code, kind, phase of a wrapper of ours or -1)."""
+        got = self._cache.get(id(code))
+        if got is None or got[0] is not code:
+            if len(self._cache) > CACHE_CAP:
+                self._cache.clear()
+                self._names.clear()
+            got = (code, self._kind_of(code.co_filename), WRAPPER_PHASES.get(code, -1))
+            self._cache[id(code)] = got
+        return got
+
+    def _kind_of(self, filename: str) -> Kind:
+        if filename.startswith("<"):
+            if filename.startswith("<torchtop "):
+                return Kind.OURS
+            return Kind.STDLIB if filename.startswith("<frozen") else Kind.USER
+        path = os.path.realpath(filename)
+        if path.startswith(self.ours):
+            return Kind.OURS
+        if path.startswith(self.torch):
+            return Kind.TORCH
+        if path.startswith(self.libs):
+            return Kind.LIB
+        if path.startswith(self.stdlib):
+            return Kind.STDLIB
+        return Kind.USER
+
+    def callee(self, frame: FrameType) -> str:
+        """ "module:qualname" of the function a frame runs."""
+        code = frame.f_code
+        name = self._names.get(id(code)) if self.kind(code)[0] is code else None
+        if name is None:
+            module = frame.f_globals.get("__name__", "?")
+            name = self._names[id(code)] = f"{module}:{getattr(code, 'co_qualname', code.co_name)}"
+        return name
+
+
+def site(frame: FrameType) -> str:
+    """ "path:line qualname" of where a frame is."""
+    code = frame.f_code
+    return f"{code.co_filename}:{frame.f_lineno} {getattr(code, 'co_qualname', code.co_name)}"
+
+
+def _code_phase(c: Any) -> int | None:
+    """The phase a log code leaves open (None: look further back)."""
+    if type(c) is not int:
+        if type(c) is not tuple or not c or c[0] in (MARK, H2D_COPY):
+            return None  # a mark or a copy's record says nothing of the open phase
+        c = c[0]
+    if c < GRAD:
+        return c
+    if c == GRAD:
+        return BACKWARD
+    if c >= FORWARD_START:
+        return FORWARD
+    return OTHER  # a phase closed (its outer one is not tracked here), a step ended, a marker
+
+
+def log_phase(probe: Probe) -> int:
+    """The phase the probe's log leaves open: its last code items (or, the log just drained,
+    the last ones the agent thread took). For an explicit `phase()`, which has no frame."""
+    log = probe.log
+    try:
+        last = (len(log) & ~1) - 1  # the last whole pair's code item
+        for i in range(last, max(0, last - 16), -2):
+            got = _code_phase(log[i])
+            if got is not None:
+                return got
+        if last > 0:
+            return OTHER
+    except IndexError:  # drained meanwhile
+        pass
+    tail = probe.tail
+    for i in range(len(tail) - 1, 0, -2):
+        got = _code_phase(tail[i])
+        if got is not None:
+            return got
+    return OTHER
+
+
+class StackSampler:
+    """Samples `probe`'s training thread at about `hz` while `attended`; `take()` hands over
+    the samples since the last call. `sync_keys` holds (id of the code, instruction offset) of calls seen
+    synchronising the device (filled by SyncWindow)."""
+
+    def __init__(self, probe: Probe, classifier: Classifier, hz: float = DEFAULT_HZ) -> None:
+        self.probe = probe
+        self.classifier = classifier
+        self.hz = max(0.0, hz)  # the most samples a second
+        self.rate = self.hz  # the rate now, under the budget
+        self.sync_keys: dict[tuple[int, int], int] = {}  # (id(code), offset): SyncWindow keeps the code
+        self.attended = False
+        self.busy_ns = 0  # this thread's CPU time at work
+        self.samples = 0
+        self._new: deque[StackSample] = deque(maxlen=NEW_CAP)
+        self._recent: deque[StackSample] = deque(maxlen=max(1, int(RECENT_S * max(self.hz, 1.0))))
+        self._rand = random.Random()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def cost_us(self) -> float | None:
+        """CPU per sample so far, at work (mostly holding the GIL)."""
+        return self.busy_ns / self.samples / 1e3 if self.samples else None
+
+    # -- one sample ----------------------------------------------------------------------------
+    def sample(self, late: bool = False, now_ns: int | None = None) -> StackSample | None:
+        """The training thread's stack now, or None (no such thread, or it is switched off)."""
+        probe = self.probe
+        tid = probe.tid
+        frame = sys._current_frames().get(tid) if tid else None
+        if frame is None:
+            return None
+        t = now_ns if now_ns is not None else time.perf_counter_ns()
+        sync = not late and (id(frame.f_code), frame.f_lasti) in self.sync_keys
+        kind_of = self.classifier.kind
+        cached = self.classifier._cache.get  # the lookup inlined: a call less per frame
+        phase = -1
+        user: FrameType | None = None
+        lib: FrameType | None = None
+        user_callee = lib_callee = prev = None
+        depth = 0
+        f: FrameType | None = frame
+        while f is not None and depth < MAX_DEPTH:
+            code = f.f_code
+            got = cached(id(code))
+            if got is None or got[0] is not code:
+                got = kind_of(code)
+            _, kind, ph = got
+            if ph >= 0 and phase < 0:
+                phase = ph  # the innermost wrapper: a nested phase pauses its outer one
+            if kind is Kind.USER:
+                if user is None:
+                    user, user_callee = f, prev
+            elif kind is Kind.LIB and lib is None and user is None:
+                lib, lib_callee = f, prev
+            if user is not None and phase >= 0:
+                break
+            if kind is not Kind.OURS:
+                prev = f
+            f = f.f_back
+            depth += 1
+        if phase < 0:
+            phase = OPTIMIZER if probe.opt_depth else log_phase(probe)
+        at, callee = (user, user_callee) if user is not None else (lib, lib_callee)
+        return StackSample(
+            t,
+            phase,
+            site(at) if at is not None else "",
+            self.classifier.callee(callee) if callee is not None else "",
+            sync,
+            late,
+        )
+
+    # -- the thread ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.hz <= 0:
+            return
+        self._thread = threading.Thread(target=self._run, name="torchtop-stacks", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(2.0)
+
+    def _run(self) -> None:
+        # a sample's CPU time, smoothed, past the first few (a first sighting of many code objects
+        # is dearer once): the rate backs off where samples cost more
+        cost_ns = 15_000.0
+        due = time.monotonic() + 1.0 / self.hz
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            if not self.attended:
+                due = time.monotonic() + QUIET_CHECK_S
+                continue
+            busy = time.thread_time_ns()
+            now = time.perf_counter_ns()
+            late = (time.monotonic() - due) * 1e9 > LATE_NS
+            try:
+                got = self.sample(late, now)
+            except Exception:
+                got = None
+            if got is not None:
+                self._new.append(got)
+                self._recent.append(got)
+                self.samples += 1
+            spent = time.thread_time_ns() - busy
+            self.busy_ns += spent
+            if self.samples > FIRST_SAMPLES:
+                cost_ns = 0.9 * cost_ns + 0.1 * spent
+            self.rate = min(self.hz, max(MIN_HZ, BUDGET / (cost_ns / 1e9)))
+            due += (0.5 + self._rand.random()) / self.rate  # jittered: no aliasing with a periodic loop
+            due = max(due, time.monotonic())
+
+    def take(self, catch_up: bool = False) -> list[StackSample]:
+        """The samples since the last call (a joining monitor: the last RECENT_S seconds')."""
+        if catch_up:
+            self._new.clear()
+            return list(self._recent)
+        out = []
+        pop = self._new.popleft
+        try:
+            while True:
+                out.append(pop())
+        except IndexError:
+            return out
+
+
+def classifier_for(torch: Any) -> Classifier:
+    """The classifier of this process: torch's package and torchtop's agent package."""
+    import torchtop.agent
+
+    torch_dir = os.path.dirname(getattr(torch, "__file__", "") or "") or None
+    return Classifier(torch_dir, os.path.dirname(torchtop.agent.__file__))
+
+
+def sampler_rate() -> float:
+    """TORCHTOP_STACK_HZ (0: off), else DEFAULT_HZ."""
+    try:
+        return max(0.0, min(200.0, float(os.environ.get("TORCHTOP_STACK_HZ", DEFAULT_HZ))))
+    except ValueError:
+        return DEFAULT_HZ

@@ -1,0 +1,207 @@
+"""What a fix would buy: each verdict and flag's upside as a number from the measured phases.
+
+A `bound` is the most a fix can give (the step cannot lose more than the time it names: removing
+the data wait entirely; the GPU's own work stays). An `estimate` rests on a sampled figure or a
+model of what follows the fix (stack samples, a sync's wait, a typical MFU). Memory findings buy
+room, not time. Pure: a Finding and its Facts in, an Upside out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
+from torchtop.monitor.diagnosis.why import host_code_share, sync_evidence
+from torchtop.monitor.model.fmt import size
+from torchtop.monitor.model.hotspots import short_site
+
+Kind = Literal["bound", "estimate"]
+GOOD_MFU = 0.4  # what a well-fed large model reaches (torchtitan's Llama runs: ~40-55% on H100)
+
+
+@dataclass(frozen=True)
+class Upside:
+    text: str
+    kind: Kind
+    step_ms: float | None = None  # the step now
+    new_step_ms: float | None = None  # the step after the fix (a floor for a bound)
+    speedup: float | None = None  # steps/s after ÷ before
+
+    def to_json(self) -> dict[str, Any]:
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 3)
+
+        return {
+            "text": self.text,
+            "kind": self.kind,
+            "step_ms": r(self.step_ms),
+            "new_step_ms": r(self.new_step_ms),
+            "speedup": r(self.speedup),
+        }
+
+
+def _faster(what: str, step: float, new: float, kind: Kind, note: str = "") -> Upside | None:
+    if step <= 0 or new <= 0 or new >= step:
+        return None
+    x = step / new
+    up = "up to " if kind == "bound" else "~"
+    text = f"{what}: {up}{x:.1f}× steps/s ({step:.1f} → {new:.1f} ms a step; {kind}{note})"
+    return Upside(text, kind, step, new, x)
+
+
+def _data(f: Facts) -> Upside | None:
+    return _faster("removing the data wait", f.step_ms, f.step_ms - f.ms.get("data", 0.0), "bound")
+
+
+def _transfer(f: Facts) -> Upside | None:
+    h2d = f.ms.get("h2d", 0.0)
+    if h2d <= 0:
+        return None
+    got = _faster("overlapping the copies", f.step_ms, f.step_ms - h2d, "bound")
+    if got is None:
+        return None
+    text = (
+        f"pinned memory and non_blocking copies could overlap up to {h2d:.1f} ms of the {f.step_ms:.1f} ms "
+        f"step: up to {got.speedup:.1f}× (bound)"
+    )
+    return replace(got, text=text)
+
+
+def _device_busy_ms(f: Facts) -> tuple[float | None, str]:
+    """The GPU's own work a step: CUDA events (busy inside the phases), else NVML's share."""
+    t = f.why.throughput if f.why is not None else None
+    if t is not None and t.device_busy_ms is not None:
+        return t.device_busy_ms, "CUDA events"
+    if f.gpu_util is not None:
+        return f.gpu_util / 100.0 * f.step_ms, "NVML"
+    return None, ""
+
+
+def _host_overhead(f: Facts) -> Upside | None:
+    busy, source = _device_busy_ms(f)
+    if busy is None or busy <= 0:
+        return None
+    kind: Kind = "bound" if source == "CUDA events" else "estimate"
+    got = _faster("the GPU's own work", f.step_ms, busy, kind)
+    if got is None:
+        return None
+    text = (
+        f"the GPU is busy {busy / f.step_ms:.0%} of the step ({source}): CUDA graphs / torch.compile could "
+        f"cut up to {f.step_ms - busy:.1f} ms ({f.step_ms:.1f} → {busy:.1f} ms, up to {got.speedup:.1f}×; {kind})"
+    )
+    return replace(got, text=text)
+
+
+def _compute(f: Facts) -> Upside | None:
+    t = f.why.throughput if f.why is not None else None
+    if t is None or t.mfu is None or not t.flops_per_step or not t.peak_tflops:
+        return None
+    floor = t.flops_per_step / (t.peak_tflops * 1e12) * 1e3
+    got = _faster(
+        f"at the peak FLOP/s (MFU {t.mfu:.0%} now)", f.step_ms, floor, "bound", ": no run reaches it"
+    )
+    return got
+
+
+def _sync(f: Facts) -> Upside | None:
+    share, _, _ = sync_evidence(f)
+    if share <= 0:
+        return None
+    wait = share * f.step_ms
+    busy, _ = _device_busy_ms(f)
+    # the GPU's work still runs: once the host stops waiting, it overlaps the host's own time
+    new = max(f.step_ms - wait, busy or 0.0)
+    return _faster(
+        "not waiting on the GPU", f.step_ms, new, "estimate", ": the GPU's work then overlaps the host's"
+    )
+
+
+def _outside(f: Facts) -> Upside | None:
+    """Issue 18's outside-phases verdict, where no stack sample says where yet."""
+    return _faster(
+        "without the time outside the phases", f.step_ms, f.step_ms - f.ms.get("other", 0.0), "bound"
+    )
+
+
+def _host_code(f: Facts) -> Upside | None:
+    share, sites = host_code_share(f)
+    if not sites:
+        return None
+    spent = share * sites[0].share * f.step_ms
+    return _faster(
+        f"taking {short_site(sites[0].site)} off the step",
+        f.step_ms,
+        f.step_ms - spent,
+        "estimate",
+        ": stack samples",
+    )
+
+
+def _low_mfu(f: Facts) -> Upside | None:
+    t = f.why.throughput if f.why is not None else None
+    if t is None or not t.flops_per_step or not t.peak_tflops:
+        return None
+    new = t.flops_per_step / (GOOD_MFU * t.peak_tflops * 1e12) * 1e3
+    return _faster(f"at {GOOD_MFU:.0%} MFU (a well-fed GPU)", f.step_ms, new, "estimate")
+
+
+def _memory_pressure(f: Facts) -> Upside | None:
+    if f.mem_total <= 0:
+        return None
+    left = max(0, f.mem_total - max(f.reserved, f.window_peak))
+    return Upside(f"room: {size(left)} left of {size(f.mem_total)} before out-of-memory", "bound")
+
+
+def _fragmentation(f: Facts) -> Upside | None:
+    free = max(f.frag_free, f.reserved - f.allocated)
+    if free <= 0:
+        return None
+    return Upside(f"up to {size(free)} of the cache usable again for large blocks", "bound")
+
+
+def _memory_leak(f: Facts) -> Upside | None:
+    if f.growth is None:
+        return None
+    first, last, span, _ = f.growth
+    if span <= 0 or last <= first:
+        return None
+    rate = (last - first) / span * 60
+    text = f"stops a growth of {size(rate)} a minute"
+    if f.mem_total > 0 and "CUDA" in f.growth_what:
+        left = max(0, f.mem_total - last)
+        text += f" (the device fills in ~{left / rate:.0f} min at this rate)"
+    return Upside(text, "estimate")
+
+
+UPSIDES: dict[str, Callable[[Facts], Upside | None]] = {
+    "data-loading": _data,
+    "dataloader-workers": _data,
+    "transfer": _transfer,
+    "host-overhead": _host_overhead,
+    "compute": _compute,
+    "sync": _sync,
+    "host-code": _host_code,
+    "outside-phases": _outside,
+    "low-mfu": _low_mfu,
+    "memory-pressure": _memory_pressure,
+    "fragmentation": _fragmentation,
+    "memory-leak": _memory_leak,
+}
+
+
+def with_upside(finding: Finding, f: Facts) -> Finding:
+    rule = UPSIDES.get(finding.kind)
+    if rule is None or finding.upside is not None:
+        return finding
+    try:
+        up = rule(f)
+    except (ArithmeticError, ValueError):
+        up = None
+    return finding if up is None else replace(finding, upside=up)
+
+
+def with_upsides(d: Diagnosis, f: Facts) -> Diagnosis:
+    """The diagnosis with each verdict's and flag's upside."""
+    return replace(d, verdict=with_upside(d.verdict, f), flags=tuple(with_upside(x, f) for x in d.flags))

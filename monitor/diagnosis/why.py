@@ -1,0 +1,266 @@
+"""Where in the code, and is the GPU doing useful work: rules over stack samples, sync windows, MFU.
+
+- `sync` (verdict from 20% of the step, flag from 5%): stack samples that found the training
+  thread blocked at a call a sync window saw synchronise the device (`.item()`, `.cpu()`,
+  `print(tensor)`, `nonzero()`), named with its file:line; the wait a step is the share of the
+  samples × the step time (an estimate).
+- `host-code` (verdict from 20%): `other` (time outside data/h2d/forward/backward/optimizer) not
+  blocked on the device, with the user's frames the samples found there. It names where the time
+  goes when the time outside the measured phases dominates.
+- `low-mfu` (flag, CUDA): NVML says the GPU is busy, the model's FLOPs run far below its peak.
+The host-overhead and compute verdicts get the hot frames and the MFU as evidence (`refine`).
+Pure: Facts in, Findings out; thresholds in facts.THRESHOLDS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.throughput import Throughput, throughput
+from torchtop.monitor.model.fmt import pct
+from torchtop.monitor.model.hotspots import Fold, SiteShare, fold, short_callee, short_site
+
+if TYPE_CHECKING:
+    from torchtop.agent.contract.wire import SyncInfo, SyncSite
+    from torchtop.monitor.model.state import RunState
+    from torchtop.monitor.model.steps import StepRecord
+
+COMPUTE_PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass
+class WhyFacts:
+    fold: Fold = field(default_factory=Fold)
+    sync: SyncInfo | None = None
+    stack_hz: float = 0.0
+    throughput: Throughput = field(default_factory=Throughput)
+
+    @property
+    def enough(self) -> bool:
+        return self.fold.samples >= T["min_stack_samples"]
+
+
+def why_facts(state: RunState, steps: list[StepRecord], gpu_util: float | None) -> WhyFacts:
+    w = state.why
+    name = state.hello.device_name if state.hello else ""
+    return WhyFacts(
+        fold=fold(w.samples, steps),
+        sync=w.sync,
+        stack_hz=w.stack_hz,
+        throughput=throughput(steps, w.flops, name, gpu_util),
+    )
+
+
+def site_words(s: SiteShare, joiner: str = " in ") -> str:
+    """A site and its share: "71% in train.py:88 log_metrics → wandb…Run.log"."""
+    callee = f" → {short_callee(s.callee)}" if s.callee else ""
+    return f"{pct(s.share, 0)}{joiner}{short_site(s.site) if s.site else 'no Python frame of yours'}{callee}"
+
+
+def _sync_sites(w: WhyFacts) -> list[tuple[SyncSite | None, str, float]]:
+    """(the window's record of the site, the site, its share of all samples), most first."""
+    known = {s.site: s for s in (w.sync.sites if w.sync is not None else [])}
+    out = [(known.get(site), site, n / w.fold.samples) for site, n in w.fold.sync_by_site.items()]
+    return sorted(out, key=lambda x: -x[2])
+
+
+def _call(s: SyncSite | None) -> str:
+    if s is None:
+        return "a synchronising call"
+    if s.call:
+        return f"`{s.call}`"
+    return f"`{s.line}`" if s.line else "a synchronising call"
+
+
+def sync_evidence(f: Facts) -> tuple[float, list[str], list[str]]:
+    """(share of the step blocked on the device, evidence, advice)."""
+    w = f.why
+    if w is None or not w.enough or not w.fold.sync:
+        return 0.0, [], []
+    share = w.fold.sync_share()
+    evidence = []
+    calls = set()
+    for rec, site, s_share in _sync_sites(w)[:3]:
+        per_call = ""
+        if rec is not None and rec.steps:
+            per_call = f"; {rec.calls / rec.steps:.1f} calls a step"
+        via = f" (inside {short_callee(rec.via)})" if rec is not None and rec.via else ""
+        evidence.append(
+            f"{_call(rec)} at {short_site(site)}{via} waits ~{s_share * f.step_ms:.1f} ms a step for the GPU "
+            f"({pct(s_share, 0)} of the step{per_call})"
+        )
+        calls.add(rec.call if rec is not None else "")
+    t = w.throughput
+    if t.device_busy_ms is not None and t.device_step_ms is not None:
+        idle = max(0.0, t.device_step_ms - t.device_busy_ms)
+        evidence.append(
+            f"the GPU then idles ~{idle:.1f} ms a step while Python runs (CUDA events: busy "
+            f"{t.device_busy_ms:.1f} of {t.device_step_ms:.1f} ms)"
+        )
+    advice = [
+        "log every N steps, or keep the value on the device (sum losses in a tensor, read it every N steps)"
+    ]
+    if calls & {"[...]", "nonzero()", ".nonzero()"}:
+        advice.append(
+            "boolean masks and nonzero() need a count on the host: torch.where or fixed-shape masked ops"
+        )
+    advice.append("copy what you need to pinned memory with non_blocking=True and read it a step later")
+    return share, evidence, advice
+
+
+def rule_sync(f: Facts, scale: float = 1.0) -> Finding | None:
+    """The verdict: the step waits on the device at a call of the user's."""
+    share, evidence, advice = sync_evidence(f)
+    if share < T["input_high"] * scale:
+        return None
+    severity = "critical" if share >= T["input_severe"] else "warning"
+    return Finding("sync", severity, share, tuple(evidence), tuple(advice))
+
+
+def flag_sync(f: Facts) -> Finding | None:
+    """The same below the verdict's threshold: a flag from 5% of the step."""
+    share, evidence, advice = sync_evidence(f)
+    if share < T["sync_flag"] or share >= T["input_high"]:
+        return None
+    return Finding("sync", "info", share, tuple(evidence), tuple(advice))
+
+
+def host_code_share(f: Facts) -> tuple[float, list[SiteShare]]:
+    """(share of the step in `other` not blocked on the device, the sites the samples found there)."""
+    w = f.why
+    other = f.shares.get("other", 0.0)
+    if w is None or not w.enough:
+        return 0.0, []
+    n = w.fold.by_phase.get("other", 0)
+    if n < T["min_phase_samples"]:
+        return 0.0, []
+    host = other * (n - w.fold.sync_by_phase.get("other", 0)) / n
+    return host, w.fold.host_sites.get("other", [])
+
+
+def rule_host_code(f: Facts, scale: float = 1.0) -> Finding | None:
+    """The verdict: user code between the phases holds the step back, and where it is."""
+    share, sites = host_code_share(f)
+    if share < T["input_high"] * scale or not sites:
+        return None
+    severity = "critical" if share >= T["input_severe"] else "warning"
+    other = f.shares.get("other", 0.0)
+    evidence = [
+        f"outside data/h2d/forward/backward/optimizer: {pct(other, 0)} of the step "
+        f"({f.ms.get('other', 0.0):.1f} of {f.step_ms:.1f} ms)"
+    ]
+    evidence += [f"{site_words(s)} (of the stack samples there)" for s in sites[:2] if s.share >= 0.05]
+    advice = (
+        f"make {short_site(sites[0].site)} cheaper, run it every N steps, or hand it to another thread",
+        "logging and metrics: aggregate on the device and log every N steps",
+        "if it prepares the input (a plain generator), wrap it: for b in torchtop.agent.data(gen) times it as data",
+    )
+    return Finding("host-code", severity, share, tuple(evidence), advice)
+
+
+def flag_low_mfu(f: Facts) -> Finding | None:
+    """NVML says busy; the FLOPs say little useful work: small kernels, or memory-bound ones."""
+    w = f.why
+    if w is None or f.device != "cuda":
+        return None
+    t = w.throughput
+    if t.mfu is None or t.gpu_util is None or t.mfu >= T["mfu_low"] or t.gpu_util < T["util_busy"]:
+        return None
+    evidence = [
+        f"NVML: the GPU is busy {t.gpu_util:.0f}% of the time, yet the model's FLOPs run at {pct(t.mfu, 0)} "
+        f"of its peak (MFU: {t.achieved_tflops:.1f} of {t.peak_tflops:.0f} TFLOP/s, {t.peak_from})"
+    ]
+    evidence.append("NVML counts the time a kernel runs, not how much of the GPU it uses")
+    if t.device_busy is not None:
+        evidence.append(f"CUDA events: kernels run through {pct(t.device_busy, 0)} of the step")
+    advice = [
+        "larger batches: more work per kernel",
+        "torch.compile (mode='reduce-overhead' adds CUDA graphs) fuses and batches small kernels",
+    ]
+    if t.precision in ("fp32", "tf32"):
+        advice.append("bf16 autocast: torch.autocast('cuda', dtype=torch.bfloat16)")
+    return Finding("low-mfu", "warning", t.mfu, tuple(evidence), tuple(advice))
+
+
+#: Verdicts that say time outside the measured phases dominates without saying where (the
+#: `outside-phases` verdict of issue 18): host-code takes their place once samples say where.
+OUTSIDE_KINDS = ("outside-phases",)
+
+
+def refine(verdict: Finding, f: Facts) -> Finding:
+    """The hot frames and the MFU as evidence of the verdicts that do not name code themselves;
+    a verdict that time outside the phases dominates becomes host-code where samples say where."""
+    w = f.why
+    if w is None:
+        return verdict
+    if verdict.kind in OUTSIDE_KINDS:
+        host = rule_host_code(f, 0.0)
+        if host is not None:
+            severity = max(verdict.severity, host.severity, key=SEVERITY_RANK.__getitem__)
+            notes = tuple(e for e in verdict.evidence[1:] if e not in host.evidence)
+            return replace(host, severity=severity, evidence=(*host.evidence, *notes))
+        return verdict
+    extra: list[str] = []
+    if verdict.kind == "host-overhead" and w.enough:  # on the host side of a launch-bound step
+        phase = max(COMPUTE_PHASES, key=lambda p: f.ms.get(p, 0.0))
+        sites = w.fold.host_sites.get(phase, [])
+        if sites and w.fold.by_phase.get(phase, 0) >= T["min_phase_samples"]:
+            extra.append(f"host time in {phase}: {site_words(sites[0])}")
+    t = w.throughput
+    if verdict.kind in ("compute", "host-overhead") and t.mfu is not None:
+        extra.append(
+            f"MFU {pct(t.mfu, 0)}: {t.achieved_tflops:.1f} of {t.peak_tflops:.0f} TFLOP/s ({t.peak_from})"
+        )
+    if not extra:
+        return verdict
+    return replace(verdict, evidence=(*verdict.evidence, *extra))
+
+
+WHY_VERDICTS = {"sync": rule_sync, "host-code": rule_host_code}
+WHY_FLAGS = (flag_sync, flag_low_mfu)
+
+
+def why_report(state: RunState, steps: list[StepRecord], seconds: float) -> dict[str, object]:
+    """The report's `sync`, `hot_frames`, `stack_samples` and `throughput` sections over `steps`."""
+    from torchtop.monitor.model.state import recent_points
+
+    utils = [p.gpu_util for p in recent_points(state, seconds) if p.gpu_util is not None]
+    w = why_facts(state, steps, sum(utils) / len(utils) if utils else None)
+    fo = w.fold
+    step_ms = w.throughput.step_ms
+    sync: dict[str, object] = {"state": w.sync.state if w.sync else "unknown"}
+    if w.sync is not None:
+        sync |= {
+            "reason": w.sync.reason or None,
+            "windows": w.sync.windows,
+            "cost_us_per_sync": w.sync.cost_us,
+        }
+        sync["sites"] = [
+            {
+                "site": s.site,
+                "call": s.call or None,
+                "via": s.via or None,
+                "line": s.line or None,
+                "calls_per_step": round(s.calls / s.steps, 3) if s.steps else None,
+                "wait_ms_per_step": round(fo.sync_share(s.site) * step_ms, 3) if fo.samples else None,
+                "share": round(fo.sync_share(s.site), 4) if fo.samples else None,
+            }
+            for s in w.sync.sites
+        ]
+    sync["share"] = round(fo.sync_share(), 4) if fo.samples else None
+    sync["wait_ms_per_step"] = round(fo.sync_share() * step_ms, 3) if fo.samples else None
+    return {
+        "sync": sync,
+        "stack_samples": {
+            "hz": w.stack_hz,
+            "in_steps": fo.samples,
+            "late": fo.late,
+            "by_phase": dict(fo.by_phase),
+            "cost_us": round(state.why.stack_cost_us, 2) if state.why.stack_cost_us is not None else None,
+        },
+        "hot_frames": {phase: [s.to_json() for s in sites] for phase, sites in fo.sites.items()},
+        "throughput": w.throughput.to_json(),
+    }

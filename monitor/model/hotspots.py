@@ -1,0 +1,134 @@
+"""Stack samples folded onto steps: where each phase's host time goes, and the waits on the GPU.
+
+Only samples that fell inside the given training steps count (an evaluation pass, a pause, a
+checkpoint between steps are not the steps' time). Each phase's samples are split by site (the
+innermost frame of the user's code and what it was calling); the phase shares themselves come
+from the probe's timing, which is exact, not from the samples. A sample is one instant: a site's
+share of a phase's samples estimates its share of that phase's time (docs/why.md: how the GIL
+bends it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from torchtop.agent.contract.logcodes import PHASES
+from torchtop.agent.contract.wire import StackSample
+from torchtop.monitor.model.steps import StepRecord
+
+TOP_SITES = 5
+_SITE = re.compile(r"^(.*):(\d+)(?: (.*))?$")
+
+
+@dataclass(frozen=True)
+class SiteShare:
+    site: str  # "path:line qualname"
+    callee: str  # "module:qualname", "" when the site itself was the innermost frame
+    samples: int
+    share: float  # of its phase's samples
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "site": self.site,
+            "callee": self.callee,
+            "samples": self.samples,
+            "share": round(self.share, 4),
+        }
+
+
+@dataclass
+class Fold:
+    samples: int = 0  # samples inside the steps
+    late: int = 0  # of which came late (the training thread held the GIL)
+    by_phase: dict[str, int] = field(default_factory=dict)
+    sites: dict[str, list[SiteShare]] = field(default_factory=dict)  # per phase, the top sites
+    host_sites: dict[str, list[SiteShare]] = field(default_factory=dict)  # the same, not blocked on the GPU
+    sync: int = 0  # samples blocked at a synchronising call
+    sync_by_site: dict[str, int] = field(default_factory=dict)
+    sync_by_phase: dict[str, int] = field(default_factory=dict)
+
+    def share(self, phase: str) -> float:
+        """A phase's share of the samples (the probe's own phase shares are the exact ones)."""
+        return self.by_phase.get(phase, 0) / self.samples if self.samples else 0.0
+
+    def sync_share(self, site: str | None = None) -> float:
+        """Share of all samples that found the thread blocked on the device (at `site`)."""
+        n = self.sync if site is None else self.sync_by_site.get(site, 0)
+        return n / self.samples if self.samples else 0.0
+
+
+def _phase_name(index: int) -> str:
+    return PHASES[index] if 0 <= index < len(PHASES) else "other"
+
+
+def in_steps(samples: Iterable[tuple[float, StackSample]], steps: Sequence[StepRecord]) -> list[StackSample]:
+    """The samples whose time falls inside one of `steps` (in order of time)."""
+    if not steps:
+        return []
+    starts = [s.t0 for s in steps]
+    ends = [s.t0 + s.wall_ns / 1e9 for s in steps]
+    lo, hi = starts[0], ends[-1]
+    out = []
+    for t, sample in samples:
+        if t < lo or t >= hi:
+            continue
+        k = bisect.bisect_right(starts, t) - 1
+        if k >= 0 and t < ends[k]:
+            out.append(sample)
+    return out
+
+
+def fold(
+    samples: Iterable[tuple[float, StackSample]], steps: Sequence[StepRecord], top: int = TOP_SITES
+) -> Fold:
+    """The samples that fell in `steps`, by phase and site."""
+    got = in_steps(samples, steps)
+    f = Fold(samples=len(got))
+    counts: dict[str, Counter[tuple[str, str]]] = {}
+    host: dict[str, Counter[tuple[str, str]]] = {}
+    for s in got:
+        phase = _phase_name(s.phase)
+        f.by_phase[phase] = f.by_phase.get(phase, 0) + 1
+        f.late += s.late
+        counts.setdefault(phase, Counter())[(s.site, s.callee)] += 1
+        if s.sync:
+            f.sync += 1
+            f.sync_by_site[s.site] = f.sync_by_site.get(s.site, 0) + 1
+            f.sync_by_phase[phase] = f.sync_by_phase.get(phase, 0) + 1
+        else:
+            host.setdefault(phase, Counter())[(s.site, s.callee)] += 1
+    for phase, c in counts.items():
+        n = f.by_phase[phase]
+        f.sites[phase] = [SiteShare(site, callee, k, k / n) for (site, callee), k in c.most_common(top)]
+    for phase, c in host.items():
+        n = f.by_phase[phase] - f.sync_by_phase.get(phase, 0)
+        f.host_sites[phase] = [SiteShare(site, callee, k, k / n) for (site, callee), k in c.most_common(top)]
+    return f
+
+
+def split_site(site: str) -> tuple[str, int, str]:
+    """ "/a/b/train.py:88 log_metrics" -> ("/a/b/train.py", 88, "log_metrics"); (site, 0, "") if not."""
+    m = _SITE.match(site)
+    return (m.group(1), int(m.group(2)), m.group(3) or "") if m else (site, 0, "")
+
+
+def short_site(site: str) -> str:
+    """ "/a/b/train.py:88 log_metrics" -> "train.py:88 log_metrics"."""
+    path, line, qual = split_site(site)
+    if not line:
+        return os.path.basename(site) or "?"
+    return f"{os.path.basename(path)}:{line} {qual}".rstrip()
+
+
+def short_callee(callee: str) -> str:
+    """ "wandb.sdk.wandb_run:Run.log" -> "wandb…Run.log"; "json:dumps" -> "json.dumps"."""
+    module, _, qual = callee.partition(":")
+    if not qual:
+        return module
+    top = module.split(".", 1)[0]
+    return f"{top}…{qual}" if top != module else f"{module}.{qual}"

@@ -1,0 +1,196 @@
+"""Sync windows and the one-step FLOP count, on CPU.
+
+A sync window needs CUDA's sync debug mode: here it runs on a stand-in for `torch.cuda` that has
+the mode's two functions, and the synchronising call is a warning with torch's message raised at
+a known line (what torch's warning handler does on CUDA). On a real GPU: tests/test_why_cuda.py.
+"""
+
+from __future__ import annotations
+
+import dis
+import threading
+import time
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.agent_util import client_for
+from tests.test_why_agent import line_of
+from torchtop.agent.contract.logcodes import H2D
+from torchtop.agent.hooks.probe import Probe
+from torchtop.agent.hooks.sync_window import MESSAGE, SyncWindow, call_name
+from torchtop.agent.hooks.timed import timed
+from torchtop.agent.telemetry.stacks import StackSampler, classifier_for
+
+torch = pytest.importorskip("torch")
+
+
+# -- sync windows ------------------------------------------------------------------------------------
+class FakeCuda:
+    """`torch.cuda`'s sync debug mode, without CUDA."""
+
+    def __init__(self, mode: int = 0) -> None:
+        self.mode = mode
+
+    def get_sync_debug_mode(self) -> int:
+        return self.mode
+
+    def set_sync_debug_mode(self, mode: int) -> None:
+        self.mode = mode
+
+
+def a_sync(loss: Any) -> None:
+    warnings.warn(MESSAGE + " (Triggered internally at CUDAFunctions.cpp:1.)", UserWarning, stacklevel=1)
+
+
+def test_a_window_finds_the_call_and_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    probe = Probe(thread_id=threading.get_ident())
+    sampler = StackSampler(probe, classifier_for(torch))
+    fake = SimpleNamespace(cuda=FakeCuda())
+    w = SyncWindow(fake, probe, sampler.classifier, sampler.sync_keys)
+    before = (warnings.showwarning, list(warnings.filters))
+    assert w.open() and fake.cuda.mode == 1
+    for _ in range(3):
+        a_sync(None)
+    other = threading.Thread(target=a_sync, args=(None,))  # another thread's sync: not the loop's
+    other.start()
+    other.join()
+    probe._steps, probe.left = 3, probe._batch  # three steps went by
+    w.close()
+    assert fake.cuda.mode == 0 and (warnings.showwarning, warnings.filters) == before
+    assert w.seen == 3 and w.windows == 1 and len(w.sites) == 1
+    (site,) = w.described()
+    assert site.site.endswith(f"test_why_sync_flops.py:{line_of(a_sync, 'warnings.warn')} a_sync")
+    assert site.call == "warnings.warn()"
+    assert site.calls == 3 and site.steps == 3 and "warnings.warn(MESSAGE" in site.line
+    assert len(sampler.sync_keys) == 1
+    assert MESSAGE not in capsys.readouterr().err
+    a_sync(None) if False else None  # noqa: B018 - outside a window the warning would be the user's again
+
+
+def test_a_sync_inside_a_wrapper_of_ours_is_the_users_call() -> None:
+    """A pageable `.to()` synchronises inside torchtop's h2d wrapper: the site is the user's
+    line, and nothing of torchtop's is named."""
+    probe = Probe(thread_id=threading.get_ident())
+    classifier = classifier_for(torch)
+    w = SyncWindow(SimpleNamespace(cuda=FakeCuda()), probe, classifier, {})
+    to = timed(probe, H2D, warnings.warn)  # a C call made from our wrapper's frame, as orig_to is
+    assert w.open()
+    to(MESSAGE, UserWarning)  # the user's call
+    w.close()
+    (site,) = w.described()
+    assert site.site.endswith(f"{test_a_sync_inside_a_wrapper_of_ours_is_the_users_call.__name__}")
+    assert site.via == "" and site.call == "to()"
+
+
+def test_a_window_leaves_a_users_own_mode_alone() -> None:
+    probe = Probe(thread_id=threading.get_ident())
+    fake = SimpleNamespace(cuda=FakeCuda(mode=2))
+    w = SyncWindow(fake, probe, classifier_for(torch), {})
+    assert not w.open() and "set torch.cuda.set_sync_debug_mode() itself" in w.reason
+    assert fake.cuda.mode == 2
+
+
+def test_closing_keeps_a_mode_the_run_set_meanwhile() -> None:
+    probe = Probe(thread_id=threading.get_ident())
+    fake = SimpleNamespace(cuda=FakeCuda())
+    w = SyncWindow(fake, probe, classifier_for(torch), {})
+    assert w.open()
+    fake.cuda.mode = 2  # the user's own "error" mode, set during the window
+    w.close()
+    assert fake.cuda.mode == 2
+
+
+def test_other_warnings_still_reach_the_user_during_a_window() -> None:
+    probe = Probe(thread_id=threading.get_ident())
+    w = SyncWindow(SimpleNamespace(cuda=FakeCuda()), probe, classifier_for(torch), {})
+    shown: list[str] = []
+    old = warnings.showwarning
+    warnings.showwarning = lambda m, *a, **k: shown.append(str(m))  # type: ignore[assignment]
+    try:
+        assert w.open()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = w._showwarning  # catch_warnings restored the module's; ours again
+            warnings.warn("the user's own warning", UserWarning, stacklevel=1)
+        w.close()
+    finally:
+        warnings.showwarning = old
+    assert shown == ["the user's own warning"]
+
+
+def calls(loss: Any, x: Any, mask: Any, m: Any) -> None:
+    loss.item()
+    print(x)
+    y = x[mask]
+    x.cpu()
+    torch.nonzero(m)
+    print(f"loss {loss.item():.4f}")
+    return y
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("loss.item()", "loss.item()"),
+        ("print(x)", "print()"),
+        ("y = x[mask]", "x[mask]"),
+        ("x.cpu()", "x.cpu()"),
+        ("torch.nonzero(m)", "torch.nonzero()"),
+        ('print(f"loss', "loss.item()"),  # the innermost call of that line, not the print
+    ],
+)
+def test_call_name(text: str, name: str) -> None:
+    code = calls.__code__
+    line = line_of(calls, text)
+    ops = [i for i in dis.get_instructions(code) if i.positions and i.positions.lineno == line]
+    op = [i for i in ops if i.opname.startswith("CALL") or "SUBSCR" in i.opname]
+    target = op[0] if text.startswith("print(f") else op[-1]
+    assert call_name(code, target.offset) == name
+
+
+# -- the FLOP count ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_flops_of_one_step_are_counted_and_that_step_kept_out(agent: Any) -> None:
+    """A bias-free matmul chain on CPU: the count is the closed form, samples the batch rows."""
+    from torchtop.demos.known_flops import build, flops_per_step, step
+    from torchtop.monitor.model.state import RunState
+
+    torch.set_num_threads(1)
+    model, x = build(torch.device("cpu"), 64, 128, depth=4)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    client = client_for(agent)
+    state = RunState()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        step(model, opt, x)
+        for got in client.recv_batches(0.0):
+            state.apply_batch(got.batch, got.steps, time.monotonic())
+        f = state.why.flops
+        if f is not None and f.state == "done" and len(state.steps) > 30:
+            break
+    client.close()
+    f = state.why.flops
+    assert f is not None and f.state == "done", f
+    assert f.flops == flops_per_step(64, 128, 4) and f.by_dtype == {"float32": f.flops}
+    assert f.samples == 64 and f.tokens is None and f.input_shape == [64, 128]
+    assert f.cost_ms is not None and f.cost_ms > 0
+    assert sum(state.why.excluded(s) for s in state.steps) == 2  # the counted step and the next
+    assert not any(state.why.excluded(s) for s in state.window(60.0))
+    assert agent.probe.on_step is None and agent.probe.failures == 0
+
+
+def test_a_capture_waits_while_the_flop_count_runs() -> None:
+    from torchtop.agent.capture.controller import CaptureController, CaptureError
+    from torchtop.agent.cuda_use import CudaUse
+
+    probe = Probe(thread_id=threading.get_ident())
+    probe.on_step = SimpleNamespace(entered=True)  # a FLOP count between its two boundaries
+    c = CaptureController(CudaUse(torch), probe)
+    with pytest.raises(CaptureError, match="counting the model's FLOPs"):
+        c.request("capture-profile", {"steps": 2})
+    probe.on_step = SimpleNamespace(entered=False)  # armed only: the capture takes the boundary
+    assert c.request("capture-profile", {"steps": 2}).state == "pending"
+    c.close()
