@@ -72,7 +72,7 @@ def _rank_entry(m: Member, seconds: float, window: float, now: float) -> dict[st
     report = build_report(m.state, seconds, m.key, window=window)
     t = m.stats.window(window)
     keep = (
-        "steps", "timed_steps", "step_time_ms", "steps_per_s", "breakdown", "phase_ms", "device_ms",
+        "steps", "steps_in_full", "timed_steps", "step_time_ms", "steps_per_s", "breakdown", "phase_ms", "device_ms",
         "memory", "gpu", "host", "verdict", "flags", "dropped", "gaps", "bad_frames", "hook_errors",
     )  # fmt: skip
     entry: dict[str, Any] = {
@@ -122,14 +122,15 @@ def build_job_report(
             k: aggregate[k]
             for k in (
                 "steps",
+                "steps_in_full",
                 "timed_steps",
-                "span_s",
+                "covered_s",
                 "step_time_ms",
                 "steps_per_s",
                 "breakdown",
                 "phase_ms",
                 "device_ms",
-            )
+            )  # fmt: skip
         },
         "collective": {
             "source": "device" if any(t.sampled and "comm" in t.device for t in times.values()) else "host",

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from statistics import median
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Finding, _pct
+from torchtop.monitor.diagnosis.facts import Finding
+from torchtop.monitor.diagnosis.upside import Upside
+from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.rank_stats import RankTimes
 
 OWN_PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
@@ -133,11 +135,30 @@ def straggler_finding(s: Straggler) -> Finding:
     evidence = (
         what,
         f"the other {s.waiting} rank{'s' if s.waiting != 1 else ''} wait {s.wait_ms:.1f} ms a step for it in "
-        f"collectives: {_pct(s.share)} of the {s.step_ms:.1f} ms step",
+        f"collectives: {pct(s.share, 0)} of the {s.step_ms:.1f} ms step",
         f"the job runs {s.slowdown:.2g}x slower than at the pace of its other ranks",
     )
     advice = ADVICE.get(s.phase, ("compare its host and GPU (GPU · Host tab) with the others'",))
-    return Finding("straggler", s.severity, s.share, evidence, advice)
+    return Finding(
+        "straggler",
+        s.severity,
+        s.share,
+        evidence,
+        advice,
+        _faster(f"rank {s.rank} at the others' pace", s.step_ms, s.wait_ms),
+    )
+
+
+def _faster(what: str, step: float, saved: float) -> Upside | None:
+    """What the job would gain without `saved` ms of collective wait a step: a bound (the wait
+    cannot shrink below nothing; the collective's own time stays)."""
+    new = step - saved
+    if step <= 0 or new <= 0 or saved <= 0:
+        return None
+    x = step / new
+    return Upside(
+        f"{what}: up to {x:.1f}× steps/s ({step:.1f} → {new:.1f} ms a step; bound)", "bound", step, new, x
+    )
 
 
 @dataclass(frozen=True)
@@ -201,11 +222,12 @@ def rule_communication(ranks: dict[int, RankTimes], step_ms: float) -> Finding |
         return None
     severity = "critical" if share >= T["input_severe"] else "warning" if share >= T["input_high"] else "info"
     evidence = (
-        f"every rank waits at least {floor:.1f} ms a step in collectives ({_pct(share)} of the "
+        f"every rank waits at least {floor:.1f} ms a step in collectives ({pct(share, 0)} of the "
         f"{step_ms:.1f} ms step) that its compute did not hide",
     )
     advice = (
         "larger DDP buckets (bucket_cap_mb) or gradient accumulation: fewer, larger all-reduces",
         "bf16 gradients (a DDP comm hook) halve the bytes; check the interconnect (NVLink/IB)",
     )
-    return Finding("communication", severity, share, evidence, advice)
+    upside = _faster("hiding the collectives behind compute", step_ms, floor)
+    return Finding("communication", severity, share, evidence, advice, upside)

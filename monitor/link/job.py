@@ -48,6 +48,8 @@ class Event(NamedTuple):
     cmd: str = ""
     reply: wire.Reply | None = None
     bad_frames: int = 0  # the member's client's count so far
+    tally: wire.StepTally | None = None  # a snapshot's: the agent's count of every step
+    wall_offset: float = 0.0
 
 
 @dataclass
@@ -101,7 +103,16 @@ class JobLink:
             try:
                 reply, steps = m.client.snapshot(self.snapshot_steps, timeout=SNAPSHOT_TIMEOUT_S)
                 if reply.ok:
-                    out.append(Event(key, "snapshot", steps=steps, seq=reply.seq))
+                    out.append(
+                        Event(
+                            key,
+                            "snapshot",
+                            steps=steps,
+                            seq=reply.seq,
+                            tally=reply.tally,
+                            wall_offset=reply.wall_offset,
+                        )
+                    )
             except AgentUnreachable:
                 pass  # live batches still come; only the history before we joined is missing
         return out
@@ -203,7 +214,7 @@ def apply_events(job: JobState, events: list[Event], now: float) -> None:
         if ev.kind == "hello" and ev.hello is not None:
             job.apply_hello(ev.key, ev.hello)
         elif ev.kind == "snapshot":
-            job.apply_snapshot(ev.key, ev.steps, ev.seq)
+            job.apply_snapshot(ev.key, ev.steps, ev.seq, ev.tally, ev.wall_offset)
         elif ev.kind == "batches":
             for got in ev.batches:
                 job.apply_batch(ev.key, got.batch, got.steps, now, got.log_errors, finish=False)

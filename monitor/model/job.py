@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import Batch, Hello
+from torchtop.agent.contract.wire import Batch, Hello, StepTally
 from torchtop.monitor.model.rank_stats import DEVICE_KEYS, RankStats
 from torchtop.monitor.model.state import RunState
 from torchtop.monitor.model.steps import StepRecord
@@ -113,11 +113,18 @@ class JobState:
             self.job.hello = hello  # the device, torch and host of the job's header
         return True
 
-    def apply_snapshot(self, key: str, steps: list[StepRecord], seq: int) -> None:
+    def apply_snapshot(
+        self,
+        key: str,
+        steps: list[StepRecord],
+        seq: int,
+        tally: StepTally | None = None,
+        wall_offset: float = 0.0,
+    ) -> None:
         m = self.member(key)
         if m.refused:
             return
-        m.state.apply_snapshot(steps, seq)
+        m.state.apply_snapshot(steps, seq, tally, wall_offset)
         self._take(m, steps)
 
     def apply_batch(
@@ -170,9 +177,10 @@ class JobState:
         upto = min((m.last_i for m in self.live()), default=self._max_i)
         upto = max(upto, self._max_i - LAG_STEPS)
         ready = sorted(k for k in self._pending if k <= upto)
-        for i in ready:
-            self.job.steps.append(job_step(i, self._pending.pop(i)))
-        if ready:
+        made = [job_step(i, self._pending.pop(i)) for i in ready]
+        if made:
+            self.job.steps.extend(made)
+            self.job.tally.add(made)  # the aggregate counts its steps as a rank's state does
             self._made = max(self._made, ready[-1])
 
     _finish = finish

@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from torchtop.agent.contract.wire import CaptureInfo
-from torchtop.monitor.model.captures import ACTIVE, FINISHED, CaptureBook
+from torchtop.agent.contract.wire import CAPTURE_ACTIVE as ACTIVE
+from torchtop.agent.contract.wire import CAPTURE_FINISHED as FINISHED
+from torchtop.agent.contract.wire import CaptureInfo, CaptureState
+from torchtop.monitor.model.captures import CaptureBook
 from torchtop.monitor.model.job import JobState
 from torchtop.monitor.model.state import step_stats
 
@@ -77,8 +79,8 @@ class JobCaptures:
         got = [c for k in r.keys for c in self.captures(k)]
         return (
             sum(c.state in ACTIVE for c in got) + len(r.keys) - len(got),
-            sum(c.state == "done" for c in got),
-            sum(c.state == "failed" for c in got),
+            sum(c.state == CaptureState.DONE for c in got),
+            sum(c.state == CaptureState.FAILED for c in got),
         )
 
     def finished(self) -> bool:
@@ -117,7 +119,7 @@ def round_summary(job: JobState, caps: JobCaptures) -> list[str]:
         rows.append((m.rank, c, comm, own))
     rows.sort(key=lambda x: x[0])
     lines = [
-        f"rank {rank}: {c.path or c.error}" + ("" if c.state == "done" else f" ({c.state})")
+        f"rank {rank}: {c.path or c.error}" + ("" if c.state == CaptureState.DONE else f" ({c.state})")
         for rank, c, _, _ in rows
     ]
     measured = [(rank, comm, own) for rank, _, comm, own in rows if comm is not None and own is not None]
