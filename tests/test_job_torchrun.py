@@ -22,7 +22,7 @@ import pytest
 
 from torchtop.agent.contract import discovery
 
-pytestmark = [pytest.mark.slow, pytest.mark.sampled_phases]
+pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
 RANKS = 4
 SLOW_RANK = 1
 
