@@ -1,82 +1,106 @@
-"""Synthetic ranks of a job for the job model, rules and view tests: steps with known phases."""
+"""A training job run as a user would (a demo, or a script under TORCHTOP=1) and judged with
+`torchtop report`: shared by the end-to-end verdict tests (test_scenarios, test_user_loops).
+
+The job's output is read as it comes, so a test waits for the job's own progress ("step 60",
+"warm") instead of for a fixed time: on a loaded machine a step can take a second.
+"""
 
 from __future__ import annotations
 
-from torchtop.agent.contract import wire
-from torchtop.monitor.model.job import JobState
-from torchtop.monitor.model.steps import StepRecord
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
 
-T0 = 1_700_000_000.0
-JOB = "run-1@node0:29500"
+SEVERE = ("warning", "critical")
 
 
-def hello(
-    rank: int, world: int = 4, job_id: str = JOB, host: str = "node0", version: str = "0.1.0"
-) -> wire.Hello:
-    return wire.Hello(
-        v=wire.PROTOCOL_VERSION,
-        run_id=f"run{rank}",
-        pid=1000 + rank,
-        host=host,
-        port=40000 + 2 * rank,
-        pub_port=40001 + 2 * rank,
-        device="cpu",
-        start_time=T0,
-        rank=rank,
-        world_size=world,
-        local_rank=rank,
-        agent_version=version,
-        job_id=job_id,
-        launcher="torchrun",
+def report(pid: int, seconds: float, *extra: str) -> dict[str, Any]:
+    """`torchtop report PID --seconds S [extra]`, parsed."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchtop.monitor.commands.cli",
+        "report",
+        str(pid),
+        "--seconds",
+        str(seconds),
+    ]
+    out = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=seconds + 90)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def flags(r: dict[str, Any]) -> dict[str, str]:
+    return {f["kind"]: f["severity"] for f in r["flag_details"]}
+
+
+def show(name: str, r: dict[str, Any]) -> None:
+    print(
+        f"\n{name}: {r['steps']} steps, median {r['step_time_ms']['median']:.1f} ms, "
+        f"breakdown {r['breakdown']}\n  verdict {r['verdict']}\n  flags {r['flag_details']}"
     )
 
 
-def batch(rank: int, seq: int, t: float) -> wire.Batch:
-    return wire.Batch(v=wire.PROTOCOL_VERSION, run_id=f"run{rank}", seq=seq, time=t, rank=rank)
+class Job:
+    """A child process whose output lines are collected as they come."""
 
-
-def rank_steps(
-    rank: int,
-    n: int = 100,
-    step_ms: float = 50.0,
-    data: float = 1.0,
-    forward: float = 3.0,
-    backward: float = 5.0,
-    optimizer: float = 1.0,
-    comm: float | None = None,
-    first: int = 0,
-    device: dict[str, float] | None = None,
-) -> list[StepRecord]:
-    """`n` steps of `step_ms`; `comm` (default: the rest less 0.5 ms of `other`) fills the step."""
-    own = data + forward + backward + optimizer
-    comm = max(0.0, step_ms - own - 0.5) if comm is None else comm
-    phases = {
-        "data": data,
-        "h2d": 0.0,
-        "forward": forward,
-        "backward": backward,
-        "optimizer": optimizer,
-        "comm": comm,
-    }
-    ns = {k: int(v * 1e6) for k, v in phases.items()}
-    wall = int(step_ms * 1e6)
-    ns["other"] = max(0, wall - sum(ns.values()))
-    return [
-        StepRecord(
-            first + k, T0 + (first + k) * step_ms / 1e3, wall, dict(ns), "train", 1, dict(device or {}), rank
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
-        for k in range(n)
-    ]
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
 
-def feed(job: JobState, per_rank: dict[int, list[StepRecord]], chunk: int = 10) -> None:
-    """Every rank's hello, then its steps in batches of `chunk`, the ranks interleaved."""
-    for r in per_rank:
-        job.apply_hello(f"r{r}", hello(r, world=len(per_rank)))
-    longest = max(len(s) for s in per_rank.values())
-    for seq, k in enumerate(range(0, longest, chunk)):
-        for r, steps in per_rank.items():
-            part = steps[k : k + chunk]
-            if part:
-                end = part[-1].t0 + part[-1].wall_ns / 1e9
-                job.apply_batch(f"r{r}", batch(r, seq, end), part, now=float(seq))
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_for(self, pattern: str, timeout: float = 300.0) -> re.Match[str]:
+        """The first output line matching `pattern` (a regex), waiting up to `timeout` s for it."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            found = next((m for m in map(rx.search, list(self.lines)) if m is not None), None)
+            if found is not None:
+                return found
+            self._alive(pattern)
+            assert time.monotonic() < deadline, f"no {pattern!r} after {timeout} s: {self.lines[-20:]}"
+            time.sleep(0.2)
+
+    def wait_for_step(self, n: int, timeout: float = 300.0) -> None:
+        """Until the job printed "step K" with K >= n (the demos' loss line, with --log-every)."""
+        rx = re.compile(r"^step\s+(\d+)\b")
+        deadline = time.monotonic() + timeout
+        while max((int(m.group(1)) for m in map(rx.search, list(self.lines)) if m), default=-1) < n:
+            self._alive(f"step {n}")
+            assert time.monotonic() < deadline, f"not at step {n} after {timeout} s: {self.lines[-5:]}"
+            time.sleep(0.3)
+
+    def _alive(self, waiting_for: str) -> None:
+        if self.proc.poll() is not None:
+            self._reader.join(5)
+            raise AssertionError(f"exited {self.proc.returncode} before {waiting_for!r}: {self.lines[-20:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.job_util import JOB, batch, feed, hello, rank_steps
+from tests.rank_util import JOB, batch, feed, hello, rank_steps
 from torchtop.agent.contract.logcodes import BACKWARD, BOUNDARY, COMM, COMM_READY, EXIT, FORWARD_START, SHIFT
 from torchtop.agent.identity import from_env
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T

@@ -111,3 +111,48 @@ def test_history_is_downsampled_beyond_its_last_entries(monkeypatch) -> None:
         assert [s.i for s in steps] == list(range(1400, 1500))
     finally:
         client.close()
+
+
+def test_a_late_monitor_gets_the_agents_per_second_memory_lows() -> None:
+    """The leak rule looks back a minute: a monitor that joins (or a 10 s report) gets the lows
+    the agent kept, from the `memory` request and with a snapshot."""
+    agent = ta.start()
+    assert agent is not None
+    kept = []
+    deadline = time.monotonic() + 3.5  # unwatched, the agent samples memory once a second
+    while time.monotonic() < deadline:
+        _train(20)
+        kept.append(torch.ones(256 * 1024))  # 1 MiB a round, kept: RSS climbs
+        time.sleep(0.02)
+    client = client_for(agent)
+    try:
+        lows = client.memory()
+        assert len(lows) >= 2, lows
+        assert all(a.time < b.time for a, b in zip(lows, lows[1:]))
+        assert all(m.rss > 10 * 2**20 and m.allocated == 0 for m in lows)
+        assert lows[-1].rss > lows[0].rss
+        counts = [m.steps for m in lows]  # the step count with each low: the leak rule's x axis
+        assert None not in counts and counts == sorted(counts) and counts[-1] > counts[0], counts
+        reply, _ = client.snapshot(max_steps=10)
+        assert reply.ok and [m.time for m in reply.memory][: len(lows)] == [m.time for m in lows]
+    finally:
+        client.close()
+
+
+def test_memory_trend_keeps_each_seconds_low() -> None:
+    from torchtop.agent.telemetry.memory_trend import MemoryTrend
+
+    trend = MemoryTrend(keep=3)
+    for t, rss, alloc in [
+        (10.1, 50, 0),
+        (10.5, 40, 0),
+        (10.9, 45, 0),
+        (11.2, 60, 7),
+        (11.8, 55, 9),
+        (12.0, 1, 1),
+    ]:
+        trend.add(t, rss, alloc)
+    assert [(m.time, m.rss, m.allocated) for m in trend.lows()] == [(10.1, 40, 0), (11.2, 55, 7)]
+    for t in range(13, 20):
+        trend.add(float(t), 100, 0)
+    assert [m.time for m in trend.lows()] == [16.0, 17.0, 18.0]  # bounded: the newest `keep`

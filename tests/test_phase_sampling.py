@@ -183,6 +183,80 @@ def test_an_eval_loop_that_starts_untimed_is_seen_as_eval(stopped) -> None:
     assert all(s.phases["data"] >= 0.9e6 for s in timed[1:-1])  # each holds its iteration's 1 ms load
 
 
+@pytest.mark.slow
+def test_short_eval_passes_are_one_eval_step_per_forward_whatever_the_timing(stopped) -> None:
+    """Issue 18: 15 passes of 16 no-grad forwards, each pass far shorter than the 1 s after which
+    an untimed stretch is timed again, counted 16 or 32 eval steps: a pass that began in an
+    untimed stretch logged nothing and folded into the next training step."""
+    agent = ta.start(phase_every=16)  # long untimed stretches: most passes start in one
+    assert agent is not None
+    model, opt = _mlp()
+    held = _loader(16, 10**9, 0)
+    for _ in range(15):
+        model.train()
+        _train(model, opt, _loader(40, 10**9, 0))
+        model.eval()
+        with torch.no_grad():
+            for x, _ in held:
+                model(x)
+    train = snapshot_steps(agent, 600)
+    evals = snapshot_steps(agent, 240, kind="eval")
+    assert len(train) == 600
+    assert len(evals) == 240
+    assert len([s for s in train if s.phases]) < 0.5 * len(train)  # training is still sampled
+
+
+@pytest.mark.slow
+def test_a_teacher_forward_in_each_training_step_is_training(stopped) -> None:
+    """One no-grad forward a step (a teacher, a target network) is part of the training step: it
+    neither makes the step an eval step nor switches phase sampling off."""
+    agent = ta.start(phase_every=8)
+    assert agent is not None
+    model, opt = _mlp()
+    teacher, _ = _mlp()
+    for x, _ in _loader(400, 10**9, 0):
+        with torch.no_grad():
+            target = teacher(x).softmax(1)
+        loss = torch.nn.functional.cross_entropy(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    train = snapshot_steps(agent, 400)
+    assert len(train) == 400
+    assert snapshot_steps(agent, 0, timeout=0.5, kind="eval") == []
+    timed = [s for s in train if s.phases]
+    assert 0.05 * len(train) <= len(timed) <= 0.4 * len(train), len(timed)
+
+
+def test_an_untimed_training_step_end_is_training_whatever_it_held() -> None:
+    """UNTIMED_END only ever ends a training step (the optimizer's, or step()'s): a logged no-grad
+    forward in it (a teacher's, or the last of an eval pass) does not make it an eval step."""
+    from torchtop.monitor.model.replay import StepRecorder
+
+    t = 1_000_000
+    e = lambda code, dt: (t + dt) << logcodes.SHIFT | code  # noqa: E731
+    rec = StepRecorder()
+    out = rec.feed(
+        [
+            e(logcodes.BOUNDARY, 0),
+            e(logcodes.FORWARD_START + 2, 100),  # root 1, no grad
+            e(logcodes.EXIT | logcodes.FORWARD, 300),
+            e(logcodes.UNTIMED_END, 1000),
+            e(logcodes.FORWARD_START + 2, 1100),  # an eval pass: two no-grad forwards, then timed
+            e(logcodes.EXIT | logcodes.FORWARD, 1200),
+            e(logcodes.TIMING_RESUMED, 1300),
+            e(logcodes.FORWARD_START + 2, 1300),
+            e(logcodes.EXIT | logcodes.FORWARD, 1400),
+            e(logcodes.DATA, 1500),
+            e(logcodes.EXIT | logcodes.DATA, 1600),
+            e(logcodes.FORWARD_START + 3, 1600),  # training again
+            e(logcodes.EXIT | logcodes.FORWARD, 1700),
+            e(logcodes.STEP_END, 2000),
+        ]
+    )
+    assert [(r[1], r[3]) for r in out] == [("train", 1000), ("eval", 300), ("eval", 200), ("train", 500)]
+
+
 def test_the_replay_keeps_wall_time_and_drops_phases_of_untimed_steps() -> None:
     from torchtop.monitor.model.replay import StepRecorder, to_record
 

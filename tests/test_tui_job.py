@@ -4,7 +4,7 @@ one rank with keys and a click."""
 
 from __future__ import annotations
 
-from tests.job_util import batch, hello, rank_steps
+from tests.rank_util import batch, hello, rank_steps
 from torchtop.monitor.link.client import Received
 from torchtop.monitor.link.job import Event
 from torchtop.monitor.tui.job_app import JobApp

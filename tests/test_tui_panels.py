@@ -251,8 +251,8 @@ async def test_verdict_data_loading_with_evidence_then_compute_for_a_healthy_run
         assert text.startswith("● Data-loading bound  warning")
         assert "data wait is 30% of step time: 3.0 ms of 10.0 ms" in text
         assert "2 DataLoader workers at 96% CPU on average (8 cores)" in text
-        assert "→ raise DataLoader num_workers (try 7)" in text
-        assert "⚑ DataLoader workers warning: 2 workers at 96% CPU each: saturated" in text
+        assert "→ raise DataLoader num_workers from 2 toward 7 (cores are free)" in text
+        assert "⚑ DataLoader workers warning: 2 workers saturated: busy 96% (96% CPU)" in text
         assert panel.has_class("-warning") and not panel.has_class("-ok")
         assert panel.border_title == "verdict · 50 steps judged"
         app.refresh_panels()  # hysteresis: the verdict in force keeps its kind

@@ -148,6 +148,46 @@ def test_sync_bands(sync_share: float, verdict: str | None, flag: str | None) ->
         assert "1.0 calls a step" in found.evidence[0]
 
 
+H2D = PHASES.index("h2d")
+COPY = "/home/u/train.py:40 main"
+
+
+def test_a_blocking_copy_to_the_gpu_is_transfer_not_a_sync_stall() -> None:
+    """A pageable `.to(device)` waits for the GPU too, inside the h2d phase: the transfer verdict
+    judges that time, so the sync rule does not count it again (a transfer-bound loop read sync)."""
+    recs = steps(n=20)
+    f = fold([(s.t / 1e9, s) for s in spread(recs, [(H2D, COPY, "", True), (OTHER, ITEM, "", True)])], recs)
+    assert f.sync == 10 and f.sync_by_site == {ITEM: 10} and f.by_phase["h2d"] == 10
+    assert [s.site for s in f.host_sites["h2d"]] == [COPY]
+
+
+def test_a_wait_on_a_gpu_that_is_busy_all_step_is_a_note_not_a_sync_verdict() -> None:
+    """The host waits at `.item()` half the step, but the kernels fill the device step: the GPU is
+    the bottleneck and removing the wait buys nothing, so at most an info flag."""
+    plan = [(OTHER, ITEM, "", True)] * 20 + [(2, "/m/model.py:3 f", "", False)] * 20
+    busy = Throughput(device_busy=0.97, device_busy_ms=97.0, device_step_ms=100.0)
+    f = facts_with(0.6, plan, sync=ITEM_SYNC, throughput=busy)
+    assert rule_sync(f) is None
+    flag = flag_sync(f)
+    assert flag is not None and flag.severity == "info"
+    idle = Throughput(device_busy=0.4, device_busy_ms=40.0, device_step_ms=100.0)
+    v = rule_sync(facts_with(0.6, plan, sync=ITEM_SYNC, throughput=idle))
+    assert v is not None and v.severity == "critical"
+
+
+def test_host_overhead_is_not_the_verdict_when_the_time_is_outside_the_phases() -> None:
+    """NVML low and the host busy, but in user code between the phases, not launching kernels."""
+    from torchtop.monitor.diagnosis.verdicts import rule_host_overhead
+
+    f = facts_with(0.6, [(OTHER, SITE, "", False)])
+    f.gpu_util = 10.0
+    assert rule_host_overhead(f) is None
+    f = facts_with(0.05, [(2, "/m/model.py:3 f", "", False)])
+    f.gpu_util = 10.0
+    got = rule_host_overhead(f)
+    assert got is not None and got.kind == "host-overhead"
+
+
 def test_sync_needs_enough_samples() -> None:
     f = facts_with(0.6, [(OTHER, ITEM, "", True)], n=int(T["min_stack_samples"]) - 1, sync=ITEM_SYNC)
     assert rule_sync(f) is None and flag_sync(f) is None

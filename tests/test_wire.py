@@ -86,7 +86,10 @@ MESSAGES = [
                 workers=[
                     wire.WorkerSample(
                         pid=7, cpu_percent=99.0, rss=1 << 28, name="pt_data_worker", dataloader=True
-                    )
+                    ),
+                    wire.WorkerSample(
+                        pid=8, cpu_percent=41.0, rss=1 << 28, dataloader=True, wait_percent=57.5
+                    ),
                 ],
             ),
             unavailable={"pcie": "disabled after errors"},
@@ -97,6 +100,10 @@ MESSAGES = [
     wire.Reply(v=V, id=1, ok=True, hello=HELLO, seq=9),
     wire.Reply(v=V, id=2, ok=True, log=[wire.LogChunk(0, 0, [7 << 8 | 21])], seq=10, data={"k": [1, "x"]}),
     wire.Reply(v=V, id=-1, ok=False, error="bad request: nope"),
+    wire.Request(v=V, id=3, cmd="memory"),
+    wire.Reply(
+        v=V, id=3, ok=True, memory=[wire.MemoryLow(1e9, 1 << 30), wire.MemoryLow(1e9 + 1, 1 << 30, 5 << 20)]
+    ),
 ]
 
 

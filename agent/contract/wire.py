@@ -115,6 +115,9 @@ class WorkerSample(msgspec.Struct, omit_defaults=True):
     rss: int
     name: str = ""
     dataloader: bool = False
+    # percent of the time its main thread was runnable but waiting for a CPU (Linux run-queue
+    # delay, /proc/PID/schedstat); with cpu_percent, how busy it is on a shared machine
+    wait_percent: float | None = None
 
 
 class HostSample(msgspec.Struct, omit_defaults=True):
@@ -132,6 +135,17 @@ class HostSample(msgspec.Struct, omit_defaults=True):
     workers: list[WorkerSample] = []
 
 
+class MemoryLow(msgspec.Struct, array_like=True):
+    """One second's low point of the training process's memory: RSS, and allocated CUDA memory
+    on the first device (0 when there is none). The agent keeps ten minutes of them
+    (agent/telemetry/memory_trend.py) for the leak rule of a monitor that joins later."""
+
+    time: float  # unix seconds, the start of that second's samples
+    rss: int
+    allocated: int = 0
+    steps: int | None = None  # training steps cut by then: a leak is judged per step
+
+
 class Telemetry(msgspec.Struct, omit_defaults=True):
     """The latest samples; absent parts say why in `unavailable` (e.g. {"gpu": "no NVML"})."""
 
@@ -141,6 +155,7 @@ class Telemetry(msgspec.Struct, omit_defaults=True):
     gpus: list[GpuSample] = []
     host: HostSample | None = None
     unavailable: dict[str, str] = {}
+    steps: int | None = None  # training steps cut when these were sampled (the leak rule's x axis)
 
 
 class CaptureInfo(msgspec.Struct, omit_defaults=True, frozen=True):
@@ -316,7 +331,7 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
 
     v: int
     id: int
-    cmd: str  # "hello" | "snapshot" | "ping"
+    cmd: str  # "hello" | "snapshot" | "ping" | "memory" | capture commands
     args: dict[str, Any] = {}
 
 
@@ -336,6 +351,7 @@ class Reply(msgspec.Struct, tag="reply", omit_defaults=True):
     data: dict[str, Any] = {}
     capture: Union[CaptureInfo, None] = None
     captures: list[CaptureInfo] = []
+    memory: list[MemoryLow] = []  # snapshot and `memory` replies: per-second lows, oldest first
     tally: StepTally | None = None  # a snapshot's count of every step of the run
 
 

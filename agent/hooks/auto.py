@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.logcodes import BACKWARD, DATA, FORWARD, FORWARD_START, GRAD, MAX_SLOT, SKIPPED
 from torchtop.agent.hooks.optimizer import OptimizerSteps
-from torchtop.agent.hooks.probe import Probe
+from torchtop.agent.hooks.probe import UNTIMED, Probe
 from torchtop.agent.hooks.timed import compiling_check, dynamo_check, timed, timed_forward
 from torchtop.agent.warn import ignore_warning
 
@@ -241,7 +241,10 @@ class AutoHooks:
         probe = self.probe
         try:
             if probe.depth == 0:
-                probe.forward(FORWARD_START + 2 * self._slots.get(id(module), 0) + self._grad_enabled())
+                code, grad = FORWARD_START + 2 * self._slots.get(id(module), 0), self._grad_enabled()
+                if probe.untimed >= UNTIMED and not grad:  # evaluation in an untimed stretch?
+                    probe.nograd_untimed(code)
+                probe.forward(code + grad)
             probe.depth += 1
         except Exception:
             probe.fail()

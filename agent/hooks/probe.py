@@ -88,7 +88,8 @@ class Probe:
     whose phases are not timed (phase sampling): the wrappers pass straight through and its end
     is a UNTIMED_END. Housekeeping draws which of the next `left` steps are timed (`plan`).
     (The agent thread sets it to WAKE when no step ended for a second: the next root forward
-    calls `wake()`, which times again.)
+    calls `wake()`, which times again. A root's no-grad forward is logged even then, and a
+    second one with no step end between wakes at once: `nograd_untimed`.)
     """
 
     __slots__ = (
@@ -123,6 +124,7 @@ class Probe:
         "_hk_ns",
         "_hk_steps",
         "comm",
+        "_nograd",
         "tail",
     )
 
@@ -163,6 +165,7 @@ class Probe:
         # a process group of several ranks is in use (set by the agent thread): timed backwards
         # log where their compute ends, so the rest is collective wait (hooks/collectives.py)
         self.comm = False
+        self._nograd: tuple[int, int] = (-1, -1)  # (steps, root code) of an untimed step's no-grad forward
         # the last pairs the agent thread drained: where the stack sampler reads the open explicit
         # phase when the log was just emptied (agent/telemetry/stacks.py)
         self.tail: list[Item] = []
@@ -291,6 +294,21 @@ class Probe:
         self.untimed = 0
         try:
             self.stamp(TIMING_RESUMED)
+        except Exception:
+            self.fail()
+
+    def nograd_untimed(self, code: int) -> None:
+        """A root's no-grad forward on a step whose phases are not timed (training thread): it is
+        logged, so the replay can tell evaluation from training. A second one of the same root
+        with no step end between is an evaluation loop: its iterations are timed from here
+        (wake), so each is cut as an eval step. One a step (a teacher or target network in a
+        training step) leaves the sampling as it is."""
+        try:
+            steps = self.steps
+            if self._nograd == (steps, code):
+                self.wake()
+            else:
+                self._nograd = (steps, code)
         except Exception:
             self.fail()
 

@@ -70,7 +70,7 @@ def {name}({params}):
     if _tt_dynamo():  # first: under dynamo it is a constant and nothing else here is traced
         return _tt_orig({call})
     _tt_p = _tt_probe
-    if _tt_p.untimed >= 2:  # UNTIMED: a step whose phases are not timed (phase sampling)
+    if _tt_p.untimed >= 2 and _tt_grad():  # UNTIMED: a step whose phases are not timed (sampling)
         return _tt_orig({call})
     if {first} is _tt_root[0]():
         _tt_code = _tt_root[1]
@@ -78,10 +78,13 @@ def {name}({params}):
         _tt_code = _tt_others.get(_tt_id({first}))
         if _tt_code is None:
             return _tt_orig({call})
-    if _tt_p.untimed:  # WAKE: no step ended for a second (an eval loop?): timed from here
-        _tt_p.wake()
     if _tt_p.depth or (_tt_current() is not _tt_p and _tt_p.adopt() is None):
         return _tt_orig({call})  # nested in a root, or another thread
+    if _tt_p.untimed:  # a no-grad forward while untimed (evaluation?), or WAKE: no step ended for 1 s
+        if _tt_p.untimed >= 2:
+            _tt_p.nograd_untimed(_tt_code)
+        else:
+            _tt_p.wake()
     _tt_p.depth = 1
     try:
         _tt_put = _tt_p.put

@@ -75,6 +75,8 @@ class AgentLoop(threading.Thread):
         self.cuda = cuda  # None: never look for CUDA (tests of the CPU path)
         self.rank = rank
         self.telemetry = telemetry
+        if telemetry is not None:  # the memory samples say after how many steps (the leak rule's x)
+            telemetry.step_count = lambda: probe.steps
         self.captures = captures
         self.chores = chores  # the hooks' work for this thread (AutoHooks.agent_tick)
         self.why = why  # stack samples, sync windows, the FLOP count (telemetry/why.py)
@@ -92,7 +94,15 @@ class AgentLoop(threading.Thread):
         self._stop_event = threading.Event()
         self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
         self.router = RequestRouter(
-            hello, self.history, lambda: self.seq - 1, run_id, rank, self._wall_offset, captures, self.counter
+            hello,
+            self.history,
+            lambda: self.seq - 1,
+            run_id,
+            rank,
+            self._wall_offset,
+            captures,
+            self.counter,
+            telemetry.trend.lows if telemetry is not None else None,
         )
         self._untimed_seen = (-1, 0.0)  # (training steps, when that count was first seen)
         self.ticks = 0

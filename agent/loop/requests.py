@@ -1,6 +1,6 @@
 """Requests on the agent's ROUTER socket: read frame by frame within a budget, answered fairly.
 
-The router takes what a monitor sends (hello, ping, snapshot, captures) and answers each with a
+The router takes what a monitor sends (hello, ping, snapshot, memory, captures) and answers each with a
 `Reply` of the same id; a malformed request is counted and answered with a short error. Nothing a
 peer sends can make the agent thread do unbounded work or keep unbounded memory:
 
@@ -67,8 +67,10 @@ class RequestRouter:
         wall_offset: float,
         captures: CaptureController | None = None,
         counter: StepCounter | None = None,
+        memory: Callable[[], list[wire.MemoryLow]] | None = None,
     ) -> None:
         self.hello = hello
+        self.memory = memory or list  # the per-second memory lows (telemetry/memory_trend.py)
         self.history = history
         self.counter = counter
         self.last_seq = last_seq  # the last batch published when a reply is built
@@ -237,6 +239,8 @@ class RequestRouter:
             return wire.Reply(v=v, id=req.id, ok=True, seq=self.last_seq())
         if req.cmd == "snapshot":
             return self._snapshot(req)
+        if req.cmd == "memory":
+            return wire.Reply(v=v, id=req.id, ok=True, run_id=self.run_id, memory=self.memory())
         if req.cmd in CAPTURE_COMMANDS and self.captures is not None:
             return self._capture(req, self.captures)
         self.bad_requests += 1
@@ -258,6 +262,7 @@ class RequestRouter:
             wall_offset=self.wall_offset,
             rank=self.rank,
             seq=self.last_seq(),
+            memory=self.memory(),
             tally=self.counter.tally() if self.counter is not None else None,
         )
 

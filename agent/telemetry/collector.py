@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import msgspec
+
 from torchtop.agent.contract.wire import FragSample, GpuSample, HostSample, MemorySample, Telemetry
+from torchtop.agent.telemetry.host import SelfRss
+from torchtop.agent.telemetry.memory_trend import MemoryTrend
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -65,6 +70,10 @@ class TelemetryCollector:
         self._gpus: list[GpuSample] = []
         self._pcie: dict[int, tuple[float | None, float | None]] = {}
         self._host: HostSample | None = None
+        self._rss = 0  # this process's RSS at the last fast tick (0: not read)
+        self._self_rss = SelfRss()
+        self.trend = MemoryTrend()  # per-second lows, for monitors that join later
+        self.step_count: Callable[[], int] | None = None  # training steps so far (the agent loop sets it)
         self._devices: list[int] = []
         self._devices_at = 0.0
         self._cuda_mem: CudaMemorySampler | None = None
@@ -122,7 +131,24 @@ class TelemetryCollector:
 
     # -- sampling ------------------------------------------------------------------------------
     def fast(self) -> None:
-        """10 Hz: allocator stats and NVML's cheap figures."""
+        """10 Hz: allocator stats and NVML's cheap figures; the process's RSS (a memory leak on
+        CPU shows in its per-second low points, which a 1 Hz sample cannot give)."""
+        if self._host_sampler is not None:
+            self._rss = self._self_rss()
+        try:
+            self._fast_cuda()
+        finally:
+            allocated = self._memory[0].allocated if self._memory else 0
+            if self._rss > 0 or allocated > 0:
+                self.trend.add(time.time(), self._rss, allocated, self._steps())
+
+    def _steps(self) -> int | None:
+        try:
+            return self.step_count() if self.step_count is not None else None
+        except Exception:
+            return None
+
+    def _fast_cuda(self) -> None:
         if not self._cuda_ready():
             if self.enable_gpu and "gpu" not in self.unavailable:
                 self.unavailable["gpu"] = "CUDA not in use"
@@ -167,13 +193,17 @@ class TelemetryCollector:
                 self._frag = got
 
     def latest(self) -> Telemetry:
+        host = self._host
+        if host is not None and self._rss > 0 and host.proc_rss != self._rss:
+            host = msgspec.structs.replace(host, proc_rss=self._rss)
         return Telemetry(
             time=time.time(),
             memory=list(self._memory),
             frag=list(self._frag),
             gpus=list(self._gpus),
-            host=self._host,
+            host=host,
             unavailable=dict(self.unavailable),
+            steps=self._steps(),
         )
 
     # -- the slow thread -----------------------------------------------------------------------
@@ -205,3 +235,4 @@ class TelemetryCollector:
             self._thread.join(2.0)
         if self._nvml is not None:
             self._nvml.close()
+        self._self_rss.close()

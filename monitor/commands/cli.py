@@ -56,7 +56,7 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
     """Connect, say hello, (with `history`, take the agent's retained steps), then feed
     `seconds` of batches into a RunState. Subscribed before the snapshot, so nothing falls
     between; batches the snapshot already covers are dropped by sequence number."""
-    from torchtop.monitor.link.client import AgentClient
+    from torchtop.monitor.link.client import AgentClient, AgentUnreachable
     from torchtop.monitor.model.state import RunState
 
     client = AgentClient(endpoint)
@@ -69,6 +69,12 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
             reply, steps = client.snapshot(max_steps=SNAPSHOT_MAX_STEPS, timeout=10.0)
             if reply.ok:
                 state.apply_snapshot(steps, reply.seq, reply.tally, reply.wall_offset)
+                state.apply_memory(reply.memory)
+        else:  # the leak rule looks back a minute, further than a short report collects
+            try:
+                state.apply_memory(client.memory())
+            except AgentUnreachable:
+                pass  # the live points alone, then
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             for got in client.recv_batches(min(left, 0.5)):

@@ -7,11 +7,11 @@ from statistics import mean
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
 from torchtop.monitor.diagnosis.flags import FLAG_RULES
+from torchtop.monitor.diagnosis.growth import leak_growth
 from torchtop.monitor.diagnosis.upside import with_upsides
 from torchtop.monitor.diagnosis.verdicts import primary
 from torchtop.monitor.diagnosis.why import why_facts
 from torchtop.monitor.model.state import (
-    Point,
     RunState,
     breakdown,
     device_ms,
@@ -30,31 +30,6 @@ def judged_steps(state: RunState) -> list[StepRecord]:
         return recent
     train = [s for s in state.steps if s.kind == "train" and s.i >= warm and not state.why.excluded(s)]
     return train[-int(T["window_steps"]) :]
-
-
-def _growth(points: list[Point], cuda: bool) -> tuple[float, float, float, float] | None:
-    """(first, last, span, upward share) of the per-second low points of memory in use.
-
-    The low point of each second is the memory held between steps; activations come and go
-    within a step and would hide a slow leak in noise.
-    """
-    if len(points) < 4:
-        return None
-    t0 = points[0].time
-    buckets: dict[int, float] = {}
-    for p in points:
-        v = p.allocated if cuda else p.rss
-        if v <= 0:
-            continue
-        k = int(p.time - t0)
-        buckets[k] = min(buckets.get(k, v), v)
-    series = [buckets[k] for k in sorted(buckets)]
-    if len(series) < 4:
-        return None
-    diffs = [b - a for a, b in zip(series, series[1:]) if b != a]
-    upward = sum(1 for d in diffs if d > 0) / len(diffs) if diffs else 0.0
-    head, tail = series[: max(1, len(series) // 5)], series[-max(1, len(series) // 5) :]
-    return mean(head), mean(tail), float(max(buckets) - min(buckets)), upward
 
 
 def facts(state: RunState, steps: list[StepRecord]) -> Facts:
@@ -82,6 +57,8 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
         workers = [w for w in tel.host.workers if w.dataloader]
         f.workers = len(workers)
         f.worker_cpu = mean(w.cpu_percent for w in workers) if workers else None
+        waits = [w.wait_percent for w in workers if w.wait_percent is not None]
+        f.worker_wait = mean(waits) if waits and len(waits) == len(workers) else None
     if tel is not None and tel.memory:
         m = tel.memory[0]
         f.mem_total, f.reserved, f.allocated = m.device_total, m.reserved, m.allocated
@@ -92,13 +69,8 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
         if frag is not None:
             f.frag_external, f.frag_free, f.expandable = frag.external, frag.total_free, frag.expandable
     # memory growth is judged over a longer horizon than the verdict, but never over warm-up
-    warm = int(T["warmup_steps"])
-    past_warmup = next((s.t0 for s in state.steps if s.i >= warm), None)
-    leak_pts = [
-        p for p in recent_points(state, T["leak_horizon_s"]) if past_warmup is None or p.time >= past_warmup
-    ]
     cuda = bool(tel and tel.memory)
-    f.growth = _growth(leak_pts, cuda)
+    f.growth = leak_growth(state, cuda, f.step_ms / 1000.0)
     f.growth_what = "allocated CUDA memory" if cuda else "process RSS"
     f.why = why_facts(state, steps, f.gpu_util)
     return f

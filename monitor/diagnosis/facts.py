@@ -7,7 +7,7 @@ functions of `Facts`, so each is tested at its thresholds without sockets or a U
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from torchtop.monitor.diagnosis.upside import Upside
@@ -18,9 +18,18 @@ THRESHOLDS: dict[str, float] = {
     "min_steps": 5,  # fewer judged steps than this: verdict `unknown`
     "window_s": 10.0,  # judge the last 10 s or the last 50 steps, whichever holds more steps
     "window_steps": 50,
-    "input_moderate": 0.05,  # data wait / transfer share of step time: info
-    "input_high": 0.20,  # warning
+    # data wait / transfer share of step time. Under `input_high` it is a note under a healthy
+    # (compute) headline, not a bottleneck: a person would not rebuild a pipeline for 7%
+    "input_moderate": 0.05,  # a note
+    "input_high": 0.20,  # the verdict: warning
     "input_severe": 0.50,  # critical
+    # time outside the measured phases (`other`): the verdict once it is at least this share and
+    # more than forward+backward+optimizer (so compute never heads a step it is < 30% of) ...
+    "outside_high": 0.30,  # warning
+    "outside_severe": 0.60,  # critical
+    # ... unless the GPU is busy: then the host waits on it there (a .item(), a sync): compute.
+    # Busy: CUDA-event forward+backward+optimizer >= this share of the step, or NVML >= gpu_util_low
+    "gpu_busy": 0.50,
     "hysteresis": 0.8,  # the verdict in force keeps its thresholds scaled by this
     "gpu_util_low": 50.0,  # percent (NVML): below it, with the host busy, the GPU waits on Python
     "gpu_util_very_low": 25.0,  # critical
@@ -31,13 +40,27 @@ THRESHOLDS: dict[str, float] = {
     "frag_free_min_bytes": 256 * 2**20,
     "frag_reserved_ratio": 2.0,  # reserved >= 2x allocated ...
     "frag_reserved_device": 0.3,  # ... while reserved >= 30% of the device
-    # mean CPU percent of the DataLoader workers above which they are the limit: psutil over 1 s
-    # windows under-reads a busy worker on a shared machine (81% seen for one that never rested)
+    # DataLoader workers are the limit when data wait >= input_high and they are busy this share
+    # of the time: CPU plus the time they waited for a CPU (Linux run-queue delay), so a worker
+    # that never rests reads ~100% on a busy machine too (psutil's CPU alone read 55-81% there)
     "worker_saturated": 75.0,
-    "leak_growth": 0.10,  # memory grew >= 10% over the leak horizon ...
-    "leak_min_span_s": 10.0,  # ... measured over at least this long ...
-    "leak_horizon_s": 60.0,
-    "leak_monotonic": 0.7,  # ... with at least 70% of the changes upward
+    "worker_cpu_starved": 25.0,  # workers waiting this much for a CPU: the cores are taken
+    # a worker hands each batch over through shared memory and a pipe, which costs the training
+    # process a few tenths of a ms: below this much loading a step more workers win little
+    "workers_min_ms": 1.0,
+    # memory in use between steps: the per-second low points of allocated CUDA memory, or of the
+    # RSS (read at 10 Hz; the agent keeps ten minutes of lows for monitors that join later),
+    # against the agent's step count (growth.py)
+    "leak_horizon_s": 60.0,  # judged over the last minute ...
+    "leak_warmup_steps": 50,  # ... past the run's first 50 steps (caches, allocator arenas fill) ...
+    "leak_min_span_s": 20.0,  # ... spanning at least 20 s ...
+    "leak_min_steps": 50,  # ... and 50 steps: RSS on CPU rises for tens of steps and settles
+    "leak_min_points": 10,
+    "leak_trend": 0.6,  # Kendall's tau of the points: most pairs later-higher (noise gives ~0),
+    "leak_still": 0.5,  # the last third of the points rises at >= half the span's rate ...
+    "leak_seen": 0.05,  # the fitted (Theil-Sen) growth over the span is >= 5% of the level ...
+    "leak_growth": 0.10,  # ... and at that rate it adds >= 10% of the level every leak_steps
+    "leak_steps": 1000,
     # a job's straggler (straggler.py): the other ranks' median extra collective wait a step,
     # as a share of the step (TraceML's straggler score bands: 0.10 warning, 0.20 critical)
     "straggler_info": 0.05,
@@ -48,6 +71,7 @@ THRESHOLDS: dict[str, float] = {
     # why.py: stack samples and sync windows (docs/why.md)
     "min_stack_samples": 20,  # fewer samples in the judged steps: no sync or host-code finding
     "min_phase_samples": 8,  # fewer in a phase: its sites are not named
+    "gpu_bound_busy": 0.90,  # kernels fill this share of the device step: waiting on them is no stall
     "sync_flag": 0.05,  # time blocked on the device, share of the step: a flag (info) ...
     # ... and a verdict from input_high (warning) and input_severe (critical); so is host-code:
     # time in user code outside the measured phases, not blocked on the device
@@ -57,6 +81,27 @@ THRESHOLDS: dict[str, float] = {
 T = THRESHOLDS
 Severity = Literal["ok", "info", "warning", "critical"]
 SEVERITY_RANK: dict[Severity, int] = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
+
+
+class Growth(NamedTuple):
+    """The trend of memory in use between steps (per-second low points against the step count),
+    robust to noise: growth.py."""
+
+    first: float  # fitted level at the start of the span, bytes
+    last: float  # ... and at its end
+    span_s: float
+    trend: float  # Kendall's tau: +1 every later point higher, ~0 noise
+    slope: float  # bytes a training step, Theil-Sen (the median of the pairwise slopes)
+    points: int
+    recent_slope: float = 0.0  # the same over the last third of the points: still rising?
+    span_steps: float = 0.0  # training steps between the first and the last point
+
+
+def worker_busy(cpu: float | None, wait: float | None) -> float | None:
+    """A worker's busy percent: on a CPU, or runnable and waiting for one (when known)."""
+    if cpu is None:
+        return None
+    return cpu + wait if wait is not None else cpu
 
 
 @dataclass(frozen=True)
@@ -103,12 +148,13 @@ class Facts:
     ms: dict[str, float]
     device: str = "cpu"
     device_ms: dict[str, float] = field(default_factory=dict)
-    # None: not known (no NVML, no host sample yet)
+    # None: not known (no NVML, no host sample yet, no run-queue figures)
     gpu_util: float | None = None  # mean NVML utilisation over the window
     proc_cpu: float | None = None  # mean training-process CPU percent
     cores: int = 0
     workers: int | None = None  # DataLoader worker processes
     worker_cpu: float | None = None  # their mean CPU percent
+    worker_wait: float | None = None  # their mean percent of time waiting for a CPU
     mem_total: int = 0
     reserved: int = 0
     allocated: int = 0
@@ -119,6 +165,6 @@ class Facts:
     frag_external: float = 0.0
     frag_free: int = 0
     expandable: bool = False
-    growth: tuple[float, float, float, float] | None = None  # (first, last, span_s, upward share)
+    growth: Growth | None = None
     growth_what: str = "allocated"
     why: WhyFacts | None = None  # stack samples, sync windows, throughput and MFU (why.py)

@@ -4,7 +4,7 @@ memory growth. Pure functions of `Facts`; thresholds live in diagnosis.THRESHOLD
 from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Facts, Finding
+from torchtop.monitor.diagnosis.facts import Facts, Finding, worker_busy
 from torchtop.monitor.diagnosis.why import WHY_FLAGS
 from torchtop.monitor.model.fmt import pct, size
 
@@ -78,50 +78,81 @@ def flag_fragmentation(f: Facts) -> Finding | None:
 
 
 def flag_dataloader_workers(f: Facts) -> Finding | None:
+    """The loader is the bottleneck (data wait >= input_high, >= workers_min_ms a step) and its
+    workers are why: there are none, they are saturated (busy on a CPU or waiting for one), or
+    they keep the queue empty while mostly idle (waiting on I/O)."""
     data = f.shares.get("data", 0.0)
-    if data < T["input_moderate"] or f.workers is None:
+    if data < T["input_high"] or f.workers is None or f.ms.get("data", 0.0) < T["workers_min_ms"]:
         return None
-    severity = "warning" if data >= T["input_high"] else "info"
+    severity = "critical" if data >= T["input_severe"] else "warning"
     if f.workers == 0:
         return Finding(
             "dataloader-workers",
             severity,
             data,
-            (f"num_workers=0 while data wait is {pct(data, 0)} of the step",),
+            (
+                f"no DataLoader worker processes while data wait is {pct(data, 0)} of the step "
+                f"({f.ms.get('data', 0):.1f} ms): loading runs on the training thread",
+            ),
             (f"DataLoader(num_workers={max(2, f.cores - 1)}, persistent_workers=True)",),
         )
-    if f.worker_cpu is not None and f.worker_cpu >= T["worker_saturated"]:
-        if f.cores > f.workers + 1:
+    busy = worker_busy(f.worker_cpu, f.worker_wait)
+    if busy is None:
+        return None
+    s = "" if f.workers == 1 else "s"
+    waits = f" + {f.worker_wait:.0f}% waiting for a CPU" if f.worker_wait is not None else ""
+    if busy >= T["worker_saturated"]:
+        if f.worker_wait is not None and f.worker_wait >= T["worker_cpu_starved"]:
+            advice = (
+                "the workers wait for a CPU: the cores are taken (by this job or others), so more "
+                "workers would not help; make the per-sample work cheaper or move it to the GPU",
+            )
+        elif f.cores > f.workers + 1:
             advice = (f"raise num_workers from {f.workers} toward {f.cores - 1} (cores are free)",)
         else:
             advice = ("all cores are busy: make the per-sample work cheaper or move it to the GPU",)
-        return Finding(
-            "dataloader-workers",
-            severity,
-            data,
-            (f"{f.workers} workers at {f.worker_cpu:.0f}% CPU each: saturated",),
-            advice,
+        evidence = (
+            f"{f.workers} worker{s} saturated: busy {min(busy, 100.0):.0f}% ({f.worker_cpu:.0f}% CPU{waits})",
         )
+        return Finding("dataloader-workers", severity, data, evidence, advice)
+    if f.worker_wait is not None:  # known to be mostly idle while the loop waits on them: not CPU
+        evidence = (
+            f"the loop waits on data {pct(data, 0)} of the step while {f.workers} worker{s} are busy "
+            f"only {busy:.0f}% of the time: they wait on something else (disk, network, a lock)",
+        )
+        advice = (
+            "more workers overlap I/O waits; so does a larger prefetch_factor",
+            "read from local disk or cache the dataset in memory",
+        )
+        return Finding("dataloader-workers", severity, data, evidence, advice)
     return None
 
 
 def flag_memory_leak(f: Facts) -> Finding | None:
-    if f.growth is None:
+    """Memory in use between steps rises steadily with the steps (Kendall's tau) over enough
+    seconds and steps, is still rising at the end, grew visibly, and fast enough per step to
+    matter: a slow run leaks per step too (growth.py)."""
+    g = f.growth
+    if g is None or g.first <= 0 or g.points < T["leak_min_points"]:
         return None
-    first, last, span, upward = f.growth
-    if first <= 0 or span < T["leak_min_span_s"]:
+    if g.span_s < T["leak_min_span_s"] or g.span_steps < T["leak_min_steps"]:
         return None
-    grew = (last - first) / first
-    if grew < T["leak_growth"] or upward < T["leak_monotonic"]:
+    if g.trend < T["leak_trend"] or g.slope <= 0:
+        return None
+    if g.recent_slope < T["leak_still"] * g.slope:  # it rose, then settled: caches filling
+        return None
+    seen = (g.last - g.first) / g.first
+    if seen < T["leak_seen"] or g.slope * T["leak_steps"] < T["leak_growth"] * g.first:
         return None
     evidence = (
-        f"{f.growth_what} grew {size(first)} -> {size(last)} (+{pct(grew, 0)}) in {span:.0f} s, steadily",
+        f"{f.growth_what} grew {size(g.first)} -> {size(g.last)} (+{pct(seen, 0)}) in {g.span_s:.0f} s "
+        f"and {g.span_steps:.0f} steps, steadily: about {size(g.slope)} a step",
     )
     advice = (
         "look for tensors kept across steps: losses or outputs appended to a list without .item()/.detach()",
         "a memory snapshot (key m) shows the allocation sites that keep growing",
     )
-    return Finding("memory-leak", "warning", grew, evidence, advice)
+    return Finding("memory-leak", "warning", seen, evidence, advice)
 
 
 FLAG_RULES = (flag_memory_pressure, flag_fragmentation, flag_dataloader_workers, flag_memory_leak, *WHY_FLAGS)

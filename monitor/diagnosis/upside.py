@@ -162,12 +162,10 @@ def _fragmentation(f: Facts) -> Upside | None:
 
 
 def _memory_leak(f: Facts) -> Upside | None:
-    if f.growth is None:
+    g = f.growth
+    if g is None or g.span_s <= 0 or g.last <= g.first:
         return None
-    first, last, span, _ = f.growth
-    if span <= 0 or last <= first:
-        return None
-    rate = (last - first) / span * 60
+    last, rate = g.last, (g.last - g.first) / g.span_s * 60
     text = f"stops a growth of {size(rate)} a minute"
     if f.mem_total > 0 and "CUDA" in f.growth_what:
         left = max(0, f.mem_total - last)

@@ -111,10 +111,17 @@ def sync_evidence(f: Facts) -> tuple[float, list[str], list[str]]:
     return share, evidence, advice
 
 
+def gpu_bound(f: Facts) -> bool:
+    """The GPU's kernels fill the step (CUDA events): a host that waits for them costs nothing the
+    GPU could have done, so the wait is not the bottleneck."""
+    busy = f.why.throughput.device_busy if f.why is not None else None
+    return busy is not None and busy >= T["gpu_bound_busy"]
+
+
 def rule_sync(f: Facts, scale: float = 1.0) -> Finding | None:
-    """The verdict: the step waits on the device at a call of the user's."""
+    """The verdict: the step waits on the device at a call of the user's, and the GPU idles."""
     share, evidence, advice = sync_evidence(f)
-    if share < T["input_high"] * scale:
+    if share < T["input_high"] * scale or gpu_bound(f):
         return None
     severity = "critical" if share >= T["input_severe"] else "warning"
     return Finding("sync", severity, share, tuple(evidence), tuple(advice))
@@ -123,7 +130,7 @@ def rule_sync(f: Facts, scale: float = 1.0) -> Finding | None:
 def flag_sync(f: Facts) -> Finding | None:
     """The same below the verdict's threshold: a flag from 5% of the step."""
     share, evidence, advice = sync_evidence(f)
-    if share < T["sync_flag"] or share >= T["input_high"]:
+    if share < T["sync_flag"] or (share >= T["input_high"] and not gpu_bound(f)):
         return None
     return Finding("sync", "info", share, tuple(evidence), tuple(advice))
 

@@ -162,6 +162,11 @@ class AgentClient:
             raise AgentUnreachable(f"agent refused hello: {reply.error or 'no hello in reply'}")
         return reply.hello
 
+    def memory(self, timeout: float = 3.0) -> list[wire.MemoryLow]:
+        """The agent's per-second memory lows (the last ten minutes), for the leak rule."""
+        reply = self.request("memory", timeout=timeout)
+        return list(reply.memory) if reply.ok else []
+
     def snapshot(self, max_steps: int = 10_000, timeout: float = 5.0) -> Snapshot:
         """The agent's recent history, replayed afresh: the last `max_steps` steps beside the
         reply. The stream's replay then continues from the snapshot's last chunk (batches it

@@ -96,7 +96,7 @@ def fold(
         f.by_phase[phase] = f.by_phase.get(phase, 0) + 1
         f.late += s.late
         counts.setdefault(phase, Counter())[(s.site, s.callee)] += 1
-        if s.sync:
+        if s.sync and phase != "h2d":  # a blocking copy to the GPU is transfer time, judged as such
             f.sync += 1
             f.sync_by_site[s.site] = f.sync_by_site.get(s.site, 0) + 1
             f.sync_by_phase[phase] = f.sync_by_phase.get(phase, 0) + 1

@@ -3,10 +3,12 @@
 The training thread logs times and codes (agent/hooks/probe.py); here they become steps with
 exclusive phases (entering one pauses the one open, so they add up to the wall time and `other`
 is the rest), evaluation iterations are cut at the next data fetch or forward of the same root,
-and an untimed step (UNTIMED_END) keeps its wall time only. Device times arrive resolved: each
-entry of an event step carries its event's ms from the step's start. A malformed entry is
-counted and forgets the open step. COMM_READY inside a backward ends its compute: the rest of
-that backward is `comm` (the wait for DDP's all-reduce). Details: docs/architecture.md, "The log".
+and an untimed step (UNTIMED_END) keeps its wall time only; it always ends a training step
+(the no-grad forwards an untimed stretch logs, a teacher's or an eval pass's first, do not make
+it an eval step). Device times arrive resolved: each entry of an event step carries its event's
+ms from the step's start. A malformed entry is counted and forgets the open step. COMM_READY
+inside a backward ends its compute: the rest of that backward is `comm` (the wait for DDP's
+all-reduce). Details: docs/architecture.md, "The log".
 """
 
 from __future__ import annotations
@@ -316,7 +318,7 @@ class StepRecorder:
         if self._events is not None and end_ms is not None:  # an eval cut has no end event
             self._events[0] = (-1, self._events[0][1], end_ms)
             device_ms = _device_ms(self._events)
-        if self._eval_fwd and not self._has_train:
+        if self._eval_fwd and not self._has_train and timed:  # UNTIMED_END: a training step's end
             kind = "eval"
         extra = self._extra if self._extra is not None else {}
         if self.partial:  # its start was not seen: its times would be wrong

@@ -15,7 +15,7 @@ from statistics import median
 from typing import NamedTuple
 
 from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import Batch, Hello, StepTally, Telemetry
+from torchtop.agent.contract.wire import Batch, Hello, MemoryLow, StepTally, Telemetry
 from torchtop.monitor.model.steps import StepKind, StepRecord
 from torchtop.monitor.model.tally import RunTally, between, quantile_ms
 from torchtop.monitor.model.why_state import WhyState
@@ -63,6 +63,7 @@ class Point(NamedTuple):
     gpu_util: float | None  # NVML percent
     proc_cpu: float | None  # training process CPU percent
     rss: int  # training process resident memory, 0 when unknown
+    steps: int | None = None  # training steps the agent had cut when it sampled these
 
 
 @dataclass
@@ -84,6 +85,8 @@ class RunState:
     telemetry: Telemetry | None = None  # the latest memory / GPU / host samples
     points: deque[Point] = field(default_factory=lambda: deque(maxlen=HISTORY))
     peak_window: dict[int, int] = field(default_factory=dict)  # per device: highest window peak seen
+    # the agent's per-second memory lows from before we joined (a snapshot, a `memory` request)
+    memory_lows: list[MemoryLow] = field(default_factory=list)
     why: WhyState = field(default_factory=WhyState)  # stack samples, sync detection, FLOPs
     tally: RunTally = field(default_factory=RunTally)  # every step counted, the whole run
     bad_requests: int = 0  # what the agent refused (from its batches)
@@ -99,6 +102,7 @@ class RunState:
     def _new_run(self) -> None:
         self.steps.clear()
         self.points.clear()
+        self.memory_lows = []
         self.peak_window.clear()
         self.why = WhyState()
         self.telemetry = None
@@ -154,6 +158,10 @@ class RunState:
         if self.last_seq is None or seq > self.last_seq:
             self.last_seq = seq
 
+    def apply_memory(self, lows: list[MemoryLow]) -> None:
+        """The agent's memory lows: what the leak rule reads before the live points begin."""
+        self.memory_lows = list(lows)
+
     def apply_telemetry(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
         m = telemetry.memory[0] if telemetry.memory else None
@@ -168,6 +176,7 @@ class RunState:
                 g.util_gpu if g else None,
                 h.proc_cpu if h else None,
                 h.proc_rss if h else 0,
+                telemetry.steps,
             )
         )
         for m in telemetry.memory:

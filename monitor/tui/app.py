@@ -254,6 +254,8 @@ class TorchtopApp(CaptureApp):
 
     def on_snapshot_received(self, message: SnapshotReceived) -> None:
         self.state.apply_snapshot(message.steps, message.seq, message.tally, message.wall_offset)
+        if message.memory:
+            self.state.apply_memory(message.memory)
         self._dirty = True
 
     def on_batches_received(self, message: BatchesReceived) -> None:

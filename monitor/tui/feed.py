@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from textual.message import Message
@@ -48,6 +48,7 @@ class SnapshotReceived(Message):
     seq: int
     tally: wire.StepTally | None = None  # the agent's count of every step of the run
     wall_offset: float = 0.0
+    memory: list[wire.MemoryLow] = field(default_factory=list)  # the agent's per-second memory lows
 
 
 @dataclass
@@ -159,7 +160,9 @@ def _loop(
             try:
                 reply, steps = client.snapshot(timeout=SNAPSHOT_TIMEOUT_S)
                 if reply.ok:
-                    post(SnapshotReceived(steps, reply.seq, reply.tally, reply.wall_offset))
+                    post(
+                        SnapshotReceived(steps, reply.seq, reply.tally, reply.wall_offset, list(reply.memory))
+                    )
                     if recorder is not None:
                         recorder.snapshot(reply)
             except AgentUnreachable:

@@ -23,8 +23,8 @@ PANELS: tuple[tuple[str, str], ...] = (
     ),
     (
         "verdict",
-        "data-loading, transfer, compute or host-overhead bound, with the numbers and what to try; "
-        "flags for memory pressure, fragmentation, DataLoader workers, memory growth",
+        "data-loading, transfer, outside-phases, host-overhead or compute bound, with the numbers "
+        "and what to try; flags for memory pressure, fragmentation, DataLoader workers, memory growth",
     ),
     (
         "phases",

@@ -29,6 +29,10 @@ SEVERITY_CLASSES = tuple(f"-{s}" for s in SEVERITY_STYLES)
 VERDICT_WORDS: dict[str, tuple[str, str]] = {
     "data-loading": ("Data-loading bound", "the training thread waits on the input pipeline"),
     "transfer": ("Transfer bound", "host-to-device copies take a large share of each step"),
+    "outside-phases": (
+        "Outside the measured phases",
+        "most of each step is spent outside data/forward/backward/optimizer",
+    ),
     "compute": ("Compute bound", "the model's own work fills the step: the healthy case"),
     "host-overhead": ("Host-overhead bound", "the GPU idles while Python launches kernels"),
     "straggler": ("Straggler", "one rank holds every other rank back"),

@@ -11,14 +11,14 @@ from textual.reactive import reactive
 from textual.widgets import DataTable
 
 from torchtop.agent.contract.wire import WorkerSample
-from torchtop.monitor.diagnosis.facts import THRESHOLDS
+from torchtop.monitor.diagnosis.facts import THRESHOLDS, worker_busy
 from torchtop.monitor.model import fmt
 
 COLUMNS = ("pid", "name", "role", "CPU %", "RSS")
 
 
 def worker_cells(w: WorkerSample) -> tuple[str | Text, ...]:
-    busy = w.cpu_percent >= THRESHOLDS["worker_saturated"]
+    busy = (worker_busy(w.cpu_percent, w.wait_percent) or 0.0) >= THRESHOLDS["worker_saturated"]
     role = Text("DataLoader worker", style="bold cyan") if w.dataloader else Text("child", style="dim")
     cpu = Text(f"{w.cpu_percent:.0f}", style="bold yellow" if busy and w.dataloader else "", justify="right")
     return str(w.pid), w.name or "?", role, cpu, Text(fmt.size(w.rss), justify="right")

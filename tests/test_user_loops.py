@@ -1,0 +1,99 @@
+"""Training scripts nobody here wrote, run under TORCHTOP=1 and judged by `torchtop report` as a
+user would see them (issue 18): each gets the verdict a person would give.
+
+The scripts are in tests/loops/ (pytorch/examples' MNIST on random tensors, a generator doing
+heavy preprocessing, gradient accumulation under CPU autocast, torch.compile, an IterableDataset,
+train+eval); Lightning, the Hugging Face Trainer and torchrun DDP are in test_integrations.py and
+test_run.py. Each script prints "warm" once past its first steps (and compilation); the report
+then covers the next seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.job_util import SEVERE, Job, report, show
+
+pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]  # real loops; the default policy
+
+LOOPS = Path(__file__).parent / "loops"
+
+
+def _loop(name: str, *args: str) -> Job:
+    """tests/loops/<name>.py under TORCHTOP=1 (autostart, as `torchtop run` does)."""
+    env = dict(os.environ, TORCHTOP="1", PYTHONWARNINGS="ignore")
+    return Job([sys.executable, str(LOOPS / f"{name}.py"), *args], env)
+
+
+def _run(name: str, *args: str, seconds: float = 10.0) -> dict[str, Any]:
+    """The report a user gets once the loop is past its first steps: over the last 50 steps past
+    warm-up (--history), or the last 10 s if that holds more."""
+    with _loop(name, *args) as job:
+        job.wait_for("^warm$", timeout=400)
+        r = report(job.pid, seconds, "--history")
+    show(name, r)
+    return r
+
+
+def _healthy(r: dict[str, Any]) -> None:
+    """Compute bound, ok, no alarm; any small data wait is a note, not a headline or a flag."""
+    assert r["verdict"]["kind"] == "compute" and r["verdict"]["severity"] == "ok", r["verdict"]
+    assert not [f for f in r["flag_details"] if f["severity"] in SEVERE], r["flag_details"]
+    assert "dataloader-workers" not in r["flags"], r["flag_details"]
+    share = r["breakdown"]["data"]
+    if share >= 0.05:
+        assert any(line.startswith("note: data wait") for line in r["verdict"]["evidence"]), r["verdict"]
+
+
+@pytest.mark.parametrize("name", ["mnist_like", "grad_accum_autocast", "iterable_dataset"])
+def test_a_healthy_loop_is_called_healthy(name: str) -> None:
+    _healthy(_run(name))
+
+
+def test_a_compiled_loop_with_a_little_indexing_is_healthy() -> None:
+    """Issue 18: "no DataLoader worker processes" flagged 1 ms of TensorDataset indexing (7%)."""
+    _healthy(_run("compiled"))
+
+
+def test_a_loop_starved_by_its_generator_says_so() -> None:
+    """Issue 18: data 0 ms, `other` 38.7 of 40.3 ms, headlined "Compute bound · ok"."""
+    r = _run("generator_preprocess")
+    v = r["verdict"]
+    # outside-phases; host-code (issue 21) where the stack samples already name the generator
+    assert v["kind"] in ("outside-phases", "host-code") and v["severity"] in SEVERE, v
+    assert r["breakdown"]["other"] >= 0.5 and r["breakdown"]["data"] == 0
+    assert any("torchtop.agent.data(" in a for a in v["advice"]), v
+    wrapped = _run("generator_preprocess", "--wrapped")  # as the advice says: now it is data wait
+    assert wrapped["verdict"]["kind"] == "data-loading", wrapped["verdict"]
+    assert wrapped["breakdown"]["data"] >= 0.5
+
+
+def test_each_eval_forward_is_one_eval_step() -> None:
+    """Issue 18: two identical runs of 15 passes x 16 no-grad forwards reported 16 and 32."""
+    for _ in range(2):
+        with _loop("train_eval", "--hold", "120") as job:
+            job.wait_for("^eval forwards 240$", timeout=400)
+            r = report(job.pid, 1.0, "--history")
+        assert r["eval_steps"] == 240 and r["steps"] == 15 * 40, (r["eval_steps"], r["steps"])
+
+
+@pytest.mark.cuda
+def test_a_gpu_bound_loop_that_syncs_each_step_is_compute() -> None:
+    """On CUDA the host's `other` may be it waiting on the GPU (`loss.item()` each step): with
+    CUDA-event times or NVML saying the GPU is busy, that is compute, not outside-phases."""
+    r = _run("gpu_item_sync")
+    assert r["verdict"]["kind"] == "compute", r["verdict"]
+    if r["breakdown"]["other"] >= 0.2:
+        assert any("busy GPU" in line for line in r["verdict"]["evidence"]), r["verdict"]
+
+
+@pytest.mark.cuda
+def test_a_cuda_loop_starved_by_its_generator_says_so() -> None:
+    """The same starved loop with its model on the GPU: the GPU idles, so outside-phases."""
+    r = _run("generator_preprocess", "--device", "cuda")
+    assert r["verdict"]["kind"] in ("outside-phases", "host-code"), r["verdict"]
