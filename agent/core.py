@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchtop.agent import identity
 from torchtop.agent.contract import discovery, wire
 from torchtop.agent.warn import notice, warn
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from torchtop.agent.telemetry.why import WhyCollector
 
 VERSION = "0.1.0"
+IDENTITY_EVERY_S = 1.0  # the agent thread asks torch.distributed who this rank is this often
 _lock = threading.Lock()
 _agent: Agent | None = None
 
@@ -64,9 +66,8 @@ class Agent:
         self.pid = os.getpid()
         self.run_id = uuid.uuid4().hex[:12]
         self.start_time = time.time()
-        self.rank = _env_int("RANK", 0)
-        self.world_size = _env_int("WORLD_SIZE", 1)
-        self.local_rank = _env_int("LOCAL_RANK", 0)
+        self.identity = identity.from_env()
+        self._identity_due = 0.0
         if port is None and bind is None:  # the default: Unix sockets only this user can open
             self.sockets = open_ipc(socket_dir(), self.pid)  # BindError propagates to start()
         else:  # TCP when asked for: always CURVE
@@ -82,6 +83,7 @@ class Agent:
 
             self.cuda = CudaUse(torch)
             self.captures = CaptureController(self.cuda, self.probe)
+            self.captures.rank = self.identity.rank if self.identity.world_size > 1 else None
             from torchtop.agent.telemetry.collector import TelemetryCollector
 
             self.telemetry = TelemetryCollector(self.cuda)
@@ -104,7 +106,7 @@ class Agent:
                 self.rank,
                 telemetry=self.telemetry,
                 captures=self.captures,
-                chores=self.hooks.agent_tick if self.hooks is not None else None,
+                chores=self._chores,
                 why=self.why,
                 recorder=self.recorder,
             )
@@ -132,6 +134,47 @@ class Agent:
     @property
     def port(self) -> int:
         return self.sockets.port
+
+    @property
+    def rank(self) -> int:
+        return self.identity.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.identity.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.identity.local_rank
+
+    def _chores(self) -> None:
+        """Agent thread, each tick: the hooks' chores; once a second, who this rank is."""
+        if self.hooks is not None:
+            self.hooks.agent_tick()
+        now = time.monotonic()
+        if now < self._identity_due:
+            return
+        self._identity_due = now + IDENTITY_EVERY_S
+        ident = self.identity
+        if identity.refresh_from_dist(ident, self.torch):
+            self.loop.rank = self.loop.router.rank = ident.rank
+            self.captures.rank = ident.rank if ident.world_size > 1 else None
+            self._rewrite_discovery()
+        dist = getattr(self.torch, "distributed", None)
+        try:  # a process group of several ranks: timed backwards mark where their compute ends
+            self.probe.comm = bool(
+                self.probe.active and ident.world_size > 1 and dist is not None and dist.is_initialized()
+            )
+        except Exception:
+            self.probe.comm = False
+
+    def _rewrite_discovery(self) -> None:
+        if getattr(self, "discovery_file", None) is None:
+            return
+        try:
+            self.discovery_file = discovery.write(self.discovery_info())
+        except OSError:
+            pass  # said once at start; the file keeps the launcher's identity
 
     def device(self) -> tuple[str, str]:
         """("cuda"|"cpu", device name) judged from the model's parameters, else CUDA's state."""
@@ -170,6 +213,11 @@ class Agent:
             agent_version=VERSION,
             argv=list(sys.argv),
             cuda_event_every=self.probe.event_every if self.probe.pool is not None else 0,
+            job_id=self.identity.job_id,
+            launcher=self.identity.launcher,
+            node_rank=self.identity.node_rank,
+            local_world_size=self.identity.local_world_size,
+            backend=self.identity.backend,
         )
 
     def discovery_info(self) -> dict[str, Any]:
@@ -187,6 +235,11 @@ class Agent:
             "pub_port": sockets.pub_port or None,
             "rank": self.rank,
             "world_size": self.world_size,
+            "local_rank": self.local_rank,
+            "local_world_size": self.identity.local_world_size,
+            "node_rank": self.identity.node_rank,
+            "job_id": self.identity.job_id,
+            "launcher": self.identity.launcher,
             "argv": list(sys.argv),
             "start_time": self.start_time,
             "run_id": self.run_id,

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import shlex
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -64,4 +69,73 @@ def training_agent(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        log.close()
+
+
+SSHD = shutil.which("sshd") or next(
+    (p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd") if os.path.exists(p)), None
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def loopback_sshd(d: Path, sshd_extra: str = "", client_extra: str = "") -> Iterator[dict[str, Any] | str]:
+    """A private sshd on 127.0.0.1 accepting one throwaway key for the current user: yields
+    {"port", "opts" (ssh -F its config), "host" (ssh://user@127.0.0.1:port)}, or the reason it
+    cannot run here (a string: the caller skips)."""
+    if SSHD is None or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        yield "needs OpenSSH (sshd, ssh, ssh-keygen): apt-get install -y openssh-server"
+        return
+    for name in ("host_key", "user_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
+    shutil.copy(d / "user_key.pub", d / "authorized_keys")
+    port = _free_port()
+    (d / "sshd_config").write_text(
+        f"ListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin yes\nStrictModes no\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+        f"AllowTcpForwarding yes\nLogLevel ERROR\n{sshd_extra}"
+    )
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # its privilege-separation directory
+    check = subprocess.run([SSHD, "-t", "-f", str(d / "sshd_config")], capture_output=True, text=True)
+    if check.returncode != 0:
+        yield f"sshd cannot run here: {check.stderr.strip()}"
+        return
+    log = (d / "sshd.log").open("wb")
+    proc = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(d / "sshd_config"), "-p", str(port)], stdout=log, stderr=log
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        if proc.poll() is not None or time.monotonic() >= deadline:
+            yield f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}"
+            return
+        (d / "ssh_config").write_text(
+            f"{client_extra}Host *\n  IdentityFile {d / 'user_key'}\n  IdentitiesOnly yes\n"
+            "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+            "  PreferredAuthentications publickey\n"
+        )
+        yield {
+            "port": port,
+            "opts": f"-F {shlex.quote(str(d / 'ssh_config'))}",
+            "host": f"ssh://{getpass.getuser()}@127.0.0.1:{port}",
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
         log.close()

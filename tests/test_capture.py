@@ -218,6 +218,7 @@ def test_capture_cli_end_to_end(tmp_path) -> None:
 
 class _Probe:
     on_step = None
+    steps = 0  # training steps ended so far (a capture starts at a step: at_step, start_step)
 
 
 @pytest.fixture
@@ -420,3 +421,29 @@ def test_summarize_does_not_call_a_backlog_before_the_capture_idle() -> None:
     events[6] = {**events[6], "ts": 40}
     s = summarize(events)
     assert s["gpu_idle"] > 0.5
+
+
+def test_a_capture_waits_for_its_step(controller) -> None:
+    """`at_step` (the job view asks every rank for the same steps): the profiler starts at the
+    boundary where the run's step count reaches it, and the capture says where it started."""
+    from torchtop.agent.contract.wire import CaptureState
+
+    probe = controller.probe
+    controller.request("capture-profile", {"steps": 1, "at_step": 12})
+    for probe.steps in (10, 11):
+        probe.on_step()
+        controller.poll()
+        assert controller.current.state == CaptureState.PENDING
+    probe.steps = 12
+    probe.on_step()
+    controller.poll()
+    assert controller.current.state == CaptureState.RUNNING and controller.current.start_step == 12
+    probe.on_step()  # the one step: stop and write
+    assert probe.on_step is None
+
+
+def test_at_step_must_be_a_step_number(controller) -> None:
+    from torchtop.agent.capture.controller import CaptureError
+
+    with pytest.raises(CaptureError, match="at_step must be a step number"):
+        controller.request("capture-profile", {"at_step": -1})

@@ -7,7 +7,6 @@ The "remote" torchtop is this venv's, pointed at the test's runtime dir via TORC
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import shlex
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from remote_util import training_agent
+from remote_util import loopback_sshd, training_agent
 
 from tests.agent_util import free_port, free_port_pair
 from torchtop.monitor.commands import keys as keys_cli
@@ -39,53 +38,10 @@ SSHD = shutil.which("sshd") or next(
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory: pytest.TempPathFactory):
     """A private sshd on 127.0.0.1 that accepts one throwaway key for the current user."""
-    if SSHD is None or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
-        pytest.skip("needs OpenSSH (sshd, ssh, ssh-keygen): apt-get install -y openssh-server")
-    d = tmp_path_factory.mktemp("sshd")
-    for name in ("host_key", "user_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
-    shutil.copy(d / "user_key.pub", d / "authorized_keys")
-    port = free_port()
-    (d / "sshd_config").write_text(
-        f"ListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
-        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin yes\nStrictModes no\n"
-        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-        "AllowTcpForwarding yes\nLogLevel ERROR\n"
-    )
-    if os.geteuid() == 0:
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # its privilege-separation directory
-    check = subprocess.run([SSHD, "-t", "-f", str(d / "sshd_config")], capture_output=True, text=True)
-    if check.returncode != 0:
-        pytest.skip(f"sshd cannot run here: {check.stderr.strip()}")
-    log = (d / "sshd.log").open("wb")
-    proc = subprocess.Popen(
-        [SSHD, "-D", "-e", "-f", str(d / "sshd_config"), "-p", str(port)], stdout=log, stderr=log
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    if proc.poll() is not None or time.monotonic() >= deadline:
-        proc.kill()
-        pytest.skip(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
-    (d / "ssh_config").write_text(
-        f"Host *\n  IdentityFile {d / 'user_key'}\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
-        "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  PreferredAuthentications publickey\n"
-    )
-    yield {
-        "port": port,
-        "opts": f"-F {shlex.quote(str(d / 'ssh_config'))}",
-        "host": f"ssh://{getpass.getuser()}@127.0.0.1:{port}",
-    }
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with loopback_sshd(tmp_path_factory.mktemp("sshd")) as found:
+        if isinstance(found, str):
+            pytest.skip(found)
+        yield found
 
 
 @pytest.fixture

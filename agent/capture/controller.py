@@ -44,8 +44,15 @@ if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe
 
 START_TIMEOUT_S = 60.0  # no step boundary in this long: the capture fails with a reason
-PROFILE_ARGS = {"steps": int, "with_stack": bool, "record_shapes": bool, "profile_memory": bool}
-MEMORY_ARGS = {"steps": int, "seconds": (int, float)}
+# at_step: start where the run's step count reaches it (a job's ranks capture the same steps)
+PROFILE_ARGS = {
+    "steps": int,
+    "with_stack": bool,
+    "record_shapes": bool,
+    "profile_memory": bool,
+    "at_step": int,
+}
+MEMORY_ARGS = {"steps": int, "seconds": (int, float), "at_step": int}
 PENDING, RUNNING, WRITING = CaptureState.PENDING, CaptureState.RUNNING, CaptureState.WRITING
 DONE, FAILED = CaptureState.DONE, CaptureState.FAILED
 
@@ -78,6 +85,7 @@ class _Run:
         self.started = False
         self.started_at = 0.0
         self.steps_done = 0
+        self.at_step = int(options.get("at_step", 0))
         self.prof: Profiler | None = None
 
 
@@ -97,6 +105,7 @@ class CaptureController:
         self._run: _Run | None = None  # handed to the training thread when armed
         self._news: deque[tuple[int, dict[str, Any]]] = deque()  # (id, changes) from the other threads
         self._start_lock = threading.Lock()  # a start and a timeout's cancel never cross
+        self.rank: int | None = None  # a rank of a job: its files are named by it
 
     # -- agent thread ----------------------------------------------------------------------------
     def request(self, cmd: str, args: dict[str, Any]) -> CaptureInfo:
@@ -134,6 +143,9 @@ class CaptureController:
         return info
 
     def _validate(self, cmd: str, args: dict[str, Any]) -> tuple[CaptureKind, int, float]:
+        at = args.get("at_step", 0)
+        if isinstance(at, int) and not isinstance(at, bool) and at < 0:
+            raise CaptureError(f"at_step must be a step number (0 or more), got {at}")
         if cmd == "capture-profile":
             _check_args(args, PROFILE_ARGS)
             steps = args.get("steps", CAPTURE_DEFAULT_STEPS)
@@ -246,7 +258,8 @@ class CaptureController:
             return
         try:
             if not run.started:
-                self._start(run)
+                if self.probe.steps >= run.at_step:  # else the step the job's ranks start at is ahead
+                    self._start(run)
                 return
             run.steps_done += 1
             if run.prof is not None:
@@ -286,7 +299,9 @@ class CaptureController:
             else:
                 self.torch.cuda.memory._record_memory_history(max_entries=200_000)
             run.started = True
-        self._news.append((run.id, {"state": RUNNING, "started_at": started_at}))
+        self._news.append(
+            (run.id, {"state": RUNNING, "started_at": started_at, "start_step": self.probe.steps})
+        )
 
     def _profiler(self, run: _Run) -> Profiler:
         from torch.profiler import ProfilerAction, ProfilerActivity, profile
@@ -311,7 +326,8 @@ class CaptureController:
 
     def _stem(self, cid: int, kind: CaptureKind, started_at: float) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started_at))
-        return f"{kind}-{os.getpid()}-{stamp}-{cid}"
+        rank = f"rank{self.rank}-" if self.rank is not None else ""
+        return f"{kind}-{rank}{os.getpid()}-{stamp}-{cid}"
 
     def _write_profile(
         self, cid: int, kind: CaptureKind, started_at: float, dest: files.Destination | None, prof: Profiler

@@ -8,6 +8,11 @@ step's STEP_EVENT (None when unknown); (stamp, device ms, record ns) for BOUNDAR
 (stamp, host ns, bytes, pinned, device ms) for H2D_COPY; (stamp, name, value) for MARK. The
 training thread writes each entry as two items, a time and a code (agent/hooks/probe.py);
 `to_entries` packs them. Imports only the standard library.
+
+`comm` is the exposed collective wait: time in blocking collectives called on the training thread
+(agent/hooks/collectives.py), and the end of a backward pass from COMM_READY (its compute done:
+logged by an autograd final callback queued before DDP's or FSDP's own) to its return, where
+DDP waits for its all-reduce (docs/multi-rank.md).
 """
 
 from __future__ import annotations
@@ -20,14 +25,14 @@ from typing import Any, Union
 #: tuple headed by one.
 Item = Union[int, tuple[Any, ...]]
 #: Phases measured on the training thread, in display order. `other` is the rest of the step.
-PHASES: tuple[str, ...] = ("data", "h2d", "forward", "backward", "optimizer", "other")
+PHASES: tuple[str, ...] = ("data", "h2d", "forward", "backward", "optimizer", "comm", "other")
 TIMED_PHASES: tuple[str, ...] = PHASES[:-1]
-DATA, H2D, FORWARD, BACKWARD, OPTIMIZER = range(5)  # indices into TIMED_PHASES
+DATA, H2D, FORWARD, BACKWARD, OPTIMIZER, COMM = range(6)  # indices into TIMED_PHASES
 
 SHIFT = 8
 MASK = (1 << SHIFT) - 1
 EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
-GRAD = 5  # opens BACKWARD for torch.autograd.grad: backward time, but not a micro-batch
+GRAD = 6  # opens BACKWARD for torch.autograd.grad: backward time, but not a micro-batch
 OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
 BOUNDARY = 21  # a training step ends here
 SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)
@@ -38,6 +43,7 @@ RESET = 26  # entries were lost before this one: forget the open step
 STEP_END = 27  # the optimizer phase closes and a training step ends here (EXIT | OPTIMIZER, BOUNDARY)
 UNTIMED_END = 28  # a training step ends here; its phases were not timed (phase sampling: probe.py)
 TIMING_RESUMED = 29  # phases are timed from here: the open step's earlier phases were not
+COMM_READY = 30  # the open backward's compute is done: the rest of it is collective wait (comm)
 STEP_ENDS = (BOUNDARY, STEP_END, UNTIMED_END)
 FORWARD_START = 32  # FORWARD_START + 2 * root slot + grad: a root module's forward begins
 MAX_SLOT = (MASK - FORWARD_START) // 2  # root slots 0..MAX_SLOT; slot 0 is phase("forward")

@@ -177,6 +177,7 @@ class CaptureInfo(msgspec.Struct, omit_defaults=True, frozen=True):
     started_at: float = 0.0
     finished_at: float = 0.0
     summary: dict[str, Any] = {}
+    start_step: int = -1  # the run's step count where it started (the first step captured)
 
 
 class StackSample(msgspec.Struct, array_like=True):
@@ -297,6 +298,13 @@ class Hello(msgspec.Struct, tag="hello", omit_defaults=True):
     agent_version: str = ""
     argv: list[str] = []
     cuda_event_every: int = 0  # 0: no device timing; k: CUDA events on one step in k
+    # the job this rank belongs to (agent/identity.py): "" for a process on its own. Ranks of one
+    # job share it; two jobs on one machine never do (TORCHELASTIC_RUN_ID, SLURM job, rendezvous)
+    job_id: str = ""
+    launcher: str = ""  # "torchrun" | "slurm" | "torch.distributed" | "" (none seen)
+    node_rank: int = -1  # torchrun's GROUP_RANK / SLURM_NODEID; -1 unknown
+    local_world_size: int = 0  # ranks on this node; 0 unknown
+    backend: str = ""  # the default process group's backend once initialized: "gloo", "nccl", ...
 
 
 class Batch(msgspec.Struct, tag="batch", omit_defaults=True):

@@ -2,7 +2,9 @@
 
 data (`DataLoader` iterators, `queue.Queue.get`), forward (root modules found by a global
 pre-hook during the first steps, then their class `forward` wrapped), backward
-(`torch.autograd.backward`/`grad`), the optimizer (optimizer.py), host-to-device copies (h2d.py)
+(`torch.autograd.backward`/`grad`; in a distributed run a timed backward also logs where its
+compute ends), torch.distributed's blocking collectives (the `comm` phase: collectives.py), the
+optimizer (optimizer.py), host-to-device copies (h2d.py)
 and `model.compile()` in place (compiled.py). Each hook only logs into the `Probe`; step ends are
 decided at the optimizer, because a capture must start there. Why each hook is where it is:
 docs/architecture.md, "The step model". `uninstall()` restores everything.
@@ -259,8 +261,12 @@ class AutoHooks:
 
     # -- backward ------------------------------------------------------------------------------
     def _patch_backward(self) -> None:
+        from torchtop.agent.hooks.collectives import BackwardWait, patch_collectives, timed_backward
+
         autograd = self.torch.autograd
-        self._setattr(autograd, "backward", timed(self.probe, BACKWARD, autograd.backward))
+        wait = BackwardWait(self.probe, self.torch)
+        self._setattr(autograd, "backward", timed_backward(self.probe, autograd.backward, wait.arm))
+        patch_collectives(self.probe, self.torch, self._setattr)
         # a gradient penalty's autograd.grad is backward time, not another micro-batch
         self._setattr(autograd, "grad", timed(self.probe, BACKWARD, autograd.grad, enter=GRAD))
 

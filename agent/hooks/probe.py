@@ -50,6 +50,10 @@ FIRST_STEPS = 8  # steps with housekeeping at every boundary (discovery counts t
 # steps shorter than FULL_STEP_NS only about one in FULL_STEP_NS / step time is timed, drawn at
 # random; every step's end and wall time are still logged.
 FULL_STEP_NS = 10_000_000  # steps at least this long: every one timed (1 in 2 at 5 ms, 1 in 5 at 2 ms)
+# a timed backward of a distributed run also arms the collective-wait callback (hooks/collectives.py),
+# which about triples what a timed step costs (docs/benchmarks.md): there, a third as many fast
+# steps are timed, so timing them costs what it costs elsewhere
+COMM_FULL_STEP_NS = 3 * FULL_STEP_NS
 MAX_ONE_IN = 64  # 1 step in 64 timed at least (steps of 0.16 ms or less)
 # values of `untimed` (0: a timed step); timed.py tests `>= UNTIMED`
 UNTIMED = 2
@@ -119,6 +123,7 @@ class Probe:
         "phase_every",
         "_hk_ns",
         "_hk_steps",
+        "comm",
         "_nograd",
         "tail",
     )
@@ -157,6 +162,9 @@ class Probe:
         self.phase_every = 0
         self._hk_ns = 0
         self._hk_steps = 0
+        # a process group of several ranks is in use (set by the agent thread): timed backwards
+        # log where their compute ends, so the rest is collective wait (hooks/collectives.py)
+        self.comm = False
         self._nograd: tuple[int, int] = (-1, -1)  # (steps, root code) of an untimed step's no-grad forward
         # the last pairs the agent thread drained: where the stack sampler reads the open explicit
         # phase when the log was just emptied (agent/telemetry/stacks.py)
@@ -181,6 +189,7 @@ class Probe:
         self.tid = 0  # no thread has ident 0
         self.on_step = None
         self.event_step = False
+        self.comm = False
         self.put = self._append = _discard
         self.untimed = 0
         self.plan = _NoneTimed()  # type: ignore[assignment]
@@ -311,7 +320,8 @@ class Probe:
         self._hk_ns, self._hk_steps = now, steps
         if self.phase_every or n <= 0 or not last:
             return self.phase_every or 1
-        return min(MAX_ONE_IN, -(-FULL_STEP_NS * n // max(1, now - last)))
+        full = COMM_FULL_STEP_NS if self.comm else FULL_STEP_NS
+        return min(MAX_ONE_IN, -(-full * n // max(1, now - last)))
 
     def _plan(self, one_in: int, batch: int) -> None:
         """Which of the next `batch` steps are timed: each with chance 1 / `one_in`, drawn

@@ -25,7 +25,7 @@ def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from torchtop.monitor.link.targets import TargetError, describe, local_agents
+    from torchtop.monitor.link.targets import TargetError, local_agents
 
     try:
         agents = local_agents() if not getattr(args, "target", None) else _remote_agents(args)
@@ -37,8 +37,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not agents:
         print(f"no torchtop agents running on {args.target or 'this machine'}")
         return 0
-    for info in agents:
-        print(describe(info))
+    from torchtop.monitor.commands.job import ls_lines
+
+    for line in ls_lines(agents):
+        print(line)
     return 0
 
 
@@ -113,6 +115,7 @@ def report_file(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from torchtop.monitor.commands.job import job_targets
     from torchtop.monitor.diagnosis.report import build_report
     from torchtop.monitor.link.client import AgentUnreachable
     from torchtop.monitor.link.remote import open_target, target_options
@@ -120,17 +123,46 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0:
         return _fail("--seconds must be positive")
+    args.target = args.targets[0] if args.targets else None
     if _recording(args.target):
         return report_file(args)
     if args.until is not None or args.rank is not None:
         return _fail("--until and --rank are for a recording: give its path as the target")
     try:
+        targets = job_targets(args)
+        if targets is not None:
+            return _report_job(args, targets)
         with open_target(args.target, **target_options(args)) as endpoint:
             state = collect(endpoint, args.seconds, history=args.history)
     except (TargetError, AgentUnreachable) as exc:
         return _fail(str(exc))
     window = float("inf") if args.history else args.seconds
     report = build_report(state, args.seconds, str(endpoint), window=window)
+    print(json.dumps(report, indent=2 if args.pretty else None))
+    return 0
+
+
+def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
+    """`report` over every rank of a job: one JSON object with a `ranks` list."""
+    from torchtop.agent.contract.wire import SNAPSHOT_MAX_STEPS
+    from torchtop.monitor.commands.job import collect_job
+    from torchtop.monitor.diagnosis.job import build_job_report
+    from torchtop.monitor.link.job import JobLink
+    from torchtop.monitor.link.job_targets import open_job
+    from torchtop.monitor.model.job import JobState
+
+    with open_job(targets, args.job, args.ssh_option) as plan:
+        link = JobLink(plan.endpoints, snapshot_steps=SNAPSHOT_MAX_STEPS if args.history else 0)
+        job = JobState(plan.job_id)
+        for line in plan.notes:
+            job.note(line)
+        try:
+            collect_job(link, job, args.seconds)
+        finally:
+            link.close()
+        label = ", ".join(targets) or "this machine"
+    window = float("inf") if args.history else args.seconds
+    report = build_job_report(job, args.seconds, label, window, time.monotonic(), args.baseline_ms)
     print(json.dumps(report, indent=2 if args.pretty else None))
     return 0
 
@@ -151,11 +183,13 @@ def first_contact(endpoint: Endpoint, timeout: float = ATTACH_HELLO_S) -> None:
 def cmd_attach(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from torchtop.monitor.commands.job import job_targets
     from torchtop.monitor.commands.tui_entry import TuiMissing, require_tui
     from torchtop.monitor.link.client import AgentUnreachable
     from torchtop.monitor.link.remote import open_target, target_options
     from torchtop.monitor.link.targets import TargetError, from_discovery, local_agents, no_agent_message
 
+    args.target = args.targets[0] if args.targets else None
     record = Path(args.record) if args.record else None
     try:
         require_tui()
@@ -164,6 +198,16 @@ def cmd_attach(args: argparse.Namespace) -> int:
     from torchtop.monitor.tui.app import run_tui
 
     try:
+        targets = job_targets(args)
+        if targets is not None:
+            if record is not None:
+                return _fail(
+                    "--record records one agent's stream; for a job, let each rank record its own "
+                    "(TORCHTOP_RECORD=DIR, or `torchtop run --record DIR -- torchrun ...`)"
+                )
+            from torchtop.monitor.tui.job_app import run_job_tui
+
+            return run_job_tui(targets, args.job, args.ssh_option, args.baseline_ms)
         if args.target:
             with open_target(args.target, **target_options(args)) as endpoint:
                 first_contact(endpoint)
@@ -197,13 +241,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssh-option", metavar="OPT", action="append", default=[], help="extra ssh -o option")
     p.set_defaults(func=cmd_ls)
 
-    p = sub.add_parser("attach", help="open the live TUI on a run (the TUI needs torchtop[tui])")
+    from torchtop.monitor.commands import job as job_cli
+
+    p = sub.add_parser(
+        "attach", help="open the live TUI on a run, or on every rank of a job (the TUI needs torchtop[tui])"
+    )
     p.add_argument(
-        "target",
-        nargs="?",
-        help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent)",
+        "targets",
+        nargs="*",
+        metavar="target",
+        help="pid, HOST:PORT, tcp://HOST:PORT or ssh://[user@]host[/pid] (default: the local agent, "
+        "or the local job); several, or ssh hosts running a job: the job view",
     )
     remote.add_arguments(p)
+    job_cli.add_arguments(p)
     p.add_argument(
         "--record",
         metavar="PATH",
@@ -212,14 +263,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_attach)
 
-    p = sub.add_parser("report", help="collect S seconds (or read a recording) and print one JSON report")
+    p = sub.add_parser(
+        "report",
+        help="collect S seconds (or read a recording) and print one JSON report (of a job: every rank)",
+    )
     p.add_argument(
-        "target",
-        nargs="?",
-        help="pid, HOST:PORT, tcp://HOST:PORT, ssh://[user@]host[/pid] (default: the local agent), "
-        "or a recording's path (its last S seconds)",
+        "targets",
+        nargs="*",
+        metavar="target",
+        help="pid, HOST:PORT, tcp://HOST:PORT, ssh://[user@]host[/pid] (default: the local agent, or the "
+        "local job; several, or ssh hosts running a job: a job report), or a recording's path (its last S seconds)",
     )
     remote.add_arguments(p)
+    job_cli.add_arguments(p)
     p.add_argument("--seconds", type=float, default=10.0, help="how long to collect (default 10)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.add_argument(

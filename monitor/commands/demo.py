@@ -26,6 +26,7 @@ from torchtop.monitor.commands.launch import (
     open_log,
     stop_child,
     wait_for_agents,
+    wait_for_ranks,
 )
 
 DEMOS_PACKAGE = "torchtop.demos"
@@ -207,7 +208,13 @@ def run_demo(args: argparse.Namespace) -> int:
 
         for s, handler in previous.items():  # the TUI owns the terminal; PDEATHSIG covers the child
             signal.signal(s, handler)
-        code = run_tui(from_discovery(info), None, mode="demo")  # q: quit and stop the demo
+        from torchtop.monitor.tui.job_app import run_agents_tui
+
+        code = None
+        if info.get("world_size", 1) > 1:  # a job of several ranks: the job view
+            code = run_agents_tui(wait_for_ranks(child, agents), mode="demo")
+        if code is None:
+            code = run_tui(from_discovery(info), None, mode="demo")  # q: quit and stop the demo
         if child.poll() is not None and child.returncode != 0:
             _show_tail(log_path, f"the demo exited with code {child.returncode}")
         return code

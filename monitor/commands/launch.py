@@ -285,6 +285,19 @@ def wait_for_agents(
         time.sleep(0.1)
 
 
+def wait_for_ranks(
+    child: subprocess.Popen, agents: list[dict[str, Any]], timeout: float = START_TIMEOUT_S
+) -> list[dict[str, Any]]:
+    """When the first agents found are ranks of a job, wait (up to `timeout`) for the job's
+    other ranks on this machine: its local world size, else its world size."""
+    want = max((int(a.get("local_world_size") or a.get("world_size") or 1) for a in agents), default=1)
+    deadline = time.monotonic() + timeout
+    while len(agents) < want and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.2)
+        agents = wait_for_agents(child, timeout=max(0.1, deadline - time.monotonic())) or agents
+    return agents
+
+
 def stop_child(child: subprocess.Popen, grace: float = STOP_GRACE_S) -> int:
     """SIGTERM (the demo ends after its current step), SIGKILL to its process group after `grace`."""
     if child.poll() is None:

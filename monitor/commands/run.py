@@ -31,10 +31,12 @@ from torchtop.monitor.commands.launch import (
     open_log,
     started,
     wait_for_agents,
+    wait_for_ranks,
 )
 
 if TYPE_CHECKING:
     from torchtop.monitor.tui.app import TorchtopApp
+    from torchtop.monitor.tui.keys import Leaving
 
 EXIT_USAGE = 2
 
@@ -164,7 +166,7 @@ def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int
         stopped.append(True)
 
     if job.forwarded is None:  # not told to stop meanwhile
-        app = app_class(None, agents, log_path=log_path, leaving=Leaving("run", stop_job))
+        app = _app_for(app_class, wait_for_ranks(job.proc, agents), log_path, Leaving("run", stop_job))
         job.on_forward = lambda _signum: _close_when_done(job, app)
         try:
             app.run()
@@ -179,6 +181,19 @@ def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int
             flush=True,
         )
     return _finish(job)
+
+
+def _app_for(
+    app_class: type[TorchtopApp], agents: list[dict[str, Any]], log_path: Path, leaving: Leaving
+) -> TorchtopApp:
+    """The job view when the agents are the ranks of one job (torchrun), else the one-agent view
+    (a chooser for several)."""
+    from torchtop.monitor.tui.job_app import JobApp, job_plan_of
+
+    plan = job_plan_of(agents)
+    if plan is not None and app_class is TorchtopApp:
+        return JobApp(plan, log_path=log_path, leaving=leaving)
+    return app_class(None, agents, log_path=log_path, leaving=leaving)
 
 
 def _close_when_done(job: Job, app: TorchtopApp) -> None:

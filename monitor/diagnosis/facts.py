@@ -61,6 +61,13 @@ THRESHOLDS: dict[str, float] = {
     "leak_seen": 0.05,  # the fitted (Theil-Sen) growth over the span is >= 5% of the level ...
     "leak_growth": 0.10,  # ... and at that rate it adds >= 10% of the level every leak_steps
     "leak_steps": 1000,
+    # a job's straggler (straggler.py): the other ranks' median extra collective wait a step,
+    # as a share of the step (TraceML's straggler score bands: 0.10 warning, 0.20 critical)
+    "straggler_info": 0.05,
+    "straggler_warning": 0.10,
+    "straggler_critical": 0.20,
+    "straggler_min_ms": 0.2,  # ... and at least this long (sub-ms jitter on fast steps is noise)
+    "straggler_explained": 0.3,  # its slowest phase's excess explains at least this share of the wait
     # why.py: stack samples and sync windows (docs/why.md)
     "min_stack_samples": 20,  # fewer samples in the judged steps: no sync or host-code finding
     "min_phase_samples": 8,  # fewer in a phase: its sites are not named

@@ -51,15 +51,16 @@ class LogReplay:
             elif chunk.seq != self.next_seq:
                 rec.reset()
             entries = chunk.entries
+            ends: int | None = None
             if chunk.pairs:  # as the training thread wrote them: converted here, not in training
                 try:
-                    entries = to_entries(entries)[0]
+                    entries, ends = to_entries(entries)
                 except Exception:
                     rec.failures += 1
                     rec.reset()
                     self.next_seq = chunk.seq + 1
                     continue
-            rec.index = max(rec.index, chunk.steps - _closing_boundaries(entries))
+            rec.index = max(rec.index, chunk.steps - _closing_boundaries(entries, ends))
             out.extend(rec.feed(entries))
             self.next_seq = chunk.seq + 1
         if out and rec.fresh and not flush:
@@ -69,15 +70,18 @@ class LogReplay:
         return [to_record(raw, wall_offset, rank) for raw in out]
 
 
-def _closing_boundaries(entries: list[Any]) -> int:
+def _closing_boundaries(entries: list[Any], ends: int | None = None) -> int:
     """Training step ends in `entries` that close a step (a chunk of the agent's sparse history
-    opens with RESET and a boundary that only opens one)."""
+    opens with RESET and a boundary that only opens one); `ends`: their count, when known."""
     n = 0
-    for e in entries:
-        try:
-            n += code_of(e) in STEP_ENDS
-        except Exception:
-            pass
+    if ends is not None:
+        n = ends
+    else:
+        for e in entries:
+            try:
+                n += code_of(e) in STEP_ENDS
+            except Exception:
+                pass
     if len(entries) > 1 and entries[0] == RESET and n:
         try:
             n -= code_of(entries[1]) in STEP_ENDS

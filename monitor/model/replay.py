@@ -6,8 +6,9 @@ is the rest), evaluation iterations are cut at the next data fetch or forward of
 and an untimed step (UNTIMED_END) keeps its wall time only; it always ends a training step
 (the no-grad forwards an untimed stretch logs, a teacher's or an eval pass's first, do not make
 it an eval step). Device times arrive resolved: each entry of an event step carries its event's
-ms from the step's start. A malformed entry is counted and forgets the open step. Details:
-docs/architecture.md, "The log".
+ms from the step's start. A malformed entry is counted and forgets the open step. COMM_READY
+inside a backward ends its compute: the rest of that backward is `comm` (the wait for DDP's
+all-reduce). Details: docs/architecture.md, "The log".
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from torchtop.agent.contract.logcodes import (
     BACKWARD,
     BOUNDARY,
+    COMM,
+    COMM_READY,
     DATA,
     EXIT,
     FORWARD,
@@ -40,7 +43,7 @@ from torchtop.agent.contract.logcodes import (
 )
 from torchtop.monitor.model.steps import StepKind, StepRecord
 
-__all__ = ["BACKWARD", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder", "to_record"]
+__all__ = ["BACKWARD", "COMM", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder", "to_record"]
 N_PHASES = len(TIMED_PHASES)
 
 
@@ -69,6 +72,7 @@ class StepRecorder:
         "_fresh",
         "partial",
         "_untimed",
+        "_split",
     )
 
     def __init__(self) -> None:
@@ -96,6 +100,7 @@ class StepRecorder:
         self._prev_extra: dict[str, Any] | None = None  # the extras of the step just handed over
         self._fresh = False  # nothing happened since the last boundary
         self._untimed = False  # the open step's phases were not all timed (TIMING_RESUMED in it)
+        self._split = False  # the open `comm` is the rest of a backward (COMM_READY): its exit closes it
 
     # -- the log -------------------------------------------------------------------------------
     def feed(self, entries: list[Any]) -> list[tuple]:
@@ -153,6 +158,8 @@ class StepRecorder:
             self.boundary("train", now, None, False)
         elif code == TIMING_RESUMED:
             self._untimed = True
+        elif code == COMM_READY:
+            self.comm_ready(now, ms)
         elif code == STEP_EVENT:
             self.sample(ms)
         elif code == H2D_COPY:
@@ -197,8 +204,26 @@ class StepRecorder:
         if ms is not None and self._events is not None:
             self._events.append((phase, ms, None))
 
+    def comm_ready(self, now: int, ms: float | None = None) -> None:
+        """The open backward's compute is done (an autograd final callback ran before DDP's):
+        from here to its exit it waits for collectives. Outside a backward it means nothing."""
+        if self._cur != BACKWARD or self._t0 == 0:
+            return
+        self._acc[BACKWARD] += now - self._cur_t
+        self._cur, self._cur_t, self._split = COMM, now, True
+        evs = self._events
+        if evs is not None and ms is not None:
+            for k in range(len(evs) - 1, 0, -1):
+                p, start, end = evs[k]
+                if p == BACKWARD and end is None:
+                    evs[k] = (p, start, ms)
+                    evs.append((COMM, ms, None))
+                    break
+
     def exit(self, phase: int, now: int, ms: float | None = None) -> None:
         cur = self._cur
+        if self._split and phase == BACKWARD and cur == COMM:
+            phase, self._split = COMM, False  # the backward's exit closes its collective wait
         if cur >= 0:
             self._acc[cur] += now - self._cur_t
         if self._events is not None and ms is not None and phase == cur:
@@ -305,7 +330,7 @@ class StepRecorder:
         self.index += 1
         self._acc = [0] * N_PHASES
         self._micro = 0
-        self._has_train = self._eval_fwd = self._untimed = False
+        self._has_train = self._eval_fwd = self._untimed = self._split = False
         self._extra = None
         self._open(now)
 
@@ -323,7 +348,7 @@ class StepRecorder:
         self._acc = [0] * N_PHASES
         self._micro = 0
         self._events = None
-        self._has_train = self._eval_fwd = self._untimed = False
+        self._has_train = self._eval_fwd = self._untimed = self._split = False
         self._extra = None
 
 
@@ -352,14 +377,15 @@ def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
         phases: dict[str, int] = {}
         micro = 0
     else:
-        data, h2d, forward, backward, optimizer = acc
+        data, h2d, forward, backward, optimizer, comm = acc
         phases = {
             "data": data,
             "h2d": h2d,
             "forward": forward,
             "backward": backward,
             "optimizer": optimizer,
-            "other": max(0, wall_ns - data - h2d - forward - backward - optimizer),
+            "comm": comm,
+            "other": max(0, wall_ns - data - h2d - forward - backward - optimizer - comm),
         }
     record = StepRecord(index, t0_ns / 1e9 + wall_offset, wall_ns, phases, kind, micro, device_ms or {}, rank)
     if extra:

@@ -152,7 +152,7 @@ class RunState:
             )
         else:
             merged = list(self.steps)
-        self.steps = deque(merged, maxlen=HISTORY)
+        self.steps = deque(merged, maxlen=self.steps.maxlen)
         if merged:  # the window is measured on the agent's clock: a snapshot advances it too
             self.agent_time = max(self.agent_time, merged[-1].t0 + merged[-1].wall_ns / 1e9)
         if self.last_seq is None or seq > self.last_seq:

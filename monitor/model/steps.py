@@ -9,7 +9,7 @@ import msgspec
 StepKind = Literal["train", "eval"]
 
 
-class StepRecord(msgspec.Struct, omit_defaults=True):
+class StepRecord(msgspec.Struct, omit_defaults=True, gc=False):
     """One training (or eval) step as the training thread saw it.
 
     `phases` holds host nanoseconds per phase, `other` included, so they add up to `wall_ns`;

@@ -155,9 +155,22 @@ class TorchtopApp(CaptureApp):
             queue.SimpleQueue()
         )  # to the feed worker
 
+    FIRST_TAB = "overview"
+    refresh_s = REFRESH_S  # the panels' refresh period
+
+    def compose_bar(self) -> ComposeResult:
+        """A line under the header (the job view's focus bar); none for one agent."""
+        yield from ()
+
+    def compose_first_tabs(self) -> ComposeResult:
+        """Tabs before Overview (the job view's Ranks tab); none for one agent."""
+        yield from ()
+
     def compose(self) -> ComposeResult:
         yield self.header
-        with TabbedContent(initial="overview", id="tabs"):
+        yield from self.compose_bar()
+        with TabbedContent(initial=self.FIRST_TAB, id="tabs"):
+            yield from self.compose_first_tabs()
             with TabPane("Overview", id="overview"), VerticalScroll(id="overview-scroll"):
                 yield self.step_panel
                 yield self.verdict_panel
@@ -186,7 +199,7 @@ class TorchtopApp(CaptureApp):
     def on_mount(self) -> None:
         self.query_one("#memory-panel").border_title = "CUDA memory"
         self.query_one("#host-panel").border_title = "host · psutil"
-        self.set_interval(REFRESH_S, self._tick)
+        self.set_interval(self.refresh_s, self._tick)
         if self.log_tail is not None:
             self.log_tail.border_title = f"output · {self.log_tail.path}"
             self.set_interval(0.5, self.log_tail.poll)
@@ -314,11 +327,15 @@ class TorchtopApp(CaptureApp):
         skipped, evals = step_counts(steps, summary.evals)
         self.step_panel.evals = evals
         self.step_panel.skipped = skipped
-        self.diagnosis = diagnose(state, self.diagnosis)
+        self.diagnosis = self.judge(state)
         self.verdict_panel.diagnosis = self.diagnosis
         self.marks_panel.rows = mark_rows(state.steps)
         self._refresh_telemetry()
         self._refresh_status()
+
+    def judge(self, state: RunState) -> Diagnosis:
+        """The verdict panel's diagnosis of `state` (the previous one gives hysteresis)."""
+        return diagnose(state, self.diagnosis)
 
     def _refresh_telemetry(self) -> None:
         """The latest samples into the memory, GPU and host panels (the plot only while shown)."""

@@ -24,6 +24,11 @@ in the kernel without the GIL.
 The goal is judged on the total's 95% interval (bootstrap of the 10% trimmed mean): CPU <= 0.5%
 of a ~2 ms step, CUDA <= 1% of a launch-bound ~2 ms step. `--phase-every 1` times every step's
 phases; 0 (default) is the agent's own phase sampling. Not counted: the start-up transient.
+
+`--ddp` wraps the model in DistributedDataParallel (gloo on CPU, NCCL on CUDA): under torchrun,
+one process a rank (every rank swaps the wrappers at the same steps: the pairs' order is seeded);
+run plainly, a group of one rank whose backwards are marked distributed all the same, so what a
+timed backward of a distributed run adds (the collective-wait callback) is in the figure.
 """
 
 from __future__ import annotations
@@ -51,7 +56,27 @@ from bench_overhead import GOALS, SUBSCRIBER, calibrate_cpu, calibrate_cuda  # n
 PARTS = ("next", "forward", "loss+zero", "backward", "optimizer", "step")
 
 
-def _loop(device: str, size: int) -> tuple[Any, Any, type, str]:
+def _ddp(model: Any, device: str) -> Any:
+    """`model` in DistributedDataParallel: torchrun's group, else one of a single rank."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if "RANK" in os.environ:
+            dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        else:
+            import socket
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                init = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+            dist.init_process_group(
+                "nccl" if device == "cuda" else "gloo", init_method=init, rank=0, world_size=1
+            )
+    ids = [torch.cuda.current_device()] if device == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def _loop(device: str, size: int, ddp: bool = False) -> tuple[Any, Any, type, str]:
     """(step returning per-part ns, model, optimizer class, description)."""
     torch.manual_seed(0)
     ns = time.perf_counter_ns
@@ -85,6 +110,9 @@ def _loop(device: str, size: int) -> tuple[Any, Any, type, str]:
         ]
         it = itertools.cycle(cached)
         desc = f"MLP {size}x256, batch 32, Adam, data on the GPU (launch-bound)"
+    if ddp:
+        model = _ddp(model, device)
+        opt = type(opt)(model.parameters(), **opt.defaults)
 
     def step() -> tuple[int, ...]:
         t0 = ns()
@@ -158,13 +186,13 @@ class Hooked:
     with one call: the root's `forward`, `autograd.backward`, the DataLoader's `__next__`,
     `Tensor.to/.cuda/.copy_`, and the optimizer's step in torch's wrapper cell."""
 
-    def __init__(self, opt_cls: type) -> None:
+    def __init__(self, opt_cls: type, root: type = torch.nn.Sequential) -> None:
         cell = _step_cell(opt_cls.step)
         if cell is None:
             raise SystemExit("this torch's optimizer step wrapper has no cell to swap")
         self.cell = cell
         dl = torch.utils.data.dataloader._BaseDataLoaderIter
-        self.slots = [(torch.nn.Sequential, "forward"), (torch.autograd, "backward"), (dl, "__next__")]
+        self.slots = [(root, "forward"), (torch.autograd, "backward"), (dl, "__next__")]
         self.slots += [(torch.Tensor, name) for name in ("to", "cuda", "copy_")]
         self.orig = self._now()
         self.wrapped: list[Any] = []
@@ -183,6 +211,17 @@ class Hooked:
         for (owner, name), fn in zip(self.slots, fns):
             setattr(owner, name, fn)
         self.cell.cell_contents = fns[-1]
+
+
+class CommToggle:
+    """`--comm-only`: the wrappers stay; a timed backward arms the collective-wait callback
+    (probe.comm) on one step of each pair and not on the other."""
+
+    def __init__(self, probe: Any) -> None:
+        self.probe = probe
+
+    def use(self, on: bool) -> None:
+        self.probe.comm = on
 
 
 def paired(step: Any, hooked: Hooked, pairs: int, aa: bool = False) -> tuple[list[list[int]], list[int]]:
@@ -257,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--size", type=int, default=0, help="cpu: hidden width; cuda: depth (default: calibrated to ~2 ms)"
     )
+    p.add_argument("--ddp", action="store_true", help="DistributedDataParallel (under torchrun: every rank)")
+    p.add_argument(
+        "--comm-only",
+        action="store_true",
+        help="with --ddp: the wrappers stay in; what alternates is the collective-wait callback of a "
+        "timed backward (probe.comm): its own cost",
+    )
     p.add_argument("--markdown", action="store_true", help="also print the row for docs/benchmarks.md")
     p.add_argument(
         "--record", metavar="PATH", default=None, help="the agent records the run into PATH meanwhile"
@@ -266,13 +312,20 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCHTOP_RUNTIME_DIR", tempfile.mkdtemp(prefix="torchtop-bench-"))
     if args.device == "cpu":
         torch.set_num_threads(1)
+    if args.ddp and args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     size = args.size or (calibrate_cpu(64, 2.0) if args.device == "cpu" else calibrate_cuda(32, 2.0))
-    step, model, opt_cls, desc = _loop(args.device, size)
-    hooked = Hooked(opt_cls)
+    step, model, opt_cls, desc = _loop(args.device, size, args.ddp)
+    hooked = Hooked(opt_cls, type(model) if args.ddp else torch.nn.Sequential)
     if ta.start(phase_every=args.phase_every, record=args.record) is None:
         raise SystemExit("the agent did not start")
     agent = ta.current()
     probe = agent.probe  # type: ignore[union-attr]
+    if args.ddp and torch.distributed.get_world_size() == 1:
+        agent._identity_due = float("inf")  # type: ignore[union-attr]  # one rank: mark it distributed
+        probe.comm = True
+    if args.ddp:
+        desc += f", DDP over {torch.distributed.get_world_size()} rank(s) ({torch.distributed.get_backend()})"
     listener = None
     if (
         args.attached
@@ -292,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         if every:
             cuda_timing.EventResolver.stride = lambda self, current: every  # type: ignore[method-assign]
 
+        if args.comm_only:
+            hooked = CommToggle(probe)  # type: ignore[assignment]
         cpu0, busy0 = agent_threads_cpu_ns(), agent_busy_ns(agent)
         diffs, base = paired(step, hooked, args.pairs)
         busy1 = agent_busy_ns(agent)
@@ -347,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         if listener is not None:
             listener.kill()
         ta.stop()
+        if args.ddp and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     return 0
 
 

@@ -35,6 +35,8 @@ VERDICT_WORDS: dict[str, tuple[str, str]] = {
     ),
     "compute": ("Compute bound", "the model's own work fills the step: the healthy case"),
     "host-overhead": ("Host-overhead bound", "the GPU idles while Python launches kernels"),
+    "straggler": ("Straggler", "one rank holds every other rank back"),
+    "communication": ("Communication bound", "every rank waits in collectives its compute does not hide"),
     "sync": ("Sync stalls", "the host waits for the GPU at a call of yours; the GPU then waits for the host"),
     "host-code": ("Host-code bound", "your Python between the phases holds the step back"),
     "unknown": ("Warming up", "not judged yet"),

@@ -1,0 +1,109 @@
+"""The job side of the `torchtop` command: which targets mean a job, and `report` over one.
+
+`attach`, `report` and `ls` take a job where they took one agent: several targets, a hosts file,
+a SLURM nodelist, or nothing on a machine (or an ssh host) that runs one job of several ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from torchtop.monitor.link.job import JobLink, apply_events
+from torchtop.monitor.link.job_targets import describe_job, group_by_job
+from torchtop.monitor.model.job import JobState
+
+CONNECT_S = 10.0  # how long `report` waits for every rank's hello before it starts the clock
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """--hosts, --slurm and --job for commands that take a job."""
+    p.add_argument("--hosts", metavar="FILE", help="a job on several nodes: one ssh://[user@]host a line")
+    p.add_argument(
+        "--slurm",
+        metavar="NODELIST",
+        nargs="?",
+        const="",
+        default=None,
+        help="a job on SLURM nodes: their nodelist (default: $SLURM_JOB_NODELIST), reached over ssh",
+    )
+    p.add_argument("--job", metavar="ID", help="the job (its id or a prefix) where several run")
+    p.add_argument(
+        "--baseline-ms",
+        type=float,
+        default=None,
+        help="the step time of the same job on 1 rank, for the scaling efficiency",
+    )
+
+
+def job_targets(args: argparse.Namespace) -> list[str] | None:
+    """The targets when the command is about a job (None: about one agent, as before)."""
+    from torchtop.monitor.link import hosts, ssh
+
+    targets = list(getattr(args, "targets", None) or [])
+    if getattr(args, "hosts", None):
+        targets += hosts.read_hosts_file(args.hosts)
+    if getattr(args, "slurm", None) is not None:
+        targets += hosts.slurm_targets(args.slurm or None)
+    if len(targets) > 1 or getattr(args, "job", None):
+        return targets
+    if not targets:
+        from torchtop.monitor.link.job_targets import choose_job
+        from torchtop.monitor.link.targets import local_agents
+
+        groups = group_by_job(local_agents())
+        if not any(len(g.agents) > 1 for g in groups):
+            return None  # one agent, or several on their own: the chooser, as before
+        choose_job(groups, None, "this machine")  # several jobs: says which there are, and --job
+        return []
+    if ssh.is_ssh(targets[0]) and ssh.parse(targets[0]).select is None:
+        return None if _single_agent_host(targets[0], args) else targets
+    return None
+
+
+def _single_agent_host(target: str, args: argparse.Namespace) -> bool:
+    """An ssh host with one agent (or none, or unreachable): the one-agent path says why."""
+    from torchtop.monitor.link import ssh
+
+    try:
+        agents = ssh.remote_agents(ssh.parse(target), getattr(args, "ssh_option", ()))
+    except ssh.SshError:
+        return True
+    groups = group_by_job(agents)
+    return len(groups) != 1 or len(groups[0].agents) <= 1
+
+
+def collect_job(link: JobLink, job: JobState, seconds: float, connect_s: float = CONNECT_S) -> JobState:
+    """Connect every member (up to `connect_s`), then feed `seconds` of batches into `job`."""
+    deadline = time.monotonic() + connect_s
+    started: float | None = None
+    while True:
+        now = time.monotonic()
+        if started is None and (all(_answered(job, key) for key in link.members) or now >= deadline):
+            started = now
+        if started is not None and now - started >= seconds:
+            return job
+        apply_events(job, link.poll(0.2), time.monotonic())
+
+
+def _answered(job: JobState, key: str) -> bool:
+    m = job.members.get(key)
+    return m is not None and (m.hello is not None or m.refused)
+
+
+def ls_lines(agents: list[dict[str, Any]]) -> list[str]:
+    """`torchtop ls`: each job on a line with its ranks under it; agents on their own as before."""
+    from torchtop.monitor.link.targets import describe
+
+    out: list[str] = []
+    for g in group_by_job(agents):
+        if not g.job_id or (len(g.agents) == 1 and int(g.agents[0].get("world_size", 1)) <= 1):
+            out += [describe(a) for a in g.agents]
+            continue
+        out.append(describe_job(g))
+        out += [
+            f"  rank {a.get('rank', 0):>3}  pid {a.get('pid')}  port {a.get('port')}  {a.get('host', '')}"
+            for a in g.agents
+        ]
+    return out

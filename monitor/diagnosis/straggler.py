@@ -1,0 +1,233 @@
+"""The job's rules: which rank holds the others back and why, and how well the job scales.
+
+In synchronous data-parallel training every rank runs at the pace of the slowest: the others
+wait for it in their collectives (DDP's all-reduce at the end of backward). So the straggler is
+the rank that waits least (its `comm` is the collective's own time, with no one to wait for),
+when the others' extra wait is a real share of the step; its reason is the phase in which it
+spends most more than the median of the others. That tells a rank slow in its loader (its data
+wait is long, its backward normal) from one slow in its backward (its backward compute is long):
+the wait DDP spreads over every other rank's backward is `comm` here, not backward time
+(TraceML #252 misses the second case: it sees the same backward time on every rank).
+
+Thresholds (facts.THRESHOLDS): the others' median extra wait >= 5% of the step: info, 10%:
+warning, 20%: critical (TraceML's straggler score bands 0.10 / 0.20). Pure functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.facts import Finding
+from torchtop.monitor.diagnosis.upside import Upside
+from torchtop.monitor.model.fmt import pct
+from torchtop.monitor.model.rank_stats import RankTimes
+
+OWN_PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
+PHASE_WORDS = {
+    "data": "data wait",
+    "h2d": "host-to-device copies",
+    "forward": "forward",
+    "backward": "backward compute",
+    "optimizer": "optimizer step",
+    "other": "time outside the phases",
+}
+ADVICE = {
+    "data": (
+        "this rank's input pipeline is slower: check its storage/network and its DataLoader workers",
+        "more DataLoader workers or prefetching on that node; a shard of equal cost on every rank",
+    ),
+    "h2d": ("pin_memory=True and non_blocking copies on that rank; check its PCIe link (GPU · Host tab)",),
+    "forward": (
+        "this rank computes slower: a throttled or shared GPU (GPU · Host tab), or a bigger shard",
+        "uneven inputs (sequence lengths): bucket or pad batches to equal cost",
+    ),
+    "backward": (
+        "this rank's backward is slower: a throttled or shared GPU (GPU · Host tab), or more work "
+        "on that rank (uneven batches, extra loss terms)",
+        "DDP's all-reduce makes every other rank wait for it at the end of backward",
+    ),
+    "optimizer": ("this rank's optimizer step is slower: an uneven shard of the parameters?",),
+    "other": (
+        "this rank does more outside the training phases: logging, checkpointing or evaluation on "
+        "one rank only (rank 0?) holds every rank back",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """What the straggler costs the job a step."""
+
+    rank: int
+    phase: str  # the phase it is slow in ("" when none of its phases explains it)
+    phase_ms: float  # its time in that phase a step
+    median_ms: float  # the other ranks' median time in it
+    wait_ms: float  # the other ranks' median extra collective wait a step
+    step_ms: float  # the job's step time
+    waiting: int  # ranks that wait for it
+    severity: str
+
+    @property
+    def share(self) -> float:
+        return self.wait_ms / self.step_ms if self.step_ms > 0 else 0.0
+
+    @property
+    def slowdown(self) -> float:
+        """How much slower the job runs than it would at the pace of its other ranks."""
+        left = self.step_ms - self.wait_ms
+        return self.step_ms / left if left > 0 else float("inf")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "rank": self.rank,
+            "phase": self.phase or None,
+            "phase_ms": round(self.phase_ms, 3),
+            "median_ms": round(self.median_ms, 3),
+            "others_wait_ms": round(self.wait_ms, 3),
+            "step_ms": round(self.step_ms, 3),
+            "waiting_ranks": self.waiting,
+            "share": round(self.share, 4),
+            "slowdown": round(self.slowdown, 3),
+            "severity": self.severity,
+        }
+
+
+def _severity(share: float) -> str | None:
+    if share >= T["straggler_critical"]:
+        return "critical"
+    if share >= T["straggler_warning"]:
+        return "warning"
+    if share >= T["straggler_info"]:
+        return "info"
+    return None
+
+
+def find_straggler(ranks: dict[int, RankTimes]) -> Straggler | None:
+    """The rank the others wait for, if their extra wait is a real share of the step."""
+    judged = {r: t for r, t in ranks.items() if t.steps >= T["min_steps"]}
+    if len(judged) < 2:
+        return None
+    slow = min(judged, key=lambda r: (judged[r].comm_ms, -judged[r].busy_ms))
+    floor = judged[slow].comm_ms
+    others = [t for r, t in judged.items() if r != slow]
+    wait = median(t.comm_ms - floor for t in others)
+    step = median(t.step_ms for t in judged.values())
+    severity = _severity(wait / step) if step > 0 and wait >= T["straggler_min_ms"] else None
+    if severity is None:
+        return None
+    s = judged[slow]
+    excess = {p: s.cost(p) - median(t.cost(p) for t in others) for p in OWN_PHASES}
+    phase = max(excess, key=lambda p: excess[p])
+    if excess[phase] < T["straggler_explained"] * wait:
+        phase = ""  # its measured phases do not account for the others' wait
+    med = median(t.cost(phase) for t in others) if phase else 0.0
+    return Straggler(slow, phase, s.cost(phase) if phase else 0.0, med, wait, step, len(others), severity)
+
+
+def straggler_finding(s: Straggler) -> Finding:
+    """The job verdict: the rank, the phase, what it costs."""
+    if s.phase:
+        what = f"rank {s.rank}: {PHASE_WORDS[s.phase]} {s.phase_ms:.1f} ms vs {s.median_ms:.1f} ms median"
+    else:
+        what = f"rank {s.rank} is late to every collective, though none of its measured phases is longer"
+    evidence = (
+        what,
+        f"the other {s.waiting} rank{'s' if s.waiting != 1 else ''} wait {s.wait_ms:.1f} ms a step for it in "
+        f"collectives: {pct(s.share, 0)} of the {s.step_ms:.1f} ms step",
+        f"the job runs {s.slowdown:.2g}x slower than at the pace of its other ranks",
+    )
+    advice = ADVICE.get(s.phase, ("compare its host and GPU (GPU · Host tab) with the others'",))
+    return Finding(
+        "straggler",
+        s.severity,
+        s.share,
+        evidence,
+        advice,
+        _faster(f"rank {s.rank} at the others' pace", s.step_ms, s.wait_ms),
+    )
+
+
+def _faster(what: str, step: float, saved: float) -> Upside | None:
+    """What the job would gain without `saved` ms of collective wait a step: a bound (the wait
+    cannot shrink below nothing; the collective's own time stays)."""
+    new = step - saved
+    if step <= 0 or new <= 0 or saved <= 0:
+        return None
+    x = step / new
+    return Upside(
+        f"{what}: up to {x:.1f}× steps/s ({step:.1f} → {new:.1f} ms a step; bound)", "bound", step, new, x
+    )
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Where the job's step goes, rank by rank, against the step time it actually runs at."""
+
+    step_ms: float  # the job's step time (median over ranks)
+    compute_ms: float  # the median rank's forward + backward + optimizer
+    comm_ms: float  # the collectives' own time: the least any rank waits
+    straggler_wait_ms: float  # the median rank's wait beyond that: waiting for the slowest
+    baseline_ms: float | None = None  # a 1-rank step time, where one was given
+
+    @property
+    def efficiency(self) -> float:
+        """Compute share of the job's step (1.0: no time lost to data, communication or waiting)."""
+        return min(1.0, self.compute_ms / self.step_ms) if self.step_ms > 0 else 0.0
+
+    @property
+    def vs_baseline(self) -> float | None:
+        """1-rank step time / job step time (weak scaling: the same batch per rank)."""
+        if self.baseline_ms is None or self.step_ms <= 0:
+            return None
+        return self.baseline_ms / self.step_ms
+
+    def to_json(self) -> dict[str, object]:
+        share = (lambda x: round(x / self.step_ms, 4)) if self.step_ms > 0 else (lambda x: 0.0)
+        vs = self.vs_baseline
+        return {
+            "step_ms": round(self.step_ms, 3),
+            "compute_ms": round(self.compute_ms, 3),
+            "efficiency": round(self.efficiency, 4),
+            "lost_to_communication": share(self.comm_ms),
+            "lost_to_waiting": share(self.straggler_wait_ms),
+            "lost_to_other": share(
+                max(0.0, self.step_ms - self.compute_ms - self.comm_ms - self.straggler_wait_ms)
+            ),
+            "baseline_ms": self.baseline_ms,
+            "vs_baseline": round(vs, 4) if vs is not None else None,
+        }
+
+
+def scaling(ranks: dict[int, RankTimes], baseline_ms: float | None = None) -> Scaling | None:
+    judged = [t for t in ranks.values() if t.steps >= T["min_steps"]]
+    if not judged:
+        return None
+    step = median(t.step_ms for t in judged)
+    compute = median(sum(t.cost(p) for p in ("forward", "backward", "optimizer")) for t in judged)
+    floor = min(t.comm_ms for t in judged)
+    wait = median(t.comm_ms for t in judged) - floor
+    return Scaling(step, compute, floor, wait, baseline_ms)
+
+
+def rule_communication(ranks: dict[int, RankTimes], step_ms: float) -> Finding | None:
+    """Every rank waits in collectives (no one rank to blame): bandwidth, bucket sizes, overlap."""
+    judged = [t for t in ranks.values() if t.steps >= T["min_steps"]]
+    if len(judged) < 2 or step_ms <= 0:
+        return None
+    floor = min(t.comm_ms for t in judged)
+    share = floor / step_ms
+    if share < T["input_moderate"]:
+        return None
+    severity = "critical" if share >= T["input_severe"] else "warning" if share >= T["input_high"] else "info"
+    evidence = (
+        f"every rank waits at least {floor:.1f} ms a step in collectives ({pct(share, 0)} of the "
+        f"{step_ms:.1f} ms step) that its compute did not hide",
+    )
+    advice = (
+        "larger DDP buckets (bucket_cap_mb) or gradient accumulation: fewer, larger all-reduces",
+        "bf16 gradients (a DDP comm hook) halve the bytes; check the interconnect (NVLink/IB)",
+    )
+    upside = _faster("hiding the collectives behind compute", step_ms, floor)
+    return Finding("communication", severity, share, evidence, advice, upside)

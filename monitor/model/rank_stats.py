@@ -1,0 +1,173 @@
+"""One rank's step figures in time buckets, kept as steps arrive: what the job view reads.
+
+A job of 64 ranks at 200 steps/s each sends 12,800 steps a second; recomputing every rank's
+10 s window from its steps at each refresh would cost the monitor more than the goal allows. So
+each step is added once to the current 1-second bucket (a few list additions); a closed second
+is folded into 10-second buckets (kept an hour) and those into 5-minute ones (kept a day). A
+window's figures are a sum of buckets, and a rank's strip over time is its buckets' series.
+Pure: no textual, no zmq.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple
+
+from torchtop.agent.contract.logcodes import PHASES
+from torchtop.monitor.model.steps import StepRecord
+
+DEVICE_KEYS = ("h2d", "forward", "backward", "optimizer", "comm", "step")
+# the bucket's slots: steps, their wall ns; timed steps, their wall ns, each phase's ns; steps
+# with device times, each device key's ms
+N, WALL, TN, TWALL = range(4)
+PH = 4  # PHASES start here
+DN = PH + len(PHASES)
+DEV = DN + 1
+SIZE = DEV + len(DEVICE_KEYS)
+LEVELS = ((1, 120), (10, 360), (300, 288))  # (bucket seconds, buckets kept): 2 min, 1 h, 1 day
+_PHASE_SLOTS = tuple((PH + k, name) for k, name in enumerate(PHASES))
+_DEVICE_SLOTS = tuple((DEV + k, name) for k, name in enumerate(DEVICE_KEYS))
+
+
+class Bucket:
+    """The sums of the steps that ended within one span of wall-clock seconds."""
+
+    __slots__ = ("t", "v")
+
+    def __init__(self, t: int) -> None:
+        self.t = t  # the span's start (unix seconds, a multiple of its width)
+        self.v = [0.0] * SIZE
+
+    def add_step(self, s: StepRecord) -> None:
+        v = self.v
+        v[N] += 1
+        v[WALL] += s.wall_ns
+        phases = s.phases
+        if phases:
+            v[TN] += 1
+            v[TWALL] += s.wall_ns
+            get = phases.get
+            for k, name in _PHASE_SLOTS:
+                v[k] += get(name, 0)
+        dev = s.device_ms
+        if dev:
+            v[DN] += 1
+            get = dev.get
+            for k, name in _DEVICE_SLOTS:
+                v[k] += get(name, 0.0)
+
+    def fold(self, other: Bucket) -> None:
+        v, o = self.v, other.v
+        for k in range(SIZE):
+            v[k] += o[k]
+
+
+class RankTimes(NamedTuple):
+    """One rank's mean figures over a window, in ms a step (what the job rules look at)."""
+
+    steps: int
+    step_ms: float  # mean wall time of a step
+    timed: int  # steps whose phases were timed
+    phases: dict[str, float]  # host ms per phase (timed steps), `comm` included
+    sampled: int  # steps with CUDA device times
+    device: dict[str, float]  # device ms per key (sampled steps)
+
+    @property
+    def comm_ms(self) -> float:
+        """Exposed collective wait: the compute stream's (device) where sampled, else the host's."""
+        if self.sampled and "comm" in self.device:
+            return self.device["comm"]
+        return self.phases.get("comm", 0.0)
+
+    @property
+    def busy_ms(self) -> float:
+        """The rank's own time a step: the step less its collective wait."""
+        return max(0.0, self.step_ms - self.comm_ms)
+
+    def cost(self, phase: str) -> float:
+        """What `phase` costs this rank a step: device time for GPU work where sampled, host
+        time for the data wait and the rest."""
+        if self.sampled and phase in ("h2d", "forward", "backward", "optimizer") and phase in self.device:
+            return self.device[phase]
+        return self.phases.get(phase, 0.0)
+
+
+EMPTY = RankTimes(0, 0.0, 0, {}, 0, {})
+
+
+def times_of(v: list[float]) -> RankTimes:
+    n, tn, dn = int(v[N]), int(v[TN]), int(v[DN])
+    if n == 0:
+        return EMPTY
+    phases = {name: v[PH + k] / tn / 1e6 for k, name in enumerate(PHASES)} if tn else {}
+    device = {name: v[DEV + k] / dn for k, name in enumerate(DEVICE_KEYS)} if dn else {}
+    return RankTimes(n, v[WALL] / n / 1e6, tn, phases, dn, device)
+
+
+class RankStats:
+    """A rank's train steps in buckets of 1 s, 10 s and 5 min (by the wall clock of their end)."""
+
+    def __init__(self) -> None:
+        self.levels: list[deque[Bucket]] = [deque(maxlen=keep) for _, keep in LEVELS]
+        self.last_t0 = float("-inf")  # steps at or before this were added already
+
+    def add(self, steps: list[StepRecord]) -> None:
+        """Train steps in order; ones already added (a snapshot's overlap) are skipped."""
+        secs = self.levels[0]
+        cur = secs[-1] if secs else None
+        for s in steps:
+            if s.kind != "train" or s.t0 <= self.last_t0:
+                continue
+            self.last_t0 = s.t0
+            t = int(s.t0 + s.wall_ns / 1e9)
+            if cur is None or t > cur.t:
+                if cur is not None:
+                    self._roll(cur)
+                cur = Bucket(t)
+                secs.append(cur)
+            cur.add_step(s)  # a step a little out of order (clock) joins the current second
+
+    def _roll(self, closed: Bucket) -> None:
+        """A second closed: fold it into the 10 s and 5 min buckets."""
+        for level, (width, _) in zip(self.levels[1:], LEVELS[1:]):
+            start = closed.t - closed.t % width
+            if not level or level[-1].t != start:
+                level.append(Bucket(start))
+            level[-1].fold(closed)
+
+    def window(self, seconds: float, end: float | None = None) -> RankTimes:
+        """Mean figures over the steps that ended in the last `seconds` before `end` (default:
+        the end of the latest step's second), from the finest buckets that reach that far back
+        (the open second is only in the finest: it is folded when it closes)."""
+        secs = self.levels[0]
+        if not secs:
+            return EMPTY
+        cur = secs[-1]
+        begin = (cur.t + 1 if end is None else end) - seconds
+        total = [0.0] * SIZE
+        if secs[0].t <= begin or len(secs) < secs.maxlen:  # the seconds reach back far enough
+            chosen: list[Bucket] = [b for b in secs if b.t + 1 > begin]
+        else:
+            k = 1 if self.levels[1] and self.levels[1][0].t <= begin else 2
+            width = LEVELS[k][0]
+            chosen = [b for b in self.levels[k] if b.t + width > begin] + [cur]
+        for b in chosen:
+            for k, x in enumerate(b.v):
+                total[k] += x
+        return times_of(total)
+
+    def series(self, width: int, bucket_s: int) -> list[tuple[int, RankTimes]]:
+        """The last `width` buckets of 10 s (`bucket_s` <= 10) or 5 min, oldest first; the last
+        one includes the open second."""
+        k = 1 if bucket_s <= LEVELS[1][0] else 2
+        span = LEVELS[k][0]
+        pts = [(b.t, b.v) for b in list(self.levels[k])[-width:]]
+        secs = self.levels[0]
+        if secs:
+            cur = secs[-1]
+            start = cur.t - cur.t % span
+            if pts and pts[-1][0] == start:
+                pts[-1] = (start, [a + b for a, b in zip(pts[-1][1], cur.v)])
+            else:
+                pts.append((start, cur.v))
+        return [(t, times_of(v)) for t, v in pts[-width:]]

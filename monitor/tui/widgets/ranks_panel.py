@@ -1,0 +1,203 @@
+"""The Ranks panel of the job view: every rank against the median rank, the slowest highlighted.
+
+The app sets `view` (model/ranks_view.py), `summary` and `lines` (the straggler verdict, notes)
+at its refresh rate; the panel only lays them out as text: a median row, the slowest ranks first
+when there are many, then every rank grouped by node, each with its strip over time. A click on a
+rank's line posts `Chosen(key)`: the app shows that rank in the other tabs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual import events
+from textual.message import Message
+from textual.widget import Widget
+
+from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.straggler import Scaling
+from torchtop.monitor.link.job_targets import ranks_text
+from torchtop.monitor.model import fmt
+from torchtop.monitor.model.job import JobState, Member
+from torchtop.monitor.model.rank_stats import RankTimes
+from torchtop.monitor.model.ranks_view import COLUMNS, MANY, TOP_K, RankRow, RanksView, deviation
+from torchtop.monitor.tui.widgets.verdict_panel import SEVERITY_STYLES
+
+WIDTHS = {"step": 7, "data": 7, "fwd+bwd": 8, "optim": 7, "comm": 7, "own": 7}
+STATUS_STYLE = {"connected": "", "agent gone": "red", "refused": "red"}
+
+
+def _cells(row: RankRow | None, med: dict[str, float], label: str, node: str, slowest: bool) -> Text:
+    text = Text(no_wrap=True, overflow="crop")
+    style = "bold reverse red" if slowest else ""
+    text.append(f"{label:>6} ", style=style or "bold")
+    text.append(f"{node[:12]:<12} ", style="dim")
+    for c in COLUMNS:
+        value = row.figures[c] if row is not None else med.get(c, 0.0)
+        cell = fmt.ms(value).rjust(WIDTHS[c])
+        hot = deviation(value, med.get(c, 0.0)) if row is not None and c != "step" else ""
+        text.append(cell + " ", style="bold red" if hot == "hot" else "yellow" if hot == "warm" else "")
+    if row is None:
+        text.append(" " * 18, style="dim")
+        return text
+    text.append(f"{fmt.size(row.mem_peak) if row.mem_peak else '—':>10} ", style="")
+    text.append(f"{row.gpu_util:>4.0f}% " if row.gpu_util >= 0 else "   — ", style="")
+    text.append(row.strip, style="red" if any(b in row.strip for b in "▆▇█") else "cyan")
+    if row.status != "connected":
+        text.append(f"  {row.status}", style=STATUS_STYLE.get(row.status, "yellow"))
+    return text
+
+
+def header_line(bucket_s: int) -> Text:
+    text = Text(no_wrap=True, overflow="crop", style="dim")
+    text.append(f"{'rank':>6} {'node':<12} ")
+    for c in COLUMNS:
+        text.append(c.rjust(WIDTHS[c]) + " ")
+    text.append(f"{'mem peak':>10}  GPU  own vs median ({bucket_s}s)")
+    return text
+
+
+def focus_text(job: JobState, focus: Member | None) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    ranked = job.ranked()
+    nodes = sorted({m.node for m in ranked})
+    text.append(" showing ", style="dim")
+    if focus is None:
+        text.append("the job (mean of its ranks)", style="bold reverse cyan")
+    else:
+        pid = focus.hello.pid if focus.hello else "?"
+        text.append(f"rank {focus.rank} (pid {pid} on {focus.node})", style="bold reverse cyan")
+    text.append(
+        f"  of {len(ranked)} ranks ({ranks_text([m.rank for m in ranked])}) on {len(nodes)} node", style="dim"
+    )
+    text.append("s" if len(nodes) != 1 else "", style="dim")
+    text.append("   j job · [ ] rank · s slowest · click a rank", style="dim")
+    return text
+
+
+def head_lines(
+    job: JobState, times: dict[int, RankTimes], scale: Scaling | None, d: Diagnosis | None
+) -> list[Text]:
+    """The lines above the table: the job's step and scaling, its verdict, notes (a node that
+    failed, an agent of another job, versions that differ)."""
+    head: list[Text] = []
+    line = Text(no_wrap=True, overflow="ellipsis")
+    if scale is not None:
+        line.append("job step ", style="dim")
+        line.append(f"{fmt.ms(scale.step_ms)} ms", style="bold")
+        line.append("   scaling: compute ", style="dim")
+        line.append(fmt.pct(scale.efficiency), style="bold")
+        j = scale.to_json()
+        for label, key in (
+            ("comm", "lost_to_communication"),
+            ("waiting", "lost_to_waiting"),
+            ("other", "lost_to_other"),
+        ):
+            line.append(f"  {label} ", style="dim")
+            line.append(fmt.pct(float(j[key])), style="bold")  # type: ignore[arg-type]
+        if scale.vs_baseline is not None:
+            line.append("   vs 1 rank ", style="dim")
+            line.append(f"{scale.vs_baseline:.2f}", style="bold")
+    else:
+        line.append("waiting for steps from the ranks", style="dim")
+    head.append(line)
+    if d is not None and d.verdict.kind in ("straggler", "communication"):
+        style = SEVERITY_STYLES.get(d.verdict.severity, "")
+        head.append(
+            Text(f"● {d.verdict.evidence[0]}", style=f"bold {style}", no_wrap=True, overflow="ellipsis")
+        )
+        head += [
+            Text(f"  {e}", style=style, no_wrap=True, overflow="ellipsis") for e in d.verdict.evidence[1:]
+        ]
+    elif times:
+        head.append(Text("● no straggler: no rank makes the others wait", style="green"))
+    versions = job.versions()
+    if len(versions) > 1:
+        which = "; ".join(f"{v} on ranks {ranks_text(r)}" for v, r in versions.items())
+        head.append(Text(f"⚑ the ranks run different torchtop versions: {which}", style="yellow"))
+    head += [Text(f"⚑ {n}", style="yellow", no_wrap=True, overflow="ellipsis") for n in job.notes]
+    head.append(Text(""))
+    return head
+
+
+@dataclass
+class Layout:
+    lines: list[Text]
+    keys: list[str | None]  # the member shown on each line (None: not a rank)
+
+
+def layout(view: RanksView, head: list[Text]) -> Layout:
+    lines, keys = list(head), [None] * len(head)
+    if not view.rows:
+        lines.append(Text("waiting for the ranks' first steps…", style="dim"))
+        return Layout(lines, [*keys, None])
+    slow = view.slowest[0] if view.slowest else None
+    by_rank = {r.rank: r for r in view.rows}
+
+    def add(text: Text, key: str | None = None) -> None:
+        lines.append(text)
+        keys.append(key)
+
+    add(header_line(view.bucket_s))
+    add(_cells(None, view.median, "median", "", False))
+    if len(view.rows) > MANY and view.slowest:
+        add(
+            Text(
+                f"slowest {min(TOP_K, len(view.slowest))} (own time: the step less its collective wait)",
+                style="bold",
+            )
+        )
+        for r in view.slowest[:TOP_K]:
+            row = by_rank[r]
+            add(_cells(row, view.median, str(r), row.node, r == slow), row.key)
+    for node, ranks in view.nodes.items():
+        if len(view.rows) > MANY or len(view.nodes) > 1:
+            add(Text(f"{node or '?'} · {len(ranks)} ranks", style="bold"))
+        for r in ranks:
+            row = by_rank[r]
+            add(_cells(row, view.median, str(r), row.node, r == slow and len(view.rows) > 1), row.key)
+    return Layout(lines, keys)
+
+
+class RanksPanel(Widget):
+    """Every rank of the job; click a rank to show it in the other tabs.
+
+    `show(view, head)` lays the lines out once; the panel relayouts the screen only when its
+    number of lines changes (a refresh of 64 ranks' figures is a repaint, not a new layout)."""
+
+    @dataclass
+    class Chosen(Message):
+        key: str
+
+    def __init__(self, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(**kwargs)
+        self.view = RanksView()
+        self.head: list[Text] = []
+        self._layout = layout(self.view, self.head)
+
+    def show(self, view: RanksView, head: list[Text]) -> None:
+        grew = len(self._layout.lines)
+        self.view, self.head = view, head
+        self._layout = layout(view, head)
+        self.refresh(layout=len(self._layout.lines) != grew)
+
+    def render(self) -> RenderableType:
+        text = Text("\n").join(self._layout.lines)
+        text.no_wrap, text.overflow = True, "ellipsis"  # one line each: clicks map lines to ranks
+        return text
+
+    def get_content_height(self, container, viewport, width) -> int:  # type: ignore[no-untyped-def]
+        return max(1, len(self._layout.lines))
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        keys = self._layout.keys
+        if 0 <= offset.y < len(keys) and keys[offset.y] is not None:
+            self.post_message(self.Chosen(keys[offset.y]))  # type: ignore[arg-type]
+
+    def plain(self) -> str:
+        return "\n".join(t.plain for t in self._layout.lines)

@@ -1,0 +1,97 @@
+"""Collective wait on the training thread, in process on CPU: the comm phase.
+
+A blocking torch.distributed collective is timed as comm (an async one passes through); a timed
+backward of a distributed run logs where its compute ends, so a final callback that waits after
+ours (what DDP's finalize_backward does on gloo) is comm, not backward. The rank's identity comes
+from torch.distributed once its group exists.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.agent_util import free_port, mlp, snapshot_steps, tensor_loader
+
+torch = pytest.importorskip("torch")
+dist = torch.distributed
+
+
+@pytest.fixture
+def group():
+    """A one-rank gloo group (a real process group; world size 1)."""
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _loop(n: int, after_backward=None, during_backward=None) -> None:  # type: ignore[no-untyped-def]
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in tensor_loader(n):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        if during_backward is not None:
+            model[0].weight.register_hook(during_backward)
+        loss.backward()
+        if after_backward is not None:
+            after_backward(model)
+        opt.step()
+        opt.zero_grad()
+
+
+def test_blocking_collectives_are_comm(agent, group) -> None:
+    waits: list[int] = []
+
+    def all_reduce_grads(model) -> None:  # type: ignore[no-untyped-def]
+        t = time.perf_counter_ns()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        dist.all_reduce(torch.ones(1), async_op=True).wait()  # only enqueues: not timed
+        waits.append(time.perf_counter_ns() - t)
+
+    _loop(12, after_backward=all_reduce_grads)
+    steps = snapshot_steps(agent, 12)
+    assert len(steps) == 12
+    assert all(s.phases["comm"] > 0 for s in steps)
+    # comm is the blocking calls' time: never more than the code around them took
+    assert all(s.phases["comm"] <= w for s, w in zip(steps, waits[-12:]))
+    assert all(sum(s.phases.values()) == s.wall_ns for s in steps)
+
+
+def test_the_wait_at_the_end_of_backward_is_comm(agent, group) -> None:
+    """A final callback queued during backward that waits 20 ms, after ours (as DDP's
+    finalize_backward waits for its all-reduce): comm, and the backward keeps only its compute."""
+    agent._identity_due = float("inf")  # this test says it is distributed (a group of one rank is not)
+    agent.probe.comm = True
+    queue = torch.autograd.Variable._execution_engine.queue_callback
+
+    def wait_like_ddp(grad):  # type: ignore[no-untyped-def]
+        queue(lambda: time.sleep(0.02))
+
+    _loop(8, during_backward=wait_like_ddp)
+    steps = snapshot_steps(agent, 8)
+    assert len(steps) == 8
+    assert all(s.phases["comm"] >= 19e6 for s in steps), [s.phases for s in steps]
+    # the backward keeps its compute only: well under the 20 ms wait (a median: a loaded
+    # machine may stall any one step)
+    assert sorted(s.phases["backward"] for s in steps)[4] < 10e6
+
+
+def test_no_comm_without_a_group(agent) -> None:
+    """A run with no process group: no callback is armed, comm stays exactly 0."""
+    time.sleep(1.2)  # the agent thread's identity chore has run (and found no group)
+    assert agent.probe.comm is False
+    _loop(6)
+    steps = snapshot_steps(agent, 6)
+    assert steps and all(s.phases["comm"] == 0 for s in steps)
+
+
+def test_identity_comes_from_the_group(agent, group) -> None:
+    deadline = time.monotonic() + 5
+    while agent.identity.backend != "gloo" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    hello = agent.hello()
+    assert hello.backend == "gloo" and hello.rank == 0 and hello.world_size == 1

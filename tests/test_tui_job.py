@@ -1,0 +1,95 @@
+"""The job view, fed synthetic ranks: 64 ranks on 8 nodes fit a 120x40 screen with the slowest
+on top, the straggler's verdict in the Ranks tab, and the other tabs switch between the job and
+one rank with keys and a click."""
+
+from __future__ import annotations
+
+from tests.rank_util import batch, hello, rank_steps
+from torchtop.monitor.link.client import Received
+from torchtop.monitor.link.job import Event
+from torchtop.monitor.tui.job_app import JobApp
+from torchtop.monitor.tui.job_feed import JobEvents
+
+RANKS, PER_NODE, SLOW = 64, 8, 37
+
+
+def job_events(n_steps: int = 120) -> list[Event]:
+    events = []
+    for r in range(RANKS):
+        events.append(Event(f"r{r}", "hello", hello=hello(r, world=RANKS, host=f"node{r // PER_NODE}")))
+    for r in range(RANKS):
+        if r == SLOW:
+            steps = rank_steps(r, n=n_steps, step_ms=80, backward=40, comm=5)
+        else:
+            steps = rank_steps(r, n=n_steps, step_ms=80, backward=6, comm=40)
+        end = steps[-1].t0 + steps[-1].wall_ns / 1e9
+        events.append(Event(f"r{r}", "batches", batches=[Received(batch(r, 0, end), steps)]))
+    return events
+
+
+async def _fed(app: JobApp, pilot, events: list[Event]) -> None:  # type: ignore[no-untyped-def]
+    app.post_message(JobEvents(events))
+    await pilot.pause(0.3)
+    app.refresh_panels()
+    await pilot.pause(0.2)
+
+
+async def test_sixty_four_ranks_on_one_screen() -> None:
+    app = JobApp(feed=False, clock=lambda: 0.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _fed(app, pilot, job_events())
+        text = app.ranks_panel.plain()
+        lines = text.splitlines()
+        assert f"rank {SLOW}: backward compute 40.0 ms vs 6.0 ms median" in text
+        assert "the other 63 ranks wait 35.0 ms a step for it" in text
+        slowest = lines.index(next(line for line in lines if line.startswith("slowest 5")))
+        assert lines[slowest + 1].split()[0] == str(SLOW)  # the slowest first, under its header
+        assert sum(1 for line in lines if line.startswith("node")) == 8  # grouped by node
+        assert all(len(line) <= 116 for line in lines)  # one line each inside the border
+        # the verdict, the median and the slowest ranks show without scrolling: under 40 rows
+        # less the header, focus bar, tabs, borders, capture and status lines and the footer
+        assert slowest + 6 < 40 - 10
+
+        await pilot.press("s")
+        assert app.shown_member() is not None and app.shown_member().rank == SLOW
+        assert app.state is app.job.members[f"r{SLOW}"].state
+        await pilot.press("j")
+        assert app.shown_member() is None and app.state is app.job.job
+        await pilot.press("right_square_bracket")
+        assert app.shown_member().rank == 0
+        await pilot.press("left_square_bracket")
+        assert app.shown_member().rank == RANKS - 1
+
+
+async def test_a_click_on_a_rank_shows_it() -> None:
+    app = JobApp(feed=False, clock=lambda: 0.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _fed(app, pilot, job_events())
+        panel = app.ranks_panel
+        line = next(k for k, key in enumerate(panel._layout.keys) if key == "r5")
+        # the panel's content starts inside its border (1) and padding (0): a click on that line
+        await pilot.click("#ranks-panel", offset=(10, line + 1))
+        await pilot.pause(0.2)
+        assert app.shown_member() is not None and app.shown_member().rank == 5
+        assert app.query_one("#tabs").active == "overview"
+
+
+async def test_a_gone_rank_and_other_versions_are_said() -> None:
+    app = JobApp(feed=False, clock=lambda: 10.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        events = [
+            Event("a", "hello", hello=hello(0, world=3)),
+            Event("b", "hello", hello=hello(1, world=3, version="0.2.0")),
+            Event("c", "hello", hello=hello(2, world=3)),
+            Event("x", "hello", hello=hello(0, world=2, job_id="another@h:1")),
+        ]
+        for key, r in (("a", 0), ("b", 1), ("c", 2)):
+            steps = rank_steps(r, n=50)
+            events.append(Event(key, "batches", batches=[Received(batch(r, 0, steps[-1].t0), steps)]))
+        events.append(Event("c", "error", error="no answer from rank 2", lost=True))
+        await _fed(app, pilot, events)
+        text = app.ranks_panel.plain()
+        assert "different torchtop versions: 0.1.0 on ranks 0,2; 0.2.0 on ranks 1" in text
+        assert "is in job another@h:1, not run-1@node0:29500: not shown" in text
+        assert "agent gone" in text
+        assert "gone: rank 2" in app.status_line.plain()
