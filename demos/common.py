@@ -287,6 +287,21 @@ class RunLimit:
         print(line, flush=True)
 
 
+class Progress:
+    """Prints "step N  ms/step" every `every` steps, from the host's clock (no sync: a full
+    launch queue paces the host, so this is the GPU's pace too)."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.last = time.monotonic()
+
+    def step(self, n: int) -> None:
+        if self.every > 0 and n % self.every == 0:
+            now = time.monotonic()
+            print(f"step {n:6d}  {(now - self.last) * 1000 / self.every:6.1f} ms/step", flush=True)
+            self.last = now
+
+
 class LossLog:
     """Prints the mean loss every `every` steps without making the host wait for the device.
 

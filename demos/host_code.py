@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = nn.CrossEntropyLoss()
     deadline = None if args.seconds is None else time.monotonic() + args.seconds
     step = 0
+    progress = common.Progress(args.log_every)
     while not stop:
         for images, labels in loader:
             x, y = common.to_device((images, labels), device)
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             step += 1
             metrics.log_metrics(step, labels.tolist())  # the labels are still on the host
+            progress.step(step)
             if (args.steps is not None and step >= args.steps) or (deadline and time.monotonic() >= deadline):
                 stop.event.set()
             if stop:

@@ -74,9 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     deadline = None if args.seconds is None else time.monotonic() + args.seconds
     n = 0
+    progress = common.Progress(args.log_every)
     while not stop:
         step(model, optimizer, x)
         n += 1
+        progress.step(n)
         if (args.steps is not None and n >= args.steps) or (deadline and time.monotonic() >= deadline):
             break
     print(f"stopped after {n} steps", flush=True)

@@ -59,12 +59,15 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 @pytest.fixture
 def ranks(nodes: dict, tmp_path: Path, subprocess_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
-    """Ranks 0-1 on node1, 2-3 on node2 (one job id); yields {rank: process}."""
+    """Ranks 0-1 on node1, 2-3 on node2 (one job id); yields {rank: process}, once each of these
+    processes has registered and steps (an earlier test's killed ranks leave their discovery
+    files in the node directories: those are not waited on)."""
     monkeypatch.setenv(ssh.ENV_OPTS, nodes["opts"])
     monkeypatch.setenv(ssh.ENV_REMOTE_CMD, nodes["remote"])
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     procs: dict[int, subprocess.Popen] = {}
+    logs = {r: tmp_path / f"rank{r}.log" for r in range(4)}
     try:
         for r in range(4):
             node = nodes["base"] / f"node{1 + r // 2}"
@@ -75,24 +78,29 @@ def ranks(nodes: dict, tmp_path: Path, subprocess_env: dict[str, str], monkeypat
                 "LOCAL_RANK": str(r % 2),
                 "TORCHTOP_RUNTIME_DIR": str(node),
             }
-            procs[r] = subprocess.Popen(
-                [sys.executable, str(script), "120"], env=env, cwd=tmp_path,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            with logs[r].open("wb") as log:  # the child keeps its own descriptor
+                procs[r] = subprocess.Popen(
+                    [sys.executable, str(script), "600"], env=env, cwd=tmp_path,  # outlives the test: killed below
+                    stdout=log, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+        files = {r: nodes["base"] / f"node{1 + r // 2}" / f"agent-{p.pid}.json" for r, p in procs.items()}
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            found = len(list(nodes["base"].glob("node*/agent-*.json")))
-            if found == 4:
+        while time.monotonic() < deadline and not all(f.exists() for f in files.values()):
+            if any(p.poll() is not None for p in procs.values()):
                 break
             time.sleep(0.2)
-        assert found == 4, f"{found} of 4 agents started"
-        for path in nodes["base"].glob("node*/agent-*.json"):  # every rank is stepping
+        missing = [r for r, f in files.items() if not f.exists()]
+        assert not missing, f"ranks {missing} did not register: " + " | ".join(
+            f"rank {r} (exit {procs[r].poll()}): {logs[r].read_text()[-500:]}" for r in missing
+        )
+        for r, path in files.items():  # every rank is stepping
             client = AgentClient(from_discovery(json.loads(path.read_text())))
             try:
                 while time.monotonic() < deadline and len(_steps(client)) < 20:
                     time.sleep(0.2)
             finally:
                 client.close()
+            assert procs[r].poll() is None, f"rank {r} exited: {logs[r].read_text()[-500:]}"
         yield procs
     finally:
         for p in procs.values():

@@ -128,13 +128,15 @@ def test_a_killed_run_loses_at_most_the_last_second(tmp_path: Path, subprocess_e
     record = tmp_path / "run"
     proc = child(tmp_path, record, "alone", 60.0, subprocess_env)
     assert proc.stdout is not None
-    lines = []
+    first: float | None = None
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            lines.append(proc.stdout.readline())
-            if len(lines) > 40:  # a few seconds of training, nobody watching
-                break
+            line = proc.stdout.readline().split()
+            if len(line) == 3:  # "steps N wall-clock": three seconds of training, nobody watching
+                first = first or float(line[2])
+                if float(line[2]) - first >= 3.0:
+                    break
         killed_at = time.time()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -142,6 +144,7 @@ def test_a_killed_run_loses_at_most_the_last_second(tmp_path: Path, subprocess_e
         proc.kill()
     playback, _ = load(record)
     steps = [s for p in playback.play() for s in p.steps]
+    assert first is not None and steps, "nothing recorded of three seconds of training"
     last_end = steps[-1].t0 + steps[-1].wall_ns / 1e9
     assert killed_at - last_end < 1.0, f"the recording ends {killed_at - last_end:.2f} s before the kill"
     assert [s.i for s in steps] == list(range(len(steps)))

@@ -22,6 +22,7 @@ CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
 
 import torchtop.agent  # noqa: E402
+from torchtop.agent.telemetry import stacks  # noqa: E402
 from torchtop.demos import host_code, known_flops, sync_stall  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def item_line() -> int:
 # -- the demos, as a user would see them -----------------------------------------------------------
 @pytest.mark.slow
 def test_cuda_sync_stall_names_the_item_call_within_10_s() -> None:
-    r = run_demo("sync_stall", "cuda", warm_s=4, report_s=6)
+    r = run_demo("sync_stall", "cuda", warm_s=4, report_s=6, first_step=True)
     v = r["verdict"]
     assert v["kind"] == "sync" and v["severity"] in ("warning", "critical"), v
     assert f"`loss.item()` at sync_stall.py:{item_line()} main waits" in v["evidence"][0], v["evidence"]
@@ -60,7 +61,7 @@ def test_cuda_sync_stall_names_the_item_call_within_10_s() -> None:
 
 @pytest.mark.slow
 def test_cuda_host_code_names_log_metrics_within_10_s() -> None:
-    r = run_demo("host_code", "cuda", warm_s=4, report_s=6)
+    r = run_demo("host_code", "cuda", warm_s=4, report_s=6, first_step=True)
     v = r["verdict"]
     assert v["kind"] == "host-code", v
     m = re.search(r"host_code\.py:(\d+) (\S+)", " ".join(v["evidence"]))
@@ -69,7 +70,7 @@ def test_cuda_host_code_names_log_metrics_within_10_s() -> None:
 
 @pytest.mark.slow
 def test_cuda_known_flops_is_compute_bound_with_its_mfu_within_10_s() -> None:
-    r = run_demo("known_flops", "cuda", warm_s=4, report_s=6)
+    r = run_demo("known_flops", "cuda", warm_s=2, report_s=6, first_step=True)
     t = r["throughput"]
     sizes = known_flops.CUDA
     assert r["verdict"]["kind"] == "compute", r["verdict"]
@@ -174,6 +175,50 @@ def test_mfu_agrees_with_the_tests_own_clock(agent: Any) -> None:
         assert t.mfu == pytest.approx(own / t.peak_tflops, rel=0.10)
 
 
+def test_float32_convolutions_are_counted_at_tf32_as_cudnn_runs_them(agent: Any) -> None:
+    """cuDNN runs float32 convolutions in TF32 unless told not to (torch.backends.cudnn.allow_tf32):
+    a float32 CNN's MFU is against the TF32 peak, never above 100% of the float32 one."""
+    from torchtop.monitor.diagnosis.throughput import throughput
+
+    assert torch.backends.cudnn.allow_tf32  # torch's default
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(64, 256, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(256, 256, 3, padding=1)
+    ).cuda()
+    x = torch.randn(64, 64, 56, 56, device="cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    feed = Feed(agent)
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            feed.poll()
+            f = feed.state.why.flops
+            if f is not None and f.state in ("done", "failed", "off"):
+                break
+        for _ in range(30):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            feed.poll()
+        time.sleep(1.5)
+        feed.poll()
+        f = feed.state.why.flops
+        assert f is not None and f.state == "done", f
+        steps = [s for s in feed.state.steps if s.kind == "train"][5:]
+        t = throughput(steps, f, feed.state.hello.device_name if feed.state.hello else "")
+    finally:
+        feed.close()
+    print(
+        f"\n[conv tf32] by dtype {f.by_dtype}; {t.achieved_tflops:.1f} TFLOP/s, MFU {t.mfu} ({t.peak_from})"
+    )
+    assert max(f.by_dtype, key=lambda k: f.by_dtype[k]) == "tf32", f.by_dtype
+    assert t.precision == "tf32"
+    if t.mfu is not None:
+        assert 0 < t.mfu <= 1.0
+
+
 def test_a_sync_window_finds_print_of_a_tensor_and_adds_no_sync_of_its_own(agent: Any) -> None:
     """A loop that prints its loss tensor: the window names the print's line (the sync happens
     inside torch's tensor formatting) and nothing of torchtop's own; a loop with no sync finds none."""
@@ -224,27 +269,40 @@ def test_a_sync_window_finds_print_of_a_tensor_and_adds_no_sync_of_its_own(agent
 
 def test_the_stack_sampler_reads_a_cuda_loop_without_touching_cuda(agent: Any) -> None:
     """The sampler thread holds no CUDA call: sampling a launch-bound loop while another thread
-    runs `set_sync_debug_mode("error")` raises nothing anywhere."""
+    runs `set_sync_debug_mode("error")` raises nothing anywhere. A monitor listens (the agent
+    samples only then) and receives the samples."""
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]).cuda()
     opt = torch.optim.Adam(model.parameters())
     x = torch.randn(32, 256, device="cuda")
-    sampler = agent.why.sampler
-    sampler.attended = True
+    feed = Feed(agent)
     errors0 = agent.loop.errors
-    torch.cuda.set_sync_debug_mode("error")
+    seconds = 5.0
     try:
-        end = time.monotonic() + 3
-        while time.monotonic() < end:
-            model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        deadline = time.monotonic() + 30
+        while not agent.why.sampler.attended and time.monotonic() < deadline:
+            time.sleep(0.05)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                model(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                feed.poll()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        time.sleep(1.0)
+        feed.poll()
+        got = [s for _, s in feed.state.why.samples]
     finally:
-        torch.cuda.set_sync_debug_mode("default")
-    got = sampler.take()
+        feed.close()
+    sampler = agent.why.sampler
     print(
-        f"\n[sampler] {len(got)} samples in 3 s, {sampler.cost_us} us a sample; thread {threading.active_count()}"
+        f"\n[sampler] {len(got)} samples in {seconds:g} s, at {sampler.rate:.1f} Hz now, "
+        f"{sampler.cost_us} us a sample; thread {threading.active_count()}"
     )
-    assert len(got) >= 20 and agent.loop.errors == errors0
+    # at least MIN_HZ whatever a sample costs on this host (the rate backs off to stay in budget)
+    assert len(got) >= seconds * stacks.MIN_HZ * 0.8 and agent.loop.errors == errors0
     assert {s.phase for s in got} & {2, 3, 4}  # forward, backward, optimizer seen
 
 

@@ -318,6 +318,11 @@ def test_upside_of_each_kind_says_bound_or_estimate() -> None:
     f.why = WhyFacts(throughput=Throughput(device_busy_ms=16.0, device_step_ms=80.0))
     host = with_upside(Finding("host-overhead", "critical", 0.75), f).upside
     assert host is not None and host.kind == "bound" and "busy 20% of the step (CUDA events)" in host.text
+    # a launch-bound loop: kernels trickle in as launched, the events' span runs as long as the
+    # host's step; NVML's 25% busy is the smaller, and it is what the GPU's own work can be
+    f.why = WhyFacts(throughput=Throughput(device_busy_ms=78.0, device_step_ms=80.0))
+    host = with_upside(Finding("host-overhead", "critical", 0.75), f).upside
+    assert host is not None and host.kind == "estimate" and host.new_step_ms == pytest.approx(20.0), host
     assert with_upside(Finding("memory-pressure", "warning", 0.95), f).upside is None  # no device total
     outside = with_upside(Finding("outside-phases", "warning", 0.125), f).upside
     assert outside is not None and outside.kind == "bound" and outside.new_step_ms == pytest.approx(70.0)

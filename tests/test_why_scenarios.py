@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,12 +24,15 @@ from torchtop.monitor.commands.launch import stop_child
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
 
 
-def run_demo(name: str, device: str, warm_s: float, report_s: float) -> dict[str, Any]:
-    """demos/<name>.py for real, `torchtop report` on it once its agent is up and `warm_s` went by.
+def run_demo(
+    name: str, device: str, warm_s: float, report_s: float, first_step: bool = False
+) -> dict[str, Any]:
+    """demos/<name>.py for real, `torchtop report` on it once its agent is up (`first_step`: and it
+    printed its first "step N" line: a GPU demo may take seconds to build) and `warm_s` went by.
 
     Its output goes to a file, not a pipe: the sync demo prints every step, and a pipe nobody
     reads would fill and stop it."""
-    with tempfile.TemporaryFile("w+") as out:
+    with tempfile.NamedTemporaryFile("w+") as out:
         child = subprocess.Popen(
             [sys.executable, "-m", f"torchtop.demos.{name}", "--device", device, "--seconds", "240"],
             stdout=out,
@@ -41,6 +45,12 @@ def run_demo(name: str, device: str, warm_s: float, report_s: float) -> dict[str
             while not any(a.get("pid") == child.pid for a in discovery.list_agents()):
                 assert child.poll() is None, f"{name} exited {child.returncode}"
                 assert time.monotonic() < deadline, f"{name}: no agent after 90 s"
+                time.sleep(0.2)
+            while first_step and not any(
+                line.startswith("step ") for line in Path(out.name).read_text().splitlines()
+            ):
+                assert child.poll() is None, f"{name} exited {child.returncode}"
+                assert time.monotonic() < deadline, f"{name}: no step printed after 90 s"
                 time.sleep(0.2)
             time.sleep(warm_s)
             cli = [sys.executable, "-m", "torchtop.monitor.commands.cli", "report", str(child.pid)]

@@ -54,7 +54,7 @@ async def test_why_panel_shows_mfu_gpu_busy_sync_and_hot_code() -> None:
         text = app.query_one(WhyPanel).plain()
         assert "25.0 steps/s · 6.4k samples/s (batch shape)" in text
         assert "100 TFLOP/s achieved (4 TFLOP a step) · MFU 10.1% of 989 TFLOP/s (H100 SXM bf16" in text
-        assert "GPU busy 20.0% of the step (CUDA events) · NVML utilisation 99%" in text
+        assert "GPU kernels span 20.0% of the step (CUDA events) · NVML utilisation 99%" in text
         assert "sync loss.item() at train.py:57 main waits ~30.0 ms a step (75.0%)" in text
         assert "other 75.0% 75% train.py:57 main · 25% train.py:88 log_metrics → wandb…Run.log" in text
         verdict = app.query_one(VerdictPanel).plain()

@@ -232,7 +232,9 @@ class FlopInfo(msgspec.Struct, omit_defaults=True):
     reason: str = ""
     source: str = ""  # "counted" (FlopCounterMode) | "given" (TORCHTOP_FLOPS_PER_STEP)
     flops: int = 0  # per training step, every micro-batch's forward and backward
-    by_dtype: dict[str, int] = {}  # FLOPs by the dtype of the op's first input ("bfloat16", ...)
+    by_dtype: dict[
+        str, int
+    ] = {}  # FLOPs by the dtype of the op's first input ("bfloat16", ...; "tf32": CUDA convs under cuDNN's TF32)
     tf32: bool = False  # float32 matmuls may use TF32 (torch.get_float32_matmul_precision() != "highest")
     samples: int | None = None  # per step: the roots' inputs' first dimension, over micro-batches
     tokens: int | None = None  # per step, when the input is a 2-D integer tensor (token ids)

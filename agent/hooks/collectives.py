@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from torchtop.agent.contract.logcodes import BACKWARD, COMM, COMM_READY, EXIT
 from torchtop.agent.hooks.probe import current
 from torchtop.agent.hooks.timed import _TIMED
-from torchtop.agent.hooks.wrap import signature_wrapper
+from torchtop.agent.hooks.wrap import note_phase, signature_wrapper
 
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe
@@ -77,7 +77,10 @@ def timed_backward(probe: Probe, orig: Any, arm: Callable[[Any], None]) -> Any:
         "_tt_leave": EXIT | BACKWARD,
         "_tt_arm": arm,
     }
-    return signature_wrapper(orig, _BACKWARD, names, getattr(orig, "__name__", "backward"))
+    # its frame says "backward" to the stack sampler on untimed steps too (nothing is logged there)
+    return note_phase(
+        signature_wrapper(orig, _BACKWARD, names, getattr(orig, "__name__", "backward")), BACKWARD
+    )
 
 
 def timed_collective(probe: Probe, orig: Any) -> Any:

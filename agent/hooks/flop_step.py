@@ -42,14 +42,20 @@ class FlopResult:
         self.error = ""
 
 
-def _dtype_tap(formula: Any, tally: dict[str, int]) -> Any:
+CONV_FP32 = "float32:conv"  # float32 convolutions on CUDA: cuDNN's TF32 switch decides their peak
+
+
+def _dtype_tap(formula: Any, tally: dict[str, int], conv: bool = False) -> Any:
     """`formula` (a registry entry: it takes tensors and turns them into shapes) noting the
-    dtype of its first tensor argument."""
+    dtype of its first tensor argument (float32 convolutions on CUDA apart: CONV_FP32)."""
 
     def counted(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
         n = formula(*args, out_val=out_val, **kwargs)
-        dtype = next((a.dtype for a in args if hasattr(a, "dtype")), None)
-        tally[str(dtype).replace("torch.", "") if dtype is not None else "?"] += n
+        first = next((a for a in args if hasattr(a, "dtype")), None)
+        key = str(first.dtype).replace("torch.", "") if first is not None else "?"
+        if conv and key == "float32" and getattr(first, "is_cuda", False):
+            key = CONV_FP32
+        tally[key] += n
         return n
 
     counted._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode passes it tensors as they are
@@ -78,7 +84,10 @@ class FlopStep:
         self.done = done
         self.result = FlopResult()
         try:
-            mapping = {k: _dtype_tap(v, self.result.by_dtype) for k, v in flop_registry.items()}
+            mapping = {
+                k: _dtype_tap(v, self.result.by_dtype, "convolution" in str(k))
+                for k, v in flop_registry.items()
+            }
             self.counter: Any = FlopCounterMode(display=False, custom_mapping=mapping)
         except Exception:  # another torch's registry: FLOPs without the dtype split
             self.counter = FlopCounterMode(display=False)

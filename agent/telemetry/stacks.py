@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 OTHER = len(TIMED_PHASES)  # a sample's phase outside data/h2d/forward/backward/optimizer
 DEFAULT_HZ = 20.0
-LATE_NS = 1_000_000  # a sample this far past its time waited for the GIL: the stack moved on
+LATE_NS = 500_000  # a sample this far past its time waited for the GIL: the stack moved on
 MAX_DEPTH = 256
 CACHE_CAP = 20_000  # code objects classified (a strong reference each): cleared past this
 NEW_CAP = 4_000  # samples waiting for the next batch (a monitor that stopped reading loses the oldest)
@@ -57,6 +57,7 @@ QUIET_CHECK_S = 0.5  # nobody listens: how often the thread looks again
 BUDGET = 0.0005
 MIN_HZ = 2.0
 FIRST_SAMPLES = 5
+OUTLIER = 4.0  # a sample dearer than this many times the smoothed cost counts as this much
 
 
 class Kind(IntEnum):
@@ -171,10 +172,27 @@ def log_phase(probe: Probe) -> int:
     return OTHER
 
 
+def explicit_syncs(torch: Any) -> dict[int, CodeType]:
+    """The code of torch's explicit waits on the device (torch.cuda.synchronize, Event.synchronize,
+    Stream.synchronize): a sample whose innermost frame is one of them is blocked on the GPU. They
+    never warn under the sync debug mode, so no sync window finds them."""
+    out: dict[int, CodeType] = {}
+    try:
+        cuda = torch.cuda
+        fns = (cuda.synchronize, cuda.Event.synchronize, cuda.Stream.synchronize)
+    except AttributeError:
+        return out
+    for fn in fns:
+        code = getattr(fn, "__code__", None)
+        if isinstance(code, CodeType):
+            out[id(code)] = code
+    return out
+
+
 class StackSampler:
     """Samples `probe`'s training thread at about `hz` while `attended`; `take()` hands over
     the samples since the last call. `sync_keys` holds (id of the code, instruction offset) of calls seen
-    synchronising the device (filled by SyncWindow)."""
+    synchronising the device (filled by SyncWindow); `sync_codes`, torch's explicit waits."""
 
     def __init__(self, probe: Probe, classifier: Classifier, hz: float = DEFAULT_HZ) -> None:
         self.probe = probe
@@ -182,6 +200,7 @@ class StackSampler:
         self.hz = max(0.0, hz)  # the most samples a second
         self.rate = self.hz  # the rate now, under the budget
         self.sync_keys: dict[tuple[int, int], int] = {}  # (id(code), offset): SyncWindow keeps the code
+        self.sync_codes: dict[int, CodeType] = {}  # id: code of the explicit waits (explicit_syncs)
         self.attended = False
         self.busy_ns = 0  # this thread's CPU time at work
         self.samples = 0
@@ -205,7 +224,9 @@ class StackSampler:
         if frame is None:
             return None
         t = now_ns if now_ns is not None else time.perf_counter_ns()
-        sync = not late and (id(frame.f_code), frame.f_lasti) in self.sync_keys
+        sync = not late and (
+            (id(frame.f_code), frame.f_lasti) in self.sync_keys or id(frame.f_code) in self.sync_codes
+        )
         kind_of = self.classifier.kind
         cached = self.classifier._cache.get  # the lookup inlined: a call less per frame
         phase = -1
@@ -280,7 +301,9 @@ class StackSampler:
             spent = time.thread_time_ns() - busy
             self.busy_ns += spent
             if self.samples > FIRST_SAMPLES:
-                cost_ns = 0.9 * cost_ns + 0.1 * spent
+                # one dear sample (new code classified: file-system lookups; a page fault) is a
+                # one-off, not what the next ones cost: it moves the smoothed cost 4x at most
+                cost_ns = 0.9 * cost_ns + 0.1 * min(spent, OUTLIER * cost_ns)
             self.rate = min(self.hz, max(MIN_HZ, BUDGET / (cost_ns / 1e9)))
             due += (0.5 + self._rand.random()) / self.rate  # jittered: no aliasing with a periodic loop
             due = max(due, time.monotonic())

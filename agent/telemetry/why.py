@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.wire import FlopInfo, SyncInfo, Why
-from torchtop.agent.telemetry.stacks import StackSampler, classifier_for, sampler_rate
+from torchtop.agent.telemetry.stacks import StackSampler, classifier_for, explicit_syncs, sampler_rate
 from torchtop.agent.warn import notice
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class WhyCollector:
         self.hooks = hooks
         self.classifier = classifier_for(torch)
         self.sampler = StackSampler(probe, self.classifier, sampler_rate())
+        self.sampler.sync_codes = explicit_syncs(torch)
         self.busy_ns = 0  # this (agent) thread's time in tick(): windows, arming
         self.sync_on = os.environ.get("TORCHTOP_SYNC_CHECK", "1") != "0"
         self.window: SyncWindow | None = None
@@ -200,16 +201,24 @@ class WhyCollector:
         if r.error:
             self.flops = FlopInfo(state="failed", reason=r.error, peak_tflops=peak)
             return
-        tf32 = False
+        tf32 = conv_tf32 = False
         try:
             tf32 = self.torch.get_float32_matmul_precision() != "highest"
+            conv_tf32 = bool(self.torch.backends.cudnn.allow_tf32)  # True by default: convs run TF32
         except Exception:
             pass
+        from torchtop.agent.hooks.flop_step import CONV_FP32
+
+        by_dtype = dict(r.by_dtype)
+        conv = by_dtype.pop(CONV_FP32, 0)
+        if conv:
+            key = "tf32" if conv_tf32 else "float32"
+            by_dtype[key] = by_dtype.get(key, 0) + conv
         self.flops = FlopInfo(
             state="done",
             source="counted",
             flops=r.flops,
-            by_dtype=dict(r.by_dtype),
+            by_dtype=by_dtype,
             tf32=tf32,
             samples=r.samples or None,
             tokens=r.tokens or None,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
-from torchtop.monitor.diagnosis.why import host_code_share, sync_evidence
+from torchtop.monitor.diagnosis.why import device_busy_ms, host_code_share, sync_evidence
 from torchtop.monitor.model.fmt import size
 from torchtop.monitor.model.hotspots import short_site
 
@@ -69,18 +69,8 @@ def _transfer(f: Facts) -> Upside | None:
     return replace(got, text=text)
 
 
-def _device_busy_ms(f: Facts) -> tuple[float | None, str]:
-    """The GPU's own work a step: CUDA events (busy inside the phases), else NVML's share."""
-    t = f.why.throughput if f.why is not None else None
-    if t is not None and t.device_busy_ms is not None:
-        return t.device_busy_ms, "CUDA events"
-    if f.gpu_util is not None:
-        return f.gpu_util / 100.0 * f.step_ms, "NVML"
-    return None, ""
-
-
 def _host_overhead(f: Facts) -> Upside | None:
-    busy, source = _device_busy_ms(f)
+    busy, source = device_busy_ms(f)
     if busy is None or busy <= 0:
         return None
     kind: Kind = "bound" if source == "CUDA events" else "estimate"
@@ -110,7 +100,7 @@ def _sync(f: Facts) -> Upside | None:
     if share <= 0:
         return None
     wait = share * f.step_ms
-    busy, _ = _device_busy_ms(f)
+    busy, _ = device_busy_ms(f)
     # the GPU's work still runs: once the host stops waiting, it overlaps the host's own time
     new = max(f.step_ms - wait, busy or 0.0)
     return _faster(

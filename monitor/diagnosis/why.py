@@ -111,11 +111,24 @@ def sync_evidence(f: Facts) -> tuple[float, list[str], list[str]]:
     return share, evidence, advice
 
 
+def device_busy_ms(f: Facts) -> tuple[float | None, str]:
+    """The GPU's own work a step, at most: (ms, where from). CUDA events give the span of the
+    phases on the device, which on a launch-bound loop runs as long as the host (kernels trickle
+    in as they are launched); NVML's busy share can be lower. The smaller is taken."""
+    t = f.why.throughput if f.why is not None else None
+    found: list[tuple[float, str]] = []
+    if t is not None and t.device_busy_ms is not None and t.device_step_ms:
+        found.append((min(1.0, t.device_busy_ms / t.device_step_ms) * f.step_ms, "CUDA events"))
+    if f.gpu_util is not None and f.device == "cuda":
+        found.append((f.gpu_util / 100.0 * f.step_ms, "NVML"))
+    return min(found) if found else (None, "")
+
+
 def gpu_bound(f: Facts) -> bool:
-    """The GPU's kernels fill the step (CUDA events): a host that waits for them costs nothing the
-    GPU could have done, so the wait is not the bottleneck."""
-    busy = f.why.throughput.device_busy if f.why is not None else None
-    return busy is not None and busy >= T["gpu_bound_busy"]
+    """The GPU's kernels fill the step (CUDA events and NVML): a host that waits for them costs
+    nothing the GPU could have done, so the wait is not the bottleneck."""
+    busy, _ = device_busy_ms(f)
+    return busy is not None and f.step_ms > 0 and busy >= T["gpu_bound_busy"] * f.step_ms
 
 
 def rule_sync(f: Facts, scale: float = 1.0) -> Finding | None:

@@ -58,11 +58,17 @@ METRICS: dict[str, tuple[Kind, str, str | None]] = {
 
 
 def samples(
-    report: dict[str, Any], job: str, node: str, rank: int, up: bool, steps_total: int, steps_per_s: float
+    report: dict[str, Any],
+    job: str,
+    node: str,
+    rank: int,
+    up: bool,
+    steps_total: int,
+    steps_per_s: float | None,
 ) -> list[Sample]:
     """The samples of one agent from its report (diagnosis/report.py). `steps_total` and
     `steps_per_s` are the agent's own counts: exact even where the exporter replays only a
-    sample of the steps."""
+    sample of the steps. `steps_per_s` None (not yet known) leaves that sample out."""
     base = (("job", job), ("node", node), ("rank", str(rank)))
     out: list[Sample] = []
 

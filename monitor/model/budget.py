@@ -48,9 +48,10 @@ class StepBudget:
                 self._counts.popleft()
         return out
 
-    def rate_now(self) -> float:
-        """Steps per second over the last RATE_WINDOW_S, from the agent's own counts."""
+    def rate_now(self) -> float | None:
+        """Steps per second over the last RATE_WINDOW_S, from the agent's own counts; None until
+        two counts a moment apart have been seen (a first chunk says nothing about a rate)."""
         if len(self._counts) < 2:
-            return 0.0
+            return None
         (t0, s0), (t1, s1) = self._counts[0], self._counts[-1]
-        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None

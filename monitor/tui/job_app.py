@@ -373,15 +373,23 @@ def run_plan(
     return app.return_code or 0
 
 
-def run_agents_tui(agents: list[dict[str, Any]], log_path: Path | None = None) -> int | None:
-    """The job view when these discovery entries are the ranks of one job (`torchtop run`,
-    `torchtop demo`); None otherwise (the caller opens the one-agent view)."""
+def job_plan_of(agents: list[dict[str, Any]]) -> JobPlan | None:
+    """The plan of one job when these discovery entries are its ranks (two or more); else None."""
     from torchtop.monitor.link.job_targets import group_by_job
     from torchtop.monitor.link.targets import from_discovery
 
     groups = group_by_job(agents)
     if len(groups) != 1 or len(groups[0].agents) < 2:
         return None
-    return run_plan(
-        JobPlan([from_discovery(a) for a in groups[0].agents], groups[0].job_id), log_path=log_path
-    )
+    return JobPlan([from_discovery(a) for a in groups[0].agents], groups[0].job_id)
+
+
+def run_agents_tui(
+    agents: list[dict[str, Any]], log_path: Path | None = None, mode: keys.LeaveMode = "attach"
+) -> int | None:
+    """The job view when these discovery entries are the ranks of one job (`torchtop run`,
+    `torchtop demo`); None otherwise (the caller opens the one-agent view)."""
+    plan = job_plan_of(agents)
+    if plan is None:
+        return None
+    return run_plan(plan, log_path=log_path, mode=mode)

@@ -76,6 +76,19 @@ def _ddp(model: Any, device: str) -> Any:
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
+def _same_size(size: int, device: str) -> int:
+    """Under torchrun every rank calibrates on its own: DDP needs one model, the smallest size."""
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        return size
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    t = torch.tensor([size], device="cuda" if device == "cuda" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 def _loop(device: str, size: int, ddp: bool = False) -> tuple[Any, Any, type, str]:
     """(step returning per-part ns, model, optimizer class, description)."""
     torch.manual_seed(0)
@@ -315,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.ddp and args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     size = args.size or (calibrate_cpu(64, 2.0) if args.device == "cpu" else calibrate_cuda(32, 2.0))
+    if args.ddp:
+        size = _same_size(size, args.device)
     step, model, opt_cls, desc = _loop(args.device, size, args.ddp)
     hooked = Hooked(opt_cls, type(model) if args.ddp else torch.nn.Sequential)
     if ta.start(phase_every=args.phase_every, record=args.record) is None:

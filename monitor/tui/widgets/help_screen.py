@@ -15,6 +15,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from torchtop.monitor.tui.widgets.verdict_panel import FLAG_WORDS, VERDICT_WORDS
+
 PANELS: tuple[tuple[str, str], ...] = (
     (
         "step time",
@@ -23,8 +25,10 @@ PANELS: tuple[tuple[str, str], ...] = (
     ),
     (
         "verdict",
-        "data-loading, transfer, outside-phases, host-overhead or compute bound, with the numbers "
-        "and what to try; flags for memory pressure, fragmentation, DataLoader workers, memory growth",
+        "what holds the step back, one of: "
+        + ", ".join(head.lower() for kind, (head, _) in VERDICT_WORDS.items() if kind != "unknown")
+        + "; with the numbers, where in your code, what a fix would buy and what to try. Flags: "
+        + ", ".join(FLAG_WORDS.values()),
     ),
     (
         "phases",

@@ -54,7 +54,7 @@ def why_rows(w: WhyFacts | None, shares: dict[str, float], step_ms: float) -> li
         rows.append(("FLOPs", t.flops_note))
     gpu = []
     if t.device_busy is not None:
-        gpu.append(f"busy {fmt.pct(t.device_busy)} of the step (CUDA events)")
+        gpu.append(f"kernels span {fmt.pct(t.device_busy)} of the step (CUDA events)")
     if t.gpu_util is not None:
         gpu.append(f"NVML utilisation {t.gpu_util:.0f}%")
     if gpu:
