@@ -88,7 +88,9 @@ def test_profile_of_3_steps_has_exactly_3_profiler_steps_and_the_loop_never_stop
     spans = [e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
     assert len(spans) == 3, spans
     assert cap.summary["steps"] == 3 and cap.summary["gpu_idle"] is None
-    assert cap.summary["buckets"]["CPU Exec"] > 0.05  # no GPU: host ops are the work (less on a loaded machine)
+    assert (
+        cap.summary["buckets"]["CPU Exec"] > 0.05
+    )  # no GPU: host ops are the work (less on a loaded machine)
     assert any("addmm" in r["name"] or "linear" in r["name"] for r in cap.summary["top_cpu"])
 
 
