@@ -112,7 +112,7 @@ def test_late_join_is_told_the_whole_run(
     )
     assert r["steps"] == steps  # every step, counted, though the agent kept ~2,000 whole
     assert r["history"] and r["thinned"]
-    assert 500 <= r["steps_in_full"] < steps // 5
+    assert 500 <= r["steps_in_full"] < steps // 2  # a part whole (how many: the log entries a step takes)
     assert seconds - 0.5 <= r["covered_s"] <= seconds + 0.5  # from the run's first step
     assert r["steps_per_s"] == pytest.approx(steps / r["covered_s"], rel=1e-3)
     assert r["step_time_ms"]["mean"] == pytest.approx(seconds / steps * 1e3, rel=0.1)

@@ -183,14 +183,25 @@ def test_the_flops_of_one_step_are_counted_and_that_step_kept_out(agent: Any) ->
 
 
 def test_a_capture_waits_while_the_flop_count_runs() -> None:
-    from torchtop.agent.capture.controller import CaptureController, CaptureError
+    """Asked for during the counted step, a capture is accepted and armed at the first tick after
+    that step: nobody is told to ask again for an internal one-step job."""
+    from torchtop.agent.capture.controller import CaptureController
     from torchtop.agent.cuda_use import CudaUse
 
     probe = Probe(thread_id=threading.get_ident())
-    probe.on_step = SimpleNamespace(entered=True)  # a FLOP count between its two boundaries
+    counting = SimpleNamespace(entered=True, finished=False)  # between its two boundaries
+    probe.on_step = counting
     c = CaptureController(CudaUse(torch), probe)
-    with pytest.raises(CaptureError, match="counting the model's FLOPs"):
-        c.request("capture-profile", {"steps": 2})
-    probe.on_step = SimpleNamespace(entered=False)  # armed only: the capture takes the boundary
-    assert c.request("capture-profile", {"steps": 2}).state == "pending"
+    info = c.request("capture-profile", {"steps": 2})
+    assert info.state == "pending" and probe.on_step is counting  # the count keeps its boundary
+    c.poll()
+    assert probe.on_step is counting
+    counting.finished, probe.on_step = True, None  # the counted step ended (FlopStep._exit)
+    c.poll()
+    assert probe.on_step == c.on_boundary  # armed: the next boundary starts the capture
     c.close()
+    probe.on_step = SimpleNamespace(entered=False)  # a count armed only: the capture takes the boundary
+    c2 = CaptureController(CudaUse(torch), probe)
+    assert c2.request("capture-profile", {"steps": 2}).state == "pending"
+    assert probe.on_step == c2.on_boundary
+    c2.close()

@@ -89,6 +89,11 @@ class _Run:
         self.prof: Profiler | None = None
 
 
+def _counting(on_step: object) -> bool:
+    """The probe's boundary hook is the FLOP count between its two boundaries (flop_step.py)."""
+    return bool(getattr(on_step, "entered", False)) and not getattr(on_step, "finished", False)
+
+
 class CaptureController:
     def __init__(self, cuda: CudaUse, probe: Probe) -> None:
         self.cuda = cuda
@@ -105,6 +110,7 @@ class CaptureController:
         self._run: _Run | None = None  # handed to the training thread when armed
         self._news: deque[tuple[int, dict[str, Any]]] = deque()  # (id, changes) from the other threads
         self._start_lock = threading.Lock()  # a start and a timeout's cancel never cross
+        self._deferred = False  # a capture asked for while the FLOP count held the boundary
         self.rank: int | None = None  # a rank of a job: its files are named by it
 
     # -- agent thread ----------------------------------------------------------------------------
@@ -116,8 +122,7 @@ class CaptureController:
                 f"busy: capture {c.id} ({c.kind}) is {c.state}, {c.steps_done}/{c.steps_total} steps"
             )
         kind, steps, seconds = self._validate(cmd, args)
-        if getattr(self.probe.on_step, "entered", False):  # the one-step FLOP count (telemetry/why.py)
-            raise CaptureError("busy: torchtop is counting the model's FLOPs over one step; ask again")
+        counting = _counting(self.probe.on_step)  # the one-step FLOP count (telemetry/why.py)
         try:
             dest = files.open_destination(self.wanted)
         except files.CaptureDirError as exc:
@@ -139,7 +144,10 @@ class CaptureController:
         )
         self.current = info
         self._run = _Run(info, args)
-        self.probe.on_step = self.on_boundary  # armed: the training thread starts it
+        if counting:
+            self._deferred = True  # armed by poll() once the counted step has ended
+        else:
+            self.probe.on_step = self.on_boundary  # armed: the training thread starts it
         return info
 
     def _validate(self, cmd: str, args: dict[str, Any]) -> tuple[CaptureKind, int, float]:
@@ -176,13 +184,18 @@ class CaptureController:
         c, run = self.current, self._run
         if c is None or run is None or run.over:
             return
+        if self._deferred and not _counting(self.probe.on_step):
+            self._deferred = False
+            self.probe.on_step = self.on_boundary
         now = time.time()
         if c.state == PENDING and now - c.requested_at > START_TIMEOUT_S:
             with self._start_lock:
                 if run.started:  # it started meanwhile: its news comes next tick
                     return
                 run.over = True
-                self.probe.on_step = None
+                if not self._deferred:  # else the boundary is still the FLOP count's
+                    self.probe.on_step = None
+                self._deferred = False
             self._publish(
                 c.id,
                 state=FAILED,
