@@ -226,7 +226,8 @@ def test_one_dear_sample_does_not_throttle_the_sampler() -> None:
     assert before[0] > 2 * stacks.MIN_HZ and sampler.rate >= 0.5 * before[0], (before, sampler.rate)
 
 
-def test_a_blocked_call_known_to_sync_is_a_sync_sample_unless_late() -> None:
+def held_lock() -> tuple[threading.Lock, Any]:
+    """A lock taken here, and a body for Blocked that blocks on it in C (block_in_c)."""
     lock = threading.Lock()
     lock.acquire()
 
@@ -234,6 +235,11 @@ def test_a_blocked_call_known_to_sync_is_a_sync_sample_unless_late() -> None:
         b.lock = lock  # type: ignore[attr-defined]
         block_in_c(b)
 
+    return lock, body
+
+
+def test_a_blocked_call_known_to_sync_is_a_sync_sample_unless_late() -> None:
+    lock, body = held_lock()
     with Blocked(body) as b:
         sampler = StackSampler(b.probe, classifier_for(torch))
         code = block_in_c.__code__
@@ -257,13 +263,7 @@ def test_an_explicit_wait_on_the_device_is_a_sync_sample() -> None:
     a sample blocked inside one is a wait on the device all the same (here a stand-in, on CPU)."""
     codes = stacks.explicit_syncs(torch)
     assert len(codes) == 3 and {c.co_name for c in codes.values()} == {"synchronize"}
-    lock = threading.Lock()
-    lock.acquire()
-
-    def body(b: Blocked) -> None:
-        b.lock = lock  # type: ignore[attr-defined]
-        block_in_c(b)
-
+    lock, body = held_lock()
     with Blocked(body) as b:
         sampler = StackSampler(b.probe, classifier_for(torch))
         unknown = sampler.sample()

@@ -56,8 +56,8 @@ from bench_overhead import GOALS, SUBSCRIBER, calibrate_cpu, calibrate_cuda  # n
 PARTS = ("next", "forward", "loss+zero", "backward", "optimizer", "step")
 
 
-def _ddp(model: Any, device: str) -> Any:
-    """`model` in DistributedDataParallel: torchrun's group, else one of a single rank."""
+def _group(device: str) -> Any:
+    """torch.distributed with a process group: torchrun's, else one of a single rank."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -72,18 +72,21 @@ def _ddp(model: Any, device: str) -> Any:
             dist.init_process_group(
                 "nccl" if device == "cuda" else "gloo", init_method=init, rank=0, world_size=1
             )
+    return dist
+
+
+def _ddp(model: Any, device: str) -> Any:
+    """`model` in DistributedDataParallel over `_group`'s ranks."""
+    _group(device)
     ids = [torch.cuda.current_device()] if device == "cuda" else None
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
 def _same_size(size: int, device: str) -> int:
     """Under torchrun every rank calibrates on its own: DDP needs one model, the smallest size."""
-    import torch.distributed as dist
-
     if "RANK" not in os.environ:
         return size
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    dist = _group(device)
     t = torch.tensor([size], device="cuda" if device == "cuda" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return int(t.item())
