@@ -111,6 +111,17 @@ class Feed:
         for got in self.client.recv_batches(0.0):
             self.state.apply_batch(got.batch, got.steps, time.monotonic())
 
+    def count_flops(self, step: Any, timeout: float = 120.0) -> Any:
+        """Train with `step()` until the agent's one-step FLOP count has an outcome; that FlopInfo."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            step()
+            self.poll()
+            f = self.state.why.flops
+            if f is not None and f.state in ("done", "failed", "off"):
+                break
+        return self.state.why.flops
+
     def close(self) -> None:
         self.client.close()
 
@@ -126,14 +137,7 @@ def test_mfu_agrees_with_the_tests_own_clock(agent: Any) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     feed = Feed(agent)
     try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            known_flops.step(model, opt, x)
-            feed.poll()
-            f = feed.state.why.flops
-            if f is not None and f.state in ("done", "failed", "off"):
-                break
-        f = feed.state.why.flops
+        f = feed.count_flops(lambda: known_flops.step(model, opt, x))
         assert f is not None and f.state == "done", f
         for _ in range(40):  # the launch queue fills: the host now runs at the GPU's pace
             known_flops.step(model, opt, x)
@@ -187,20 +191,16 @@ def test_float32_convolutions_are_counted_at_tf32_as_cudnn_runs_them(agent: Any)
     x = torch.randn(64, 64, 56, 56, device="cuda")
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     feed = Feed(agent)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
     try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-            feed.poll()
-            f = feed.state.why.flops
-            if f is not None and f.state in ("done", "failed", "off"):
-                break
+        feed.count_flops(step)
         for _ in range(30):
-            model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
+            step()
             feed.poll()
         time.sleep(1.5)
         feed.poll()
