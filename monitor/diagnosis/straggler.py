@@ -20,7 +20,7 @@ from statistics import median
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Finding
-from torchtop.monitor.diagnosis.upside import Upside
+from torchtop.monitor.diagnosis.upside import Upside, faster
 from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.rank_stats import RankTimes
 
@@ -145,20 +145,14 @@ def straggler_finding(s: Straggler) -> Finding:
         s.share,
         evidence,
         advice,
-        _faster(f"rank {s.rank} at the others' pace", s.step_ms, s.wait_ms),
+        _without(f"rank {s.rank} at the others' pace", s.step_ms, s.wait_ms),
     )
 
 
-def _faster(what: str, step: float, saved: float) -> Upside | None:
+def _without(what: str, step: float, saved: float) -> Upside | None:
     """What the job would gain without `saved` ms of collective wait a step: a bound (the wait
     cannot shrink below nothing; the collective's own time stays)."""
-    new = step - saved
-    if step <= 0 or new <= 0 or saved <= 0:
-        return None
-    x = step / new
-    return Upside(
-        f"{what}: up to {x:.1f}× steps/s ({step:.1f} → {new:.1f} ms a step; bound)", "bound", step, new, x
-    )
+    return faster(what, step, step - saved, "bound")
 
 
 @dataclass(frozen=True)
@@ -229,5 +223,5 @@ def rule_communication(ranks: dict[int, RankTimes], step_ms: float) -> Finding |
         "larger DDP buckets (bucket_cap_mb) or gradient accumulation: fewer, larger all-reduces",
         "bf16 gradients (a DDP comm hook) halve the bytes; check the interconnect (NVLink/IB)",
     )
-    upside = _faster("hiding the collectives behind compute", step_ms, floor)
+    upside = _without("hiding the collectives behind compute", step_ms, floor)
     return Finding("communication", severity, share, evidence, advice, upside)

@@ -42,7 +42,8 @@ class Upside:
         }
 
 
-def _faster(what: str, step: float, new: float, kind: Kind, note: str = "") -> Upside | None:
+def faster(what: str, step: float, new: float, kind: Kind, note: str = "") -> Upside | None:
+    """`what` would take the step from `step` to `new` ms: the speed-up as a sentence (None: none)."""
     if step <= 0 or new <= 0 or new >= step:
         return None
     x = step / new
@@ -52,14 +53,14 @@ def _faster(what: str, step: float, new: float, kind: Kind, note: str = "") -> U
 
 
 def _data(f: Facts) -> Upside | None:
-    return _faster("removing the data wait", f.step_ms, f.step_ms - f.ms.get("data", 0.0), "bound")
+    return faster("removing the data wait", f.step_ms, f.step_ms - f.ms.get("data", 0.0), "bound")
 
 
 def _transfer(f: Facts) -> Upside | None:
     h2d = f.ms.get("h2d", 0.0)
     if h2d <= 0:
         return None
-    got = _faster("overlapping the copies", f.step_ms, f.step_ms - h2d, "bound")
+    got = faster("overlapping the copies", f.step_ms, f.step_ms - h2d, "bound")
     if got is None:
         return None
     text = (
@@ -74,7 +75,7 @@ def _host_overhead(f: Facts) -> Upside | None:
     if busy is None or busy <= 0:
         return None
     kind: Kind = "bound" if source == "CUDA events" else "estimate"
-    got = _faster("the GPU's own work", f.step_ms, busy, kind)
+    got = faster("the GPU's own work", f.step_ms, busy, kind)
     if got is None:
         return None
     text = (
@@ -89,7 +90,7 @@ def _compute(f: Facts) -> Upside | None:
     if t is None or t.mfu is None or not t.flops_per_step or not t.peak_tflops:
         return None
     floor = t.flops_per_step / (t.peak_tflops * 1e12) * 1e3
-    got = _faster(
+    got = faster(
         f"at the peak FLOP/s (MFU {t.mfu:.0%} now)", f.step_ms, floor, "bound", ": no run reaches it"
     )
     return got
@@ -103,14 +104,14 @@ def _sync(f: Facts) -> Upside | None:
     busy, _ = device_busy_ms(f)
     # the GPU's work still runs: once the host stops waiting, it overlaps the host's own time
     new = max(f.step_ms - wait, busy or 0.0)
-    return _faster(
+    return faster(
         "not waiting on the GPU", f.step_ms, new, "estimate", ": the GPU's work then overlaps the host's"
     )
 
 
 def _outside(f: Facts) -> Upside | None:
     """Issue 18's outside-phases verdict, where no stack sample says where yet."""
-    return _faster(
+    return faster(
         "without the time outside the phases", f.step_ms, f.step_ms - f.ms.get("other", 0.0), "bound"
     )
 
@@ -120,7 +121,7 @@ def _host_code(f: Facts) -> Upside | None:
     if not sites:
         return None
     spent = share * sites[0].share * f.step_ms
-    return _faster(
+    return faster(
         f"taking {short_site(sites[0].site)} off the step",
         f.step_ms,
         f.step_ms - spent,
@@ -134,7 +135,7 @@ def _low_mfu(f: Facts) -> Upside | None:
     if t is None or not t.flops_per_step or not t.peak_tflops:
         return None
     new = t.flops_per_step / (GOOD_MFU * t.peak_tflops * 1e12) * 1e3
-    return _faster(f"at {GOOD_MFU:.0%} MFU (a well-fed GPU)", f.step_ms, new, "estimate")
+    return faster(f"at {GOOD_MFU:.0%} MFU (a well-fed GPU)", f.step_ms, new, "estimate")
 
 
 def _memory_pressure(f: Facts) -> Upside | None:

@@ -181,10 +181,12 @@ def open_job(
         notes.append(f"{other} agent{'s' if other != 1 else ''} of other jobs on these hosts left out")
     with ExitStack() as stack:
         opened: list[Any] = []
-        with ThreadPoolExecutor(max_workers=min(PARALLEL, len(group.agents))) as pool:
-            results = list(pool.map(lambda a: _open_tunnel(opened, a, ssh_options), group.agents))
-        for cm in opened:
-            stack.push(cm)
+        try:
+            with ThreadPoolExecutor(max_workers=min(PARALLEL, len(group.agents))) as pool:
+                results = list(pool.map(lambda a: _open_tunnel(opened, a, ssh_options), group.agents))
+        finally:  # tunnels opened before an unexpected error close with the rest
+            for cm in opened:
+                stack.push(cm)
         endpoints = [ep for ep, _ in results if ep is not None]
         notes += [err for ep, err in results if ep is None]
         if not endpoints:
