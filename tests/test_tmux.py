@@ -222,6 +222,12 @@ def test_ctrl_c_in_the_tui_of_torchtop_run_stops_the_job(tmp_path: Path, runtime
                 psutil.Process(pid).kill()
 
 
+def ranks_listed(screen: str) -> set[int]:
+    """The ranks whose row (rank, node, a step time) the Ranks panel shows with live figures."""
+    rows = re.findall(r"^\W*(\d+)\s+\S+\s+[\d,]+(?:\.\d+)?\s", screen, re.MULTILINE)
+    return {int(r) for r in rows}
+
+
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -237,3 +243,57 @@ def _kill_demo(pid: int) -> None:
             proc.kill()
     except psutil.Error:
         pass
+
+
+@pytest.mark.parametrize("key", ["q", "C-c"])
+def test_torchrun_under_torchtop_run_opens_the_job_view_in_tmux(
+    tmp_path: Path, runtime_dir: Path, key: str
+) -> None:
+    """The README's multi-GPU command, `torchtop run -- torchrun ...`, with its TUI: the job view
+    comes up naming both ranks; q leaves the job running (the launcher waits for it), Ctrl-C stops
+    it; either way no rank is left behind once the launcher returns."""
+    if shutil.which("tmux") is None:
+        pytest.skip("needs tmux")
+    env = dict(os.environ, TORCHTOP_RUNTIME_DIR=str(runtime_dir), TERM="xterm-256color")
+    rc_file = tmp_path / "rc"
+    logs = tmp_path / "logs"
+    seconds = "45" if key == "q" else "300"  # after q the launcher waits for the job to end
+    launcher = shlex.join(
+        [
+            *_torchtop(), "run", "--log-dir", str(logs), "--",
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "torchtop.demos.straggler", "--device", "cpu", "--seconds", seconds, "--log-every", "0",
+        ]
+    )  # fmt: skip
+    command = f"{launcher}; echo $? > {shlex.quote(str(rc_file))}"
+    tmux = Tmux(env)
+    session = "torchrun"
+    pids: list[int] = []
+    try:
+        new_session(tmux, session, (120, 40), runtime_dir, command)
+        screen = wait_screen(tmux, session, lambda text: ranks_listed(text) == {0, 1})
+        pids = [a["pid"] for a in discovery.list_agents()]
+        log = "\n".join(p.read_text() for p in logs.glob("*.log"))
+        assert tmux.alive(session), (
+            f"the launcher exited (rc {rc_file.read_text().strip() if rc_file.exists() else '?'}):\n"
+            f"{screen}\njob log:\n{log[-3000:]}"
+        )
+        assert "Traceback" not in screen and "NameError" not in screen, screen
+        assert ranks_listed(screen) == {0, 1}, f"the job view does not list both ranks:\n{screen}"
+        assert len(pids) == 2, f"expected the 2 ranks' agents, found {pids}"
+        tmux("send-keys", "-t", session, key)
+        deadline = time.monotonic() + (120 if key == "q" else EXIT_TIMEOUT_S)
+        while not rc_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = "\n".join(p.read_text() for p in logs.glob("*.log"))
+        assert rc_file.exists(), f"still running after {key}:\n{tmux.screen(session)}\njob log:\n{log[-3000:]}"
+        if key == "q":
+            assert rc_file.read_text().strip() == "0", log[-3000:]  # the job ran to its end
+        else:
+            assert rc_file.read_text().strip() != "0", log[-3000:]  # stopped, not finished
+        assert [p for p in pids if _running(p)] == []
+    finally:
+        tmux.kill_server()
+        for pid in pids:
+            if _running(pid):
+                psutil.Process(pid).kill()

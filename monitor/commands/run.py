@@ -188,6 +188,7 @@ def _app_for(
 ) -> TorchtopApp:
     """The job view when the agents are the ranks of one job (torchrun), else the one-agent view
     (a chooser for several)."""
+    from torchtop.monitor.tui.app import TorchtopApp
     from torchtop.monitor.tui.job_app import JobApp, job_plan_of
 
     plan = job_plan_of(agents)
