@@ -286,7 +286,9 @@ def test_torchrun_under_torchtop_run_opens_the_job_view_in_tmux(
         while not rc_file.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         log = "\n".join(p.read_text() for p in logs.glob("*.log"))
-        assert rc_file.exists(), f"still running after {key}:\n{tmux.screen(session)}\njob log:\n{log[-3000:]}"
+        assert rc_file.exists(), (
+            f"still running after {key}:\n{tmux.screen(session)}\njob log:\n{log[-3000:]}"
+        )
         if key == "q":
             assert rc_file.read_text().strip() == "0", log[-3000:]  # the job ran to its end
         else:
