@@ -169,14 +169,18 @@ class _Scanner:
         self.n = len(data)
         self.budget = RESYNC_WORK * self.n + (1 << 20)
 
-    def valid_at(self, pos: int) -> int | None:
-        """The end of a whole, checked frame at `pos`, or None."""
+    def valid_at(self, pos: int, resync: bool = False) -> int | None:
+        """The end of a whole, checked frame at `pos`, or None. `resync`: a candidate after
+        garbage, checked only when another frame (or the file's end) follows where it ends, as
+        the writer's frames do: a sync word inside garbage costs no CRC."""
         data = self.data
         if pos + FRAME_OVERHEAD > self.n:
             return None
         sync, length, crc = _FRAME.unpack_from(data, pos)
         end = pos + FRAME_OVERHEAD + length
         if sync != SYNC or length > wire.MAX_FRAME_BYTES or end > self.n:
+            return None
+        if resync and end != self.n and not SYNC.startswith(data[end : end + 4]):
             return None
         with memoryview(data) as view:
             ok = zlib.crc32(view[pos + FRAME_OVERHEAD : end]) == crc
@@ -194,7 +198,7 @@ class _Scanner:
                 pos = end
                 continue
             nxt = data.find(SYNC, pos + 1)
-            while nxt != -1 and self.budget > 0 and self.valid_at(nxt) is None:
+            while nxt != -1 and self.budget > 0 and self.valid_at(nxt, resync=True) is None:
                 nxt = data.find(SYNC, nxt + 1)
             if nxt != -1 and self.budget > 0:
                 damage.skip(pos, nxt - pos)
