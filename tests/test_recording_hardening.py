@@ -21,7 +21,6 @@ from tests.recording_util import T0, batch, hello, write
 from torchtop.agent.contract import logcodes, wire
 from torchtop.agent.contract import recording as rec
 from torchtop.agent.contract import recording_store as store
-from torchtop.agent.contract.recording_reader import read_rank
 from torchtop.monitor.commands.cli import main
 from torchtop.monitor.model.playback import load
 
@@ -212,6 +211,8 @@ def test_trace_memory_does_not_grow_with_the_run(tmp_path: Path, capsys: pytest.
 
 
 def _read_all(path: Path) -> int:
+    from torchtop.agent.contract.recording_reader import read_rank
+
     return sum(1 for _ in read_rank(path).messages)
 
 
