@@ -14,9 +14,11 @@ Imports only msgspec and the standard library.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import msgspec
+import msgspec.inspect as mi
 
 from torchtop.agent.contract.logcodes import MARK, MASK
 
@@ -27,56 +29,116 @@ def _bad_float(x: float) -> bool:
     return not (-FLOAT_LIMIT <= x <= FLOAT_LIMIT)  # NaN fails every comparison
 
 
-def bad_number(obj: Any, where: str = "") -> str | None:
+def _may_hold_float(t: mi.Type) -> bool:
+    """Whether a value of the declared type can hold a float anywhere inside."""
+    if isinstance(t, (mi.FloatType, mi.AnyType)):
+        return True
+    if isinstance(t, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
+        return _may_hold_float(t.item_type)
+    if isinstance(t, mi.TupleType):
+        return any(_may_hold_float(x) for x in t.item_types)
+    if isinstance(t, mi.DictType):
+        return _may_hold_float(t.key_type) or _may_hold_float(t.value_type)
+    if isinstance(t, mi.UnionType):
+        return any(_may_hold_float(x) for x in t.types)
+    if isinstance(t, mi.StructType):
+        return bool(_fields(t.cls))
+    return False
+
+
+@cache
+def _fields(cls: type) -> tuple[str, ...]:
+    """The fields of a Struct class that can hold a float: the only ones checked."""
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    return tuple(f.name for f in info.fields if _may_hold_float(f.type))
+
+
+@cache
+def _is_log(cls: type) -> bool:
+    """A LogChunk (wire.py imports this module, so it is known by its fields)."""
+    fields = getattr(cls, "__struct_fields__", ())
+    return "entries" in fields and "pairs" in fields
+
+
+def bad_number(obj: Any) -> str | None:
     """Where in `obj` (a decoded message) a number is non-finite or out of range, with its
     value ("Batch.telemetry.time = nan"); None when every number is in range."""
+    found = _check(obj)
+    if found is None:
+        return None
+    value, *path = found  # innermost part first
+    return type(obj).__name__ + "".join(reversed(path)) + f" = {value!r}"
+
+
+def _check(obj: Any) -> list[Any] | None:
+    """None, or [value, innermost part, ..., outermost part] of the first bad number."""
     kind = type(obj)
     if kind is float:
-        return f"{where} = {obj!r}" if _bad_float(obj) else None
+        return [obj] if _bad_float(obj) else None
     if kind in (int, str, bool, bytes) or obj is None:
         return None
     if isinstance(obj, msgspec.Struct):
-        fields = kind.__struct_fields__
-        if fields and fields[-1] == "pairs" and "entries" in fields:  # a LogChunk
-            return _bad_entries(obj.entries, f"{where}.entries")  # type: ignore[attr-defined]
-        for name in fields:
-            bad = bad_number(getattr(obj, name), f"{where}.{name}" if where else f"{kind.__name__}.{name}")
+        if _is_log(kind):
+            return _tail(_bad_entries(obj.entries), ".entries")
+        for name in _fields(kind):
+            bad = _check(getattr(obj, name))
             if bad is not None:
-                return bad
+                return _tail(bad, f".{name}")
         return None
     if isinstance(obj, (list, tuple)):
-        if set(map(type, obj)) <= {int, str, bool}:  # the usual case, at C speed
+        kinds = set(map(type, obj))
+        if kinds <= _PLAIN:  # the usual case, at C speed
+            return None
+        if kinds <= _NUMBERS and _all_in_range(obj):  # figures (per-core CPU): at C speed too
             return None
         for k, item in enumerate(obj):
-            bad = bad_number(item, f"{where}[{k}]")
+            bad = _check(item)
             if bad is not None:
-                return bad
+                return _tail(bad, f"[{k}]")
         return None
     if isinstance(obj, dict):
         for key, value in obj.items():
-            bad = bad_number(value, f"{where}[{key!r}]"[:200])
+            bad = _check(value)
             if bad is not None:
-                return bad
+                return _tail(bad, f"[{str(key)[:40]!r}]")
         return None
     if isinstance(obj, float):  # a float subclass (an Enum never is one)
-        return bad_number(float(obj), where)
+        return _check(float(obj))
     return None
 
 
-def _bad_entries(entries: list[Any], where: str) -> str | None:
+_PLAIN = {int, str, bool}
+_NUMBERS = {int, float, bool}
+
+
+def _all_in_range(xs: list[Any] | tuple[Any, ...]) -> bool:
+    """NaN and inf make the sum of magnitudes NaN or inf; a huge one shows in the largest."""
+    total = sum(map(abs, xs))
+    return total == total and total <= FLOAT_LIMIT * len(xs) and max(map(abs, xs)) <= FLOAT_LIMIT
+
+
+def _tail(found: list[Any] | None, part: str) -> list[Any] | None:
+    if found is not None:
+        found.append(part)
+    return found
+
+
+def _bad_entries(entries: list[Any]) -> list[Any] | None:
     """A log's entries: ints (at C speed), and tuples whose numbers are checked, except a
     mark's value (its third item)."""
-    if set(map(type, entries)) <= {int}:
+    try:  # msgspec made each an int or a tuple; ints alone sum at C speed, a tuple stops it
+        sum(entries)
         return None
+    except TypeError:
+        pass
     for k, e in enumerate(entries):
         if type(e) is int:
             continue
-        if not isinstance(e, (tuple, list)):
-            bad = bad_number(e, f"{where}[{k}]")
-        elif e and type(e[0]) is int and (e[0] == MARK or e[0] & MASK == MARK) and len(e) == 3:
-            bad = bad_number(e[:2], f"{where}[{k}]")  # the user's value is theirs, NaN included
-        else:
-            bad = bad_number(e, f"{where}[{k}]")
+        if isinstance(e, (tuple, list)) and e and type(e[0]) is int and len(e) == 3:
+            if e[0] == MARK or e[0] & MASK == MARK:
+                e = e[:2]  # the user's value is theirs, NaN included
+        bad = _check(e)
         if bad is not None:
-            return bad
+            return _tail(bad, f"[{k}]")
     return None

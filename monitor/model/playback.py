@@ -9,6 +9,7 @@ replay TUI walks it at a chosen speed and seeks by time or step (`position_of_st
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ class Playback:
         self.messages = recording.messages
         self.warnings = recording.warnings
         # per message: its batch time (a hello: the batch before it, or the first batch's)
-        self.times: list[float] = []
+        self.times = array("d")
         self.step_counts = recording.step_counts  # per message: the agent's step count after it
         first = next((x for x in recording.times if x != NO_TIME), 0.0)
         t = first
