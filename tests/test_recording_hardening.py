@@ -65,6 +65,21 @@ def test_a_users_nan_mark_is_kept() -> None:
     assert isinstance(wire.decode(wire.encode(pairs)), wire.Batch)
 
 
+def test_a_capture_summarys_free_form_nan_does_not_cost_the_batch() -> None:
+    """Every batch carries the last capture: a profiler's 0/0 in its summary must not lose them all."""
+    capture = wire.CaptureInfo(
+        id=1, kind=wire.CaptureKind.PROFILE, state=wire.CaptureState.DONE, summary={"share": NAN}
+    )
+    got = wire.decode(wire.encode(msgspec.structs.replace(batch(0), capture=capture)))
+    assert isinstance(got, wire.Batch) and got.capture is not None
+    with pytest.raises(wire.WireError, match=r"capture\.started_at = nan"):
+        wire.decode(
+            wire.encode(
+                msgspec.structs.replace(batch(0), capture=msgspec.structs.replace(capture, started_at=NAN))
+            )
+        )
+
+
 def _recording_with(tmp_path: Path, bad: list[wire.Batch]) -> Path:
     """A segment of good batches with `bad` ones between them, every frame with a valid CRC."""
     data = rec.header() + rec.frame(wire.encode(hello()))

@@ -7,8 +7,9 @@ msgpack's own integers stop at 64 bits, so only floats need a bound: FLOAT_LIMIT
 any figure torchtop sends (unix seconds ~2e9, bytes as ints, ms, percents, watts) and far below
 where a product of two of them overflows.
 
-One exception: a user's mark (torchtop.agent.mark("loss", x)) carries the user's own number,
-and a NaN loss is news, not damage: it passes (the monitor shows "nan").
+Exceptions: a user's mark (torchtop.agent.mark("loss", x)) carries the user's own number, and a
+NaN loss is news, not damage: it passes (the monitor shows "nan"); a capture's summary is
+free-form text figures, shown and never computed with.
 Imports only msgspec and the standard library.
 """
 
@@ -51,7 +52,14 @@ def _fields(cls: type) -> tuple[str, ...]:
     """The fields of a Struct class that can hold a float: the only ones checked."""
     info = mi.type_info(cls)
     assert isinstance(info, mi.StructType)
-    return tuple(f.name for f in info.fields if _may_hold_float(f.type))
+    return tuple(
+        f.name for f in info.fields if _may_hold_float(f.type) and (cls.__name__, f.name) not in _FREE_FORM
+    )
+
+
+#: Free-form figures shown as text, not computed with: a NaN there (a profiler's 0/0) must not
+#: cost every batch that carries the capture.
+_FREE_FORM = {("CaptureInfo", "summary")}
 
 
 @cache
