@@ -15,7 +15,6 @@ Imports only msgspec and the standard library.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import msgspec
@@ -47,14 +46,22 @@ def _may_hold_float(t: mi.Type) -> bool:
     return False
 
 
-@cache
 def _fields(cls: type) -> tuple[str, ...]:
     """The fields of a Struct class that can hold a float: the only ones checked."""
-    info = mi.type_info(cls)
-    assert isinstance(info, mi.StructType)
-    return tuple(
-        f.name for f in info.fields if _may_hold_float(f.type) and (cls.__name__, f.name) not in _FREE_FORM
-    )
+    found = _FIELDS.get(cls)
+    if found is None:
+        info = mi.type_info(cls)
+        assert isinstance(info, mi.StructType)
+        found = tuple(
+            f.name
+            for f in info.fields
+            if _may_hold_float(f.type) and (cls.__name__, f.name) not in _FREE_FORM
+        )
+        _FIELDS[cls] = found
+    return found
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 #: Free-form figures shown as text, not computed with: a NaN there (a profiler's 0/0) must not
@@ -62,11 +69,10 @@ def _fields(cls: type) -> tuple[str, ...]:
 _FREE_FORM = {("CaptureInfo", "summary")}
 
 
-@cache
 def _is_log(cls: type) -> bool:
     """A LogChunk (wire.py imports this module, so it is known by its fields)."""
-    fields = getattr(cls, "__struct_fields__", ())
-    return "entries" in fields and "pairs" in fields
+    fields = cls.__struct_fields__  # type: ignore[attr-defined]
+    return fields[-2:] == ("entries", "pairs")
 
 
 def bad_number(obj: Any) -> str | None:
@@ -88,7 +94,7 @@ def _check(obj: Any) -> list[Any] | None:
         return None
     if isinstance(obj, msgspec.Struct):
         if _is_log(kind):
-            return _tail(_bad_entries(obj.entries), ".entries")
+            return _tail(_bad_entries(obj.entries), ".entries")  # type: ignore[attr-defined]
         for name in _fields(kind):
             bad = _check(getattr(obj, name))
             if bad is not None:
