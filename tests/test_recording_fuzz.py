@@ -42,6 +42,9 @@ hostile_batches = st.sampled_from(
         msgspec.structs.replace(batch(3), wall_offset=NAN),
         msgspec.structs.replace(batch(3), time=INF),
         msgspec.structs.replace(batch(3), time=-1e300),
+        msgspec.structs.replace(batch(11), time=9e14),  # finite, in range, past any calendar
+        msgspec.structs.replace(batch(11), time=-9e14, wall_offset=-9e14),
+        msgspec.structs.replace(batch(11), log=[wire.LogChunk(11, 2**62, [2**62, 2**62 + 1], True)]),
         msgspec.structs.replace(batch(3), telemetry=wire.Telemetry(time=NAN)),
         msgspec.structs.replace(batch(3), v=wire.PROTOCOL_VERSION + 7),
         msgspec.structs.replace(batch(3), log=[wire.LogChunk(5, 2**62, [2**63 - 1, (7, NAN)], False)]),

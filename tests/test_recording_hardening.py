@@ -201,6 +201,21 @@ def test_a_killed_writer_reads_as_cut_with_where(tmp_path: Path, capsys: pytest.
     assert "3.9 s in" in cut[0], cut  # the last batch's time, from the first
 
 
+@pytest.mark.parametrize("at", [9e14, -9e14])
+def test_a_cut_recording_whose_clock_is_past_any_calendar_still_says_where(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], at: float
+) -> None:
+    data = rec.header() + rec.frame(wire.encode(hello()))
+    for k in range(5):
+        data += rec.frame(wire.encode(msgspec.structs.replace(batch(k), time=at + k)))
+    path = tmp_path / "rank0" / "full-000000.ttrec"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)  # no end marker
+    assert main(["report", str(tmp_path), "--history"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "recording cut at" in err, err
+
+
 # -- memory: bounded by what is shown, not by the run's length -----------------------------------
 def _peak(fn: Callable[..., object], *args: object) -> int:
     tracemalloc.start()

@@ -260,7 +260,10 @@ def _cut_line(seg: Segment, index: _Index, step_counts: Sequence[int]) -> str:
         return f"recording cut in {segment}{mid} (no end marker: the run was killed?)"
     first = index.times[_first_batch(index) or 0]
     at = index.times[last]
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    try:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    except (OverflowError, OSError, ValueError):  # a time no calendar holds (a damaged clock)
+        stamp = f"unix time {at:.1f}"
     return (
         f"recording cut at {stamp} ({at - first:.1f} s in, after step {step_counts[last]}) "
         f"in {segment}{mid} (no end marker: the run was killed?)"
