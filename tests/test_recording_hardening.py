@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -163,6 +164,14 @@ def test_frames_after_a_storm_of_random_sync_words_are_found(tmp_path: Path) -> 
     segment.write_bytes(data[:cut] + storm + data[cut:])
     pb, _ = load(tmp_path)
     assert [s.i for p in pb.play() for s in p.steps] == list(range(100))
+
+
+def test_a_fifo_named_like_a_segment_does_not_hang_a_reader(tmp_path: Path) -> None:
+    write(tmp_path, 3)
+    os.mkfifo(tmp_path / "rank0" / "full-000001.ttrec")
+    pb, _ = load(tmp_path)
+    assert sum(len(p.steps) for p in pb.play()) == 30
+    assert any("not a regular file" in w for w in pb.warnings), pb.warnings
 
 
 # -- the end marker: a cut run says so, and where --------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Iterator
@@ -245,11 +246,14 @@ def iter_segment(path: Path, seg: Segment) -> Iterator[tuple[int, wire.Hello | w
     does not read; OSError: the file cannot be read."""
     from torchtop.agent.contract.recording_compat import decoder_for
 
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size < HEADER_BYTES:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as fh:  # non-blocking: a FIFO named like a segment must not hang a reader
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RecordingError(f"{path}: not a regular file")
+        if st.st_size < HEADER_BYTES:
             seg.header = check_header(fh.read(HEADER_BYTES), str(path))
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     try:
         seg.header = check_header(mm[:HEADER_BYTES], str(path))
         decode = decoder_for(seg.header.protocol)
