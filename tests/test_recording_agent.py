@@ -148,6 +148,8 @@ def test_a_killed_run_loses_at_most_the_last_second(tmp_path: Path, subprocess_e
     last_end = steps[-1].t0 + steps[-1].wall_ns / 1e9
     assert killed_at - last_end < 1.0, f"the recording ends {killed_at - last_end:.2f} s before the kill"
     assert [s.i for s in steps] == list(range(len(steps)))
+    cut = [w for w in playback.warnings if "recording cut at" in w]  # the kill is said, with where
+    assert len(cut) == 1 and "after step " in cut[0] and "the run was killed?" in cut[0], cut
 
 
 def test_a_monitor_records_what_it_receives(tmp_path: Path) -> None:

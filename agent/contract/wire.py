@@ -12,6 +12,8 @@ from typing import Any, Union
 
 import msgspec
 
+from torchtop.agent.contract.numbers import FLOAT_LIMIT, bad_number
+
 PROTOCOL_VERSION = 5
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: The most steps a `snapshot` request may ask for.
@@ -377,8 +379,10 @@ def encode(msg: Message) -> bytes:
     return _encoder.encode(msg)
 
 
-def decode(frame: bytes) -> Message:
-    """Decode and validate one frame; raise WireError with a readable reason otherwise."""
+def decode(frame: bytes, versions: tuple[int, ...] = (PROTOCOL_VERSION,)) -> Message:
+    """Decode and validate one frame (its numbers too: numbers.py); raise WireError with a
+    readable reason otherwise. `versions`: the protocol versions accepted (a recording's
+    reader accepts older ones it can upgrade: recording_compat.py)."""
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise WireError(f"frame is {type(frame).__name__}, not bytes")
     if len(frame) > MAX_FRAME_BYTES:
@@ -387,12 +391,16 @@ def decode(frame: bytes) -> Message:
         header = _header_decoder.decode(frame)
     except _DECODE_ERRORS as exc:
         raise WireError(f"malformed frame: {exc}") from None
-    if header.v != PROTOCOL_VERSION:
+    if header.v not in versions:
         raise WireError(
             f"protocol version {header.v}, this torchtop speaks {PROTOCOL_VERSION}: "
             "install the same torchtop version on both sides"
         )
     try:
-        return _decoder.decode(frame)
+        msg = _decoder.decode(frame)
     except _DECODE_ERRORS as exc:
         raise WireError(f"invalid message: {exc}") from None
+    bad = bad_number(msg)
+    if bad is not None:
+        raise WireError(f"invalid message: {bad[:200]} (a number must be finite and within ±{FLOAT_LIMIT:g})")
+    return msg

@@ -33,6 +33,8 @@ class Recorder(threading.Thread):
         super().__init__(name="torchtop-recorder", daemon=True)
         self.writer = RecordingWriter(path, rank, max_bytes)  # OSError: the caller says so
         self.directory = self.writer.directory
+        if self.writer.note:  # not where asked: say where it went, and why
+            warn(self.writer.note)
         self.queue: queue.Queue[tuple[wire.Hello | wire.Batch, bytes | None] | None] = queue.Queue(
             QUEUE_ITEMS
         )

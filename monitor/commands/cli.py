@@ -89,7 +89,7 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
 def _recording(target: str | None) -> bool:
     from pathlib import Path
 
-    from torchtop.agent.contract.recording_store import is_recording
+    from torchtop.agent.contract.recording_reader import is_recording
 
     return bool(target) and is_recording(Path(target))  # type: ignore[arg-type]
 

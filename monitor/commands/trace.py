@@ -12,6 +12,8 @@ import argparse
 import gzip
 import json
 import sys
+from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load_ranks(paths: list[str]) -> tuple[list[Any], list[str]]:
-    """Every rank of every recording as a RankTrace (steps replayed, telemetry), and warnings."""
-    from torchtop.agent.contract import wire
-    from torchtop.agent.contract.recording_store import open_recording, read_rank
+def open_ranks(paths: list[str]) -> tuple[list[tuple[Any, Any]], list[str]]:
+    """Every rank of every recording as (RankTrace without steps, Playback: an index, not the
+    messages), and the warnings."""
+    from torchtop.agent.contract.recording_reader import open_recording, read_rank
     from torchtop.monitor.export.perfetto import RankTrace
     from torchtop.monitor.model.playback import Playback
 
@@ -44,14 +46,32 @@ def load_ranks(paths: list[str]) -> tuple[list[Any], list[str]]:
         for rank, where in open_recording(Path(path)).items():
             pb = Playback(read_rank(where))
             warnings += pb.warnings
-            r = RankTrace(rank, pb.hello)
-            for p in pb.play():
-                if isinstance(p.msg, wire.Batch):
-                    r.steps += p.steps
-                    if p.msg.telemetry is not None:
-                        r.telemetry.append(p.msg.telemetry)
-            out.append(r)
+            out.append((RankTrace(rank, pb.hello), pb))
     return out, warnings
+
+
+def _chunks(pb: Any, counts: list[int]) -> Iterator[tuple[list[Any], list[Any]]]:
+    """A recording's steps and telemetry, batch by batch (`counts[0]` counts the steps)."""
+    from torchtop.agent.contract import wire
+
+    for p in pb.play():
+        if isinstance(p.msg, wire.Batch):
+            counts[0] += len(p.steps)
+            yield p.steps, [p.msg.telemetry] if p.msg.telemetry is not None else []
+
+
+def _start(pb: Any) -> float | None:
+    """The earliest time a rank's trace shows: its first step's start or first sample."""
+    step = sample = None
+    for steps, telemetry in _chunks(pb, [0]):
+        if steps and step is None:
+            step = steps[0].t0
+        if telemetry and sample is None:
+            sample = telemetry[0].time
+        if step is not None and sample is not None:
+            break
+    found = [x for x in (step, sample) if x is not None]
+    return min(found) if found else None
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -65,24 +85,37 @@ def read_json(path: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from torchtop.agent.contract.recording import RecordingError
-    from torchtop.monitor.export.perfetto import chrome_trace
+    from torchtop.monitor.export.perfetto import capture_events, capture_start, rank_events, write_trace
 
     if not args.paths and not args.capture:
         print("torchtop: give recordings and/or --capture traces to convert", file=sys.stderr)
         return EXIT_USAGE
     try:
-        ranks, warnings = load_ranks(args.paths)
+        ranks, warnings = open_ranks(args.paths)
         captures = [read_json(c) for c in args.capture]
     except (RecordingError, OSError, ValueError) as exc:
         print(f"torchtop: {exc}", file=sys.stderr)
         return EXIT_USAGE
     for line in warnings:
         print(f"torchtop: {line}", file=sys.stderr)
-    trace = chrome_trace(ranks, captures)
+    starts = [x for _, pb in ranks for x in [_start(pb)] if x is not None]
+    starts += [x for x in map(capture_start, captures) if x is not None]
+    origin = min(starts) if starts else 0.0
+    for k, (r, _) in enumerate(ranks, 1):  # 0 is not a good pid for every viewer
+        r.pid = k
+    counts = [0]
+    events = chain(
+        *(rank_events(r, _chunks(pb, counts), origin) for r, pb in ranks),
+        *(capture_events(c, [r for r, _ in ranks], origin) for c in captures),
+    )
     opener = gzip.open if args.output.endswith(".gz") else open
-    with opener(args.output, "wt", encoding="utf-8") as fh:  # type: ignore[operator]
-        json.dump(trace, fh)
-    steps = sum(len(r.steps) for r in ranks)
+    try:
+        with opener(args.output, "wt", encoding="utf-8") as fh:  # type: ignore[operator]
+            write_trace(fh, events, origin)
+    except OSError as exc:
+        print(f"torchtop: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    steps = counts[0]
     print(
         f"torchtop trace: {args.output}: {len(ranks)} rank(s), {steps} steps"
         + (f", {len(captures)} capture(s)" if captures else "")

@@ -11,7 +11,9 @@ merged in on the same clock: its events move into the process of the rank that t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,8 +58,8 @@ def step_events(rank: RankTrace, origin: float) -> list[dict[str, Any]]:
             args["phases_ms"] = {p: round(s.phases.get(p, 0) / 1e6, 4) for p in PHASES}
         if s.device_ms:
             args["device_ms"] = {k: round(v, 4) for k, v in s.device_ms.items()}
-        if s.marks:
-            args["marks"] = dict(s.marks)
+        if s.marks:  # a NaN loss is news, but not valid JSON: said as a string
+            args["marks"] = {k: v if math.isfinite(v) else str(v) for k, v in s.marks.items()}
         if s.micro != 1:
             args["micro_batches"] = s.micro
         name = f"{'eval' if s.kind == 'eval' else 'step'} {s.i}"
@@ -173,6 +175,38 @@ def capture_start(trace: dict[str, Any]) -> float | None:
     return (min(stamps) + base_us) / 1e6 if stamps else None
 
 
+def metadata_events(r: RankTrace) -> list[dict[str, Any]]:
+    return [
+        {"ph": "M", "name": "process_name", "pid": r.pid, "tid": 0, "args": {"name": r.label}},
+        {"ph": "M", "name": "process_sort_index", "pid": r.pid, "tid": 0, "args": {"sort_index": r.rank}},
+        {"ph": "M", "name": "thread_name", "pid": r.pid, "tid": STEPS_TID, "args": {"name": "steps"}},
+    ]
+
+
+def write_trace(fh: Any, events: Iterable[dict[str, Any]], origin: float) -> None:
+    """The trace to a text file, one event at a time: memory bounded by one event, whatever
+    the recording's length (what chrome_trace returns, as JSON)."""
+    fh.write('{"traceEvents": [')
+    sep = "\n"
+    for e in events:
+        fh.write(sep)
+        fh.write(json.dumps(e, separators=(",", ":")))
+        sep = ",\n"
+    other = json.dumps({"producer": "torchtop", "origin_unix_s": origin})
+    fh.write(f'\n], "displayTimeUnit": "ms", "otherData": {other}}}\n')
+
+
+def rank_events(
+    r: RankTrace, chunks: Iterable[tuple[list[StepRecord], list[Telemetry]]], origin: float
+) -> Iterator[dict[str, Any]]:
+    """A rank's metadata, then its steps and counters chunk by chunk (a recording's batches)."""
+    yield from metadata_events(r)
+    for steps, telemetry in chunks:
+        part = RankTrace(r.rank, r.hello, steps, telemetry, r.pid)
+        yield from step_events(part, origin)
+        yield from counter_events(part, origin)
+
+
 def chrome_trace(ranks: list[RankTrace], captures: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
     """The whole trace: metadata, then each rank's steps and counters, then the captures."""
     captures = list(captures)
@@ -183,13 +217,7 @@ def chrome_trace(ranks: list[RankTrace], captures: Iterable[dict[str, Any]] = ()
     for k, r in enumerate(ranks, 1):  # 0 is not a good pid for every viewer
         r.pid = k
     for r in ranks:
-        events.append({"ph": "M", "name": "process_name", "pid": r.pid, "tid": 0, "args": {"name": r.label}})
-        events.append(
-            {"ph": "M", "name": "process_sort_index", "pid": r.pid, "tid": 0, "args": {"sort_index": r.rank}}
-        )
-        events.append(
-            {"ph": "M", "name": "thread_name", "pid": r.pid, "tid": STEPS_TID, "args": {"name": "steps"}}
-        )
+        events += metadata_events(r)
         events += step_events(r, origin)
         events += counter_events(r, origin)
     for c in captures:

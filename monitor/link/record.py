@@ -23,6 +23,7 @@ class MonitorRecorder:
         self.max_bytes = max_bytes
         self.writer: RecordingWriter | None = None
         self.error = ""  # why recording stopped, once it did
+        self.note = ""  # where the recording went instead of `path`, and why (it was not private)
 
     def _write(self, msg: wire.Hello | wire.Batch) -> None:
         if self.error:
@@ -30,6 +31,7 @@ class MonitorRecorder:
         try:
             if self.writer is None:
                 self.writer = RecordingWriter(self.path, msg.rank, self.max_bytes)
+                self.note = self.writer.note
             self.writer.write(msg)
         except OSError as exc:
             self.error = f"recording to {self.path} stopped: {exc.strerror or exc}"

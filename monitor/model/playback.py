@@ -9,13 +9,14 @@ replay TUI walks it at a chosen speed and seeks by time or step (`position_of_st
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchtop.agent.contract import wire
-from torchtop.agent.contract.recording_store import RankRecording, open_recording, read_rank
+from torchtop.agent.contract.recording_reader import NO_TIME, RankRecording, open_recording, read_rank
 from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.state import RunState
 from torchtop.monitor.model.steps import StepRecord
@@ -39,18 +40,14 @@ class Playback:
         self.recording = recording
         self.messages = recording.messages
         self.warnings = recording.warnings
-        self.times: list[float] = []  # per message: its batch time (a hello: the batch before it)
-        self.step_counts: list[int] = []  # per message: the agent's step count after it
-        t, n = float("-inf"), 0
-        for m in self.messages:
-            if isinstance(m, wire.Batch):
-                t = m.time
-                for c in m.log:
-                    n = max(n, c.steps)
+        # per message: its batch time (a hello: the batch before it, or the first batch's)
+        self.times = array("d")
+        self.step_counts = recording.step_counts  # per message: the agent's step count after it
+        first = next((x for x in recording.times if x != NO_TIME), 0.0)
+        t = first
+        for x in recording.times:
+            t = t if x == NO_TIME else x
             self.times.append(t)
-            self.step_counts.append(n)
-        first = next((m.time for m in self.messages if isinstance(m, wire.Batch)), 0.0)
-        self.times = [first if x == float("-inf") else x for x in self.times]
 
     @property
     def hello(self) -> wire.Hello | None:

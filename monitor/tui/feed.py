@@ -172,8 +172,9 @@ def _loop(
         if recorder is not None:
             for got in batches:
                 recorder.batch(got.batch)
-            if recorder.error and recorder.error != record_error:
-                record_error = recorder.error
+            said = recorder.error or recorder.note  # stopped, or not where asked: said once
+            if said and said != record_error:
+                record_error = said
                 post(FeedError(record_error))
         now = time.monotonic()
         if batches or client.bad_frames != bad_seen:
