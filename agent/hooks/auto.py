@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
     from torch.utils.hooks import RemovableHandle
 
+    from torchtop.agent.hooks.waits import Waits
+
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 
@@ -58,6 +60,7 @@ class AutoHooks:
             None  # set by compiled.py: finds modules compiled before start()
         )
         self._scanned = False
+        self.waits: Waits | None = None  # collective waits (waits.py), set at install
         self.compiling = compiling_check(torch)
         self._dynamo = dynamo_check(torch)
 
@@ -89,6 +92,7 @@ class AutoHooks:
         self._patched.clear()
         self._once.clear()
         self.scan_compiled = None
+        self.waits = None
         self.probe.depth = 0
         self.optimizers.uninstall()
 
@@ -97,6 +101,8 @@ class AutoHooks:
         look for modules compiled in place before start() (no hook of ours runs in their calls)
         and time them from then on. Only then: the walk over the garbage collector's objects
         holds the GIL for tens of milliseconds."""
+        if self.waits is not None:
+            self.waits.tick()
         if self._scanned or self.probe.steps < DISCOVERY_STEPS:
             return
         self._scanned = True
@@ -267,6 +273,10 @@ class AutoHooks:
         wait = BackwardWait(self.probe, self.torch)
         self._setattr(autograd, "backward", timed_backward(self.probe, autograd.backward, wait.arm))
         patch_collectives(self.probe, self.torch, self._setattr)
+        from torchtop.agent.hooks.waits import Waits
+
+        self.waits = Waits(self.probe, self.torch, self._setattr)
+        self.waits.install()
         # a gradient penalty's autograd.grad is backward time, not another micro-batch
         self._setattr(autograd, "grad", timed(self.probe, BACKWARD, autograd.grad, enter=GRAD))
 
