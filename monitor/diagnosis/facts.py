@@ -67,7 +67,11 @@ THRESHOLDS: dict[str, float] = {
     "straggler_warning": 0.10,
     "straggler_critical": 0.20,
     "straggler_min_ms": 0.2,  # ... and at least this long (sub-ms jitter on fast steps is noise)
-    "straggler_explained": 0.3,  # its slowest phase's excess explains at least this share of the wait
+    "straggler_explained": 0.3,
+    # the straggler's work a step (tokens, else samples) vs the median other rank's: at or above
+    # this ratio it is given more work (uneven packing), within `work_same` it is slower at the same
+    "work_imbalance": 1.25,
+    "work_same": 0.10,  # its slowest phase's excess explains at least this share of the wait
     # why.py: stack samples and sync windows (docs/why.md)
     "min_stack_samples": 20,  # fewer samples in the judged steps: no sync or host-code finding
     "min_phase_samples": 8,  # fewer in a phase: its sites are not named

@@ -12,6 +12,7 @@ from typing import Any
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.in_job import rank_diagnosis
 from torchtop.monitor.diagnosis.report import build_report
 from torchtop.monitor.diagnosis.straggler import (
     Straggler,
@@ -67,9 +68,18 @@ def member_status(m: Member, now: float) -> str:
     return m.state.connection(now)
 
 
-def _rank_entry(m: Member, seconds: float, window: float, now: float) -> dict[str, Any]:
+def _rank_entry(
+    m: Member,
+    seconds: float,
+    window: float,
+    now: float,
+    judged: tuple[Diagnosis, Straggler | None, dict[int, RankTimes]],
+) -> dict[str, Any]:
     hello = m.hello
     report = build_report(m.state, seconds, m.key, window=window)
+    job, found, times = judged
+    if m.rank is not None:  # the rank's line agrees with the job's
+        report |= rank_diagnosis(diagnose(m.state), m.rank, job, found, times).to_json()
     t = m.stats.window(window)
     keep = (
         "steps", "steps_in_full", "timed_steps", "step_time_ms", "steps_per_s", "breakdown", "phase_ms", "device_ms",
@@ -117,7 +127,7 @@ def build_job_report(
         "world_size": max((m.hello.world_size for m in job.ranked() if m.hello), default=0),
         "nodes": sorted({m.node for m in job.ranked()}),
         "device": aggregate["device"],
-        "ranks": [_rank_entry(m, seconds, window, now) for m in job.ranked()],
+        "ranks": [_rank_entry(m, seconds, window, now, (diagnosis, found, times)) for m in job.ranked()],
         "job": {
             k: aggregate[k]
             for k in (

@@ -40,6 +40,7 @@ from torchtop.agent.contract.logcodes import (
     TIMED_PHASES,
     TIMING_RESUMED,
     UNTIMED_END,
+    WORK,
 )
 from torchtop.monitor.model.steps import StepKind, StepRecord
 
@@ -169,6 +170,9 @@ class StepRecorder:
         elif code == MARK:
             assert e is not None
             self.add_mark(str(e[1]), e[2])
+        elif code == WORK:
+            assert e is not None
+            self.add_work(int(e[1]), int(e[2]), int(e[3]))
         elif code == OPEN_STEP:
             self.explicit = True
             self.open_step(now)
@@ -277,6 +281,15 @@ class StepRecorder:
         """An optimizer step that GradScaler skipped (inf/NaN gradients)."""
         extra = self._extras()
         extra["skipped"] = extra.get("skipped", 0) + 1
+
+    def add_work(self, samples: int, tokens: int, seq: int) -> None:
+        """A root forward's batch: samples and tokens add up over micro-batches."""
+        if samples < 0 or tokens < 0 or seq < 0:
+            raise ValueError("negative work")
+        extra = self._extras()
+        extra["samples"] = extra.get("samples", 0) + samples
+        extra["tokens"] = extra.get("tokens", 0) + tokens
+        extra["seq"] = max(extra.get("seq", 0), seq)
 
     def add_mark(self, name: str, value: Any) -> None:
         """A user scalar for this step."""
@@ -392,4 +405,9 @@ def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
         record.skipped = extra.get("skipped", 0)
         record.h2d_bytes = {k: extra[k] for k in ("pinned", "pageable") if k in extra}
         record.marks = dict(extra.get("marks", {}))
+        record.samples, record.tokens, record.seq = (
+            extra.get("samples", 0),
+            extra.get("tokens", 0),
+            extra.get("seq", 0),
+        )
     return record
