@@ -40,7 +40,7 @@ def _waiting_ranks_say_so(ranks: dict[int, dict]) -> None:
 
 
 def test_fsdp_slow_forward_is_named(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    with ddp_job(tmp_path, subprocess_env, *FSDP, "--slow", "forward", "--extra", "40"):
+    with ddp_job(tmp_path, subprocess_env, *FSDP, "--slow", "forward", "--extra", "120"):
         report = job_report(subprocess_env)
     ranks = _named(report, "forward")
     assert report["verdict"]["kind"] == "straggler"
@@ -53,7 +53,7 @@ def test_fsdp_slow_forward_is_named(tmp_path: Path, subprocess_env: dict[str, st
 
 
 def test_fsdp_slow_backward_is_named(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    with ddp_job(tmp_path, subprocess_env, *FSDP, "--slow", "backward", "--extra", "40"):
+    with ddp_job(tmp_path, subprocess_env, *FSDP, "--slow", "backward", "--extra", "120"):
         report = job_report(subprocess_env)
     ranks = _named(report, "backward")
     bwd = {r: e["phase_ms"]["backward"] for r, e in ranks.items()}

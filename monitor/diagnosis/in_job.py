@@ -45,12 +45,12 @@ def rank_diagnosis(
     times: dict[int, RankTimes],
 ) -> Diagnosis:
     """What `rank`'s line says inside its job (its own flags kept)."""
-    if own.verdict.kind == "unknown":
-        return own
-    if found is not None:
+    if found is not None:  # judged over the job's window, even while this rank's own is warming up
         if rank == found.rank:
             return Diagnosis(job.verdict, own.flags, own.steps)
         return Diagnosis(waiting_finding(rank, found, times, job.verdict), own.flags, own.steps)
+    if own.verdict.kind == "unknown":
+        return own
     t = times.get(rank)
     waits = t is not None and t.step_ms > 0 and t.comm_ms / t.step_ms >= T["straggler_info"]
     if own.verdict.kind in COMM_MIMICS and waits:
