@@ -46,6 +46,9 @@ class AutoHooks:
         self.torch = torch
         self.want_h2d = h2d
         self._undo: list[Callable[[], object]] = []
+        from torchtop.agent.hooks.work import bind
+
+        bind(torch.Tensor)
         self._roots: dict[int, weakref.ref[nn.Module]] = {}
         self._slots: dict[int, int] = {}  # id(root module) -> its slot in the log's codes
         self._not_roots: set[int] = set()  # parameterless modules called on their own

@@ -20,14 +20,23 @@ if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe
 
 
+_tensor: type = type(None)  # torch.Tensor, set by `bind` (this module does not import torch)
+
+
+def bind(tensor_type: type) -> None:
+    global _tensor
+    _tensor = tensor_type
+
+
 def _first_tensor(values: Any) -> Any:
+    is_tensor = _tensor
     for v in values:
-        if hasattr(v, "shape") and hasattr(v, "is_floating_point"):
+        if isinstance(v, is_tensor):
             return v
         if isinstance(v, dict):
-            v = next((x for x in v.values() if hasattr(x, "shape") and hasattr(x, "is_floating_point")), None)
+            v = next((x for x in v.values() if isinstance(x, is_tensor)), None)
         elif isinstance(v, (list, tuple)):
-            v = next((x for x in v if hasattr(x, "shape") and hasattr(x, "is_floating_point")), None)
+            v = next((x for x in v if isinstance(x, is_tensor)), None)
         else:
             continue
         if v is not None:
@@ -37,13 +46,11 @@ def _first_tensor(values: Any) -> Any:
 
 def shape_work(t: Any) -> tuple[int, int, int] | None:
     """(samples, tokens, sequence) of a batch tensor; tokens and sequence 0 where it has none."""
-    shape = tuple(t.shape)
-    if not shape:
-        return None
+    shape = t.shape
     n = len(shape)
     if n == 3 or (n == 2 and not t.is_floating_point()):
         return shape[0], shape[0] * shape[1], shape[1]
-    return shape[0], 0, 0
+    return (shape[0], 0, 0) if n else None
 
 
 def log_work(probe: Probe, module: Any, *args: Any, **kwargs: Any) -> None:
@@ -53,8 +60,14 @@ def log_work(probe: Probe, module: Any, *args: Any, **kwargs: Any) -> None:
         t = _first_tensor(kwargs.values())
     if t is None:
         return
-    work = shape_work(t)
-    if work is not None:
-        a = probe._append  # a tuple: never an event (probe.put would take it for a time)
-        a(perf_counter_ns())
-        a((WORK, *work))
+    shape = t.shape
+    n = len(shape)
+    if n == 3 or (n == 2 and not t.is_floating_point()):
+        item = (WORK, shape[0], shape[0] * shape[1], shape[1])
+    elif n:
+        item = (WORK, shape[0], 0, 0)
+    else:
+        return
+    a = probe._append  # a tuple: never an event (probe.put would take it for a time)
+    a(perf_counter_ns())
+    a(item)
