@@ -165,3 +165,54 @@ def test_shape_work_reads_tokens_only_where_there_is_a_sequence() -> None:
     assert shape_work(torch.zeros(8, 3, 32, 32)) == (8, 0, 0)  # images: samples only
     assert shape_work(torch.zeros(8, 64)) == (8, 0, 0)  # features
     assert shape_work(torch.tensor(1.0)) is None
+
+
+def test_a_named_collective_counts_for_its_group_with_its_nested_wait() -> None:
+    """COMM (the collective), COMM_GROUP, a nested COMM (its Work.wait), the exits: the group
+    gets the outer span; a bare Work.wait (no group) adds to comm only."""
+    from torchtop.agent.contract.logcodes import COMM_GROUP
+
+    log = [
+        _at(100, BOUNDARY),
+        _at(110, COMM),
+        (_at(111, COMM_GROUP), "tp"),
+        _at(112, COMM),
+        _at(140, EXIT | COMM),
+        _at(141, EXIT | COMM),
+        _at(150, COMM),
+        _at(160, EXIT | COMM),
+        _at(200, BOUNDARY),
+    ]
+    (raw,) = StepRecorder().feed(log)
+    rec = to_record(raw, 0.0, 0)
+    assert rec.phases["comm"] == 41
+    assert rec.comm_groups == {"tp": 30}
+
+
+def test_collectives_are_split_by_the_device_meshs_group(agent) -> None:
+    """A real (one-rank) gloo group and a device mesh named dp: its collectives count for dp."""
+    torch = pytest.importorskip("torch")
+    dist = torch.distributed
+    from tests.agent_util import free_port, mlp, snapshot_steps
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        group = mesh.get_group("dp")
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(8):
+            loss = model(torch.randn(4, 32)).pow(2).mean()
+            loss.backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad, group=group)
+            dist.all_reduce(torch.ones(1))  # the default group
+            opt.step()
+            opt.zero_grad()
+        steps = [s for s in snapshot_steps(agent, 8) if s.phases]
+    finally:
+        dist.destroy_process_group()
+    assert steps and all(set(s.comm_groups) == {"dp", "world"} for s in steps), [s.comm_groups for s in steps]
+    assert all(sum(s.comm_groups.values()) <= s.phases["comm"] for s in steps)

@@ -6,7 +6,7 @@ thread wrote it (`wire.LogChunk`) and the monitor replays it into steps
 item is that int: (stamp, device ms) on a step with CUDA events, the device time being from the
 step's STEP_EVENT (None when unknown); (stamp, device ms, record ns) for BOUNDARY and STEP_END;
 (stamp, host ns, bytes, pinned, device ms) for H2D_COPY; (stamp, name, value) for MARK;
-(stamp, samples, tokens, sequence) for WORK. The
+(stamp, samples, tokens, sequence) for WORK; (stamp, name) for COMM_GROUP. The
 training thread writes each entry as two items, a time and a code (agent/hooks/probe.py);
 `to_entries` packs them. Imports only the standard library.
 
@@ -34,6 +34,7 @@ SHIFT = 8
 MASK = (1 << SHIFT) - 1
 EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
 GRAD = 6  # opens BACKWARD for torch.autograd.grad: backward time, but not a micro-batch
+COMM_GROUP = 19  # (stamp, group name): the collective just entered runs on this process group (dp, tp...)
 OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
 BOUNDARY = 21  # a training step ends here
 SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)

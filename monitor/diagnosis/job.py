@@ -98,9 +98,21 @@ def _rank_entry(
         "busy_ms": round(t.busy_ms, 4),
     }
     entry |= {k: report[k] for k in keep}
+    entry["comm_by_group_ms"] = comm_by_group(m, window)
+    entry["work"] = t.work.to_json() if t.work is not None else None
     if m.error:
         entry["error"] = m.error
     return entry
+
+
+def comm_by_group(m: Member, window: float) -> dict[str, float]:
+    """Host ms a timed step in the named collectives of each process group (dp, tp, pp...)."""
+    timed = [s for s in m.state.summary(window).in_full if s.phases]
+    total: dict[str, int] = {}
+    for s in timed:
+        for name, ns in s.comm_groups.items():
+            total[name] = total.get(name, 0) + ns
+    return {k: round(v / len(timed) / 1e6, 4) for k, v in sorted(total.items())} if timed else {}
 
 
 def build_job_report(

@@ -34,3 +34,4 @@ class StepRecord(msgspec.Struct, omit_defaults=True, gc=False):
     samples: int = 0
     tokens: int = 0
     seq: int = 0  # the longest sequence
+    comm_groups: dict[str, int] = {}  # host ns of the named collectives, by process group (dp, tp, pp...)
