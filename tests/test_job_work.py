@@ -190,7 +190,8 @@ def test_a_named_collective_counts_for_its_group_with_its_nested_wait() -> None:
 
 
 def test_collectives_are_split_by_the_device_meshs_group(agent) -> None:
-    """A real (one-rank) gloo group and a device mesh named dp: its collectives count for dp."""
+    """A real (one-rank) gloo group and a device mesh named dp: its collectives count for dp (a
+    mesh that spans the world reuses the default group: that is dp too); another group by its name."""
     torch = pytest.importorskip("torch")
     dist = torch.distributed
     from tests.agent_util import free_port, mlp, snapshot_steps
@@ -201,6 +202,7 @@ def test_collectives_are_split_by_the_device_meshs_group(agent) -> None:
 
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
         group = mesh.get_group("dp")
+        other = dist.new_group([0], group_desc="experts")
         model = mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         for _ in range(8):
@@ -208,11 +210,12 @@ def test_collectives_are_split_by_the_device_meshs_group(agent) -> None:
             loss.backward()
             for p in model.parameters():
                 dist.all_reduce(p.grad, group=group)
-            dist.all_reduce(torch.ones(1))  # the default group
+            dist.all_reduce(torch.ones(1))  # the default group: the mesh's too
+            dist.all_reduce(torch.ones(1), group=other)
             opt.step()
             opt.zero_grad()
         steps = [s for s in snapshot_steps(agent, 8) if s.phases]
     finally:
         dist.destroy_process_group()
-    assert steps and all(set(s.comm_groups) == {"dp", "world"} for s in steps), [s.comm_groups for s in steps]
+    assert steps and all(set(s.comm_groups) == {"dp", "experts"} for s in steps), [s.comm_groups for s in steps]
     assert all(sum(s.comm_groups.values()) <= s.phases["comm"] for s in steps)

@@ -29,7 +29,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.logcodes import BACKWARD, COMM, COMM_READY, EXIT
-from torchtop.agent.hooks.groups import log_group
+from torchtop.agent.hooks.groups import log_group, watch_meshes
 from torchtop.agent.hooks.probe import current
 from torchtop.agent.hooks.timed import _TIMED
 from torchtop.agent.hooks.wrap import mirror, note_phase, signature_wrapper
@@ -155,6 +155,7 @@ def patch_collectives(probe: Probe, torch: Any, setattr_: Callable[[Any, str, An
             return 0
     except Exception:
         return 0
+    watch_meshes(torch, setattr_)
     n = 0
     for name in COLLECTIVES:
         orig = getattr(dist, name, None)

@@ -9,6 +9,8 @@ as the job), so a timed call costs a dict lookup and two appends.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
@@ -18,10 +20,50 @@ if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe
 
 _names: dict[int, str] = {}
+# device meshes made since start (a mesh that spans the world reuses the default group, whose
+# description then says nothing of the mesh: the mesh names it)
+_meshes: list[weakref.ref[Any]] = []
+
+
+def watch_meshes(torch: Any, setattr_: Callable[[Any, str, Any], None]) -> None:
+    """Keep each DeviceMesh made from now on (weakly), to name its groups by its dimensions."""
+    cls = getattr(getattr(getattr(torch, "distributed", None), "device_mesh", None), "DeviceMesh", None)
+    init = getattr(cls, "__init__", None)
+    if cls is None or init is None:
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        try:
+            if len(_meshes) < 64:
+                _meshes.append(weakref.ref(self))
+        except Exception:
+            pass
+
+    try:
+        setattr_(cls, "__init__", __init__)
+    except Exception:
+        pass
+
+
+def _mesh_dim(group: Any) -> str | None:
+    for ref in _meshes:
+        mesh = ref()
+        names = getattr(mesh, "mesh_dim_names", None) if mesh is not None else None
+        for i, name in enumerate(names or ()):
+            try:
+                if mesh.get_group(i) is group:
+                    return str(name)
+            except Exception:
+                break
+    return None
 
 
 def group_name(group: Any) -> str:
     """`dp`, `tp`, ... for a device mesh's group; `world` for the default one."""
+    dim = _mesh_dim(group if group is not None else _default())
+    if dim is not None:
+        return dim
     if group is None:
         return "world"
     desc = str(getattr(group, "group_desc", "") or "")
@@ -35,6 +77,15 @@ def group_name(group: Any) -> str:
     except Exception:
         pass
     return desc or str(getattr(group, "group_name", "") or "group")
+
+
+def _default() -> Any:
+    try:
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+    except Exception:
+        return None
 
 
 def log_group(probe: Probe, group: Any) -> None:

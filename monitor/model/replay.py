@@ -429,4 +429,5 @@ def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
             extra.get("tokens", 0),
             extra.get("seq", 0),
         )
+        record.comm_groups = dict(extra.get("comm_groups", {}))
     return record
