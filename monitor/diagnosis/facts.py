@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
+    from torchtop.monitor.diagnosis.gpm import GpmFigures
     from torchtop.monitor.diagnosis.upside import Upside
     from torchtop.monitor.diagnosis.why import WhyFacts
 
@@ -79,6 +80,7 @@ THRESHOLDS: dict[str, float] = {
     "sync_flag": 0.05,  # time blocked on the device, share of the step: a flag (info) ...
     # ... and a verdict from input_high (warning) and input_severe (critical); so is host-code:
     # time in user code outside the measured phases, not blocked on the device
+    "mfu_disagree": 0.10,  # counter-based and FLOP-based MFU this far apart: mfu-disagree (info)
     "mfu_low": 0.10,  # MFU under this ...
     "util_busy": 80.0,  # ... while NVML says the GPU is busy at least this: low-mfu (warning)
 }
@@ -154,6 +156,7 @@ class Facts:
     device_ms: dict[str, float] = field(default_factory=dict)
     # None: not known (no NVML, no host sample yet, no run-queue figures)
     gpu_util: float | None = None  # mean NVML utilisation over the window
+    gpm: GpmFigures | None = None  # the GPU's own counters (GPM, Hopper+): monitor/diagnosis/gpm.py
     proc_cpu: float | None = None  # mean training-process CPU percent
     cores: int = 0
     workers: int | None = None  # DataLoader worker processes

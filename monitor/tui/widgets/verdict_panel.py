@@ -54,6 +54,7 @@ FLAG_WORDS = {
     "memory-leak": "memory keeps growing",
     "sync": "waits on the GPU",
     "low-mfu": "busy, little useful work",
+    "mfu-disagree": "MFU: counters and FLOPs disagree",
 }
 
 
