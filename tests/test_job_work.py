@@ -217,5 +217,7 @@ def test_collectives_are_split_by_the_device_meshs_group(agent) -> None:
         steps = [s for s in snapshot_steps(agent, 8) if s.phases]
     finally:
         dist.destroy_process_group()
-    assert steps and all(set(s.comm_groups) == {"dp", "experts"} for s in steps), [s.comm_groups for s in steps]
+    assert steps and all(set(s.comm_groups) == {"dp", "experts"} for s in steps), [
+        s.comm_groups for s in steps
+    ]
     assert all(sum(s.comm_groups.values()) <= s.phases["comm"] for s in steps)
