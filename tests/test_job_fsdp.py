@@ -69,7 +69,8 @@ def test_fsdp_slow_backward_is_named(tmp_path: Path, subprocess_env: dict[str, s
 
 
 def test_fsdp_balanced_job_names_no_straggler(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    with ddp_job(tmp_path, subprocess_env, *FSDP, "--slow", "none"):
+    # a light job: four CPU-bound ranks share two cores, and a rank starved of them is a real straggler
+    with ddp_job(tmp_path, subprocess_env, *FSDP, "--slow", "none", "--hidden", "128"):
         report = _report(subprocess_env)
     ranks = check_ranks(report)
     assert report["straggler"] is None, report["straggler"]
@@ -79,7 +80,7 @@ def test_fsdp_balanced_job_names_no_straggler(tmp_path: Path, subprocess_env: di
 
 
 def test_fsdp_twice_the_tokens_is_work_imbalance(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    with ddp_job(tmp_path, subprocess_env, *FSDP, "--slow", "work", "--seq", "64"):
+    with ddp_job(tmp_path, subprocess_env, *FSDP, "--slow", "work", "--seq", "128"):
         report = _report(subprocess_env)
     ranks = check_ranks(report)
     s = report["straggler"]
@@ -88,7 +89,7 @@ def test_fsdp_twice_the_tokens_is_work_imbalance(tmp_path: Path, subprocess_env:
     v = report["verdict"]
     assert v["kind"] == "work-imbalance"
     assert v["evidence"][0] == (
-        f"rank {SLOW_RANK} processes 2.0x the median rank's tokens (sequence 128 vs 64): balance the packing"
+        f"rank {SLOW_RANK} processes 2.0x the median rank's tokens (sequence 256 vs 128): balance the packing"
     )
     _waiting_ranks_say_so(ranks)
 
