@@ -221,3 +221,18 @@ def test_collectives_are_split_by_the_device_meshs_group(agent) -> None:
         s.comm_groups for s in steps
     ]
     assert all(sum(s.comm_groups.values()) <= s.phases["comm"] for s in steps)
+
+
+def test_a_ranks_work_and_live_throughput_in_the_report() -> None:
+    from torchtop.monitor.diagnosis.job import work_json
+
+    t = times(50.0, 5.0, Work(8, 1024, 128))
+    assert work_json(t) == {
+        "samples": 8,
+        "tokens": 1024,
+        "seq": 128,
+        "samples_per_s": 160.0,
+        "tokens_per_s": 20480.0,
+    }
+    assert work_json(times(50.0, 5.0, Work(8, 0, 0)))["tokens_per_s"] is None  # type: ignore[index]
+    assert work_json(times(50.0, 5.0)) is None

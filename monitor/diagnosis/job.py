@@ -99,10 +99,21 @@ def _rank_entry(
     }
     entry |= {k: report[k] for k in keep}
     entry["comm_by_group_ms"] = comm_by_group(m, window)
-    entry["work"] = t.work.to_json() if t.work is not None else None
+    entry["work"] = work_json(t)
     if m.error:
         entry["error"] = m.error
     return entry
+
+
+def work_json(t: RankTimes) -> dict[str, float] | None:
+    """A rank's work a step and its live throughput (tokens/s where its batches have a sequence)."""
+    if t.work is None:
+        return None
+    out = t.work.to_json()
+    per_s = 1000.0 / t.step_ms if t.step_ms > 0 else 0.0
+    out["samples_per_s"] = round(t.work.samples * per_s, 2)
+    out["tokens_per_s"] = round(t.work.tokens * per_s, 2) if t.work.tokens else None
+    return out
 
 
 def comm_by_group(m: Member, window: float) -> dict[str, float]:
