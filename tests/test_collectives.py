@@ -49,7 +49,7 @@ def test_blocking_collectives_are_comm(agent, group) -> None:
         t = time.perf_counter_ns()
         for p in model.parameters():
             dist.all_reduce(p.grad)
-        dist.all_reduce(torch.ones(1), async_op=True).wait()  # only enqueues: not timed
+        dist.all_reduce(torch.ones(1), async_op=True).wait()  # its wait() is comm too
         waits.append(time.perf_counter_ns() - t)
 
     _loop(12, after_backward=all_reduce_grads)
@@ -95,3 +95,52 @@ def test_identity_comes_from_the_group(agent, group) -> None:
         time.sleep(0.1)
     hello = agent.hello()
     assert hello.backend == "gloo" and hello.rank == 0 and hello.world_size == 1
+
+
+class _WaitsInForward(torch.nn.Module):
+    """A model whose forward waits for a collective: FSDP2's all-gather as the training thread
+    sees it on gloo (an async collective, then `Work.wait`, inside forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp()
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        dist.all_reduce(torch.ones(1), async_op=True).wait()
+        return self.body(x)
+
+
+def test_a_wait_inside_forward_is_comm_not_forward(agent, group) -> None:
+    """Work.wait inside a forward (FSDP2's all-gather on gloo, an async_op collective's wait()):
+    comm, nested in the forward, and the forward keeps only its compute."""
+    model = _WaitsInForward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in tensor_loader(10):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    steps = snapshot_steps(agent, 10)
+    assert len(steps) == 10
+    assert all(s.phases["comm"] > 0 for s in steps), [s.phases for s in steps]
+    assert all(s.phases["forward"] > 0 for s in steps)
+    assert all(sum(s.phases.values()) == s.wall_ns for s in steps)
+
+
+def test_functional_collectives_wait_is_comm(agent, group) -> None:
+    """Tensor parallel's waits: a functional collective's result, waited for on first use
+    (wait_tensor), is comm."""
+    import torch.distributed._functional_collectives as funcol
+
+    agent.hooks.waits.tick()  # imported after start(): the agent thread patches it within a tick
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in tensor_loader(8):
+        h = funcol.all_reduce(x, "sum", dist.group.WORLD)
+        loss = torch.nn.functional.cross_entropy(model(h * 1.0), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    steps = snapshot_steps(agent, 8)
+    assert len(steps) == 8
+    assert all(s.phases["comm"] > 0 for s in steps), [s.phases for s in steps]

@@ -93,3 +93,22 @@ async def test_a_gone_rank_and_other_versions_are_said() -> None:
         assert "is in job another@h:1, not run-1@node0:29500: not shown" in text
         assert "agent gone" in text
         assert "gone: rank 2" in app.status_line.plain()
+
+
+async def test_a_shown_rank_that_waits_for_the_straggler_says_so() -> None:
+    """One rank shown: its verdict is the job's view of it (waiting for rank N), the straggler's
+    own is the job's straggler verdict: the headline and the rank never contradict."""
+    app = JobApp(feed=False, clock=lambda: 0.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _fed(app, pilot, job_events())
+        await pilot.press("right_square_bracket")  # rank 0
+        await pilot.pause(0.2)
+        assert app.shown_member().rank == 0
+        d = app.judge(app.state)
+        assert d.verdict.kind == "waiting", d.verdict
+        assert d.verdict.evidence[0].startswith(f"waiting for rank {SLOW} (35.0 ms a step)"), (
+            d.verdict.evidence
+        )
+        await pilot.press("s")
+        await pilot.pause(0.2)
+        assert app.judge(app.state).verdict.kind == "straggler"

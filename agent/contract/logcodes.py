@@ -5,7 +5,8 @@ thread wrote it (`wire.LogChunk`) and the monitor replays it into steps
 (monitor/model/replay.py). An entry is `perf_counter_ns() << SHIFT | code`, or a tuple whose first
 item is that int: (stamp, device ms) on a step with CUDA events, the device time being from the
 step's STEP_EVENT (None when unknown); (stamp, device ms, record ns) for BOUNDARY and STEP_END;
-(stamp, host ns, bytes, pinned, device ms) for H2D_COPY; (stamp, name, value) for MARK. The
+(stamp, host ns, bytes, pinned, device ms) for H2D_COPY; (stamp, name, value) for MARK;
+(stamp, samples, tokens, sequence) for WORK; (stamp, name) for COMM_GROUP. The
 training thread writes each entry as two items, a time and a code (agent/hooks/probe.py);
 `to_entries` packs them. Imports only the standard library.
 
@@ -33,6 +34,7 @@ SHIFT = 8
 MASK = (1 << SHIFT) - 1
 EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
 GRAD = 6  # opens BACKWARD for torch.autograd.grad: backward time, but not a micro-batch
+COMM_GROUP = 19  # (stamp, group name): the collective just entered runs on this process group (dp, tp...)
 OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
 BOUNDARY = 21  # a training step ends here
 SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)
@@ -44,6 +46,7 @@ STEP_END = 27  # the optimizer phase closes and a training step ends here (EXIT 
 UNTIMED_END = 28  # a training step ends here; its phases were not timed (phase sampling: probe.py)
 TIMING_RESUMED = 29  # phases are timed from here: the open step's earlier phases were not
 COMM_READY = 30  # the open backward's compute is done: the rest of it is collective wait (comm)
+WORK = 31  # (stamp, samples, tokens, sequence): a timed root forward's batch shape (hooks/work.py)
 STEP_ENDS = (BOUNDARY, STEP_END, UNTIMED_END)
 FORWARD_START = 32  # FORWARD_START + 2 * root slot + grad: a root module's forward begins
 MAX_SLOT = (MASK - FORWARD_START) // 2  # root slots 0..MAX_SLOT; slot 0 is phase("forward")

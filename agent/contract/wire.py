@@ -107,6 +107,14 @@ class GpuSample(msgspec.Struct, omit_defaults=True):
     throttle: list[str] = []
     pcie_tx_kbs: float | None = None  # on the slow sampler thread: the call waits in the driver
     pcie_rx_kbs: float | None = None
+    # GPM counters (Hopper+, the slow thread: agent/telemetry/gpm.py): percent, and MiB/s
+    sm_active: float | None = None  # share of SMs busy (NVML's util_gpu is "a kernel ran")
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None  # tensor-pipe activity
+    dram_bw: float | None = None
+    nvlink_tx_mibs: float | None = None
+    nvlink_rx_mibs: float | None = None
+    sm_clock_max_mhz: float | None = None
 
 
 class WorkerSample(msgspec.Struct, omit_defaults=True):

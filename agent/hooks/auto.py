@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
     from torch.utils.hooks import RemovableHandle
 
+    from torchtop.agent.hooks.waits import Waits
+
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 
@@ -44,6 +46,9 @@ class AutoHooks:
         self.torch = torch
         self.want_h2d = h2d
         self._undo: list[Callable[[], object]] = []
+        from torchtop.agent.hooks.work import bind
+
+        bind(torch.Tensor)
         self._roots: dict[int, weakref.ref[nn.Module]] = {}
         self._slots: dict[int, int] = {}  # id(root module) -> its slot in the log's codes
         self._not_roots: set[int] = set()  # parameterless modules called on their own
@@ -58,6 +63,7 @@ class AutoHooks:
             None  # set by compiled.py: finds modules compiled before start()
         )
         self._scanned = False
+        self.waits: Waits | None = None  # collective waits (waits.py), set at install
         self.compiling = compiling_check(torch)
         self._dynamo = dynamo_check(torch)
 
@@ -89,6 +95,7 @@ class AutoHooks:
         self._patched.clear()
         self._once.clear()
         self.scan_compiled = None
+        self.waits = None
         self.probe.depth = 0
         self.optimizers.uninstall()
 
@@ -97,6 +104,8 @@ class AutoHooks:
         look for modules compiled in place before start() (no hook of ours runs in their calls)
         and time them from then on. Only then: the walk over the garbage collector's objects
         holds the GIL for tens of milliseconds."""
+        if self.waits is not None:
+            self.waits.tick()
         if self._scanned or self.probe.steps < DISCOVERY_STEPS:
             return
         self._scanned = True
@@ -267,6 +276,10 @@ class AutoHooks:
         wait = BackwardWait(self.probe, self.torch)
         self._setattr(autograd, "backward", timed_backward(self.probe, autograd.backward, wait.arm))
         patch_collectives(self.probe, self.torch, self._setattr)
+        from torchtop.agent.hooks.waits import Waits
+
+        self.waits = Waits(self.probe, self.torch, self._setattr)
+        self.waits.install()
         # a gradient penalty's autograd.grad is backward time, not another micro-batch
         self._setattr(autograd, "grad", timed(self.probe, BACKWARD, autograd.grad, enter=GRAD))
 

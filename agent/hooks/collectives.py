@@ -29,9 +29,10 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.logcodes import BACKWARD, COMM, COMM_READY, EXIT
+from torchtop.agent.hooks.groups import log_group, watch_meshes
 from torchtop.agent.hooks.probe import current
 from torchtop.agent.hooks.timed import _TIMED
-from torchtop.agent.hooks.wrap import note_phase, signature_wrapper
+from torchtop.agent.hooks.wrap import mirror, note_phase, signature_wrapper
 
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe
@@ -42,6 +43,7 @@ COLLECTIVES = (
     "all_reduce",
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",
     "reduce_scatter",
     "reduce_scatter_tensor",
     "broadcast",
@@ -64,6 +66,8 @@ _BACKWARD = _TIMED.replace(
     1,
 )
 _ASYNC = _TIMED.replace("if _tt_probe.untimed or", "if _tt_probe.untimed or async_op or", 1)
+# a collective that takes `group`: its process group named after the entry (groups.py)
+_GROUP = "        _tt_put(_tt_enter)\n        _tt_group(_tt_probe, group)\n"
 
 
 def timed_backward(probe: Probe, orig: Any, arm: Callable[[Any], None]) -> Any:
@@ -92,15 +96,19 @@ def timed_collective(probe: Probe, orig: Any) -> Any:
         "_tt_enter": COMM,
         "_tt_leave": EXIT | COMM,
     }
-    template = _ASYNC if _takes_async_op(orig) else _TIMED
+    params = _parameters(orig)
+    template = _ASYNC if "async_op" in params else _TIMED
+    if "group" in params and mirror(orig, True) is not None:  # `group` is a name in the wrapper
+        template = template.replace("        _tt_put(_tt_enter)\n", _GROUP, 1)
+        names["_tt_group"] = log_group
     return signature_wrapper(orig, template, names, getattr(orig, "__name__", "collective"), True)
 
 
-def _takes_async_op(fn: Any) -> bool:
+def _parameters(fn: Any) -> tuple[str, ...]:
     try:
-        return "async_op" in inspect.signature(fn, follow_wrapped=True).parameters
+        return tuple(inspect.signature(fn, follow_wrapped=True).parameters)
     except (TypeError, ValueError):
-        return False
+        return ()
 
 
 class BackwardWait:
@@ -147,6 +155,7 @@ def patch_collectives(probe: Probe, torch: Any, setattr_: Callable[[Any, str, An
             return 0
     except Exception:
         return 0
+    watch_meshes(torch, setattr_)
     n = 0
     for name in COLLECTIVES:
         orig = getattr(dist, name, None)

@@ -126,6 +126,7 @@ class Probe:
         "comm",
         "_nograd",
         "tail",
+        "event_put",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
@@ -169,6 +170,9 @@ class Probe:
         # the last pairs the agent thread drained: where the stack sampler reads the open explicit
         # phase when the log was just emptied (agent/telemetry/stacks.py)
         self.tail: list[Item] = []
+        self.event_put: Callable[[Item], None] | None = (
+            None  # an event step's put, if not the default (nvtx.py)
+        )
         if thread_id is None:
             _current.set(self)
 
@@ -353,7 +357,7 @@ class Probe:
                     self._stream = self.pool.current_stream()
                     self._record_ns = 0
                     self.event_step = True
-                    self.put = self._put_with_events
+                    self.put = self.event_put or self._put_with_events
                     self._append((perf_counter_ns(), self.record()))
                     self._append(STEP_EVENT)
                     batch = 1

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from torchtop.agent.contract.logcodes import EXIT, FORWARD
 from torchtop.agent.hooks.probe import Probe, current
+from torchtop.agent.hooks.work import log_work
 from torchtop.agent.hooks.wrap import Fn, note_phase, signature_wrapper
 
 if TYPE_CHECKING:
@@ -90,6 +91,8 @@ def {name}({params}):
         _tt_put = _tt_p.put
         _tt_put(_tt_pc())
         _tt_put(_tt_code + _tt_grad())
+        if not _tt_p.untimed:  # a timed step: what the batch holds (hooks/work.py)
+            _tt_work(_tt_p, {call})
     except Exception:
         _tt_p.fail()
     try:
@@ -138,5 +141,6 @@ def timed_forward(
         "_tt_pc": perf_counter_ns,
         "_tt_grad": grad_enabled,
         "_tt_leave": EXIT | FORWARD,
+        "_tt_work": log_work,
     }
     return note_phase(signature_wrapper(orig, _FORWARD, names, "forward"), FORWARD)

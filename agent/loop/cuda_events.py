@@ -14,7 +14,16 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import BOUNDARY, H2D_COPY, MARK, MASK, SHIFT, STEP_END, STEP_EVENT
+from torchtop.agent.contract.logcodes import (
+    BOUNDARY,
+    COMM_GROUP,
+    H2D_COPY,
+    MARK,
+    MASK,
+    SHIFT,
+    STEP_END,
+    STEP_EVENT,
+)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -154,6 +163,8 @@ class EventResolver:
                     except Exception:
                         value = None
                     entries[k] = (head, e[1], value)
+            elif code == COMM_GROUP:  # a name, no event
+                continue
             elif len(e) == 2:  # a phase entry of an event step
                 entries[k] = (head, self._since_ref(e[1], done))
                 self._give(e[1], done)
@@ -190,6 +201,8 @@ def _done(entry: tuple) -> bool:
         return type(value) is not tuple or value[1].query()
     if code == H2D_COPY:
         return all(ev is None or ev.query() for ev in entry[4:6])
+    if code == COMM_GROUP:
+        return True
     if code in (STEP_EVENT, BOUNDARY, STEP_END) or len(entry) == 2:
         ev = entry[1]
         return ev is None or not hasattr(ev, "query") or ev.query()

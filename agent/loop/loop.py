@@ -192,6 +192,10 @@ class AgentLoop(threading.Thread):
                 self.resolver.pool = pool
                 self.probe.event_every = 8
                 self.probe.pool = pool
+                from torchtop.agent.hooks import nvtx
+
+                if nvtx.wanted():  # TORCHTOP_NVTX=1: the phases as NVTX ranges on event steps
+                    nvtx.enable(self.probe, self.cuda.torch.cuda.nvtx)
                 self._hello_due = 0.0  # the run is on CUDA now: a recording's Hello says so
         except Exception:
             self.errors += 1

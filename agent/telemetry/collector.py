@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from torchtop.agent.cuda_use import CudaUse
     from torchtop.agent.telemetry.cuda_memory import CudaMemorySampler
+    from torchtop.agent.telemetry.gpm import GpmReading, GpmSampler
     from torchtop.agent.telemetry.host import HostSampler
     from torchtop.agent.telemetry.nvml import NvmlSampler
 
@@ -69,6 +70,8 @@ class TelemetryCollector:
         self._frag: list[FragSample] = []
         self._gpus: list[GpuSample] = []
         self._pcie: dict[int, tuple[float | None, float | None]] = {}
+        self._gpm: dict[int, GpmReading] = {}
+        self._gpm_sampler: GpmSampler | None = None
         self._host: HostSample | None = None
         self._rss = 0  # this process's RSS at the last fast tick (0: not read)
         self._self_rss = SelfRss()
@@ -79,7 +82,9 @@ class TelemetryCollector:
         self._cuda_mem: CudaMemorySampler | None = None
         self._nvml: NvmlSampler | None = None
         self._host_sampler: HostSampler | None = None
-        self._breakers = {n: _Breaker(n, self.unavailable) for n in ("memory", "frag", "gpu", "pcie", "host")}
+        self._breakers = {
+            n: _Breaker(n, self.unavailable) for n in ("memory", "frag", "gpu", "pcie", "gpm", "host")
+        }
         self._stop = threading.Event()
         self._slow_lock = threading.Lock()  # the slow thread, and a last host sample at stop
         self._thread: threading.Thread | None = None
@@ -116,6 +121,9 @@ class TelemetryCollector:
             nvml = NvmlSampler()
             if nvml.available:
                 self._nvml = nvml
+                from torchtop.agent.telemetry.gpm import GpmSampler
+
+                self._gpm_sampler = GpmSampler(nvml.nvml, nvml.handle)
             else:
                 self.unavailable["gpu"] = nvml.reason
         return True
@@ -165,6 +173,10 @@ class TelemetryCollector:
                 s = gpu.run(self._nvml.sample, d)
                 if s is not None:
                     s.pcie_tx_kbs, s.pcie_rx_kbs = self._pcie.get(d, (None, None))
+                    g = self._gpm.get(d)
+                    if g is not None:
+                        s.sm_active, s.sm_occupancy, s.tensor_active, s.dram_bw = g[:4]
+                        s.nvlink_tx_mibs, s.nvlink_rx_mibs, s.sm_clock_max_mhz = g[4], g[5], g[8]
                     gpus.append(s)
             self._gpus = gpus
 
@@ -186,11 +198,26 @@ class TelemetryCollector:
                 got = self._breakers["pcie"].run(self._nvml.pcie, d)
                 if got is not None:
                     self._pcie[d] = got
+        self._slow_gpm(devices)
         frag = self._breakers["frag"]
         if devices and frag.on and self._cuda_mem.snapshot_due():
             got = frag.run(self._cuda_mem.frag, devices)
             if got is not None:
                 self._frag = got
+
+    def _slow_gpm(self, devices: list[int]) -> None:
+        """GPM counters since the last slow tick (<= 1 Hz); unsupported: said once, not asked again."""
+        gpm, breaker = self._gpm_sampler, self._breakers["gpm"]
+        if gpm is None or not breaker.on:
+            return
+        for d in devices:
+            got = breaker.run(gpm.read, d)
+            if got is not None:
+                self._gpm[d] = got
+        if gpm.reason:
+            self.unavailable["gpm"] = gpm.reason
+            self._gpm_sampler = None
+            gpm.close()
 
     def latest(self) -> Telemetry:
         host = self._host
@@ -233,6 +260,8 @@ class TelemetryCollector:
         self._stop.set()
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(2.0)
+        if self._gpm_sampler is not None:
+            self._gpm_sampler.close()
         if self._nvml is not None:
             self._nvml.close()
         self._self_rss.close()

@@ -7,6 +7,7 @@ from statistics import mean
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
 from torchtop.monitor.diagnosis.flags import FLAG_RULES
+from torchtop.monitor.diagnosis.gpm import figures as gpm_figures
 from torchtop.monitor.diagnosis.growth import leak_growth
 from torchtop.monitor.diagnosis.upside import with_upsides
 from torchtop.monitor.diagnosis.verdicts import primary
@@ -72,6 +73,8 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     cuda = bool(tel and tel.memory)
     f.growth = leak_growth(state, cuda, f.step_ms / 1000.0)
     f.growth_what = "allocated CUDA memory" if cuda else "process RSS"
+    if tel is not None and tel.gpus:
+        f.gpm = gpm_figures(tel.gpus[0])
     f.why = why_facts(state, steps, f.gpu_util)
     return f
 

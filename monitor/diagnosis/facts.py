@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
+    from torchtop.monitor.diagnosis.gpm import GpmFigures
     from torchtop.monitor.diagnosis.upside import Upside
     from torchtop.monitor.diagnosis.why import WhyFacts
 
@@ -67,7 +68,11 @@ THRESHOLDS: dict[str, float] = {
     "straggler_warning": 0.10,
     "straggler_critical": 0.20,
     "straggler_min_ms": 0.2,  # ... and at least this long (sub-ms jitter on fast steps is noise)
-    "straggler_explained": 0.3,  # its slowest phase's excess explains at least this share of the wait
+    "straggler_explained": 0.3,
+    # the straggler's work a step (tokens, else samples) vs the median other rank's: at or above
+    # this ratio it is given more work (uneven packing), within `work_same` it is slower at the same
+    "work_imbalance": 1.25,
+    "work_same": 0.10,  # its slowest phase's excess explains at least this share of the wait
     # why.py: stack samples and sync windows (docs/why.md)
     "min_stack_samples": 20,  # fewer samples in the judged steps: no sync or host-code finding
     "min_phase_samples": 8,  # fewer in a phase: its sites are not named
@@ -75,6 +80,7 @@ THRESHOLDS: dict[str, float] = {
     "sync_flag": 0.05,  # time blocked on the device, share of the step: a flag (info) ...
     # ... and a verdict from input_high (warning) and input_severe (critical); so is host-code:
     # time in user code outside the measured phases, not blocked on the device
+    "mfu_disagree": 0.10,  # counter-based and FLOP-based MFU this far apart: mfu-disagree (info)
     "mfu_low": 0.10,  # MFU under this ...
     "util_busy": 80.0,  # ... while NVML says the GPU is busy at least this: low-mfu (warning)
 }
@@ -150,6 +156,7 @@ class Facts:
     device_ms: dict[str, float] = field(default_factory=dict)
     # None: not known (no NVML, no host sample yet, no run-queue figures)
     gpu_util: float | None = None  # mean NVML utilisation over the window
+    gpm: GpmFigures | None = None  # the GPU's own counters (GPM, Hopper+): monitor/diagnosis/gpm.py
     proc_cpu: float | None = None  # mean training-process CPU percent
     cores: int = 0
     workers: int | None = None  # DataLoader worker processes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Facts, Finding, worker_busy
+from torchtop.monitor.diagnosis.gpm import flag_mfu_disagree
 from torchtop.monitor.diagnosis.why import WHY_FLAGS
 from torchtop.monitor.model.fmt import pct, size
 
@@ -155,4 +156,11 @@ def flag_memory_leak(f: Facts) -> Finding | None:
     return Finding("memory-leak", "warning", seen, evidence, advice)
 
 
-FLAG_RULES = (flag_memory_pressure, flag_fragmentation, flag_dataloader_workers, flag_memory_leak, *WHY_FLAGS)
+FLAG_RULES = (
+    flag_memory_pressure,
+    flag_fragmentation,
+    flag_dataloader_workers,
+    flag_memory_leak,
+    *WHY_FLAGS,
+    flag_mfu_disagree,
+)

@@ -12,6 +12,7 @@ from typing import Any
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.in_job import rank_diagnosis
 from torchtop.monitor.diagnosis.report import build_report
 from torchtop.monitor.diagnosis.straggler import (
     Straggler,
@@ -67,9 +68,18 @@ def member_status(m: Member, now: float) -> str:
     return m.state.connection(now)
 
 
-def _rank_entry(m: Member, seconds: float, window: float, now: float) -> dict[str, Any]:
+def _rank_entry(
+    m: Member,
+    seconds: float,
+    window: float,
+    now: float,
+    judged: tuple[Diagnosis, Straggler | None, dict[int, RankTimes]],
+) -> dict[str, Any]:
     hello = m.hello
     report = build_report(m.state, seconds, m.key, window=window)
+    job, found, times = judged
+    if m.rank is not None:  # the rank's line agrees with the job's
+        report |= rank_diagnosis(diagnose(m.state), m.rank, job, found, times).to_json()
     t = m.stats.window(window)
     keep = (
         "steps", "steps_in_full", "timed_steps", "step_time_ms", "steps_per_s", "breakdown", "phase_ms", "device_ms",
@@ -88,9 +98,32 @@ def _rank_entry(m: Member, seconds: float, window: float, now: float) -> dict[st
         "busy_ms": round(t.busy_ms, 4),
     }
     entry |= {k: report[k] for k in keep}
+    entry["comm_by_group_ms"] = comm_by_group(m, window)
+    entry["work"] = work_json(t)
     if m.error:
         entry["error"] = m.error
     return entry
+
+
+def work_json(t: RankTimes) -> dict[str, float] | None:
+    """A rank's work a step and its live throughput (tokens/s where its batches have a sequence)."""
+    if t.work is None:
+        return None
+    out = t.work.to_json()
+    per_s = 1000.0 / t.step_ms if t.step_ms > 0 else 0.0
+    out["samples_per_s"] = round(t.work.samples * per_s, 2)
+    out["tokens_per_s"] = round(t.work.tokens * per_s, 2) if t.work.tokens else None
+    return out
+
+
+def comm_by_group(m: Member, window: float) -> dict[str, float]:
+    """Host ms a timed step in the named collectives of each process group (dp, tp, pp...)."""
+    timed = [s for s in m.state.summary(window).in_full if s.phases]
+    total: dict[str, int] = {}
+    for s in timed:
+        for name, ns in s.comm_groups.items():
+            total[name] = total.get(name, 0) + ns
+    return {k: round(v / len(timed) / 1e6, 4) for k, v in sorted(total.items())} if timed else {}
 
 
 def build_job_report(
@@ -117,7 +150,7 @@ def build_job_report(
         "world_size": max((m.hello.world_size for m in job.ranked() if m.hello), default=0),
         "nodes": sorted({m.node for m in job.ranked()}),
         "device": aggregate["device"],
-        "ranks": [_rank_entry(m, seconds, window, now) for m in job.ranked()],
+        "ranks": [_rank_entry(m, seconds, window, now, (diagnosis, found, times)) for m in job.ranked()],
         "job": {
             k: aggregate[k]
             for k in (

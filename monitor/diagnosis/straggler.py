@@ -22,7 +22,7 @@ from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Finding
 from torchtop.monitor.diagnosis.upside import Upside, faster
 from torchtop.monitor.model.fmt import pct
-from torchtop.monitor.model.rank_stats import RankTimes
+from torchtop.monitor.model.rank_stats import RankTimes, Work
 
 OWN_PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
 PHASE_WORDS = {
@@ -56,6 +56,12 @@ ADVICE = {
 }
 
 
+WORK_ADVICE = (
+    "give every rank the same tokens a step: pack sequences to a fixed token budget, or bucket by length",
+    "a heavier batch, the last pipeline stage or a hot expert on that rank: spread its work",
+)
+
+
 @dataclass(frozen=True)
 class Straggler:
     """What the straggler costs the job a step."""
@@ -68,6 +74,24 @@ class Straggler:
     step_ms: float  # the job's step time
     waiting: int  # ranks that wait for it
     severity: str
+    work: Work | None = None  # its work a step, where its batches were seen
+    median_work: Work | None = None  # the median other rank's
+
+    @property
+    def work_ratio(self) -> float | None:
+        """Its tokens (else samples) a step over the median other rank's; None: not known."""
+        w, m = self.work, self.median_work
+        if w is None or m is None:
+            return None
+        if w.tokens and m.tokens:
+            return w.tokens / m.tokens
+        return w.samples / m.samples if m.samples else None
+
+    @property
+    def imbalance(self) -> bool:
+        """It is given more work than the others (not slower at the same work)."""
+        r = self.work_ratio
+        return r is not None and r >= T["work_imbalance"]
 
     @property
     def share(self) -> float:
@@ -91,6 +115,10 @@ class Straggler:
             "share": round(self.share, 4),
             "slowdown": round(self.slowdown, 3),
             "severity": self.severity,
+            "work": self.work.to_json() if self.work is not None else None,
+            "median_work": self.median_work.to_json() if self.median_work is not None else None,
+            "work_ratio": round(r, 3) if (r := self.work_ratio) is not None else None,
+            "imbalance": self.imbalance,
         }
 
 
@@ -123,7 +151,30 @@ def find_straggler(ranks: dict[int, RankTimes]) -> Straggler | None:
     if excess[phase] < T["straggler_explained"] * wait:
         phase = ""  # its measured phases do not account for the others' wait
     med = median(t.cost(phase) for t in others) if phase else 0.0
-    return Straggler(slow, phase, s.cost(phase) if phase else 0.0, med, wait, step, len(others), severity)
+    cost = s.cost(phase) if phase else 0.0
+    return Straggler(slow, phase, cost, med, wait, step, len(others), severity, s.work, median_work(others))
+
+
+def median_work(ranks: list[RankTimes]) -> Work | None:
+    """The median rank's work a step (each figure's median), over the ranks whose batches were seen."""
+    seen = [t.work for t in ranks if t.work is not None]
+    if not seen:
+        return None
+    return Work(median(w.samples for w in seen), median(w.tokens for w in seen), median(w.seq for w in seen))
+
+
+def work_line(s: Straggler) -> str | None:
+    """More work or the same work, in words; None where its batches were not seen."""
+    r, w, m = s.work_ratio, s.work, s.median_work
+    if r is None or w is None or m is None:
+        return None
+    what = "tokens" if w.tokens and m.tokens else "samples"
+    if s.imbalance:
+        seq = f" (sequence {w.seq:.0f} vs {m.seq:.0f})" if w.seq and m.seq and w.seq != m.seq else ""
+        return f"rank {s.rank} processes {r:.1f}x the median rank's {what}{seq}: balance the packing"
+    if abs(r - 1.0) <= T["work_same"]:
+        return f"rank {s.rank} is slower at the same work ({what} within {pct(T['work_same'], 0)}): its GPU or its host"
+    return None
 
 
 def straggler_finding(s: Straggler) -> Finding:
@@ -132,15 +183,19 @@ def straggler_finding(s: Straggler) -> Finding:
         what = f"rank {s.rank}: {PHASE_WORDS[s.phase]} {s.phase_ms:.1f} ms vs {s.median_ms:.1f} ms median"
     else:
         what = f"rank {s.rank} is late to every collective, though none of its measured phases is longer"
+    work = work_line(s)
     evidence = (
-        what,
+        *((work, what) if s.imbalance and work else (what,)),
         f"the other {s.waiting} rank{'s' if s.waiting != 1 else ''} wait {s.wait_ms:.1f} ms a step for it in "
         f"collectives: {pct(s.share, 0)} of the {s.step_ms:.1f} ms step",
         f"the job runs {s.slowdown:.2g}x slower than at the pace of its other ranks",
+        *((work,) if work and not s.imbalance else ()),
     )
     advice = ADVICE.get(s.phase, ("compare its host and GPU (GPU · Host tab) with the others'",))
+    if s.imbalance:
+        advice = WORK_ADVICE
     return Finding(
-        "straggler",
+        "work-imbalance" if s.imbalance else "straggler",
         s.severity,
         s.share,
         evidence,

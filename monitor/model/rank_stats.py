@@ -23,7 +23,9 @@ N, WALL, TN, TWALL = range(4)
 PH = 4  # PHASES start here
 DN = PH + len(PHASES)
 DEV = DN + 1
-SIZE = DEV + len(DEVICE_KEYS)
+WN = DEV + len(DEVICE_KEYS)  # steps whose batch was seen (hooks/work.py), their samples, tokens, sequence
+SAMPLES, TOKENS, SEQ = WN + 1, WN + 2, WN + 3
+SIZE = SEQ + 1
 LEVELS = ((1, 120), (10, 360), (300, 288))  # (bucket seconds, buckets kept): 2 min, 1 h, 1 day
 _PHASE_SLOTS = tuple((PH + k, name) for k, name in enumerate(PHASES))
 _DEVICE_SLOTS = tuple((DEV + k, name) for k, name in enumerate(DEVICE_KEYS))
@@ -49,6 +51,11 @@ class Bucket:
             get = phases.get
             for k, name in _PHASE_SLOTS:
                 v[k] += get(name, 0)
+        if s.samples:
+            v[WN] += 1
+            v[SAMPLES] += s.samples
+            v[TOKENS] += s.tokens
+            v[SEQ] += s.seq
         dev = s.device_ms
         if dev:
             v[DN] += 1
@@ -62,6 +69,17 @@ class Bucket:
             v[k] += o[k]
 
 
+class Work(NamedTuple):
+    """A rank's mean work a step, from the batches its root forwards were called with."""
+
+    samples: float
+    tokens: float  # 0: its batches have no sequence dimension
+    seq: float  # mean longest sequence a step
+
+    def to_json(self) -> dict[str, float]:
+        return {"samples": round(self.samples, 2), "tokens": round(self.tokens, 2), "seq": round(self.seq, 2)}
+
+
 class RankTimes(NamedTuple):
     """One rank's mean figures over a window, in ms a step (what the job rules look at)."""
 
@@ -71,6 +89,7 @@ class RankTimes(NamedTuple):
     phases: dict[str, float]  # host ms per phase (timed steps), `comm` included
     sampled: int  # steps with CUDA device times
     device: dict[str, float]  # device ms per key (sampled steps)
+    work: Work | None = None  # its batches (steps whose batch was seen); None: not seen
 
     @property
     def comm_ms(self) -> float:
@@ -101,7 +120,9 @@ def times_of(v: list[float]) -> RankTimes:
         return EMPTY
     phases = {name: v[PH + k] / tn / 1e6 for k, name in enumerate(PHASES)} if tn else {}
     device = {name: v[DEV + k] / dn for k, name in enumerate(DEVICE_KEYS)} if dn else {}
-    return RankTimes(n, v[WALL] / n / 1e6, tn, phases, dn, device)
+    wn = v[WN]
+    work = Work(v[SAMPLES] / wn, v[TOKENS] / wn, v[SEQ] / wn) if wn else None
+    return RankTimes(n, v[WALL] / n / 1e6, tn, phases, dn, device, work)
 
 
 class RankStats:

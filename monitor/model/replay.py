@@ -20,6 +20,7 @@ from torchtop.agent.contract.logcodes import (
     BACKWARD,
     BOUNDARY,
     COMM,
+    COMM_GROUP,
     COMM_READY,
     DATA,
     EXIT,
@@ -40,6 +41,7 @@ from torchtop.agent.contract.logcodes import (
     TIMED_PHASES,
     TIMING_RESUMED,
     UNTIMED_END,
+    WORK,
 )
 from torchtop.monitor.model.steps import StepKind, StepRecord
 
@@ -73,6 +75,7 @@ class StepRecorder:
         "partial",
         "_untimed",
         "_split",
+        "_group",
     )
 
     def __init__(self) -> None:
@@ -101,6 +104,7 @@ class StepRecorder:
         self._fresh = False  # nothing happened since the last boundary
         self._untimed = False  # the open step's phases were not all timed (TIMING_RESUMED in it)
         self._split = False  # the open `comm` is the rest of a backward (COMM_READY): its exit closes it
+        self._group: tuple[str, int, int] | None = None  # the open collective's (group, start, depth)
 
     # -- the log -------------------------------------------------------------------------------
     def feed(self, entries: list[Any]) -> list[tuple]:
@@ -139,7 +143,7 @@ class StepRecorder:
         """Any entry, tuples included (those carry device times, bytes, marks)."""
         if now < 0:
             raise ValueError("negative time stamp")
-        ms = _ms(e[1]) if e is not None and len(e) == 2 else None
+        ms = _ms(e[1]) if e is not None and len(e) == 2 and code != COMM_GROUP else None
         if code < GRAD:
             self.enter(code, now, ms)
         elif code == GRAD:
@@ -169,6 +173,13 @@ class StepRecorder:
         elif code == MARK:
             assert e is not None
             self.add_mark(str(e[1]), e[2])
+        elif code == COMM_GROUP:
+            assert e is not None
+            if self._cur == COMM and self._t0:
+                self._group = (str(e[1]), now, len(self._stack))
+        elif code == WORK:
+            assert e is not None
+            self.add_work(int(e[1]), int(e[2]), int(e[3]))
         elif code == OPEN_STEP:
             self.explicit = True
             self.open_step(now)
@@ -222,6 +233,8 @@ class StepRecorder:
 
     def exit(self, phase: int, now: int, ms: float | None = None) -> None:
         cur = self._cur
+        if self._group is not None and phase == COMM and len(self._stack) == self._group[2]:
+            self._close_group(now)
         if self._split and phase == BACKWARD and cur == COMM:
             phase, self._split = COMM, False  # the backward's exit closes its collective wait
         if cur >= 0:
@@ -278,6 +291,24 @@ class StepRecorder:
         extra = self._extras()
         extra["skipped"] = extra.get("skipped", 0) + 1
 
+    def _close_group(self, now: int) -> None:
+        """The collective named by COMM_GROUP returns: its time counts for its process group."""
+        assert self._group is not None
+        name, start, _ = self._group
+        self._group = None
+        groups = self._extras().setdefault("comm_groups", {})
+        if len(groups) < 16 or name in groups:
+            groups[name] = groups.get(name, 0) + max(0, now - start)
+
+    def add_work(self, samples: int, tokens: int, seq: int) -> None:
+        """A root forward's batch: samples and tokens add up over micro-batches."""
+        if samples < 0 or tokens < 0 or seq < 0:
+            raise ValueError("negative work")
+        extra = self._extras()
+        extra["samples"] = extra.get("samples", 0) + samples
+        extra["tokens"] = extra.get("tokens", 0) + tokens
+        extra["seq"] = max(extra.get("seq", 0), seq)
+
     def add_mark(self, name: str, value: Any) -> None:
         """A user scalar for this step."""
         # a mark right after optimizer.step() (the usual place to log the loss) belongs to
@@ -332,6 +363,7 @@ class StepRecorder:
         self._micro = 0
         self._has_train = self._eval_fwd = self._untimed = self._split = False
         self._extra = None
+        self._group = None
         self._open(now)
 
     @property
@@ -392,4 +424,10 @@ def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
         record.skipped = extra.get("skipped", 0)
         record.h2d_bytes = {k: extra[k] for k in ("pinned", "pageable") if k in extra}
         record.marks = dict(extra.get("marks", {}))
+        record.samples, record.tokens, record.seq = (
+            extra.get("samples", 0),
+            extra.get("tokens", 0),
+            extra.get("seq", 0),
+        )
+        record.comm_groups = dict(extra.get("comm_groups", {}))
     return record

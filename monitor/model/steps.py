@@ -30,3 +30,8 @@ class StepRecord(msgspec.Struct, omit_defaults=True, gc=False):
     skipped: int = 0  # optimizer steps GradScaler skipped (inf/NaN gradients) in this step
     h2d_bytes: dict[str, int] = {}  # bytes copied host-to-device from "pinned" / "pageable" memory
     marks: dict[str, float] = {}  # user scalars from torchtop.agent.mark()
+    # the batch its root forwards were called with (agent/hooks/work.py; 0: not seen)
+    samples: int = 0
+    tokens: int = 0
+    seq: int = 0  # the longest sequence
+    comm_groups: dict[str, int] = {}  # host ns of the named collectives, by process group (dp, tp, pp...)

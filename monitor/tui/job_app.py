@@ -25,6 +25,7 @@ from textual.worker import get_current_worker
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.in_job import rank_diagnosis
 from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, window_end
 from torchtop.monitor.diagnosis.straggler import Straggler, scaling
 from torchtop.monitor.link.job import JobLink, apply_events
@@ -260,7 +261,12 @@ class JobApp(TorchtopApp):
     def judge(self, state: RunState) -> Diagnosis:
         if self.shown_key is None:
             return self.job_diagnosis or diagnose(state, self.diagnosis)
-        return diagnose(state, self.diagnosis)
+        own = diagnose(state, self.diagnosis)
+        m = self.shown_member()
+        if m is None or m.rank is None or self.job_diagnosis is None:
+            return own
+        # the rank's verdict agrees with the job's: a rank held by a straggler waits for it
+        return rank_diagnosis(own, m.rank, self.job_diagnosis, self.straggler, rank_times(self.job))
 
     def refresh_panels(self) -> None:
         job = self.job

@@ -3,6 +3,9 @@ wait against torch.profiler, step by step.
 
     torchrun --nproc_per_node 2 tests/gpu/job_nccl.py --slow data
     torchrun --nproc_per_node 2 tests/gpu/job_nccl.py --slow backward
+    torchrun --nproc_per_node 2 tests/gpu/job_nccl.py --parallel fsdp --blocks 4 --slow forward
+    torchrun --nproc_per_node 2 tests/gpu/job_nccl.py --parallel fsdp --blocks 4 --slow backward
+    torchrun --nproc_per_node 2 tests/gpu/job_nccl.py --parallel fsdp --blocks 4 --slow work --seq 64
 
 Each rank runs the straggler demo's DDP job (demos/straggler.py: an MLP, NCCL, the last rank slow
 in its loader or in its backward compute) with torchtop's agent. Rank 0 asks for a job report
@@ -223,8 +226,12 @@ def main() -> int:
             print(f"straggler: {json.dumps(s)}")
             print(f"scaling: {json.dumps(report['scaling'])}")
             print(f"collective: {json.dumps(report['collective'])}")
-            want = {"data": "data", "backward": "backward"}.get(args.slow)
-            named = s is not None and s["rank"] == job.slow_rank and s["phase"] == want
+            want = {"data": "data", "forward": "forward", "backward": "backward"}.get(args.slow)
+            named = s is not None and s["rank"] == job.slow_rank
+            named = named and (s["imbalance"] if args.slow == "work" else s["phase"] == want)
+            for e in report["ranks"]:  # each rank's own verdict: the waiting ones wait for the slow rank
+                print(f"rank {e['rank']}: {e['verdict']['kind']}: {e['verdict']['evidence'][0]}")
+                print(f"  comm by group (ms a step): {json.dumps(e.get('comm_by_group_ms'))}")
             print(f"the verdict names rank {job.slow_rank} in {want}: {'yes' if named else 'NO'}", flush=True)
             ok = ok and named
     for r in range(job.world):  # each rank's comparison, in rank order

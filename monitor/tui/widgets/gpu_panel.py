@@ -14,6 +14,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from torchtop.agent.contract.wire import GpuSample
+from torchtop.monitor.diagnosis.gpm import counter_mfu, util_words
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.fmt import LEVELS, Level
 from torchtop.monitor.tui.widgets.meter import (
@@ -46,9 +47,7 @@ def gpu_lines(g: GpuSample, width: int) -> list[Text]:
     lines = [Text.assemble((f"GPU {g.index}", "bold"), ("  " + (g.name or "unknown GPU"), ""))]
     util = ""
     if g.util_gpu is not None:
-        util = f"{g.util_gpu:.0f}%" + (
-            f" · memory controller {g.util_mem:.0f}%" if g.util_mem is not None else ""
-        )
+        util = util_words(g) + (f" · memory controller {g.util_mem:.0f}%" if g.util_mem is not None else "")
     share = g.mem_used / g.mem_total if g.mem_total else 0.0
     memory = f"{fmt.size(g.mem_used)} / {fmt.size(g.mem_total)} · {fmt.pct(share)}" if g.mem_total else ""
     bar_w = bar_width(width, [util, memory], most=30)
@@ -77,6 +76,18 @@ def gpu_lines(g: GpuSample, width: int) -> list[Text]:
         items.append(("PCIe", " · ".join(pcie)))
     if items:
         lines.append(pairs(*items, width=width))
+    gpm = [
+        f"{what} {v:.0f}%"
+        for what, v in (("occupancy", g.sm_occupancy), ("tensor", g.tensor_active), ("DRAM", g.dram_bw))
+        if v is not None
+    ]
+    mfu = counter_mfu(g)
+    if mfu is not None:
+        gpm.append(f"counter MFU {fmt.pct(mfu)}")
+    if g.nvlink_tx_mibs is not None and g.nvlink_rx_mibs is not None:
+        gpm.append(f"NVLink {g.nvlink_tx_mibs:.0f}/{g.nvlink_rx_mibs:.0f} MiB/s")
+    if gpm:
+        lines.append(pairs(("GPM", " · ".join(gpm)), width=width))
     if g.throttle:
         bad = any(t not in BENIGN_THROTTLE for t in g.throttle)
         lines.append(pairs(("throttle", ", ".join(g.throttle), "bold yellow" if bad else "bold")))

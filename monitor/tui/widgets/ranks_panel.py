@@ -103,7 +103,7 @@ def head_lines(
     else:
         line.append("waiting for steps from the ranks", style="dim")
     head.append(line)
-    if d is not None and d.verdict.kind in ("straggler", "communication"):
+    if d is not None and d.verdict.kind in ("straggler", "work-imbalance", "communication"):
         style = SEVERITY_STYLES.get(d.verdict.severity, "")
         head.append(
             Text(f"● {d.verdict.evidence[0]}", style=f"bold {style}", no_wrap=True, overflow="ellipsis")

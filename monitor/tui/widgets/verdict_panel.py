@@ -36,6 +36,11 @@ VERDICT_WORDS: dict[str, tuple[str, str]] = {
     "compute": ("Compute bound", "the model's own work fills the step: the healthy case"),
     "host-overhead": ("Host-overhead bound", "the GPU idles while Python launches kernels"),
     "straggler": ("Straggler", "one rank holds every other rank back"),
+    "work-imbalance": (
+        "Work imbalance",
+        "one rank is given more work a step than the others, who wait for it",
+    ),
+    "waiting": ("Waiting for a straggler", "this rank waits in collectives for a slower rank of its job"),
     "communication": ("Communication bound", "every rank waits in collectives its compute does not hide"),
     "sync": ("Sync stalls", "the host waits for the GPU at a call of yours; the GPU then waits for the host"),
     "host-code": ("Host-code bound", "your Python between the phases holds the step back"),
@@ -49,6 +54,7 @@ FLAG_WORDS = {
     "memory-leak": "memory keeps growing",
     "sync": "waits on the GPU",
     "low-mfu": "busy, little useful work",
+    "mfu-disagree": "MFU: counters and FLOPs disagree",
 }
 
 

@@ -1,0 +1,98 @@
+"""Which process group a collective runs on, by name: the `comm` phase split by group.
+
+A collective of torch.distributed called with `group=` logs, on timed steps, a COMM_GROUP entry
+right after its COMM one, naming the group: the device mesh's dimension where the group is one
+(DeviceMesh describes its groups `mesh_<dim>`: dp, tp, pp, ep, ...), `world` for the default
+group, else the group's own name. Names are cached by the group object's id (groups live as long
+as the job), so a timed call costs a dict lookup and two appends.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any
+
+from torchtop.agent.contract.logcodes import COMM_GROUP
+
+if TYPE_CHECKING:
+    from torchtop.agent.hooks.probe import Probe
+
+_names: dict[int, str] = {}
+# device meshes made since start (a mesh that spans the world reuses the default group, whose
+# description then says nothing of the mesh: the mesh names it)
+_meshes: list[weakref.ref[Any]] = []
+
+
+def watch_meshes(torch: Any, setattr_: Callable[[Any, str, Any], None]) -> None:
+    """Keep each DeviceMesh made from now on (weakly), to name its groups by its dimensions."""
+    cls = getattr(getattr(getattr(torch, "distributed", None), "device_mesh", None), "DeviceMesh", None)
+    init = getattr(cls, "__init__", None)
+    if cls is None or init is None:
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        try:
+            if len(_meshes) < 64:
+                _meshes.append(weakref.ref(self))
+        except Exception:
+            pass
+
+    try:
+        setattr_(cls, "__init__", __init__)
+    except Exception:
+        pass
+
+
+def _mesh_dim(group: Any) -> str | None:
+    for ref in _meshes:
+        mesh = ref()
+        names = getattr(mesh, "mesh_dim_names", None) if mesh is not None else None
+        for i, name in enumerate(names or ()):
+            try:
+                if mesh.get_group(i) is group:
+                    return str(name)
+            except Exception:
+                break
+    return None
+
+
+def group_name(group: Any) -> str:
+    """`dp`, `tp`, ... for a device mesh's group; `world` for the default one."""
+    dim = _mesh_dim(group if group is not None else _default())
+    if dim is not None:
+        return dim
+    if group is None:
+        return "world"
+    desc = str(getattr(group, "group_desc", "") or "")
+    if desc.startswith("mesh_") and desc != "mesh_default":
+        return desc[5:]
+    try:
+        import torch.distributed as dist
+
+        if group is dist.group.WORLD or desc == "default_pg":
+            return "world"
+    except Exception:
+        pass
+    return desc or str(getattr(group, "group_name", "") or "group")
+
+
+def _default() -> Any:
+    try:
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+    except Exception:
+        return None
+
+
+def log_group(probe: Probe, group: Any) -> None:
+    """Training thread, a timed collective: one COMM_GROUP entry (the caller catches)."""
+    name = _names.get(id(group))
+    if name is None:
+        name = _names[id(group)] = group_name(group)
+    a = probe._append  # a tuple: never an event
+    a(perf_counter_ns())
+    a((COMM_GROUP, name))

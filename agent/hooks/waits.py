@@ -1,0 +1,111 @@
+"""Collective waits wherever they happen: `Work.wait`, functional collectives, FSDP2's unshard.
+
+The `comm` phase from the points where a rank blocks on communication it did not hide, nested
+inside whatever phase is open (FSDP2's all-gather inside forward, its reduce-scatter inside
+backward): the replay pauses that phase for it, so forward and backward keep only their compute.
+
+- `Work.wait` (torch's C++ class, patched on the class): every blocking collective of
+  torch.distributed ends in it (c10d's Python calls `work.wait()` when `async_op` is False), as
+  does a user's `async_op=True` collective, pipelining's send/recv, and FSDP2's all-gather and
+  reduce-scatter. On gloo the training thread blocks there: host time. On NCCL it only makes the
+  current stream wait: a sampled step's CUDA events around it show that stream's wait.
+- `torch.distributed._functional_collectives.wait_tensor`: where tensor parallel (DTensor) and
+  functional collectives wait (an AsyncCollectiveTensor's first use).
+- On CUDA, FSDP2's `FSDPParamGroup.wait_for_unshard`: the compute stream waits there for the
+  all-gather stream (an event, not `Work.wait`); its copy-out, a few memcpys, counts with it.
+
+Each is timed like the other hooks (timed.py: only on timed steps, only on the training thread),
+with a dynamo check first so that compiled code traces straight through. Modules a job imports
+after start() (DTensor, FSDP2) are patched from the agent thread once they are imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any
+
+from torchtop.agent.contract.logcodes import COMM, EXIT
+from torchtop.agent.hooks.probe import current
+from torchtop.agent.hooks.timed import _TIMED, dynamo_check
+from torchtop.agent.hooks.wrap import note_phase, signature_wrapper
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from torchtop.agent.hooks.probe import Probe
+
+_WAIT = _TIMED.replace(
+    "    if _tt_probe.untimed or",
+    "    if _tt_dynamo():\n        return _tt_orig({call})\n    if _tt_probe.untimed or",
+    1,
+)
+FUNCOL = "torch.distributed._functional_collectives"
+FSDP2 = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+
+
+def timed_wait(probe: Probe, orig: Any, dynamo: Callable[[], bool]) -> Any:
+    """`orig` timed as COMM on timed steps of the training thread."""
+    names = {
+        "_tt_dynamo": dynamo,
+        "_tt_current": current,
+        "_tt_probe": probe,
+        "_tt_pc": perf_counter_ns,
+        "_tt_enter": COMM,
+        "_tt_leave": EXIT | COMM,
+    }
+    fn = signature_wrapper(orig, _WAIT, names, getattr(orig, "__name__", "wait"))
+    return note_phase(fn, COMM)
+
+
+class Waits:
+    """Installs the wait hooks: `Work.wait` at once, the others as their modules appear."""
+
+    def __init__(self, probe: Probe, torch: ModuleType, setattr_: Callable[[Any, str, Any], None]) -> None:
+        self.probe = probe
+        self.torch = torch
+        self._setattr = setattr_
+        self._dynamo = dynamo_check(torch)
+        self.patched: set[str] = set()
+
+    def install(self) -> None:
+        dist = getattr(self.torch, "distributed", None)
+        try:
+            if dist is None or not dist.is_available():
+                return
+            work = dist.distributed_c10d.Work
+        except Exception:
+            return
+        self._patch(work, "wait", "Work.wait")
+        self.tick()
+
+    def tick(self) -> None:
+        """Agent thread (and at install): patch the modules imported since."""
+        if FUNCOL not in self.patched:
+            funcol = sys.modules.get(FUNCOL)
+            if funcol is not None:
+                self._patch(funcol, "wait_tensor", FUNCOL)
+        if FSDP2 not in self.patched:
+            group = getattr(sys.modules.get(FSDP2), "FSDPParamGroup", None)
+            if group is not None:
+                if self._cuda():  # on CPU its wait is Work.wait's, and the rest is copies
+                    self._patch(group, "wait_for_unshard", FSDP2)
+                else:
+                    self.patched.add(FSDP2)
+
+    def _cuda(self) -> bool:
+        try:
+            return bool(self.torch.cuda.is_available())
+        except Exception:
+            return False
+
+    def _patch(self, owner: Any, name: str, key: str) -> None:
+        self.patched.add(key)
+        orig = getattr(owner, name, None)
+        if not callable(orig):
+            return
+        try:
+            self._setattr(owner, name, timed_wait(self.probe, orig, self._dynamo))
+        except Exception:
+            pass  # a class that refuses new attributes: its waits stay in their phase
