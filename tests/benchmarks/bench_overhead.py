@@ -244,6 +244,7 @@ def alternate(
     split: bool = False,
     port: int | None = None,
     pin: int | None = None,
+    attached: bool = False,
 ) -> dict[str, Any]:
     """Rounds of one block per mode, the order rotating each round. Modes: "off" (no agent),
     "on" (`start()`), and with `split` "thread" (`start(auto=False)`: the agent's threads and
@@ -269,6 +270,10 @@ def alternate(
                 agent = torchtop.agent.start(port=port, auto=mode == "on")
                 if agent is None:
                     raise SystemExit("the agent did not start")
+                # the subscriber reconnects to the restarted agent's socket: its block starts watched
+                until = time.monotonic() + 5.0
+                while attached and not agent.loop.subscribed and time.monotonic() < until:
+                    time.sleep(0.01)
             if pin is not None:  # ...while this (training) thread stays on one core: no migrations
                 os.sched_setaffinity(0, {pin})
             for _ in range(warm):
@@ -413,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.pin == -2 or (args.pin == -1 and len(cores) < 4)
             else (cores[-1] if args.pin == -1 else args.pin)
         )
-        res = alternate(step, sync, rounds, steps, warm, args.split, port, pin)
+        res = alternate(step, sync, rounds, steps, warm, args.split, port, pin, args.attached)
         res["pinned_core"] = pin
     finally:
         if listener is not None:
@@ -452,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"      a subscriber listened at the end of {res['blocks_with_a_subscriber']} of {rounds} 'on' blocks"
         )
+        if res["blocks_with_a_subscriber"] < rounds:  # an unwatched block: not an attached figure
+            raise SystemExit("the subscriber missed 'on' blocks: this run's figure is not an attached one")
     if args.device == "cuda":
         print(
             f"      sample stride seen {res['event_every']}, pool misses {res['pool_misses']}, "

@@ -51,7 +51,8 @@ from torchtop.agent.hooks.optimizer import _step_cell
 from torchtop.agent.loop import cuda_events as cuda_timing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import GOALS, SUBSCRIBER, calibrate_cpu, calibrate_cuda  # noqa: E402
+from attached import Monitor  # noqa: E402
+from bench_overhead import GOALS, calibrate_cpu, calibrate_cuda  # noqa: E402
 
 PARTS = ("next", "forward", "loss+zero", "backward", "optimizer", "step")
 
@@ -288,6 +289,12 @@ def markdown_row(
     command = f"`bench_paired.py --device {args.device} --size {size} --pairs {args.pairs}`"
     if args.phase_every:
         command = command[:-1] + f" --phase-every {args.phase_every}`"
+    for flag, on in (
+        ("--attached", args.attached),
+        ("--transport tcp", args.transport == "tcp"),
+        ("--ddp", args.ddp),
+    ):
+        command = command[:-1] + f" {flag}`" if on else command
     pct, lo, hi = total
     chose = f"phases timed on {share:.0%} of steps" + (f", events 1 step in {every}" if every else "")
     result = (
@@ -307,8 +314,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--attached",
         action="store_true",
-        help="a subscriber process listens all along (as an open TUI does): 10 Hz ticks, stack samples",
+        help="a monitor process attached as the TUI attaches (by pid) listens all along: 10 Hz ticks, "
+        "stack samples; the run fails unless it received every step",
     )
+    p.add_argument(
+        "--transport",
+        choices=("ipc", "tcp"),
+        default="ipc",
+        help="where the agent listens: ipc (the default) or TCP on loopback (CURVE)",
+    )
+    p.add_argument("--warm-steps", type=int, default=300, help="untimed steps after start")
+    p.add_argument("--free-steps", type=int, default=2000, help="the free run that reads the agent's choices")
     p.add_argument(
         "--size", type=int, default=0, help="cpu: hidden width; cuda: depth (default: calibrated to ~2 ms)"
     )
@@ -335,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         size = _same_size(size, args.device)
     step, model, opt_cls, desc = _loop(args.device, size, args.ddp)
     hooked = Hooked(opt_cls, type(model) if args.ddp else torch.nn.Sequential)
-    if ta.start(phase_every=args.phase_every, record=args.record) is None:
+    port = 0 if args.transport == "tcp" else None
+    if ta.start(port=port, phase_every=args.phase_every, record=args.record) is None:
         raise SystemExit("the agent did not start")
     agent = ta.current()
     probe = agent.probe  # type: ignore[union-attr]
@@ -348,15 +365,14 @@ def main(argv: list[str] | None = None) -> int:
     if (
         args.attached
     ):  # a monitor in another process, as an open TUI: the agent ticks at 10 Hz and samples stacks
-        import subprocess
-
-        listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(agent.port)])  # type: ignore[union-attr]
+        listener = Monitor(os.getpid()).start()
+    watched_from = probe.steps
     stride = cuda_timing.EventResolver.stride
     try:
-        for _ in range(300):
+        for _ in range(args.warm_steps):
             step()
         hooked.installed()
-        share, every = free_run(step, probe, 2000)
+        share, every = free_run(step, probe, args.free_steps)
         # the paired steps keep the free run's choices (see the docstring)
         if not args.phase_every:
             probe.phase_every = one_in(share)
@@ -368,6 +384,12 @@ def main(argv: list[str] | None = None) -> int:
         cpu0, busy0 = agent_threads_cpu_ns(), agent_busy_ns(agent)
         diffs, base = paired(step, hooked, args.pairs)
         busy1 = agent_busy_ns(agent)
+        if listener is not None:  # fails the run unless the monitor received every step
+            got = listener.finish(probe.steps - watched_from)
+            print(
+                f"  monitor attached by pid over {got.transport}: received {got.steps} steps in {got.batches} "
+                f"batches ({probe.steps - watched_from} cut while it watched; {got.seq_gaps} batches missed)"
+            )
         loop_us, slow_us, rec_us, stacks_us = ((b - a) / (2 * args.pairs) / 1e3 for a, b in zip(busy0, busy1))
         threads_us = loop_us + slow_us + rec_us + stacks_us
         cpu_us = (agent_threads_cpu_ns() - cpu0) / (2 * args.pairs) / 1e3
