@@ -335,13 +335,29 @@ def main(argv: list[str] | None = None) -> int:
         help="with --ddp: the wrappers stay in; what alternates is the collective-wait callback of a "
         "timed backward (probe.comm): its own cost",
     )
+    p.add_argument(
+        "--after-capture",
+        choices=("p", "window"),
+        default=None,
+        help="instead of pairs: step time before vs after one capture (after_capture.py)",
+    )
+    p.add_argument("--block", type=int, default=3000, help="--after-capture: steps a block")
+    p.add_argument(
+        "--cupti-teardown",
+        choices=("auto", "off"),
+        default="auto",
+        help="--after-capture: off keeps CUPTI attached after the capture (TORCHTOP_CUPTI_TEARDOWN=0)",
+    )
     p.add_argument("--markdown", action="store_true", help="also print the row for docs/benchmarks.md")
     p.add_argument(
         "--record", metavar="PATH", default=None, help="the agent records the run into PATH meanwhile"
     )
     args = p.parse_args(argv)
     os.environ.setdefault("TORCHTOP_QUIET", "1")
+    if args.cupti_teardown == "off":
+        os.environ["TORCHTOP_CUPTI_TEARDOWN"] = "0"
     os.environ.setdefault("TORCHTOP_RUNTIME_DIR", tempfile.mkdtemp(prefix="torchtop-bench-"))
+    os.environ.setdefault("TORCHTOP_DIR", os.path.join(os.environ["TORCHTOP_RUNTIME_DIR"], "captures"))
     if args.device == "cpu":
         torch.set_num_threads(1)
     if args.ddp and args.device == "cuda":
@@ -372,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.warm_steps):
             step()
         hooked.installed()
+        if args.after_capture:
+            import after_capture
+
+            after_capture.run(step, agent, args.after_capture, args.block, args.device == "cuda")
+            return 0
         share, every = free_run(step, probe, args.free_steps)
         # the paired steps keep the free run's choices (see the docstring)
         if not args.phase_every:
