@@ -402,9 +402,14 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.comm_only:
             hooked = CommToggle(probe)  # type: ignore[assignment]
-        cpu0, busy0 = agent_threads_cpu_ns(), agent_busy_ns(agent)
+        cpu0, busy0, wall0, ticks0 = (
+            agent_threads_cpu_ns(),
+            agent_busy_ns(agent),
+            time.monotonic(),
+            agent.loop.ticks,
+        )
         diffs, base = paired(step, hooked, args.pairs)
-        busy1 = agent_busy_ns(agent)
+        busy1, wall, ticks = agent_busy_ns(agent), time.monotonic() - wall0, agent.loop.ticks - ticks0
         if listener is not None:  # fails the run unless the monitor received every step
             got = listener.finish(probe.steps - watched_from)
             print(
@@ -447,6 +452,12 @@ def main(argv: list[str] | None = None) -> int:
             + (f" at {agent.why.sampler.rate:.1f} Hz" if listener else " (idle: nobody listens)")
             + "; "
             f"their whole CPU time, waking up included: {cpu_us:.2f} us)"
+        )
+        per_s = [(b - a) / wall / 1e6 for a, b in zip(busy0, busy1)]
+        print(
+            f"  agent threads' CPU per second of wall time (step-rate free; a loaded machine inflates it): "
+            f"{sum(per_s):.2f} ms (loop {per_s[0]:.2f} in {ticks / wall:.1f} ticks/s, slow samplers {per_s[1]:.2f}, "
+            f"stack sampler {per_s[3]:.2f}) = {sum(per_s) / 10:.3f}% of one core"
         )
         print(
             f"  overhead: hooks {hooks / step_us:+.2%} + threads {threads_us / step_us:+.2%} = {total:+.2%} of the step "
