@@ -73,3 +73,23 @@ def test_bench_paired_attached_reports_what_its_monitor_received(transport: str)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"monitor attached by pid over {transport}: received" in out.stdout
     assert "0 batches missed" in out.stdout
+
+
+def test_watched_ticks_slow_down_to_keep_their_cpu_under_the_share() -> None:
+    """A tick's CPU mostly holds the GIL training needs: while watched, the agent ticks at
+    RATE_HZ if that costs under TICK_SHARE of the time, slower (QUIET_RATE_HZ at the slowest)
+    if not; unwatched, at QUIET_RATE_HZ."""
+    from types import SimpleNamespace
+
+    from torchtop.agent.loop.loop import QUIET_RATE_HZ, RATE_HZ, TICK_SHARE, AgentLoop
+
+    def period(subscribed: bool, tick_s: float) -> float:
+        loop = SimpleNamespace(period=1 / RATE_HZ, subscribed=subscribed, tick_ns=tick_s * 1e9)
+        return AgentLoop.tick_period(loop)  # type: ignore[arg-type]
+
+    assert period(True, 0.0) == pytest.approx(1 / RATE_HZ)
+    cheap = TICK_SHARE / RATE_HZ / 2  # a tick this cheap costs half the share at RATE_HZ
+    assert period(True, cheap) == pytest.approx(1 / RATE_HZ)
+    assert period(True, 4 * cheap) == pytest.approx(4 * cheap / TICK_SHARE)  # 5 Hz: the share kept
+    assert period(True, 0.01) == pytest.approx(1 / QUIET_RATE_HZ)  # dear ticks: 2 Hz at the slowest
+    assert period(False, 0.0) == pytest.approx(1 / QUIET_RATE_HZ)
