@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 READY_TIMEOUT_S = 60.0  # start-up of a Python process importing the monitor, on a loaded machine
-FLUSH_S = 0.5  # the agent ticks at 10 Hz while watched: its last steps are on the stream by then
+FLUSH_S = 2.0  # two ticks at the slowest watched rate (2 Hz) and margin: the last step is sent and replayed
 
 
 @dataclass
