@@ -23,7 +23,7 @@ then sends every log chunk; unattended, it keeps them for late joiners).
 - cuda: a launch-bound ~2 ms step: an MLP of width 256 with small batches, so the step is many
   small kernels and the host's launch rate sets the pace (depth is calibrated to ~2 ms, starting
   from 8 layers). Blocks are bracketed by `torch.cuda.synchronize()` (outside the timed steps'
-  agent boundaries). Goal: overhead <= 1%. It also prints the cost of the CUDA event calls.
+  agent boundaries). Goal: overhead <= 0.5%. It also prints the cost of the CUDA event calls.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import torch
 
 import torchtop.agent
 
-GOALS = {"cpu": 0.005, "cuda": 0.01}
+GOALS = {"cpu": 0.005, "cuda": 0.005}  # the brief: 0.5% of a ~2 ms step, CPU, CUDA and DDP alike
 
 
 def _median_ci(values: list[float], n: int = 2000) -> tuple[float, float]:

@@ -1,6 +1,12 @@
 """The agent's cost per step, paired: torchtop's wrappers swapped in and out on alternate steps.
 
     python tests/benchmarks/bench_paired.py [--device cpu|cuda] [--pairs N] [--phase-every K] [--markdown]
+        [--attached [--transport ipc|tcp]] [--ddp] [--after-capture p|window [--cupti-teardown off]]
+
+`--attached`: a monitor process attaches by pid as the TUI does (tests/benchmarks/attached.py)
+and listens all along; the run fails unless it received every step the agent cut meanwhile.
+`--after-capture`: instead of pairs, the step time before vs after one capture
+(tests/benchmarks/after_capture.py).
 
 Its figures go in docs/benchmarks.md: `--markdown` also prints the table row to paste there.
 
@@ -22,7 +28,7 @@ which holds the GIL for most of it) is measured beside it and added to the total
 it held up training. Their whole CPU time is printed too: it adds the cost of waking up, spent
 in the kernel without the GIL.
 The goal is judged on the total's 95% interval (bootstrap of the 10% trimmed mean): CPU <= 0.5%
-of a ~2 ms step, CUDA <= 1% of a launch-bound ~2 ms step. `--phase-every 1` times every step's
+of a ~2 ms step, CUDA <= 0.5% of a launch-bound ~2 ms step too. `--phase-every 1` times every step's
 phases; 0 (default) is the agent's own phase sampling. Not counted: the start-up transient.
 
 `--ddp` wraps the model in DistributedDataParallel (gloo on CPU, NCCL on CUDA): under torchrun,
