@@ -235,4 +235,10 @@ class TelemetryCollector:
             self._thread.join(2.0)
         if self._nvml is not None:
             self._nvml.close()
+        close = getattr(self._host_sampler, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                pass
         self._self_rss.close()

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from torchtop.agent.contract.wire import HostSample, WorkerSample
+from torchtop.agent.telemetry.procfs import ProcFs
 
 MAX_WORKERS = 64
 CHILDREN_REFRESH_S = 5.0  # new child processes (workers of a new epoch) are seen within this
@@ -105,6 +106,13 @@ class HostSampler:
         self._children_due = 0.0
         self._waits: dict[int, tuple[float, int]] = {}  # pid -> (when, run-queue wait ns then)
         self.cpu_count = psutil.cpu_count() or 1
+        self._procfs: ProcFs | None = None
+        self._self_rss = SelfRss()
+        if sys.platform.startswith("linux"):
+            try:
+                self._procfs = ProcFs()
+            except (OSError, ValueError, IndexError, KeyError):
+                self._procfs = None  # psutil it is
 
     def _workers(self) -> list[WorkerSample]:
         psutil = self.psutil
@@ -168,6 +176,44 @@ class HostSampler:
         return max(0.0, min(100.0, (ns - last[1]) / 1e9 / (now - last[0]) * 100.0))
 
     def sample(self) -> HostSample:
+        fs = self._procfs
+        if fs is not None and fs.pid == os.getpid():
+            try:
+                return self._sample_procfs(fs)
+            except (OSError, ValueError, IndexError, KeyError, ZeroDivisionError):
+                fs.close()  # /proc said something unexpected: psutil from now on
+                self._procfs = None
+                self.proc.cpu_percent(None)
+                self.psutil.cpu_percent(percpu=True)
+        return self._sample_psutil()
+
+    def _sample_procfs(self, fs: ProcFs) -> HostSample:
+        cpu, threads = fs.proc_stat()
+        rss = self._rss()
+        total, available, percent = fs.memory()
+        return HostSample(
+            proc_cpu=cpu,
+            proc_rss=rss,
+            threads=threads,
+            cpu_count=self.cpu_count,
+            cpu_per_core=fs.cores(),
+            mem_total=total,
+            mem_available=available,
+            mem_percent=percent,
+            workers=self._workers(),
+            proc_rss_peak=max(peak_rss(), rss),
+        )
+
+    def _rss(self) -> int:
+        rss = self._self_rss()
+        return rss if rss > 0 else self.proc.memory_info().rss
+
+    def close(self) -> None:
+        if self._procfs is not None:
+            self._procfs.close()
+        self._self_rss.close()
+
+    def _sample_psutil(self) -> HostSample:
         psutil = self.psutil
         with self.proc.oneshot():
             cpu = self.proc.cpu_percent(None)
