@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchtop.agent import identity
 from torchtop.agent.contract import discovery, wire
-from torchtop.agent.warn import notice, warn
+from torchtop.agent.warn import announce, warn
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -362,15 +362,23 @@ def start(
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")
                 return None
-            notice(
-                f"agent on {_agent.sockets.address} (pid {_agent.pid}); attach with: torchtop attach {_agent.pid}"
-                + (f"; recording to {_agent.recorder.directory}" if _agent.recorder is not None else "")
-            )
+            announce(_where(_agent), _agent.rank)
             return _agent
     except Exception as exc:  # never into training
         warn(f"agent failed to start ({type(exc).__name__}: {exc}); training continues without it")
         _agent = None
         return None
+
+
+def _where(agent: Agent) -> str:
+    """The start line: where to attach (to the job, when this is rank 0 of several)."""
+    recording = f"; recording to {agent.recorder.directory}" if agent.recorder is not None else ""
+    if agent.world_size > 1:
+        return (
+            f"agents on the {agent.world_size} ranks of this job (rank 0: pid {agent.pid} on {agent.sockets.address}); "
+            f"attach with: torchtop attach (the job's machine), torchtop attach {agent.pid} (rank 0){recording}"
+        )
+    return f"agent on {agent.sockets.address} (pid {agent.pid}); attach with: torchtop attach {agent.pid}{recording}"
 
 
 def stop() -> None:

@@ -1,5 +1,9 @@
 """The agent's one way to tell the user something (a line on stderr), and the one way it keeps
-torch's warnings about its own doings out of the user's output without leaving a filter behind."""
+torch's warnings about its own doings out of the user's output without leaving a filter behind.
+
+A quiet start: by default a job prints one line, rank 0's, saying where to attach (`announce`);
+what the agent does meanwhile is said with TORCHTOP_VERBOSE=1 (`notice`); problems always
+(`warn`), each once where it is raised."""
 
 from __future__ import annotations
 
@@ -17,10 +21,21 @@ def warn(message: str) -> None:
         pass
 
 
+def _on(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def announce(message: str, rank: int = 0) -> None:
+    """Where to attach: the one line a job prints by default (rank 0's; every rank's with
+    TORCHTOP_VERBOSE=1; none with TORCHTOP_QUIET)."""
+    if not _on("TORCHTOP_QUIET") and (rank == 0 or _on("TORCHTOP_VERBOSE")):
+        warn(message)
+
+
 def notice(message: str) -> None:
-    """What the agent is about to do (where it listens, a one-off measurement): `warn`, unless the
-    user asked for quiet (TORCHTOP_QUIET). Problems always use `warn`."""
-    if not os.environ.get("TORCHTOP_QUIET"):
+    """What the agent is about to do (a one-off measurement, a sync check): said only when the
+    user asked for it (TORCHTOP_VERBOSE=1), never with TORCHTOP_QUIET. Problems always use `warn`."""
+    if _on("TORCHTOP_VERBOSE") and not _on("TORCHTOP_QUIET"):
         warn(message)
 
 

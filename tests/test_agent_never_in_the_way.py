@@ -300,5 +300,6 @@ def test_notices_are_quiet_when_asked_and_problems_are_not(
     warn("cannot write the discovery file")
     assert capsys.readouterr().err.splitlines() == ["torchtop: cannot write the discovery file"]
     monkeypatch.delenv("TORCHTOP_QUIET")
+    monkeypatch.setenv("TORCHTOP_VERBOSE", "1")  # notices are said when asked for (test_quiet_start.py)
     notice("counting the model's FLOPs")
     assert capsys.readouterr().err.splitlines() == ["torchtop: counting the model's FLOPs"]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from torchtop.agent.capture import files
+from torchtop.agent.capture import cupti, files
 from torchtop.agent.contract.wire import (
     CAPTURE_ACTIVE,
     CAPTURE_DEFAULT_STEPS,
@@ -87,6 +87,7 @@ class _Run:
         self.steps_done = 0
         self.at_step = int(options.get("at_step", 0))
         self.prof: Profiler | None = None
+        self.cuda = False  # its profiler records CUDA activity (CUPTI attached)
 
 
 def _counting(on_step: object) -> bool:
@@ -112,6 +113,7 @@ class CaptureController:
         self._start_lock = threading.Lock()  # a start and a timeout's cancel never cross
         self._deferred = False  # a capture asked for while the FLOP count held the boundary
         self.rank: int | None = None  # a rank of a job: its files are named by it
+        self.cupti_kept: str | None = None  # why the last profile left CUPTI attached ("" : it did not)
 
     # -- agent thread ----------------------------------------------------------------------------
     def request(self, cmd: str, args: dict[str, Any]) -> CaptureInfo:
@@ -284,7 +286,7 @@ class CaptureController:
                 dest = self._dest  # set before arming; closed only once the capture has finished
                 if run.prof is not None:
                     prof, run.prof = run.prof, None
-                    prof.stop()
+                    self.cupti_kept = cupti.stop(prof, self.torch, run.cuda)  # "" when CUPTI went with it
                     self._news.append((run.id, {"state": WRITING}))
                     self._spawn(self._write_profile, run.id, run.kind, run.started_at, dest, prof)
                 else:
@@ -325,8 +327,9 @@ class CaptureController:
             return ProfilerAction.RECORD_AND_SAVE if step == run.steps - 1 else ProfilerAction.NONE
 
         options = run.options
+        run.cuda = self._cuda()
         return profile(
-            activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda() else []),
+            activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.cuda else []),
             schedule=record,  # a schedule also marks each step (ProfilerStep#N) in the trace
             record_shapes=bool(options.get("record_shapes", False)),
             profile_memory=bool(options.get("profile_memory", False)),

@@ -30,12 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.wire import SyncSite
 from torchtop.agent.telemetry.stacks import Kind
+from torchtop.agent.warn import ignore_warning
 
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe
     from torchtop.agent.telemetry.stacks import Classifier
 
 MESSAGE = "called a synchronizing CUDA operation"
+PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
 WARN_MODE = 1  # torch.cuda.set_sync_debug_mode("warn")
 MAX_SITES = 64
 _WARNINGS_MODULES = ("warnings", "_py_warnings")
@@ -129,12 +131,20 @@ class SyncWindow:
         self._steps0 = self.probe.steps
         self.is_open = True
         try:
-            self.torch.cuda.set_sync_debug_mode(WARN_MODE)
+            self._set_mode(WARN_MODE)
         except Exception as exc:
             self.reason = f"torch.cuda.set_sync_debug_mode() failed ({type(exc).__name__})"
             self.close()
             return False
         return True
+
+    def _set_mode(self, mode: int) -> None:
+        # torch says once that the mode is "a prototype feature": of our call, not the user's
+        unignore = ignore_warning(PROTOTYPE_MESSAGE)
+        try:
+            self.torch.cuda.set_sync_debug_mode(mode)
+        finally:
+            unignore()
 
     def close(self) -> None:
         """End the window: torch's mode back to default (unless the run changed it meanwhile),
@@ -143,7 +153,7 @@ class SyncWindow:
             return
         try:
             if self.torch.cuda.get_sync_debug_mode() == WARN_MODE:
-                self.torch.cuda.set_sync_debug_mode(0)
+                self._set_mode(0)
         except Exception:
             pass
         self.is_open = False

@@ -36,8 +36,12 @@ if TYPE_CHECKING:
     from torchtop.agent.telemetry.collector import TelemetryCollector
     from torchtop.agent.telemetry.why import WhyCollector
 
-RATE_HZ = 10.0
+RATE_HZ = 10.0  # the fastest tick, while a monitor watches and a tick costs little
 QUIET_RATE_HZ = 2.0  # ticks while nobody is subscribed: the log still drains into the history
+# While watched, the ticks slow down (to QUIET_RATE_HZ at most) so that their CPU time, which
+# mostly holds the GIL that training needs, stays under this share of the wall clock: fewer,
+# larger ticks carry the same steps for less fixed work (docs/benchmarks.md, the attached cost).
+TICK_SHARE = 0.0005
 CATCH_UP_CHUNKS = 30  # re-sent when the first subscriber arrives: covers a snapshot taken before it
 CATCH_UP_ENTRIES = 500_000  # ... and at most this many entries (~5 MB: a frame's limit is 16 MiB)
 STREAM_FRAMES_PER_WINDOW = 100  # frames read off the stream socket per request window (requests.py)
@@ -110,6 +114,15 @@ class AgentLoop(threading.Thread):
         self.busy_ns = 0  # this thread's CPU time at work (holding the GIL, mostly), not waiting
         self.recorder = recorder  # a recording on disk: every tick's new chunks, watched or not
         self._hello_due = 0.0
+        self.tick_ns = 0.0  # a tick's CPU time (a moving average): sets the watched tick rate
+
+    def tick_period(self) -> float:
+        """Seconds to the next tick: RATE_HZ while watched if the ticks are cheap, slower so that
+        they take at most TICK_SHARE of the time, QUIET_RATE_HZ when nobody is subscribed."""
+        slowest = max(self.period, 1.0 / QUIET_RATE_HZ)
+        if not self.subscribed:
+            return slowest
+        return min(slowest, max(self.period, self.tick_ns / 1e9 / TICK_SHARE))
 
     @property
     def bad_requests(self) -> int:
@@ -164,9 +177,13 @@ class AgentLoop(threading.Thread):
                     requests.serve(router, time.monotonic())
                 now = time.monotonic()
                 if now >= next_tick - TICK_EARLY_S:
+                    ticked = time.thread_time_ns()
+                    catch_up = self._catch_up
                     self._tick()
-                    period = self.period if self.subscribed else max(self.period, 1.0 / QUIET_RATE_HZ)
-                    next_tick = max(next_tick + period, now)
+                    if not catch_up:  # a catch-up re-sends history: not what the next tick costs
+                        ticked = time.thread_time_ns() - ticked
+                        self.tick_ns = ticked if not self.tick_ns else 0.8 * self.tick_ns + 0.2 * ticked
+                    next_tick = max(next_tick + self.tick_period(), now)
                 self.busy_ns += time.thread_time_ns() - busy
             except Exception as exc:
                 self.errors += 1

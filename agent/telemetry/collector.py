@@ -264,4 +264,10 @@ class TelemetryCollector:
             self._gpm_sampler.close()
         if self._nvml is not None:
             self._nvml.close()
+        close = getattr(self._host_sampler, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                pass
         self._self_rss.close()

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from torchtop.agent.contract.wire import HostSample, WorkerSample
+from torchtop.agent.telemetry.procfs import ProcFs
 
 MAX_WORKERS = 64
 CHILDREN_REFRESH_S = 5.0  # new child processes (workers of a new epoch) are seen within this
@@ -26,6 +27,27 @@ def runqueue_wait_ns(pid: int) -> int | None:
             return int(fh.read().split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def child_pids(pid: int) -> list[int] | None:
+    """The process's children, from each of its threads' /proc/PID/task/TID/children (Linux): a
+    read per thread of this process instead of psutil's scan of every process on the machine
+    (milliseconds of Python on a busy node, holding the GIL). None where the kernel does not say."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    out: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                out += [int(x) for x in fh.read().split()]
+        except FileNotFoundError:
+            if os.path.isdir(f"/proc/{pid}/task/{tid}"):
+                return None  # a kernel without CONFIG_PROC_CHILDREN
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    return out
 
 
 class SelfRss:
@@ -84,17 +106,25 @@ class HostSampler:
         self._children_due = 0.0
         self._waits: dict[int, tuple[float, int]] = {}  # pid -> (when, run-queue wait ns then)
         self.cpu_count = psutil.cpu_count() or 1
+        self._procfs: ProcFs | None = None
+        self._self_rss = SelfRss()
+        if sys.platform.startswith("linux"):
+            try:
+                self._procfs = ProcFs()
+            except (OSError, ValueError, IndexError, KeyError):
+                self._procfs = None  # psutil it is
 
     def _workers(self) -> list[WorkerSample]:
         psutil = self.psutil
         now = time.monotonic()
         if now >= self._children_due:  # listing children scans all of /proc: not every time
             self._children_due = now + CHILDREN_REFRESH_S
-            try:
-                kids = self.proc.children(recursive=False)[:MAX_WORKERS]
-            except psutil.Error:
-                kids = []
-            fresh = {k.pid: self._children.get(k.pid, k) for k in kids}
+            fresh = {}
+            for pid in self._child_pids()[:MAX_WORKERS]:
+                try:
+                    fresh[pid] = self._children.get(pid) or psutil.Process(pid)
+                except psutil.Error:
+                    continue  # gone already
             self._new = {pid for pid in fresh if pid not in self._children}
             self._children = fresh
         out = []
@@ -125,6 +155,15 @@ class HostSampler:
             del self._waits[pid]
         return out
 
+    def _child_pids(self) -> list[int]:
+        pids = child_pids(self.proc.pid)
+        if pids is not None:
+            return pids
+        try:
+            return [k.pid for k in self.proc.children(recursive=False)]
+        except self.psutil.Error:
+            return []
+
     def _wait_percent(self, pid: int, now: float) -> float | None:
         """Percent of the time since the last sample that `pid` waited for a CPU (None: unknown)."""
         ns = runqueue_wait_ns(pid)
@@ -137,6 +176,44 @@ class HostSampler:
         return max(0.0, min(100.0, (ns - last[1]) / 1e9 / (now - last[0]) * 100.0))
 
     def sample(self) -> HostSample:
+        fs = self._procfs
+        if fs is not None and fs.pid == os.getpid():
+            try:
+                return self._sample_procfs(fs)
+            except (OSError, ValueError, IndexError, KeyError, ZeroDivisionError):
+                fs.close()  # /proc said something unexpected: psutil from now on
+                self._procfs = None
+                self.proc.cpu_percent(None)
+                self.psutil.cpu_percent(percpu=True)
+        return self._sample_psutil()
+
+    def _sample_procfs(self, fs: ProcFs) -> HostSample:
+        cpu, threads = fs.proc_stat()
+        rss = self._rss()
+        total, available, percent = fs.memory()
+        return HostSample(
+            proc_cpu=cpu,
+            proc_rss=rss,
+            threads=threads,
+            cpu_count=self.cpu_count,
+            cpu_per_core=fs.cores(),
+            mem_total=total,
+            mem_available=available,
+            mem_percent=percent,
+            workers=self._workers(),
+            proc_rss_peak=max(peak_rss(), rss),
+        )
+
+    def _rss(self) -> int:
+        rss = self._self_rss()
+        return rss if rss > 0 else self.proc.memory_info().rss
+
+    def close(self) -> None:
+        if self._procfs is not None:
+            self._procfs.close()
+        self._self_rss.close()
+
+    def _sample_psutil(self) -> HostSample:
         psutil = self.psutil
         with self.proc.oneshot():
             cpu = self.proc.cpu_percent(None)

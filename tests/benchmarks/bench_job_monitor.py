@@ -212,7 +212,7 @@ def main() -> int:
     proc.start()
     if not ready.wait(30) or not proc.is_alive():
         raise SystemExit("the feeder did not start (see above)")
-    share, batches, _ = asyncio.run(monitor(ports, args.seconds, args.warm))
+    share, batches, steps_seen = asyncio.run(monitor(ports, args.seconds, args.warm))
     proc.terminate()
     want = args.ranks / TICK_S
     print(
@@ -220,6 +220,11 @@ def main() -> int:
         f"{share * 100:.1f}% of one core over {args.seconds:g} s; batches {batches:,.0f}/s of {want:,.0f}/s sent"
     )
     print("goal: under 25% of one core:", "meets" if share < 0.25 else "misses")
+    if steps_seen < args.ranks or batches < 0.9 * want:  # a monitor that received less measured less
+        raise SystemExit(
+            f"the job view heard {steps_seen} of {args.ranks} ranks' steps and {batches:,.0f} of {want:,.0f} "
+            "batches/s: its CPU figure is not of a monitor watching this job"
+        )
     return 0
 
 

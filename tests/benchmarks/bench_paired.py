@@ -1,6 +1,12 @@
 """The agent's cost per step, paired: torchtop's wrappers swapped in and out on alternate steps.
 
     python tests/benchmarks/bench_paired.py [--device cpu|cuda] [--pairs N] [--phase-every K] [--markdown]
+        [--attached [--transport ipc|tcp]] [--ddp] [--after-capture p|window [--cupti-teardown off]]
+
+`--attached`: a monitor process attaches by pid as the TUI does (tests/benchmarks/attached.py)
+and listens all along; the run fails unless it received every step the agent cut meanwhile.
+`--after-capture`: instead of pairs, the step time before vs after one capture
+(tests/benchmarks/after_capture.py).
 
 Its figures go in docs/benchmarks.md: `--markdown` also prints the table row to paste there.
 
@@ -22,7 +28,7 @@ which holds the GIL for most of it) is measured beside it and added to the total
 it held up training. Their whole CPU time is printed too: it adds the cost of waking up, spent
 in the kernel without the GIL.
 The goal is judged on the total's 95% interval (bootstrap of the 10% trimmed mean): CPU <= 0.5%
-of a ~2 ms step, CUDA <= 1% of a launch-bound ~2 ms step. `--phase-every 1` times every step's
+of a ~2 ms step, CUDA <= 0.5% of a launch-bound ~2 ms step too. `--phase-every 1` times every step's
 phases; 0 (default) is the agent's own phase sampling. Not counted: the start-up transient.
 
 `--ddp` wraps the model in DistributedDataParallel (gloo on CPU, NCCL on CUDA): under torchrun,
@@ -51,7 +57,8 @@ from torchtop.agent.hooks.optimizer import _step_cell
 from torchtop.agent.loop import cuda_events as cuda_timing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overhead import GOALS, SUBSCRIBER, calibrate_cpu, calibrate_cuda  # noqa: E402
+from attached import Monitor  # noqa: E402
+from bench_overhead import GOALS, calibrate_cpu, calibrate_cuda  # noqa: E402
 
 PARTS = ("next", "forward", "loss+zero", "backward", "optimizer", "step")
 
@@ -288,6 +295,12 @@ def markdown_row(
     command = f"`bench_paired.py --device {args.device} --size {size} --pairs {args.pairs}`"
     if args.phase_every:
         command = command[:-1] + f" --phase-every {args.phase_every}`"
+    for flag, on in (
+        ("--attached", args.attached),
+        ("--transport tcp", args.transport == "tcp"),
+        ("--ddp", args.ddp),
+    ):
+        command = command[:-1] + f" {flag}`" if on else command
     pct, lo, hi = total
     chose = f"phases timed on {share:.0%} of steps" + (f", events 1 step in {every}" if every else "")
     result = (
@@ -307,8 +320,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--attached",
         action="store_true",
-        help="a subscriber process listens all along (as an open TUI does): 10 Hz ticks, stack samples",
+        help="a monitor process attached as the TUI attaches (by pid) listens all along: 10 Hz ticks, "
+        "stack samples; the run fails unless it received every step",
     )
+    p.add_argument(
+        "--transport",
+        choices=("ipc", "tcp"),
+        default="ipc",
+        help="where the agent listens: ipc (the default) or TCP on loopback (CURVE)",
+    )
+    p.add_argument("--warm-steps", type=int, default=300, help="untimed steps after start")
+    p.add_argument("--free-steps", type=int, default=2000, help="the free run that reads the agent's choices")
     p.add_argument(
         "--size", type=int, default=0, help="cpu: hidden width; cuda: depth (default: calibrated to ~2 ms)"
     )
@@ -319,13 +341,29 @@ def main(argv: list[str] | None = None) -> int:
         help="with --ddp: the wrappers stay in; what alternates is the collective-wait callback of a "
         "timed backward (probe.comm): its own cost",
     )
+    p.add_argument(
+        "--after-capture",
+        choices=("p", "window"),
+        default=None,
+        help="instead of pairs: step time before vs after one capture (after_capture.py)",
+    )
+    p.add_argument("--block", type=int, default=3000, help="--after-capture: steps a block")
+    p.add_argument(
+        "--cupti-teardown",
+        choices=("auto", "off"),
+        default="auto",
+        help="--after-capture: off keeps CUPTI attached after the capture (TORCHTOP_CUPTI_TEARDOWN=0)",
+    )
     p.add_argument("--markdown", action="store_true", help="also print the row for docs/benchmarks.md")
     p.add_argument(
         "--record", metavar="PATH", default=None, help="the agent records the run into PATH meanwhile"
     )
     args = p.parse_args(argv)
     os.environ.setdefault("TORCHTOP_QUIET", "1")
+    if args.cupti_teardown == "off":
+        os.environ["TORCHTOP_CUPTI_TEARDOWN"] = "0"
     os.environ.setdefault("TORCHTOP_RUNTIME_DIR", tempfile.mkdtemp(prefix="torchtop-bench-"))
+    os.environ.setdefault("TORCHTOP_DIR", os.path.join(os.environ["TORCHTOP_RUNTIME_DIR"], "captures"))
     if args.device == "cpu":
         torch.set_num_threads(1)
     if args.ddp and args.device == "cuda":
@@ -335,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         size = _same_size(size, args.device)
     step, model, opt_cls, desc = _loop(args.device, size, args.ddp)
     hooked = Hooked(opt_cls, type(model) if args.ddp else torch.nn.Sequential)
-    if ta.start(phase_every=args.phase_every, record=args.record) is None:
+    port = 0 if args.transport == "tcp" else None
+    if ta.start(port=port, phase_every=args.phase_every, record=args.record) is None:
         raise SystemExit("the agent did not start")
     agent = ta.current()
     probe = agent.probe  # type: ignore[union-attr]
@@ -348,15 +387,19 @@ def main(argv: list[str] | None = None) -> int:
     if (
         args.attached
     ):  # a monitor in another process, as an open TUI: the agent ticks at 10 Hz and samples stacks
-        import subprocess
-
-        listener = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, str(agent.port)])  # type: ignore[union-attr]
+        listener = Monitor(os.getpid()).start()
+    watched_from = probe.steps
     stride = cuda_timing.EventResolver.stride
     try:
-        for _ in range(300):
+        for _ in range(args.warm_steps):
             step()
         hooked.installed()
-        share, every = free_run(step, probe, 2000)
+        if args.after_capture:
+            import after_capture
+
+            after_capture.run(step, agent, args.after_capture, args.block, args.device == "cuda")
+            return 0
+        share, every = free_run(step, probe, args.free_steps)
         # the paired steps keep the free run's choices (see the docstring)
         if not args.phase_every:
             probe.phase_every = one_in(share)
@@ -365,9 +408,20 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.comm_only:
             hooked = CommToggle(probe)  # type: ignore[assignment]
-        cpu0, busy0 = agent_threads_cpu_ns(), agent_busy_ns(agent)
+        cpu0, busy0, wall0, ticks0 = (
+            agent_threads_cpu_ns(),
+            agent_busy_ns(agent),
+            time.monotonic(),
+            agent.loop.ticks,
+        )
         diffs, base = paired(step, hooked, args.pairs)
-        busy1 = agent_busy_ns(agent)
+        busy1, wall, ticks = agent_busy_ns(agent), time.monotonic() - wall0, agent.loop.ticks - ticks0
+        if listener is not None:  # fails the run unless the monitor received every step
+            got = listener.finish(probe.steps - watched_from)
+            print(
+                f"  monitor attached by pid over {got.transport}: received {got.steps} steps in {got.batches} "
+                f"batches ({probe.steps - watched_from} cut while it watched; {got.seq_gaps} batches missed)"
+            )
         loop_us, slow_us, rec_us, stacks_us = ((b - a) / (2 * args.pairs) / 1e3 for a, b in zip(busy0, busy1))
         threads_us = loop_us + slow_us + rec_us + stacks_us
         cpu_us = (agent_threads_cpu_ns() - cpu0) / (2 * args.pairs) / 1e3
@@ -404,6 +458,12 @@ def main(argv: list[str] | None = None) -> int:
             + (f" at {agent.why.sampler.rate:.1f} Hz" if listener else " (idle: nobody listens)")
             + "; "
             f"their whole CPU time, waking up included: {cpu_us:.2f} us)"
+        )
+        per_s = [(b - a) / wall / 1e6 for a, b in zip(busy0, busy1)]
+        print(
+            f"  agent threads' CPU per second of wall time (step-rate free; a loaded machine inflates it): "
+            f"{sum(per_s):.2f} ms (loop {per_s[0]:.2f} in {ticks / wall:.1f} ticks/s, slow samplers {per_s[1]:.2f}, "
+            f"stack sampler {per_s[3]:.2f}) = {sum(per_s) / 10:.3f}% of one core"
         )
         print(
             f"  overhead: hooks {hooks / step_us:+.2%} + threads {threads_us / step_us:+.2%} = {total:+.2%} of the step "

@@ -1,0 +1,94 @@
+"""A capture leaves nothing behind: our profiler sessions stop with TEARDOWN_CUPTI=1 for that call
+only, and never where CUDA graphs are in use or the run (or torch) decided otherwise."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from torchtop.agent.capture import cupti
+
+torch = pytest.importorskip("torch")
+
+
+class Prof:
+    """A profiler whose stop() notes what Kineto would read then."""
+
+    def __init__(self) -> None:
+        self.seen: str | None = "not stopped"
+
+    def stop(self) -> None:
+        self.seen = os.environ.get("TEARDOWN_CUPTI")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TEARDOWN_CUPTI", "DISABLE_CUPTI_LAZY_REINIT", "TORCHTOP_CUPTI_TEARDOWN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_cuda_session_of_ours_stops_with_cupti_torn_down_and_the_setting_goes() -> None:
+    prof = Prof()
+    assert cupti.stop(prof, torch, cuda_activity=True) == ""
+    assert prof.seen == "1" and "TEARDOWN_CUPTI" not in os.environ
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({"TEARDOWN_CUPTI": "0"}, "TEARDOWN_CUPTI=0 is set already"),
+        ({"DISABLE_CUPTI_LAZY_REINIT": "1"}, "DISABLE_CUPTI_LAZY_REINIT"),
+        ({"TORCHTOP_CUPTI_TEARDOWN": "0"}, "TORCHTOP_CUPTI_TEARDOWN=0"),
+    ],
+)
+def test_the_environment_can_keep_cupti(monkeypatch: pytest.MonkeyPatch, env: dict, reason: str) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    prof = Prof()
+    assert reason in cupti.stop(prof, torch, cuda_activity=True)
+    assert prof.seen == env.get("TEARDOWN_CUPTI")  # untouched: theirs, or unset
+    assert os.environ.get("TEARDOWN_CUPTI") == env.get("TEARDOWN_CUPTI")
+
+
+def test_no_teardown_without_cuda_activity() -> None:
+    prof = Prof()
+    assert "no CUDA activity" in cupti.stop(prof, torch, cuda_activity=False)
+    assert prof.seen is None
+
+
+def test_no_teardown_while_cuda_graphs_are_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.triton, "cudagraphs", True)
+    assert "CUDA graphs are on" in cupti.teardown_refusal(torch, cuda_activity=True)
+    monkeypatch.setattr(inductor_config.triton, "cudagraphs", False)
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", SimpleNamespace())
+    assert "reduce-overhead" in cupti.teardown_refusal(torch, cuda_activity=True)
+    monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees")
+    capturing = SimpleNamespace(
+        cuda=SimpleNamespace(is_available=lambda: True, is_current_stream_capturing=lambda: True)
+    )
+    assert "being captured" in cupti.teardown_refusal(capturing, cuda_activity=True)
+
+
+def test_the_capture_controller_stops_its_profiler_through_the_rule(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_capture import _Probe
+    from torchtop.agent.capture.controller import CaptureController
+    from torchtop.agent.cuda_use import CudaUse
+
+    monkeypatch.setenv("TORCHTOP_DIR", str(tmp_path / "captures"))
+    seen: list[bool] = []
+    real = cupti.stop
+    monkeypatch.setattr(cupti, "stop", lambda prof, t, cuda: seen.append(cuda) or real(prof, t, cuda))
+    c = CaptureController(CudaUse(torch), _Probe())
+    c.request("capture-profile", {"steps": 1})
+    c.probe.on_step()  # the profiler starts at a boundary...
+    torch.nn.Linear(4, 4)(torch.randn(2, 4)).sum().backward()
+    c.probe.on_step()  # ...and stops at the next
+    assert seen == [False] and c.cupti_kept == "no CUDA activity was recorded"
+    assert not torch.autograd._profiler_enabled() and "TEARDOWN_CUPTI" not in os.environ
