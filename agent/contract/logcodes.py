@@ -44,6 +44,7 @@ STEP_END = 27  # the optimizer phase closes and a training step ends here (EXIT 
 UNTIMED_END = 28  # a training step ends here; its phases were not timed (phase sampling: probe.py)
 TIMING_RESUMED = 29  # phases are timed from here: the open step's earlier phases were not
 COMM_READY = 30  # the open backward's compute is done: the rest of it is collective wait (comm)
+BACKWARD_STEPS = 31  # no optimizer.step() seen: from here each backward's end ends a step (BOUNDARY)
 STEP_ENDS = (BOUNDARY, STEP_END, UNTIMED_END)
 FORWARD_START = 32  # FORWARD_START + 2 * root slot + grad: a root module's forward begins
 MAX_SLOT = (MASK - FORWARD_START) // 2  # root slots 0..MAX_SLOT; slot 0 is phase("forward")

@@ -265,7 +265,8 @@ class AutoHooks:
 
         autograd = self.torch.autograd
         wait = BackwardWait(self.probe, self.torch)
-        self._setattr(autograd, "backward", timed_backward(self.probe, autograd.backward, wait.arm))
+        task = getattr(self.torch._C, "_current_graph_task_id", None) or (lambda: -1)
+        self._setattr(autograd, "backward", timed_backward(self.probe, autograd.backward, wait.arm, task))
         patch_collectives(self.probe, self.torch, self._setattr)
         # a gradient penalty's autograd.grad is backward time, not another micro-batch
         self._setattr(autograd, "grad", timed(self.probe, BACKWARD, autograd.grad, enter=GRAD))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from statistics import mean
 
+from torchtop.monitor.diagnosis import warmup
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
 from torchtop.monitor.diagnosis.flags import FLAG_RULES
@@ -78,20 +79,11 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
 
 def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
     """The verdict and flags for the recent window; `previous` gives the verdict hysteresis."""
-    steps = judged_steps(state)
-    if len(steps) < T["min_steps"]:
-        seen = sum(1 for s in state.steps if s.kind == "train")
-        verdict = Finding(
-            "unknown",
-            "ok",
-            0.0,
-            (
-                f"{seen} steps seen; the first {int(T['warmup_steps'])} are warm-up and "
-                f"{int(T['min_steps'])} more are needed to judge",
-            ),
-        )
-        return Diagnosis(verdict, (), len(steps))
+    judged = warmup.judged(state, judged_steps(state))
+    if judged is None:
+        return Diagnosis(Finding("unknown", "ok", 0.0, (warmup.waiting(state),)), (), 0)
+    steps = judged.steps
     f = facts(state, steps)
-    verdict = primary(f, previous.verdict.kind if previous else None)
+    verdict = warmup.with_notes(primary(f, previous.verdict.kind if previous else None), judged, state)
     flags = tuple(x for x in (rule(f) for rule in FLAG_RULES) if x is not None)
     return with_upsides(Diagnosis(verdict, flags, len(steps)), f)

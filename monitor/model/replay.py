@@ -18,6 +18,7 @@ from typing import Any
 
 from torchtop.agent.contract.logcodes import (
     BACKWARD,
+    BACKWARD_STEPS,
     BOUNDARY,
     COMM,
     COMM_READY,
@@ -73,6 +74,7 @@ class StepRecorder:
         "partial",
         "_untimed",
         "_split",
+        "by_backward",
     )
 
     def __init__(self) -> None:
@@ -101,6 +103,8 @@ class StepRecorder:
         self._fresh = False  # nothing happened since the last boundary
         self._untimed = False  # the open step's phases were not all timed (TIMING_RESUMED in it)
         self._split = False  # the open `comm` is the rest of a backward (COMM_READY): its exit closes it
+        # the agent saw no optimizer.step(): steps end at each backward (BACKWARD_STEPS) until one is
+        self.by_backward = False
 
     # -- the log -------------------------------------------------------------------------------
     def feed(self, entries: list[Any]) -> list[tuple]:
@@ -158,6 +162,10 @@ class StepRecorder:
             self.boundary("train", now, None, False)
         elif code == TIMING_RESUMED:
             self._untimed = True
+        elif code == BACKWARD_STEPS:
+            self.by_backward = True
+            if self._t0:  # the step it closes holds the backwards counted before: not one step
+                self.partial = True
         elif code == COMM_READY:
             self.comm_ready(now, ms)
         elif code == STEP_EVENT:
@@ -222,6 +230,8 @@ class StepRecorder:
 
     def exit(self, phase: int, now: int, ms: float | None = None) -> None:
         cur = self._cur
+        if phase == OPTIMIZER:
+            self.by_backward = False  # an optimizer stepped: steps end there from now
         if self._split and phase == BACKWARD and cur == COMM:
             phase, self._split = COMM, False  # the backward's exit closes its collective wait
         if cur >= 0:
@@ -320,6 +330,8 @@ class StepRecorder:
             device_ms = _device_ms(self._events)
         if self._eval_fwd and not self._has_train and timed:  # UNTIMED_END: a training step's end
             kind = "eval"
+        if self.by_backward and kind == "train":
+            self._extras()["at_backward"] = True
         extra = self._extra if self._extra is not None else {}
         if self.partial:  # its start was not seen: its times would be wrong
             self.partial = False
@@ -392,4 +404,5 @@ def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
         record.skipped = extra.get("skipped", 0)
         record.h2d_bytes = {k: extra[k] for k in ("pinned", "pageable") if k in extra}
         record.marks = dict(extra.get("marks", {}))
+        record.at_backward = bool(extra.get("at_backward", False))
     return record

@@ -30,3 +30,4 @@ class StepRecord(msgspec.Struct, omit_defaults=True, gc=False):
     skipped: int = 0  # optimizer steps GradScaler skipped (inf/NaN gradients) in this step
     h2d_bytes: dict[str, int] = {}  # bytes copied host-to-device from "pinned" / "pageable" memory
     marks: dict[str, float] = {}  # user scalars from torchtop.agent.mark()
+    at_backward: bool = False  # ended at a backward's end: no optimizer.step() was seen (replay.py)
