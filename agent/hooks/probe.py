@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
 from time import perf_counter_ns
+from types import CodeType
 from typing import TYPE_CHECKING
 
 from torchtop.agent.contract.logcodes import (
@@ -132,6 +133,7 @@ class Probe:
         "_nograd",
         "tail",
         "no_opt",
+        "callers",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
@@ -178,6 +180,9 @@ class Probe:
         # backward passes left (+1) before steps are cut at each backward (NO_OPT_BACKWARDS); 1: they
         # are; 0: an optimizer stepped, or step() is explicit (the backward wrapper tests this)
         self.no_opt = NO_OPT_BACKWARDS + 1
+        # the code of the frames that called the first root module found (auto.py, once): where
+        # the stack sampler finds the training loop (agent/telemetry/stacks.py)
+        self.callers: tuple[CodeType, ...] = ()
         if thread_id is None:
             _current.set(self)
 

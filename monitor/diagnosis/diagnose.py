@@ -12,6 +12,7 @@ from torchtop.monitor.diagnosis.growth import leak_growth
 from torchtop.monitor.diagnosis.upside import with_upsides
 from torchtop.monitor.diagnosis.verdicts import primary
 from torchtop.monitor.diagnosis.why import why_facts
+from torchtop.monitor.model.hotspots import with_input_wait
 from torchtop.monitor.model.state import (
     RunState,
     breakdown,
@@ -74,6 +75,12 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     f.growth = leak_growth(state, cuda, f.step_ms / 1000.0)
     f.growth_what = "allocated CUDA memory" if cuda else "process RSS"
     f.why = why_facts(state, steps, f.gpu_util)
+    # a plain generator the loop resumes from its `for`: data wait no hook timed (stack samples)
+    f.shares, moved = with_input_wait(f.shares, f.why.fold, int(T["min_phase_samples"]))
+    f.input_wait = moved
+    if moved:
+        f.ms = dict(f.ms, data=f.ms.get("data", 0.0) + moved * f.step_ms)
+        f.ms["other"] = max(0.0, f.ms.get("other", 0.0) - moved * f.step_ms)
     return f
 
 
@@ -85,5 +92,6 @@ def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
     steps = judged.steps
     f = facts(state, steps)
     verdict = warmup.with_notes(primary(f, previous.verdict.kind if previous else None), judged, state)
+    verdict = warmup.with_input_wait_note(verdict, f)
     flags = tuple(x for x in (rule(f) for rule in FLAG_RULES) if x is not None)
     return with_upsides(Diagnosis(verdict, flags, len(steps)), f)

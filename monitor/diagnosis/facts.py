@@ -172,3 +172,4 @@ class Facts:
     growth: Growth | None = None
     growth_what: str = "allocated"
     why: WhyFacts | None = None  # stack samples, sync windows, throughput and MFU (why.py)
+    input_wait: float = 0.0  # share of the step resuming the loop's input generator (in `data`)

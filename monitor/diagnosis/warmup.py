@@ -7,6 +7,7 @@ what the verdict says while it cannot judge yet.
 - A loop with no training step but evaluation/inference forwards (no backward, no optimizer) is
   judged on those forward passes, with their latency (p50/p99).
 - Steps ended at each backward (no optimizer.step() seen: agent/hooks/probe.py) are said so.
+- A data verdict whose wait is the loop resuming a plain generator says so (estimated).
 - Nothing judged yet: the line says what is missing and counts down with steps and time.
 Pure: state in, steps and lines out.
 """
@@ -17,7 +18,9 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Finding
+from torchtop.monitor.diagnosis.facts import Facts, Finding
+from torchtop.monitor.model.fmt import pct
+from torchtop.monitor.model.hotspots import short_site
 from torchtop.monitor.model.state import RunState
 from torchtop.monitor.model.steps import StepKind, StepRecord
 
@@ -137,3 +140,17 @@ def with_notes(verdict: Finding, judged: Judged, state: RunState) -> Finding:
     lines = notes(judged, state)
     head, rest = verdict.evidence[:1], verdict.evidence[1:]
     return replace(verdict, evidence=(*head, *lines, *rest)) if lines else verdict
+
+
+def with_input_wait_note(verdict: Finding, f: Facts) -> Finding:
+    """A data verdict whose wait is (partly) the loop resuming a plain generator says so: that
+    share is estimated from stack samples, which `torchtop.agent.data()` would time exactly."""
+    if verdict.kind != "data-loading" or not f.input_wait or f.why is None:
+        return verdict
+    sites = f.why.fold.input_sites
+    where = f" ({short_site(sites[0].site)})" if sites and sites[0].site else ""
+    line = (
+        f"{pct(f.input_wait, 0)} of the step is the loop resuming its input generator{where}: "
+        "estimated from stack samples; `for b in torchtop.agent.data(gen):` times it exactly"
+    )
+    return replace(verdict, evidence=(*verdict.evidence[:1], line, *verdict.evidence[1:]))

@@ -32,7 +32,7 @@ def compute_metrics(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=600.0)
-    p.add_argument("--repeat", type=int, default=40, help="metric passes a step (its cost)")
+    p.add_argument("--repeat", type=int, default=150, help="metric passes a step (its cost)")
     args = p.parse_args()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
