@@ -142,7 +142,7 @@ def fold(
         n = f.by_phase[phase] - f.sync_by_phase.get(phase, 0) - (f.inputs if phase == "other" else 0)
         ranked = sorted(per_fn.values(), key=lambda lc: -sum(lc[0].values()))[:top]
         f.functions[phase] = [
-            FunctionShare(_named(site), callee, k, k / n, callers.most_common(1)[0][0])
+            FunctionShare(_named(site), callee, k, k / n, _named(callers.most_common(1)[0][0]))
             for lines, callers in ranked
             if (k := sum(lines.values()))
             for (site, callee), _ in lines.most_common(1)
