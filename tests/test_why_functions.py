@@ -69,6 +69,24 @@ def test_the_loop_resuming_its_generator_is_an_input_sample() -> None:
     assert s is not None and s.phase == OTHER and s.input, s
 
 
+def train_step(b: Blocked) -> None:
+    """Stands for the function that calls the model."""
+
+
+def loop_calling_a_step_function(b: Blocked) -> None:
+    assert b.probe is not None
+    # as auto.py records: the model called from train_step, called from this loop
+    b.probe.callers = (train_step.__code__, loop_calling_a_step_function.__code__)
+    for _ in batches(b):
+        train_step(b)
+
+
+def test_the_loop_may_call_the_model_through_a_step_function() -> None:
+    with Blocked(loop_calling_a_step_function) as b:
+        s = StackSampler(b.probe, classifier_for(torch)).sample()
+    assert s is not None and s.input, s
+
+
 def loop_elsewhere(b: Blocked) -> None:
     assert b.probe is not None
     b.probe.callers = (line_of.__code__,)  # the model is called from another function

@@ -211,9 +211,10 @@ class StackSampler:
         self.sync_keys: dict[tuple[int, int], int] = {}  # (id(code), offset): SyncWindow keeps the code
         self.sync_codes: dict[int, CodeType] = {}  # id: code of the explicit waits (explicit_syncs)
         self.attended = False
-        # the frames that call the model (the first user frame outside a forward or backward
-        # wrapper): id(code) -> (code, its FOR_ITER offsets). A generator such a frame resumes
-        # at a FOR_ITER is the loop's input (`StackSample.input`)
+        # the user's frames that call the model (outside a forward or backward wrapper, or as
+        # the probe recorded at the first root forward): id(code) -> (code, its FOR_ITER
+        # offsets). A generator such a frame resumes at a FOR_ITER is the loop's input
+        # (`StackSample.input`)
         self.loop_codes: dict[int, tuple[CodeType, frozenset[int]]] = {}
         self.busy_ns = 0  # this thread's CPU time at work
         self.samples = 0
@@ -298,25 +299,26 @@ class StackSampler:
         )
 
     def _loop_code(self, codes: tuple[CodeType, ...]) -> None:
-        """The first of the user's own code among `codes` (innermost first) is the loop's."""
+        """The user's own code among `codes` (the frames that called the model, innermost first):
+        the training loop is one of them (`for b in gen(): train_step(model, b)`)."""
         for code in codes:
+            self._add_loop(code)
+        if not self.loop_codes:
+            self.loop_codes[0] = (codes[0], frozenset())  # none of the user's: do not look again
+
+    def _add_loop(self, code: CodeType) -> None:
+        if len(self.loop_codes) < LOOP_CAP and id(code) not in self.loop_codes:
             if self.classifier.kind(code)[1] is Kind.USER:
                 self.loop_codes[id(code)] = (code, _for_iters(code))
-                return
-        self.loop_codes[0] = (codes[0], frozenset())  # none of the user's: do not look again
 
     def _loop_frame(self, wrapper: FrameType) -> None:
-        """Remember the user's frame that called the model (the first of the user's own code
-        outside the forward or backward wrapper `wrapper`): the training loop."""
+        """Remember the user's frames that called the model (outside the forward or backward
+        wrapper `wrapper`): the training loop is one of them."""
         if len(self.loop_codes) >= LOOP_CAP:
             return
         f, depth = wrapper.f_back, 0
-        while f is not None and depth < 16:
-            code = f.f_code
-            if self.classifier.kind(code)[1] is Kind.USER:
-                if id(code) not in self.loop_codes:
-                    self.loop_codes[id(code)] = (code, _for_iters(code))
-                return
+        while f is not None and depth < 32:
+            self._add_loop(f.f_code)
             f, depth = f.f_back, depth + 1
 
     # -- the thread ----------------------------------------------------------------------------

@@ -49,10 +49,10 @@ def main() -> None:
             loss.backward()
             opt.step()
             for _ in range(args.repeat):
-                metrics = compute_metrics(logits.detach(), y)
+                compute_metrics(logits.detach(), y)
             step += 1
             if step == 20:
-                print("warm", metrics["median_f1"] >= 0, flush=True)
+                print("warm", flush=True)
 
 
 if __name__ == "__main__":
