@@ -38,6 +38,7 @@ def test_an_inference_loop_is_judged_on_its_forward_latency() -> None:
     line = next(e for e in v["evidence"] if e.startswith("inference only"))
     p50, p99 = (float(x) for x in re.findall(r"p(?:50|99) ([\d.]+) ms", line))
     assert 0 < p50 <= p99, line
+    assert r["eval_latency_ms"]["p50"] > 0 and r["eval_latency_ms"]["p99"] >= r["eval_latency_ms"]["p50"], r
 
 
 def test_three_second_steps_get_a_verdict_within_30_s_with_its_confidence() -> None:

@@ -8,6 +8,7 @@ import msgspec
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.warmup import latency_ms
 from torchtop.monitor.diagnosis.why import why_report
 from torchtop.monitor.model.hotspots import fold, with_input_wait
 from torchtop.monitor.model.state import (
@@ -51,6 +52,10 @@ def build_report(
             "steps_in_full": len(steps),
             "thinned": summary.thinned,
             "eval_steps": len(summary.evals),
+            # each eval step is one forward pass (an inference loop's latency): p50 / p99 of their wall times
+            "eval_latency_ms": dict(zip(("p50", "p99"), map(_r4, latency_ms(summary.evals))))
+            if summary.evals
+            else None,
             # phases (and micro-batches) are timed on every step of 10 ms or more, on a random
             # sample of faster ones: `timed_steps` of `steps_in_full`
             "timed_steps": len(timed_steps),
@@ -72,6 +77,10 @@ def build_report(
         | why_report(state, steps, seconds)
         | diagnose(state).to_json()
     )
+
+
+def _r4(x: float) -> float:
+    return round(x, 4)
 
 
 def _breakdown(state: RunState, steps: list[StepRecord]) -> dict[str, float]:
