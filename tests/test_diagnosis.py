@@ -414,9 +414,14 @@ def _state(data_ms: float, compute_ms: float, n: int = 80, telemetry: Telemetry 
 
 
 def test_warmup_is_not_judged() -> None:
-    state = _state(90.0, 10.0, n=12)
+    state = _state(90.0, 10.0, n=8)
     d = diagnose(state)
-    assert d.verdict.kind == "unknown" and d.steps == 2
+    assert d.verdict.kind == "unknown" and d.steps == 0
+    assert "8 steps seen" in d.verdict.evidence[0], d.verdict.evidence
+    # from 10 steps (issue 25): a verdict, all but the first two judged, its confidence said
+    d = diagnose(_state(90.0, 10.0, n=12))
+    assert d.verdict.kind == "data-loading" and d.steps == 10
+    assert any(e.startswith("confidence moderate: judged on 10 steps") for e in d.verdict.evidence)
 
 
 def test_state_data_bound_with_saturated_workers() -> None:

@@ -120,7 +120,7 @@ def test_replay_survives_garbage_entries() -> None:
         _at(160, FORWARD_START + 3),
         _at(170, EXIT | FORWARD),
         _at(180, BOUNDARY),
-        _at(185, 31),
+        _at(185, 17),
         _at(190, BOUNDARY),
     ]
     steps = rec.feed(log)

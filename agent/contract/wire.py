@@ -190,6 +190,23 @@ class CaptureInfo(msgspec.Struct, omit_defaults=True, frozen=True):
     start_step: int = -1  # the run's step count where it started (the first step captured)
 
 
+_NESTED = (
+    ".<locals>.<genexpr>",
+    ".<locals>.<listcomp>",
+    ".<locals>.<dictcomp>",
+    ".<locals>.<setcomp>",
+    ".<locals>.<lambda>",
+)
+
+
+def function_of(qualname: str) -> str:
+    """The function a comprehension or lambda belongs to: "f.<locals>.<genexpr>" -> "f" (how
+    the monitor names a StackSample's function)."""
+    while qualname.endswith(_NESTED):
+        qualname = qualname.rsplit(".<locals>.", 1)[0]
+    return qualname
+
+
 class StackSample(msgspec.Struct, array_like=True):
     """The training thread's Python stack, sampled from an agent thread (agent/telemetry/stacks.py).
 
@@ -201,6 +218,11 @@ class StackSample(msgspec.Struct, array_like=True):
     window saw synchronise the device, and the sample was taken on time (not `late`), so the
     training thread was blocked there. `late`: the sample came over 1 ms after it was due (the
     training thread held the GIL, so its stack was read where it let go of it).
+    `caller`: where the user's function at `site` was called from ("path:line function": the
+    next frame of the user's own code outward, past that function's own comprehensions and
+    lambdas; "" when none). `input`: the thread was resuming the loop's input generator from
+    the `for` statement of the loop that calls the model (a plain generator feeding the loop:
+    data wait that no hook times).
     """
 
     t: int
@@ -209,6 +231,8 @@ class StackSample(msgspec.Struct, array_like=True):
     callee: str = ""
     sync: bool = False
     late: bool = False
+    caller: str = ""
+    input: bool = False
 
 
 class SyncSite(msgspec.Struct, omit_defaults=True):

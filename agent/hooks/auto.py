@@ -38,6 +38,15 @@ DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
 DISCOVERY_CALLS = 1000  # ... or root forward calls, whichever comes first
 
 
+def _callers(frame: Any, depth: int = 32) -> tuple[Any, ...]:
+    """The code objects of `frame` and the frames outward of it (at most `depth`)."""
+    out = []
+    while frame is not None and len(out) < depth:
+        out.append(frame.f_code)
+        frame = frame.f_back
+    return tuple(out)
+
+
 class AutoHooks:
     """Installs and removes every automatic hook for one probe."""
 
@@ -176,6 +185,8 @@ class AutoHooks:
                 self._not_roots.add(key)  # a loss function or activation called on its own: not a model
                 return
             self.add_root(module)
+            if not probe.callers:  # once: the frames that call the model (the training loop)
+                probe.callers = _callers(sys._getframe(1))
             self._adopt(module)
             # this call's forward was chosen before this hook ran: time it with a one-shot hook
             self.root_enter(module)
@@ -274,7 +285,8 @@ class AutoHooks:
 
         autograd = self.torch.autograd
         wait = BackwardWait(self.probe, self.torch)
-        self._setattr(autograd, "backward", timed_backward(self.probe, autograd.backward, wait.arm))
+        task = getattr(self.torch._C, "_current_graph_task_id", None) or (lambda: -1)
+        self._setattr(autograd, "backward", timed_backward(self.probe, autograd.backward, wait.arm, task))
         patch_collectives(self.probe, self.torch, self._setattr)
         from torchtop.agent.hooks.waits import Waits
 

@@ -59,20 +59,32 @@ COLLECTIVES = (
     "_broadcast_coalesced",
 )
 
-# the backward wrapper: timed.py's template, arming the collective-wait callback after its entry
+# the backward wrapper: timed.py's template, arming the collective-wait callback after its entry;
+# while no optimizer has stepped (`no_opt`), an outermost backward's end may end the step
+# (probe.backward_ended; `_tt_task()` is -1 outside the autograd engine: not a nested backward)
 _BACKWARD = _TIMED.replace(
     "        _tt_put(_tt_enter)\n",
     "        _tt_put(_tt_enter)\n        if _tt_probe.comm:\n            _tt_arm({first})\n",
     1,
+).replace(
+    "            _tt_put(_tt_leave)\n",
+    "            _tt_put(_tt_leave)\n"
+    "            if _tt_probe.no_opt and _tt_task() < 0:\n"
+    "                _tt_probe.backward_ended()\n",
+    1,
 )
+assert "backward_ended" in _BACKWARD
 _ASYNC = _TIMED.replace("if _tt_probe.untimed or", "if _tt_probe.untimed or async_op or", 1)
 # a collective that takes `group`: its process group named after the entry (groups.py)
 _GROUP = "        _tt_put(_tt_enter)\n        _tt_group(_tt_probe, group)\n"
 
 
-def timed_backward(probe: Probe, orig: Any, arm: Callable[[Any], None]) -> Any:
+def timed_backward(
+    probe: Probe, orig: Any, arm: Callable[[Any], None], task: Callable[[], int] = lambda: -1
+) -> Any:
     """`torch.autograd.backward` timed as BACKWARD; on a distributed run (`probe.comm`), with
-    the end-of-backward callback armed (`arm(tensors)`)."""
+    the end-of-backward callback armed (`arm(tensors)`). `task`: the autograd engine's graph
+    task (-1 outside a backward: torch._C._current_graph_task_id)."""
     names = {
         "_tt_current": current,
         "_tt_probe": probe,
@@ -80,6 +92,7 @@ def timed_backward(probe: Probe, orig: Any, arm: Callable[[Any], None]) -> Any:
         "_tt_enter": BACKWARD,
         "_tt_leave": EXIT | BACKWARD,
         "_tt_arm": arm,
+        "_tt_task": task,
     }
     # its frame says "backward" to the stack sampler on untimed steps too (nothing is logged there)
     return note_phase(

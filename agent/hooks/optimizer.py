@@ -173,6 +173,7 @@ class OptimizerSteps:
     def pre_any(self, opt: Optimizer) -> None:
         probe = self.probe
         try:
+            probe.no_opt = 0  # steps end at the optimizer, not at backwards
             oid = id(opt)
             if oid in self._stepped and not probe.explicit:
                 # it stepped twice in one step: the cycle is only what stepped since the last cut

@@ -16,9 +16,11 @@ from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
 from time import perf_counter_ns
+from types import CodeType
 from typing import TYPE_CHECKING
 
 from torchtop.agent.contract.logcodes import (
+    BACKWARD_STEPS,
     BOUNDARY,
     EXIT,
     H2D_COPY,
@@ -57,6 +59,10 @@ COMM_FULL_STEP_NS = 3 * FULL_STEP_NS
 MAX_ONE_IN = 64  # 1 step in 64 timed at least (steps of 0.16 ms or less)
 # values of `untimed` (0: a timed step); timed.py tests `>= UNTIMED`
 UNTIMED = 2
+# a loop with no optimizer.step() (weights updated by hand, an optimizer torchtop does not hook):
+# after this many backward passes with no optimizer step and no step end, each backward's end
+# ends a step (a few: gradient accumulation steps its optimizer after several backwards)
+NO_OPT_BACKWARDS = 4
 WAKE = 1  # set by the agent thread: time again from the next root forward (an eval loop?)
 _rand = random.Random().random  # our own generator: the user's seeded one is theirs
 _ALL_TIMED = [0] * (PERIOD + 1)  # `plan` while every step is timed
@@ -127,6 +133,8 @@ class Probe:
         "_nograd",
         "tail",
         "event_put",
+        "no_opt",
+        "callers",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
@@ -173,6 +181,12 @@ class Probe:
         self.event_put: Callable[[Item], None] | None = (
             None  # an event step's put, if not the default (nvtx.py)
         )
+        # backward passes left (+1) before steps are cut at each backward (NO_OPT_BACKWARDS); 1: they
+        # are; 0: an optimizer stepped, or step() is explicit (the backward wrapper tests this)
+        self.no_opt = NO_OPT_BACKWARDS + 1
+        # the code of the frames that called the first root module found (auto.py, once): where
+        # the stack sampler finds the training loop (agent/telemetry/stacks.py)
+        self.callers: tuple[CodeType, ...] = ()
         if thread_id is None:
             _current.set(self)
 
@@ -196,6 +210,7 @@ class Probe:
         self.comm = False
         self.put = self._append = _discard
         self.untimed = 0
+        self.no_opt = 0
         self.plan = _NoneTimed()  # type: ignore[assignment]
         self.left = self._batch = 1 << 30
 
@@ -234,6 +249,7 @@ class Probe:
         """`with step():` entered: boundaries are the user's from now on."""
         self.explicit = True
         self.opt_fast = False  # the optimizer hooks' fast path cuts steps
+        self.no_opt = 0
         self.stamp(OPEN_STEP)
 
     def mark(self, name: str, value: float | tuple[torch.Tensor, torch.cuda.Event]) -> None:
@@ -288,6 +304,25 @@ class Probe:
             self.housekeep()
         else:
             self.untimed = self.plan[self.left]
+
+    def backward_ended(self) -> None:
+        """A timed backward returned and no optimizer has stepped yet (`no_opt`): after
+        NO_OPT_BACKWARDS of them with no step end, steps end at each backward (BACKWARD_STEPS
+        says so once; the step it closes held several backwards and is not reported)."""
+        try:
+            n = self.no_opt
+            if n > 1:
+                if self.steps:  # something else ends steps (a hook of a foreign optimizer)
+                    self.no_opt = 0
+                    return
+                self.no_opt = n = n - 1
+                if n > 1:
+                    return
+                self.stamp(BACKWARD_STEPS)
+            if n == 1 and not self.explicit and not self.opt_depth:
+                self.cut()
+        except Exception:
+            self.fail()
 
     def wake(self) -> None:
         """A root forward in an untimed stretch that no step end has closed for a second (the

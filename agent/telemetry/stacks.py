@@ -17,6 +17,7 @@ wait on the device. Nothing is sampled while no monitor listens.
 
 from __future__ import annotations
 
+import dis
 import os
 import random
 import sys
@@ -38,7 +39,7 @@ from torchtop.agent.contract.logcodes import (
     OPTIMIZER,
     TIMED_PHASES,
 )
-from torchtop.agent.contract.wire import StackSample
+from torchtop.agent.contract.wire import StackSample, function_of
 from torchtop.agent.hooks.wrap import WRAPPER_PHASES
 
 if TYPE_CHECKING:
@@ -58,6 +59,14 @@ BUDGET = 0.0005
 MIN_HZ = 2.0
 FIRST_SAMPLES = 5
 OUTLIER = 4.0  # a sample dearer than this many times the smoothed cost counts as this much
+CO_GENERATOR = 0x20  # inspect.CO_GENERATOR
+FOR_ITER = dis.opmap["FOR_ITER"]
+LOOP_CAP = 16  # code objects of the frames that call the model (the training loop), kept
+
+
+def _for_iters(code: CodeType) -> frozenset[int]:
+    """Offsets of the `for` statements' FOR_ITER instructions in `code` (frame.f_lasti's unit)."""
+    return frozenset(i.offset for i in dis.get_instructions(code) if i.opcode == FOR_ITER)
 
 
 class Kind(IntEnum):
@@ -202,6 +211,11 @@ class StackSampler:
         self.sync_keys: dict[tuple[int, int], int] = {}  # (id(code), offset): SyncWindow keeps the code
         self.sync_codes: dict[int, CodeType] = {}  # id: code of the explicit waits (explicit_syncs)
         self.attended = False
+        # the user's frames that call the model (outside a forward or backward wrapper, or as
+        # the probe recorded at the first root forward): id(code) -> (code, its FOR_ITER
+        # offsets). A generator such a frame resumes at a FOR_ITER is the loop's input
+        # (`StackSample.input`)
+        self.loop_codes: dict[int, tuple[CodeType, frozenset[int]]] = {}
         self.busy_ns = 0  # this thread's CPU time at work
         self.samples = 0
         self._new: deque[StackSample] = deque(maxlen=NEW_CAP)
@@ -229,10 +243,16 @@ class StackSampler:
         )
         kind_of = self.classifier.kind
         cached = self.classifier._cache.get  # the lookup inlined: a call less per frame
+        if not self.loop_codes and probe.callers:
+            self._loop_code(probe.callers)
         phase = -1
         user: FrameType | None = None
         lib: FrameType | None = None
+        caller: FrameType | None = None
+        user_fn = ""
         user_callee = lib_callee = prev = None
+        loop_codes = self.loop_codes
+        feeding = False  # the loop's input generator is on the stack, resumed by the loop
         depth = 0
         f: FrameType | None = frame
         while f is not None and depth < MAX_DEPTH:
@@ -243,12 +263,22 @@ class StackSampler:
             _, kind, ph = got
             if ph >= 0 and phase < 0:
                 phase = ph  # the innermost wrapper: a nested phase pauses its outer one
+                if ph in (FORWARD, BACKWARD):
+                    self._loop_frame(f)
             if kind is Kind.USER:
                 if user is None:
                     user, user_callee = f, prev
+                    user_fn = function_of(getattr(code, "co_qualname", code.co_name))
+                elif caller is None and getattr(code, "co_qualname", code.co_name) != user_fn:
+                    caller = f
+                if code.co_flags & CO_GENERATOR and phase < 0:
+                    back = f.f_back
+                    loop = loop_codes.get(id(back.f_code)) if back is not None else None
+                    if loop is not None and loop[0] is back.f_code and back.f_lasti in loop[1]:
+                        feeding = True
             elif kind is Kind.LIB and lib is None and user is None:
                 lib, lib_callee = f, prev
-            if user is not None and phase >= 0:
+            if user is not None and phase >= 0 and caller is not None:
                 break
             if kind is not Kind.OURS:
                 prev = f
@@ -264,7 +294,32 @@ class StackSampler:
             self.classifier.callee(callee) if callee is not None else "",
             sync,
             late,
+            site(caller) if caller is not None else "",
+            feeding and phase == OTHER,
         )
+
+    def _loop_code(self, codes: tuple[CodeType, ...]) -> None:
+        """The user's own code among `codes` (the frames that called the model, innermost first):
+        the training loop is one of them (`for b in gen(): train_step(model, b)`)."""
+        for code in codes:
+            self._add_loop(code)
+        if not self.loop_codes:
+            self.loop_codes[0] = (codes[0], frozenset())  # none of the user's: do not look again
+
+    def _add_loop(self, code: CodeType) -> None:
+        if len(self.loop_codes) < LOOP_CAP and id(code) not in self.loop_codes:
+            if self.classifier.kind(code)[1] is Kind.USER:
+                self.loop_codes[id(code)] = (code, _for_iters(code))
+
+    def _loop_frame(self, wrapper: FrameType) -> None:
+        """Remember the user's frames that called the model (outside the forward or backward
+        wrapper `wrapper`): the training loop is one of them."""
+        if len(self.loop_codes) >= LOOP_CAP:
+            return
+        f, depth = wrapper.f_back, 0
+        while f is not None and depth < 32:
+            self._add_loop(f.f_code)
+            f, depth = f.f_back, depth + 1
 
     # -- the thread ----------------------------------------------------------------------------
     def start(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from statistics import mean
 
+from torchtop.monitor.diagnosis import warmup
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
 from torchtop.monitor.diagnosis.flags import FLAG_RULES
@@ -12,6 +13,7 @@ from torchtop.monitor.diagnosis.growth import leak_growth
 from torchtop.monitor.diagnosis.upside import with_upsides
 from torchtop.monitor.diagnosis.verdicts import primary
 from torchtop.monitor.diagnosis.why import why_facts
+from torchtop.monitor.model.hotspots import with_input_wait
 from torchtop.monitor.model.state import (
     RunState,
     breakdown,
@@ -76,25 +78,23 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     if tel is not None and tel.gpus:
         f.gpm = gpm_figures(tel.gpus[0])
     f.why = why_facts(state, steps, f.gpu_util)
+    # a plain generator the loop resumes from its `for`: data wait no hook timed (stack samples)
+    f.shares, moved = with_input_wait(f.shares, f.why.fold, int(T["min_phase_samples"]))
+    f.input_wait = moved
+    if moved:
+        f.ms = dict(f.ms, data=f.ms.get("data", 0.0) + moved * f.step_ms)
+        f.ms["other"] = max(0.0, f.ms.get("other", 0.0) - moved * f.step_ms)
     return f
 
 
 def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
     """The verdict and flags for the recent window; `previous` gives the verdict hysteresis."""
-    steps = judged_steps(state)
-    if len(steps) < T["min_steps"]:
-        seen = sum(1 for s in state.steps if s.kind == "train")
-        verdict = Finding(
-            "unknown",
-            "ok",
-            0.0,
-            (
-                f"{seen} steps seen; the first {int(T['warmup_steps'])} are warm-up and "
-                f"{int(T['min_steps'])} more are needed to judge",
-            ),
-        )
-        return Diagnosis(verdict, (), len(steps))
+    judged = warmup.judged(state, judged_steps(state))
+    if judged is None:
+        return Diagnosis(Finding("unknown", "ok", 0.0, (warmup.waiting(state),)), (), 0)
+    steps = judged.steps
     f = facts(state, steps)
-    verdict = primary(f, previous.verdict.kind if previous else None)
+    verdict = warmup.with_notes(primary(f, previous.verdict.kind if previous else None), judged, state)
+    verdict = warmup.with_input_wait_note(verdict, f)
     flags = tuple(x for x in (rule(f) for rule in FLAG_RULES) if x is not None)
     return with_upsides(Diagnosis(verdict, flags, len(steps)), f)

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 THRESHOLDS: dict[str, float] = {
     "warmup_steps": 10,  # first steps of a run are not judged (compilation, allocator warm-up)
     "min_steps": 5,  # fewer judged steps than this: verdict `unknown`
+    # ... but slow steps are judged early (warmup.py): once this many steps are seen, or they span
+    # this long, all but the first one or two, the verdict saying its confidence
+    "early_steps": 10,
+    "early_s": 20.0,
     "window_s": 10.0,  # judge the last 10 s or the last 50 steps, whichever holds more steps
     "window_steps": 50,
     # data wait / transfer share of step time. Under `input_high` it is a note under a healthy
@@ -175,3 +179,4 @@ class Facts:
     growth: Growth | None = None
     growth_what: str = "allocated"
     why: WhyFacts | None = None  # stack samples, sync windows, throughput and MFU (why.py)
+    input_wait: float = 0.0  # share of the step resuming the loop's input generator (in `data`)

@@ -7,7 +7,10 @@ from typing import Any
 import msgspec
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.warmup import latency_ms
 from torchtop.monitor.diagnosis.why import why_report
+from torchtop.monitor.model.hotspots import fold, with_input_wait
 from torchtop.monitor.model.state import (
     RunState,
     breakdown,
@@ -16,6 +19,7 @@ from torchtop.monitor.model.state import (
     retry_rate,
     timed,
 )
+from torchtop.monitor.model.steps import StepRecord
 
 
 def build_report(
@@ -48,13 +52,18 @@ def build_report(
             "steps_in_full": len(steps),
             "thinned": summary.thinned,
             "eval_steps": len(summary.evals),
+            # each eval step is one forward pass (an inference loop's latency): p50 / p99 of their wall times
+            "eval_latency_ms": dict(zip(("p50", "p99"), map(_r4, latency_ms(summary.evals))))
+            if summary.evals
+            else None,
             # phases (and micro-batches) are timed on every step of 10 ms or more, on a random
             # sample of faster ones: `timed_steps` of `steps_in_full`
             "timed_steps": len(timed_steps),
             "micro_batches": (sum(s.micro for s in timed_steps) / len(timed_steps)) if timed_steps else 0.0,
             "step_time_ms": {k: round(stats[f"{k}_ms"], 4) for k in ("median", "p90", "mean")},
             "steps_per_s": round(stats["steps_per_s"], 3),
-            "breakdown": {k: round(v, 5) for k, v in breakdown(steps).items()},
+            # a plain generator the loop resumes is data wait (estimated from stack samples)
+            "breakdown": {k: round(v, 5) for k, v in _breakdown(state, steps).items()},
             "phase_ms": {k: round(v, 4) for k, v in phase_ms(steps).items()},
             "device_ms": {k: round(v, 4) for k, v in device_ms(steps).items()},
             "batches": state.batches,
@@ -68,6 +77,14 @@ def build_report(
         | why_report(state, steps, seconds)
         | diagnose(state).to_json()
     )
+
+
+def _r4(x: float) -> float:
+    return round(x, 4)
+
+
+def _breakdown(state: RunState, steps: list[StepRecord]) -> dict[str, float]:
+    return with_input_wait(breakdown(steps), fold(state.why.samples, steps), int(T["min_phase_samples"]))[0]
 
 
 def telemetry_report(state: RunState, seconds: float) -> dict[str, Any]:

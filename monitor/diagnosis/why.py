@@ -21,7 +21,7 @@ from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.throughput import Throughput, throughput
 from torchtop.monitor.model.fmt import pct
-from torchtop.monitor.model.hotspots import Fold, SiteShare, fold, short_callee, short_site
+from torchtop.monitor.model.hotspots import Fold, FunctionShare, SiteShare, fold, short_callee, short_site
 
 if TYPE_CHECKING:
     from torchtop.agent.contract.wire import SyncInfo, SyncSite
@@ -57,7 +57,8 @@ def why_facts(state: RunState, steps: list[StepRecord], gpu_util: float | None) 
 def site_words(s: SiteShare, joiner: str = " in ") -> str:
     """A site and its share: "71% in train.py:88 log_metrics → wandb…Run.log"."""
     callee = f" → {short_callee(s.callee)}" if s.callee else ""
-    return f"{pct(s.share, 0)}{joiner}{short_site(s.site) if s.site else 'no Python frame of yours'}{callee}"
+    caller = f", called at {short_site(s.caller)}" if isinstance(s, FunctionShare) and s.caller else ""
+    return f"{pct(s.share, 0)}{joiner}{short_site(s.site) if s.site else 'no Python frame of yours'}{callee}{caller}"
 
 
 def _sync_sites(w: WhyFacts) -> list[tuple[SyncSite | None, str, float]]:
@@ -157,8 +158,11 @@ def host_code_share(f: Facts) -> tuple[float, list[SiteShare]]:
     n = w.fold.by_phase.get("other", 0)
     if n < T["min_phase_samples"]:
         return 0.0, []
-    host = other * (n - w.fold.sync_by_phase.get("other", 0)) / n
-    return host, w.fold.host_sites.get("other", [])
+    # the loop's input generator's samples are data wait (facts() moves them there)
+    host = other * (n - w.fold.sync_by_phase.get("other", 0) - w.fold.inputs) / n
+    # by function (its lines and comprehensions summed), where one holds more than a line does
+    funcs, sites = w.fold.functions.get("other", []), w.fold.host_sites.get("other", [])
+    return host, funcs if funcs and (not sites or funcs[0].share >= sites[0].share) else sites
 
 
 def rule_host_code(f: Facts, scale: float = 1.0) -> Finding | None:
@@ -282,5 +286,7 @@ def why_report(state: RunState, steps: list[StepRecord], seconds: float) -> dict
             "cost_us": round(state.why.stack_cost_us, 2) if state.why.stack_cost_us is not None else None,
         },
         "hot_frames": {phase: [s.to_json() for s in sites] for phase, sites in fo.sites.items()},
+        # the same by function of the user's (lines and comprehensions summed), with its caller
+        "hot_functions": {phase: [s.to_json() for s in fns] for phase, fns in fo.functions.items()},
         "throughput": w.throughput.to_json(),
     }

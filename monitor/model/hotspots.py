@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import StackSample
+from torchtop.agent.contract.wire import StackSample, function_of
 from torchtop.monitor.model.steps import StepRecord
 
 TOP_SITES = 5
@@ -41,6 +41,18 @@ class SiteShare:
         }
 
 
+@dataclass(frozen=True)
+class FunctionShare(SiteShare):
+    """A function of the user's, its samples summed over its lines (and its comprehensions):
+    `site` and `callee` are its line with the most samples, `caller` where it was called from
+    the most ("path:line function"; "" when unknown)."""
+
+    caller: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return super().to_json() | {"caller": self.caller}
+
+
 @dataclass
 class Fold:
     samples: int = 0  # samples inside the steps
@@ -51,6 +63,16 @@ class Fold:
     sync: int = 0  # samples blocked at a synchronising call
     sync_by_site: dict[str, int] = field(default_factory=dict)
     sync_by_phase: dict[str, int] = field(default_factory=dict)
+    # per phase, the user's functions the samples not blocked on the device were in, most first
+    functions: dict[str, list[FunctionShare]] = field(default_factory=dict)
+    inputs: int = 0  # `other` samples resuming the loop's input generator (data wait no hook timed)
+    input_sites: list[SiteShare] = field(default_factory=list)  # where in the generator
+
+    def input_share(self, other: float) -> float:
+        """The share of the step spent resuming the loop's input generator: `other` (the
+        step's exact share outside the phases) times the input samples' share of its samples."""
+        n = self.by_phase.get("other", 0)
+        return other * self.inputs / n if n else 0.0
 
     def share(self, phase: str) -> float:
         """A phase's share of the samples (the probe's own phase shares are the exact ones)."""
@@ -91,6 +113,8 @@ def fold(
     f = Fold(samples=len(got))
     counts: dict[str, Counter[tuple[str, str]]] = {}
     host: dict[str, Counter[tuple[str, str]]] = {}
+    inputs: Counter[tuple[str, str]] = Counter()
+    funcs: dict[str, dict[tuple[str, str], tuple[Counter[tuple[str, str]], Counter[str]]]] = {}
     for s in got:
         phase = _phase_name(s.phase)
         f.by_phase[phase] = f.by_phase.get(phase, 0) + 1
@@ -100,15 +124,56 @@ def fold(
             f.sync += 1
             f.sync_by_site[s.site] = f.sync_by_site.get(s.site, 0) + 1
             f.sync_by_phase[phase] = f.sync_by_phase.get(phase, 0) + 1
+        elif phase == "other" and s.input:
+            f.inputs += 1
+            inputs[(s.site, s.callee)] += 1
         else:
             host.setdefault(phase, Counter())[(s.site, s.callee)] += 1
+            path, _, qual = split_site(s.site)
+            key = (path, function_of(qual))
+            per = funcs.setdefault(phase, {}).setdefault(key, (Counter(), Counter()))
+            per[0][(s.site, s.callee)] += 1
+            per[1][s.caller] += 1
+    if f.inputs:
+        f.input_sites = [
+            SiteShare(site, callee, k, k / f.inputs) for (site, callee), k in inputs.most_common(top)
+        ]
+    for phase, per_fn in funcs.items():
+        n = f.by_phase[phase] - f.sync_by_phase.get(phase, 0) - (f.inputs if phase == "other" else 0)
+        ranked = sorted(per_fn.values(), key=lambda lc: -sum(lc[0].values()))[:top]
+        f.functions[phase] = [
+            FunctionShare(_named(site), callee, k, k / n, _named(callers.most_common(1)[0][0]))
+            for lines, callers in ranked
+            if (k := sum(lines.values()))
+            for (site, callee), _ in lines.most_common(1)
+        ]
     for phase, c in counts.items():
         n = f.by_phase[phase]
         f.sites[phase] = [SiteShare(site, callee, k, k / n) for (site, callee), k in c.most_common(top)]
     for phase, c in host.items():
-        n = f.by_phase[phase] - f.sync_by_phase.get(phase, 0)
+        n = f.by_phase[phase] - f.sync_by_phase.get(phase, 0) - (f.inputs if phase == "other" else 0)
         f.host_sites[phase] = [SiteShare(site, callee, k, k / n) for (site, callee), k in c.most_common(top)]
     return f
+
+
+def _named(site: str) -> str:
+    """A site named by its function: "/a/t.py:25 f.<locals>.<genexpr>" -> "/a/t.py:25 f"."""
+    path, line, qual = split_site(site)
+    return f"{path}:{line} {function_of(qual)}" if line else site
+
+
+def with_input_wait(shares: dict[str, float], fold: Fold, min_samples: int) -> tuple[dict[str, float], float]:
+    """`shares` with the time the loop spent resuming its input generator (a share of `other`
+    estimated from the stack samples, once at least `min_samples` found it) moved to `data`;
+    and the share moved."""
+    other = shares.get("other", 0.0)
+    if fold.inputs < min_samples or other <= 0:
+        return shares, 0.0
+    moved = fold.input_share(other)
+    out = dict(shares)
+    out["data"] = out.get("data", 0.0) + moved
+    out["other"] = other - moved
+    return out, moved
 
 
 def split_site(site: str) -> tuple[str, int, str]:

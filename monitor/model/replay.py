@@ -18,6 +18,7 @@ from typing import Any
 
 from torchtop.agent.contract.logcodes import (
     BACKWARD,
+    BACKWARD_STEPS,
     BOUNDARY,
     COMM,
     COMM_GROUP,
@@ -76,6 +77,7 @@ class StepRecorder:
         "_untimed",
         "_split",
         "_group",
+        "by_backward",
     )
 
     def __init__(self) -> None:
@@ -105,6 +107,8 @@ class StepRecorder:
         self._untimed = False  # the open step's phases were not all timed (TIMING_RESUMED in it)
         self._split = False  # the open `comm` is the rest of a backward (COMM_READY): its exit closes it
         self._group: tuple[str, int, int] | None = None  # the open collective's (group, start, depth)
+        # the agent saw no optimizer.step(): steps end at each backward (BACKWARD_STEPS) until one is
+        self.by_backward = False
 
     # -- the log -------------------------------------------------------------------------------
     def feed(self, entries: list[Any]) -> list[tuple]:
@@ -162,6 +166,10 @@ class StepRecorder:
             self.boundary("train", now, None, False)
         elif code == TIMING_RESUMED:
             self._untimed = True
+        elif code == BACKWARD_STEPS:
+            self.by_backward = True
+            if self._t0:  # the step it closes holds the backwards counted before: not one step
+                self.partial = True
         elif code == COMM_READY:
             self.comm_ready(now, ms)
         elif code == STEP_EVENT:
@@ -235,6 +243,8 @@ class StepRecorder:
         cur = self._cur
         if self._group is not None and phase == COMM and len(self._stack) == self._group[2]:
             self._close_group(now)
+        if phase == OPTIMIZER:
+            self.by_backward = False  # an optimizer stepped: steps end there from now
         if self._split and phase == BACKWARD and cur == COMM:
             phase, self._split = COMM, False  # the backward's exit closes its collective wait
         if cur >= 0:
@@ -351,6 +361,8 @@ class StepRecorder:
             device_ms = _device_ms(self._events)
         if self._eval_fwd and not self._has_train and timed:  # UNTIMED_END: a training step's end
             kind = "eval"
+        if self.by_backward and kind == "train":
+            self._extras()["at_backward"] = True
         extra = self._extra if self._extra is not None else {}
         if self.partial:  # its start was not seen: its times would be wrong
             self.partial = False
@@ -430,4 +442,5 @@ def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
             extra.get("seq", 0),
         )
         record.comm_groups = dict(extra.get("comm_groups", {}))
+        record.at_backward = bool(extra.get("at_backward", False))
     return record

@@ -5,7 +5,8 @@
 Each batch is built sample by sample (normalise, several blur passes, a random crop) on the
 training thread, and the model is small: most of each step is the generator, which no hook sees
 (no DataLoader). A person says the loop is starved by its input. With --wrapped the generator
-goes through `torchtop.agent.data()`, so its time is data wait. Prints "warm" after 20 steps.
+goes through `torchtop.agent.data()`, so its time is data wait. Prints "warm" after 20 steps, then
+every 5 steps "data share X": the share of the time since then spent getting the next batch.
 """
 
 from __future__ import annotations
@@ -51,13 +52,22 @@ def main() -> None:
 
         source = torchtop.agent.data(source)
     end = time.monotonic() + args.seconds
+    waited, warm_at = 0.0, 0.0
+    last = time.perf_counter()
     for step, (x, y) in enumerate(source, 1):
+        now = time.perf_counter()
+        if step > 20:  # the truth: from the end of one iteration's body to the next one's start
+            waited += now - last
         loss = F.cross_entropy(model(x.to(dev)), y.to(dev))
         opt.zero_grad()
         loss.backward()
         opt.step()
+        last = time.perf_counter()
         if step == 20:
+            warm_at = last
             print("warm", flush=True)
+        elif step > 20 and step % 5 == 0:
+            print(f"data share {waited / (last - warm_at):.3f}", flush=True)
         if time.monotonic() >= end:
             break
 
