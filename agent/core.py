@@ -160,7 +160,9 @@ class Agent:
         """Agent thread, each tick: the hooks' chores; once a second, who this rank is."""
         if self.hooks is not None:
             self.hooks.agent_tick()
-        if self.unpublished and (self.probe.steps > 0 or (self.hooks is not None and self.hooks.seen_model())):
+        if self.unpublished and (
+            self.probe.steps > 0 or (self.hooks is not None and self.hooks.seen_model())
+        ):
             identity.refresh_from_dist(self.identity, self.torch)  # listed with its rank, not 0
             self.loop.rank = self.loop.router.rank = self.identity.rank
             self.captures.rank = self.identity.rank if self.identity.world_size > 1 else None
@@ -370,7 +372,16 @@ def start(
             if spawned.loader_worker():
                 return None  # a DataLoader worker only loads: the training process is watched
             if spawned.setting_up():  # its target is not known yet: start in _bootstrap, or not
-                args = (port, bind, auto, phase_every, record, peak_tflops, flops_per_step, publish_when_active)
+                args = (
+                    port,
+                    bind,
+                    auto,
+                    phase_every,
+                    record,
+                    peak_tflops,
+                    flops_per_step,
+                    publish_when_active,
+                )
                 spawned.when_set_up(lambda: start(*args))
                 return None
             try:
@@ -390,7 +401,15 @@ def start(
                 if phase_every is None:
                     phase_every = _env_int("TORCHTOP_PHASE_EVERY", 0)
                 _agent = Agent(
-                    torch, port, bind, auto, phase_every, record, peak_tflops, flops_per_step, publish_when_active
+                    torch,
+                    port,
+                    bind,
+                    auto,
+                    phase_every,
+                    record,
+                    peak_tflops,
+                    flops_per_step,
+                    publish_when_active,
                 )
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")

@@ -154,3 +154,14 @@ def test_a_zero_code_agent_is_listed_once_its_model_runs() -> None:
         assert entry["pid"] == os.getpid()
     finally:
         torchtop.agent.stop()
+
+
+def test_the_chooser_never_shows_two_identical_rows() -> None:
+    from torchtop.monitor.tui.widgets.chooser import choice_rows
+
+    entry = {"pid": 11, "start_time": 5.0, "rank": 0, "argv": ["train.py"], "address": "ipc:///x.req"}
+    entry["pub_address"] = "ipc:///x.pub"
+    other = dict(entry, pid=12, address="ipc:///y.req", pub_address="ipc:///y.pub")
+    rows = choice_rows([entry, dict(entry), other])
+    assert [k for _, k in rows] == [0, 2]  # the entry listed twice shows once
+    assert len({row for row, _ in rows}) == len(rows)
