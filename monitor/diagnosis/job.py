@@ -8,6 +8,7 @@ aggregate steps (the mean rank) as for one run.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
@@ -47,8 +48,11 @@ def diagnose_job(
     job: JobState, previous: Diagnosis | None = None, seconds: float = WINDOW_S
 ) -> tuple[Diagnosis, Straggler | None]:
     """The job's verdict (and the straggler behind it, if any) and the aggregate's flags."""
-    base = diagnose(job.job, previous)
-    times = rank_times(job, seconds)
+    return job_verdict(diagnose(job.job, previous), rank_times(job, seconds))
+
+
+def job_verdict(base: Diagnosis, times: dict[int, RankTimes]) -> tuple[Diagnosis, Straggler | None]:
+    """The job rules over the ranks' figures, on top of `base` (the aggregate's diagnosis)."""
     found = find_straggler(times)
     if found is not None:
         return Diagnosis(straggler_finding(found), base.flags, base.steps), found
@@ -59,6 +63,19 @@ def diagnose_job(
     return base, None
 
 
+def rank_view(job_diagnosis: Diagnosis, own: Diagnosis, rank: int) -> Diagnosis:
+    """What a rank's view says: the job's verdict (one job, one answer: a rank alone cannot tell
+    a straggler's wait or the collectives' cost), its own flags, and its own verdict as a line
+    of evidence where that reads otherwise."""
+    verdict = job_diagnosis.verdict
+    if own.verdict.kind != verdict.kind and own.verdict.kind != "unknown":
+        line = (
+            f"rank {rank} on its own reads {own.verdict.kind} ({own.verdict.severity}); the job rules decide"
+        )
+        verdict = replace(verdict, evidence=(*verdict.evidence, line))
+    return Diagnosis(verdict, own.flags, own.steps)
+
+
 def member_status(m: Member, now: float) -> str:
     if m.refused:
         return "refused"
@@ -67,9 +84,13 @@ def member_status(m: Member, now: float) -> str:
     return m.state.connection(now)
 
 
-def _rank_entry(m: Member, seconds: float, window: float, now: float) -> dict[str, Any]:
+def _rank_entry(
+    m: Member, seconds: float, window: float, now: float, job: Diagnosis | None = None
+) -> dict[str, Any]:
     hello = m.hello
     report = build_report(m.state, seconds, m.key, window=window)
+    if job is not None:  # the rank carries the job's verdict, as its view in the TUI does
+        report["verdict"] = rank_view(job, diagnose(m.state), m.rank).verdict.to_json()
     t = m.stats.window(window)
     keep = (
         "steps", "steps_in_full", "timed_steps", "step_time_ms", "steps_per_s", "breakdown", "phase_ms", "device_ms",
@@ -117,7 +138,9 @@ def build_job_report(
         "world_size": max((m.hello.world_size for m in job.ranked() if m.hello), default=0),
         "nodes": sorted({m.node for m in job.ranked()}),
         "device": aggregate["device"],
-        "ranks": [_rank_entry(m, seconds, window, now) for m in job.ranked()],
+        "ranks": [
+            _rank_entry(m, seconds, window, now, diagnosis if len(times) > 1 else None) for m in job.ranked()
+        ],
         "job": {
             k: aggregate[k]
             for k in (

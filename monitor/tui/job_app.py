@@ -25,7 +25,7 @@ from textual.worker import get_current_worker
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
-from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, window_end
+from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, rank_view, window_end
 from torchtop.monitor.diagnosis.straggler import Straggler, scaling
 from torchtop.monitor.link.job import JobLink, apply_events
 from torchtop.monitor.link.job_targets import JobPlan, ranks_text, short_job_id
@@ -260,7 +260,11 @@ class JobApp(TorchtopApp):
     def judge(self, state: RunState) -> Diagnosis:
         if self.shown_key is None:
             return self.job_diagnosis or diagnose(state, self.diagnosis)
-        return diagnose(state, self.diagnosis)
+        own = diagnose(state, self.diagnosis)
+        m = self.shown_member()
+        if self.job_diagnosis is None or m is None or len(self.job.live()) < 2:
+            return own
+        return rank_view(self.job_diagnosis, own, m.rank)
 
     def refresh_panels(self) -> None:
         job = self.job
