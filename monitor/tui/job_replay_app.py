@@ -61,6 +61,7 @@ class JobReplayApp(JobApp):
 
     def on_mount(self) -> None:
         super().on_mount()
+        self.capture_line.display = False  # its keys take captures of a live run: not here
         for line in self.played.warnings:
             self.notify(line, title="recording damaged", severity="warning", timeout=15)
         self.set_interval(PLAY_S, self._play)
