@@ -94,4 +94,4 @@ def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
     f = facts(state, steps)
     verdict = primary(f, previous.verdict.kind if previous else None)
     flags = tuple(x for x in (rule(f) for rule in FLAG_RULES) if x is not None)
-    return with_upsides(Diagnosis(verdict, flags, len(steps)), f)
+    return with_upsides(Diagnosis(verdict, flags, len(steps), f.step_ms), f)

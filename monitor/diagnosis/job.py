@@ -55,11 +55,11 @@ def job_verdict(base: Diagnosis, times: dict[int, RankTimes]) -> tuple[Diagnosis
     """The job rules over the ranks' figures, on top of `base` (the aggregate's diagnosis)."""
     found = find_straggler(times)
     if found is not None:
-        return Diagnosis(straggler_finding(found), base.flags, base.steps), found
+        return Diagnosis(straggler_finding(found), base.flags, base.steps, base.step_ms), found
     step = sorted(t.step_ms for t in times.values())[len(times) // 2] if times else 0.0
     comm = rule_communication(times, step)
     if comm is not None and base.verdict.kind in ("compute", "unknown"):
-        return Diagnosis(comm, base.flags, base.steps), None
+        return Diagnosis(comm, base.flags, base.steps, base.step_ms), None
     return base, None
 
 
@@ -73,7 +73,7 @@ def rank_view(job_diagnosis: Diagnosis, own: Diagnosis, rank: int) -> Diagnosis:
             f"rank {rank} on its own reads {own.verdict.kind} ({own.verdict.severity}); the job rules decide"
         )
         verdict = replace(verdict, evidence=(*verdict.evidence, line))
-    return Diagnosis(verdict, own.flags, own.steps)
+    return Diagnosis(verdict, own.flags, own.steps, own.step_ms)
 
 
 def member_status(m: Member, now: float) -> str:
