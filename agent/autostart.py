@@ -20,6 +20,7 @@ _LAUNCHERS = (
     "torchrun",
     os.path.join("torch", "distributed", "run.py"),
     os.path.join("torch", "distributed", "launch.py"),
+    os.path.join("torch", "_inductor", "compile_worker", "__main__.py"),  # torch.compile's workers
 )
 
 

@@ -165,3 +165,12 @@ def test_the_chooser_never_shows_two_identical_rows() -> None:
     rows = choice_rows([entry, dict(entry), other])
     assert [k for _, k in rows] == [0, 2]  # the entry listed twice shows once
     assert len({row for row, _ in rows}) == len(rows)
+
+
+def test_torch_compiles_worker_processes_start_no_agent() -> None:
+    """inductor's compile workers run torch/_inductor/compile_worker/__main__.py: helpers, never a rank."""
+    import torch._inductor.compile_worker as worker
+
+    from torchtop.agent.autostart import is_launcher
+
+    assert is_launcher([os.path.join(os.path.dirname(worker.__file__), "__main__.py"), "--workers=4"])
