@@ -93,7 +93,10 @@ class Fleet:
             self._rescan_at = now + RESCAN_S
             found = {self.add(from_discovery(info)).endpoint.address for info in local_agents()}
             for key in [k for k, w in self.agents.items() if k not in found | self._pinned and not w.up]:
-                self.agents.pop(key).client.close()  # a run that ended: its series go stale
+                gone = self.agents.pop(key)  # a run that ended: its series go stale
+                gone.client.close()
+                if gone.job is not None:
+                    gone.job.lost(key, "the agent ended")
         for w in self.agents.values():
             if (not w.up or now - w.last_batch > SILENT_AFTER_S) and now >= w.retry_at:
                 self._greet(w, now)
