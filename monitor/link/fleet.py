@@ -20,7 +20,7 @@ from torchtop.monitor.link.client import AgentClient, AgentUnreachable
 from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
 from torchtop.monitor.model.budget import StepBudget
 from torchtop.monitor.model.job import JobState
-from torchtop.monitor.model.state import RunState
+from torchtop.monitor.model.state import HISTORY, RunState
 
 REPLAY_STEPS_PER_S = (
     500.0  # per agent: every step of a >= 2 ms step, a sample of faster ones (stats need no more)
@@ -127,7 +127,8 @@ class Fleet:
             return
         w.hello, w.up, w.last_batch = hello, True, time.monotonic()
         if hello.job_id and w.job is None:
-            w.job = self.jobs.setdefault(hello.job_id, JobState(hello.job_id))
+            # each rank keeps as many steps as an agent on its own (the exporter's window)
+            w.job = self.jobs.setdefault(hello.job_id, JobState(hello.job_id, member_history=HISTORY))
             w.state = w.job.member(w.endpoint.address).state
         if w.job is not None:
             w.job.apply_hello(w.endpoint.address, hello)
