@@ -20,6 +20,7 @@ _LAUNCHERS = (
     "torchrun",
     os.path.join("torch", "distributed", "run.py"),
     os.path.join("torch", "distributed", "launch.py"),
+    os.path.join("torch", "_inductor", "compile_worker", "__main__.py"),  # torch.compile's workers
 )
 
 
@@ -52,9 +53,9 @@ def _start() -> None:
         port = os.environ.get("TORCHTOP_PORT")
         if port and port.isdigit():  # one port per local rank under torchrun (0: free ones)
             base = int(port) + 2 * int(os.environ.get("LOCAL_RANK", "0") or 0) if int(port) else 0
-            torchtop.agent.start(port=base)
+            torchtop.agent.start(port=base, publish_when_active=True)
         else:
-            torchtop.agent.start()
+            torchtop.agent.start(publish_when_active=True)
     except Exception as exc:  # never into the user's program
         try:
             print(f"torchtop: autostart failed ({type(exc).__name__}: {exc})", file=sys.stderr)

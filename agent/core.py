@@ -55,6 +55,7 @@ class Agent:
         record: str | os.PathLike[str] | None = None,
         peak_tflops: float | None = None,
         flops_per_step: float | None = None,
+        publish_when_active: bool = False,
     ) -> None:
         from torchtop.agent.cuda_use import CudaUse
         from torchtop.agent.hooks.auto import AutoHooks
@@ -116,7 +117,15 @@ class Agent:
         except BaseException:
             self._teardown()
             raise
-        self.discovery_file = None
+        self.discovery_file: Path | None = None
+        # zero-code agents are listed once they see the model run: a launcher that only spawns
+        # ranks (mp.spawn), a compile worker or any other helper that imports torch stays unlisted
+        self.unpublished = publish_when_active
+        if not publish_when_active:
+            self._publish()
+
+    def _publish(self) -> None:
+        self.unpublished = False
         try:
             self.discovery_file = discovery.write(self.discovery_info())
         except OSError as exc:
@@ -151,6 +160,14 @@ class Agent:
         """Agent thread, each tick: the hooks' chores; once a second, who this rank is."""
         if self.hooks is not None:
             self.hooks.agent_tick()
+        if self.unpublished and (
+            self.probe.steps > 0 or (self.hooks is not None and self.hooks.seen_model())
+        ):
+            identity.refresh_from_dist(self.identity, self.torch)  # listed with its rank, not 0
+            self.loop.rank = self.loop.router.rank = self.identity.rank
+            self.captures.rank = self.identity.rank if self.identity.world_size > 1 else None
+            self._publish()
+            announce(_where(self), self.rank)
         now = time.monotonic()
         if now < self._identity_due:
             return
@@ -319,6 +336,7 @@ def start(
     record: str | os.PathLike[str] | None = None,
     peak_tflops: float | None = None,
     flops_per_step: float | None = None,
+    publish_when_active: bool = False,
 ) -> Agent | None:
     """Start the agent in this process (once). Returns at once; never raises into training.
 
@@ -336,12 +354,33 @@ def start(
     peak_tflops: the device's peak TFLOP/s for MFU (default $TORCHTOP_PEAK_TFLOPS, else the
     monitor's table of common GPUs). flops_per_step: the model's FLOPs a step, when counting
     them over one step (FlopCounterMode) will not do (default $TORCHTOP_FLOPS_PER_STEP).
+    publish_when_active: list the agent (`torchtop ls`) only once the process runs a model or
+    counts a step (zero-code start: launchers and helpers that import torch stay unlisted).
+    Never in a DataLoader worker; in a multiprocessing child still being set up, the start waits
+    until it is (agent/spawned.py) and is skipped there if the child is a loader worker.
     """
     global _agent
     try:
         with _lock:
             if _agent is not None:
                 return _agent
+            from torchtop.agent import spawned
+
+            if spawned.loader_worker():
+                return None  # a DataLoader worker only loads: the training process is watched
+            if spawned.setting_up():  # its target is not known yet: start in _bootstrap, or not
+                args = (
+                    port,
+                    bind,
+                    auto,
+                    phase_every,
+                    record,
+                    peak_tflops,
+                    flops_per_step,
+                    publish_when_active,
+                )
+                spawned.when_set_up(lambda: start(*args))
+                return None
             try:
                 import torch
             except Exception as exc:
@@ -358,11 +397,22 @@ def start(
             try:
                 if phase_every is None:
                     phase_every = _env_int("TORCHTOP_PHASE_EVERY", 0)
-                _agent = Agent(torch, port, bind, auto, phase_every, record, peak_tflops, flops_per_step)
+                _agent = Agent(
+                    torch,
+                    port,
+                    bind,
+                    auto,
+                    phase_every,
+                    record,
+                    peak_tflops,
+                    flops_per_step,
+                    publish_when_active,
+                )
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")
                 return None
-            announce(_where(_agent), _agent.rank)
+            if not _agent.unpublished:  # else said when it is listed
+                announce(_where(_agent), _agent.rank)
             return _agent
     except Exception as exc:  # never into training
         warn(f"agent failed to start ({type(exc).__name__}: {exc}); training continues without it")

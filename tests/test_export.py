@@ -284,7 +284,11 @@ def test_samples_name_only_known_metrics_with_bounded_labels() -> None:
         by[("torchtop_gpu_utilization_ratio", None)] == 0.8 and ("torchtop_gpu_power_watts", None) not in by
     )
     assert by[("torchtop_verdict", "data-loading")] == 2 and by[("torchtop_flag", "memory-leak")] == 2
-    assert by[("torchtop_process_cpu_ratio", None)] == 1.5
+    assert by[("torchtop_process_cpu_cores", None)] == 1.5  # cores: more than 1 is no ratio
+    assert by[("torchtop_phase_share_ratio", "forward")] == 0.4
+    # Prometheus naming: a _ratio is 0..1; a share is a ratio; CPU in cores says so
+    assert all(0 <= s.value <= 1 for s in got if s.name.endswith("_ratio"))
+    assert all(name.endswith("_ratio") for name in METRICS if "share" in name)
     assert all(dict(s.labels)["rank"] == "3" for s in got)
 
 

@@ -195,3 +195,25 @@ def test_a_real_two_rank_job_recorded_and_traced(tmp_path: Path, subprocess_env:
     for slices in tracks.values():
         steps = [s["args"]["step"] for s in slices if s["cat"] == "train"]
         assert len(steps) >= 20 and steps == list(range(len(steps)))
+
+
+def test_back_to_back_steps_never_overlap_by_a_rounding_microsecond() -> None:
+    """Each step starts where the previous ended (float unix seconds, ns walls): whole-µs slices
+    that overlap the previous step by 1 µs make Perfetto nest them or drop them."""
+    import random
+
+    from torchtop.monitor.export.perfetto import RankTrace, chrome_trace
+    from torchtop.monitor.model.steps import StepRecord
+
+    rng = random.Random(7)
+    steps, t = [], T0 + 0.123456789
+    for i in range(2000):
+        wall = rng.randrange(200_000, 3_000_000)  # 0.2-3 ms
+        steps.append(StepRecord(i, t, wall, {"forward": wall // 3, "other": wall - wall // 3}, "train"))
+        t += wall / 1e9
+    tracks = check_chrome_trace(chrome_trace([RankTrace(0, None, steps)]))
+    (slices,) = tracks.values()
+    step_slices = [e for e in slices if e["cat"] == "train"]
+    assert len(step_slices) == 2000
+    for prev, nxt in zip(step_slices, step_slices[1:]):
+        assert nxt["ts"] >= prev["ts"] + prev["dur"], (prev, nxt)

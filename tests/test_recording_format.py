@@ -158,3 +158,17 @@ def test_unbuffered_writes_reach_the_file_before_close(tmp_path: Path) -> None:
     w.write(batch(0))
     assert steps_of(tmp_path) == list(range(10))
     w.close()
+
+
+def test_played_a_few_messages_at_a_time_loses_no_step(tmp_path: Path) -> None:
+    """The replay TUI plays a few messages per call with its own LogReplay: every step arrives,
+    as when the recording is played in one go."""
+    from torchtop.monitor.model.log_replay import LogReplay
+
+    write(tmp_path, 30)
+    pb = Playback(store.read_rank(tmp_path / "rank0"))
+    whole = [s.i for p in pb.play() for s in p.steps]
+    replay, parts = LogReplay(), []
+    for k in range(0, len(pb.messages), 8):
+        parts += [s.i for p in pb.play(k, k + 8, replay) for s in p.steps]
+    assert parts == whole and len(whole) >= 29 * 10

@@ -74,3 +74,49 @@ def test_replay_of_a_missing_recording_says_what_is_wrong(
 ) -> None:
     assert main(["replay", str(tmp_path / "nothing")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
+
+
+def two_rank_job(tmp_path: Path) -> Path:
+    job = tmp_path / "job"
+    for rank, data in ((0, 0.0), (1, 0.4)):
+        write(job, 120, rank=rank, data_share=data)  # 1200 steps of each rank, 12 s
+    return job
+
+
+def test_report_of_a_job_recording_is_the_job_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    job = two_rank_job(tmp_path)
+    assert main(["report", str(job), "--seconds", "5"]) == 0
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert [e["rank"] for e in report["ranks"]] == [0, 1] and "reporting rank 0" not in out.err
+    assert report["ranks"][1]["breakdown"]["data"] > 0.3 > report["ranks"][0]["breakdown"]["data"]
+    assert report["job"]["steps"] > 0 and "collective" in report
+    assert main(["report", str(job), "--rank", "1", "--seconds", "5"]) == 0  # one rank, as before
+    assert json.loads(capsys.readouterr().out)["breakdown"]["data"] > 0.3
+
+
+async def test_replay_of_a_job_recording_shows_the_job_view(tmp_path: Path) -> None:
+    from torchtop.agent.contract.recording_reader import open_recording
+    from torchtop.monitor.model.job_playback import JobPlayback
+    from torchtop.monitor.tui.job_replay_app import JobReplayApp
+
+    app = JobReplayApp(
+        JobPlayback(open_recording(two_rank_job(tmp_path))), speed=1.0
+    )  # still playing at space
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await wait_for(pilot, lambda: len(app.job.ranked()) == 2 and app.job.job.steps, 20)
+        await pilot.press("space")  # paused: the seek stays where it went
+        assert app.paused
+        app.seek(T0 + 6)
+        await pilot.pause()
+        assert app.query_one("#tabs").active == "ranks"
+        assert app.job.job.steps and abs(app.position - (T0 + 6)) < 0.01
+        await pilot.press("right_square_bracket")
+        assert app.shown_member() is not None and app.shown_member().rank == 0
+        await pilot.press("p")
+        await pilot.pause(0.2)
+        assert "replay of a 2-rank job" in app.status_line.connection

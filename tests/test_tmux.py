@@ -129,7 +129,8 @@ def test_demo_in_tmux_shows_live_panels_and_quits_cleanly(
     pids: list[int] = []
     try:
         new_session(tmux, session, size, runtime_dir, command)
-        screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)))
+        # the TUI opens once the job runs its model: steps show at once, the footer a frame later
+        screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)) and "Stop job" in text)
         pids = [a["pid"] for a in discovery.list_agents()]
         logs_text = "\n".join(p.read_text() for p in logs.glob("*.log"))
         assert tmux.alive(session), (
@@ -202,7 +203,8 @@ def test_ctrl_c_in_the_tui_of_torchtop_run_stops_the_job(tmp_path: Path, runtime
     pids: list[int] = []
     try:
         new_session(tmux, session, (80, 24), runtime_dir, command)
-        screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)))
+        # the TUI opens once the job runs its model: steps show at once, the footer a frame later
+        screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)) and "Stop job" in text)
         pids = [a["pid"] for a in discovery.list_agents()]
         assert step_time_shown(screen), f"no steps on screen:\n{screen}"
         tmux("send-keys", "-t", session, "C-c")

@@ -24,6 +24,7 @@ from torchtop.monitor.model.steps import StepRecord
 from torchtop.monitor.tui.app import TorchtopApp
 from torchtop.monitor.tui.feed import BatchesReceived, HelloReceived, RequestAnswered
 from torchtop.monitor.tui.widgets import CapturesScreen, VerdictPanel
+from torchtop.monitor.tui.widgets.step_panel import step_line
 
 
 def hello(device: str = "cuda", **kw) -> wire.Hello:
@@ -254,7 +255,10 @@ async def test_verdict_data_loading_with_evidence_then_compute_for_a_healthy_run
         assert "→ raise DataLoader num_workers from 2 toward 7 (cores are free)" in text
         assert "⚑ DataLoader workers warning: 2 workers saturated: busy 96% (96% CPU)" in text
         assert panel.has_class("-warning") and not panel.has_class("-ok")
-        assert panel.border_title == "verdict · 50 steps judged"
+        # the verdict's figures are the judged steps' mean, named apart from the step panel's median
+        assert panel.border_title == "verdict · 50 steps judged · mean 10.0 ms a step"
+        numbers = step_line(app.step_panel.stats, app.step_panel.count, app.step_panel.last_step).plain
+        assert "median" in numbers and "step time · last " in str(app.step_panel.border_title)
         app.refresh_panels()  # hysteresis: the verdict in force keeps its kind
         assert app.diagnosis is not None and app.diagnosis.verdict.kind == "data-loading"
 
@@ -342,7 +346,7 @@ async def test_capture_keys_queue_requests_and_show_answers_and_progress() -> No
         await fed(pilot, BatchesReceived([batch(steps(1, first=61), seq=10, capture=done)]))
         assert (
             "capture done",
-            "profile #1 done: /w/torchtop-captures/profile-4242-1.pt.trace.json.gz",
+            "profile #1 done: profile-4242-1.pt.trace.json.gz",  # the path: on the Captures screen
             "information",
         ) in notes
         assert (

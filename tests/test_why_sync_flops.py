@@ -205,3 +205,55 @@ def test_a_capture_waits_while_the_flop_count_runs() -> None:
     assert c2.request("capture-profile", {"steps": 2}).state == "pending"
     assert probe.on_step == c2.on_boundary
     c2.close()
+
+
+def _counted(model: Any, one_step: Any) -> Any:
+    """One step under FlopStep, as the probe's boundaries drive it: its FlopResult."""
+    from torchtop.agent.hooks.flop_step import FlopStep
+
+    results: list[Any] = []
+    counting = FlopStep(torch, Probe(), lambda: [model], results.append)
+    counting()  # a boundary: enter the counter
+    one_step()
+    counting()  # the next: leave it
+    (result,) = results
+    assert not result.error, result.error
+    return result
+
+
+def test_the_flop_count_leaves_out_work_outside_the_model() -> None:
+    """A generator's preprocessing matmul between steps is the loop's work, not the model's."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 8, bias=False))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = torch.randn(512, 64)
+
+    def one_step() -> None:
+        x = torch.randn(32, 512) @ w  # preprocessing: 2*32*512*64 FLOPs, 5x the model's
+        model(x).sum().backward()
+        opt.step()
+
+    result = _counted(model, one_step)
+    forward = 2 * 32 * 64 * 64 + 2 * 32 * 64 * 8
+    assert result.flops == 3 * forward - 2 * 32 * 64 * 64  # backward: both grads but the input's
+    assert sum(result.by_dtype.values()) <= result.flops and result.samples == 32
+
+
+def test_samples_of_a_time_major_batch_count_its_batch_not_its_steps() -> None:
+    """word_language_model's shape: (35, 20) token ids into an LSTM with batch_first=False."""
+
+    class Rnn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(100, 16)
+            self.rnn = torch.nn.LSTM(16, 16)  # batch_first=False: (T, B, ...)
+            self.out = torch.nn.Linear(16, 100)
+
+        def forward(self, x: Any) -> Any:
+            return self.out(self.rnn(self.embed(x))[0])
+
+    model = Rnn()
+    tokens = torch.randint(0, 100, (35, 20))
+    result = _counted(model, lambda: model(tokens).sum().backward())
+    assert result.samples == 20 and result.tokens == 35 * 20
+    first = torch.nn.Sequential(torch.nn.Linear(8, 4))  # no such layer: the first dimension
+    assert _counted(first, lambda: first(torch.randn(6, 8)).sum().backward()).samples == 6

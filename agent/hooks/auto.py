@@ -133,6 +133,10 @@ class AutoHooks:
         self._undo.append(handle.remove)
         return handle
 
+    def seen_model(self) -> bool:
+        """A root module (one with parameters) has run its forward in this process."""
+        return bool(self._roots)
+
     def root_modules(self) -> list[nn.Module]:
         return [m for m in (r() for r in self._roots.values()) if m is not None]
 

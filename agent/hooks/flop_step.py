@@ -5,8 +5,12 @@ step boundary the training thread enters the counter, at the one after it leaves
 the count over. That step runs slower (every op goes through a Python dispatch mode; the agent
 says so on stderr) and the monitor leaves it, and the step after it (which pays for the exit),
 out of its figures. Meanwhile a forward pre-hook on each root module reads the batch's shape:
-samples a step (the input's first dimension, summed over micro-batches) and, for a 2-D integer
-input (token ids), tokens a step. Nothing of this is left on the hot path afterwards.
+samples a step (the input's batch dimension, summed over micro-batches: the first, or the
+second where the model's recurrent or attention layers say batch_first=False, as time-major
+RNNs and Transformers take (T, B, ...)) and, for a 2-D integer input (token ids), tokens a step.
+Only the work inside modules counts (forward and backward, as FlopCounterMode attributes it to
+them): a loop's preprocessing between steps (a generator's matmuls) is not the model's. Nothing
+of this is left on the hot path afterwards.
 
 FLOPs are also split by the dtype of each counted op's first input (the peak FLOP/s depends on
 it), through FlopCounterMode's public `custom_mapping`: each formula of torch's registry is
@@ -69,6 +73,29 @@ def first_tensor(torch: Any, args: Any, kwargs: Any) -> Any:
     return None
 
 
+def batch_dim(module: Any) -> int:
+    """The batch dimension of a module's input: 1 where its first layer that says (an RNN, a
+    Transformer, an attention) has batch_first=False (time-major input, (T, B, ...)), else 0."""
+    try:
+        for m in module.modules():
+            first = getattr(m, "batch_first", None)
+            if isinstance(first, bool):
+                return 0 if first else 1
+    except Exception:
+        pass
+    return 0
+
+
+def flops_inside_modules(counter: Any) -> int:
+    """FLOPs FlopCounterMode attributed to top-level modules (their forward and backward); 0 when
+    it tracked none (a model of plain functions: then every op counts)."""
+    try:
+        counts = counter.get_flop_counts()
+    except Exception:
+        return 0
+    return int(sum(sum(ops.values()) for name, ops in counts.items() if name != "Global" and "." not in name))
+
+
 class FlopStep:
     """`probe.on_step` for two boundaries: enter the counter, then leave it and call `done`."""
 
@@ -95,6 +122,7 @@ class FlopStep:
         self.finished = False
         self.tid = 0  # the thread that entered the counter: only it can leave it
         self._handles: list[Any] = []
+        self._batch_dims: dict[int, int] = {}  # id(root) -> the batch dimension of its input
         self._tries = 0
 
     def __call__(self) -> None:
@@ -108,6 +136,7 @@ class FlopStep:
         r = self.result
         try:
             for root in self.roots():
+                self._batch_dims[id(root)] = batch_dim(root)
                 self._handles.append(root.register_forward_pre_hook(self._batch, with_kwargs=True))
             r.t0 = perf_counter_ns()
             self.counter.__enter__()
@@ -140,6 +169,11 @@ class FlopStep:
                 raise RuntimeError("another dispatch mode stayed on top of the FLOP counter")
             self.counter.__exit__(None, None, None)
             r.flops = int(self.counter.get_total_flops())
+            inside = flops_inside_modules(self.counter)
+            if 0 < inside < r.flops:  # ops outside every module: the loop's own, not the model's
+                for k in r.by_dtype:  # the dtype split scaled alike (it is counted per op, not per module)
+                    r.by_dtype[k] = r.by_dtype[k] * inside // r.flops
+                r.flops = inside
         except Exception as exc:
             r.error = f"{type(exc).__name__}: {exc}"[:200]
         self._remove_hooks()
@@ -166,7 +200,8 @@ class FlopStep:
         if x is None or x.dim() == 0:
             return
         r = self.result
-        r.samples += int(x.shape[0])
+        dim = self._batch_dims.get(id(module), 0) if x.dim() > 1 else 0
+        r.samples += int(x.shape[dim])
         if x.dim() == 2 and not x.is_floating_point() and not x.is_complex():
             r.tokens += int(x.shape[0] * x.shape[1])
         if not r.input_shape:

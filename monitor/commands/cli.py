@@ -105,11 +105,41 @@ def report_file(args: argparse.Namespace) -> int:
         until = resolve_until(playback, args.until)
     except (RecordingError, ValueError) as exc:
         return _fail(str(exc))
+    if len(ranks) > 1 and args.rank is None:
+        return _report_job_file(args, ranks, until)
     for line in notes(playback, ranks, args.rank, "reporting"):
         print(f"torchtop: {line}", file=sys.stderr)
     state = playback.state_until(until)
     window = float("inf") if args.history else args.seconds
     report = build_report(state, args.seconds, str(args.target), window=window)
+    if len(ranks) > 1:  # one rank of a job carries the job's verdict
+        report["verdict"] = _job_verdict_for(ranks, until, window, state, args.rank)
+    print(json.dumps(report, indent=2 if args.pretty else None))
+    return 0
+
+
+def _job_verdict_for(ranks: dict, until: float | None, window: float, state, rank: int) -> dict:  # type: ignore[no-untyped-def]
+    from torchtop.monitor.diagnosis.diagnose import diagnose
+    from torchtop.monitor.diagnosis.job import diagnose_job, rank_times, rank_view
+    from torchtop.monitor.model.job_playback import JobPlayback
+
+    job = JobPlayback(ranks).job_until(until)
+    job_diagnosis, found = diagnose_job(job, None, window)
+    return rank_view(job_diagnosis, diagnose(state), rank, found, rank_times(job, window)).verdict.to_json()
+
+
+def _report_job_file(args: argparse.Namespace, ranks: dict, until: float | None) -> int:
+    """`report DIR` of a job's recording: the job report, as `report` on the live job prints it."""
+    from torchtop.monitor.diagnosis.job import build_job_report
+    from torchtop.monitor.model.job_playback import JobPlayback
+
+    played = JobPlayback(ranks)
+    for line in played.warnings:
+        print(f"torchtop: {line}", file=sys.stderr)
+    job = played.job_until(until)
+    window = float("inf") if args.history else args.seconds
+    now = played.end if until is None else min(until, played.end)
+    report = build_job_report(job, args.seconds, str(args.target), window, now, args.baseline_ms)
     print(json.dumps(report, indent=2 if args.pretty else None))
     return 0
 

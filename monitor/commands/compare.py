@@ -100,7 +100,14 @@ def run(args: argparse.Namespace) -> int:
         for line in warnings:
             print(f"torchtop: {line}", file=sys.stderr)
         reports.append(report)
-    result = compare(reports, names)
+    notes = []
+    if args.demo == "amp" and args.amp_dtype == "bf16" and all(r.get("device") == "cpu" for r in reports):
+        if cpu_has_bf16() is False:
+            notes.append(
+                "this CPU has no bf16 instructions (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo): "
+                "bf16 autocast runs emulated here, so it is slower than fp32 on this CPU, not in general"
+            )
+    result = compare(reports, names, notes)
     print(json.dumps(result, indent=2) if args.json else render_text(result))
     return 0
 
@@ -144,3 +151,16 @@ def _more_workers() -> int:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 2
     return max(2, min(8, cpus - 1))
+
+
+def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16); None: cannot tell."""
+    try:
+        with open(cpuinfo) as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        return None
+    return None

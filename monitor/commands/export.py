@@ -64,14 +64,24 @@ def job_label(argv: list[str]) -> str:
 
 def fleet_samples(fleet: Fleet, window: float, job: str | None) -> list[Sample]:
     """Every watched agent's samples, from its state's report over the last `window` seconds."""
-    from torchtop.monitor.diagnosis.report import build_report
+    from torchtop.monitor.diagnosis.job import diagnose_job, rank_times, rank_view
+    from torchtop.monitor.diagnosis.report import build_report, diagnose
     from torchtop.monitor.export.figures import samples
 
+    judged = {
+        job_id: (*diagnose_job(job, None, window), rank_times(job, window))
+        for job_id, job in fleet.jobs.items()
+        if len(job.live()) > 1
+    }
     out: list[Sample] = []
     for w in fleet.agents.values():
         if w.hello is None:
             continue
         report = build_report(w.state, window)
+        in_job = judged.get(w.hello.job_id) if w.hello.job_id else None
+        if in_job is not None:  # a rank of a job carries the job's verdict (its own flags)
+            job_diagnosis, found, times = in_job
+            report |= rank_view(job_diagnosis, diagnose(w.state), w.hello.rank, found, times).to_json()
         out += samples(
             report,
             job or job_label(w.hello.argv),

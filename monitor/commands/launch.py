@@ -280,7 +280,8 @@ def wait_for_agents(
             if found:
                 return found
             raise TimeoutError(
-                f"the job (pid {child.pid}) did not start a torchtop agent within {timeout:.0f} s"
+                f"no process of the job (pid {child.pid}) listed a torchtop agent within {timeout:.0f} s "
+                "(an agent started with TORCHTOP=1 is listed once its process runs a model)"
             )
         time.sleep(0.1)
 

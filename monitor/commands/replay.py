@@ -11,7 +11,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "path", help="a recording: the directory given to --record / TORCHTOP_RECORD, or a segment file"
     )
     p.add_argument(
-        "--rank", type=int, default=None, help="a job's recording: which rank (default: the lowest)"
+        "--rank",
+        type=int,
+        default=None,
+        help="a job's recording: one rank (default: the job view of every rank)",
     )
     p.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1; ] and [ change it)")
     p.add_argument(
@@ -31,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         print("torchtop: --speed must be positive", file=sys.stderr)
         return 2
-    for line in notes(playback, ranks, args.rank, "replaying"):
+    job = len(ranks) > 1 and args.rank is None  # a job's recording: the job view
+    for line in [] if job else notes(playback, ranks, args.rank, "replaying"):
         print(f"torchtop: {line}", file=sys.stderr)
     from torchtop.monitor.commands.tui_entry import EXIT_NO_TUI, TuiMissing, require_tui
 
@@ -42,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_NO_TUI
     from torchtop.monitor.tui.replay_app import ReplayApp, jump_target
 
+    if job:
+        return _replay_job(args, ranks)
     at = None
     if args.at is not None:
         try:
@@ -50,5 +56,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"torchtop: --at {args.at!r}: give a time (90, 1:30) or #STEP", file=sys.stderr)
             return 2
     app = ReplayApp(playback, speed=args.speed, at=at)
+    app.run()
+    return app.return_code or 0
+
+
+def _replay_job(args: argparse.Namespace, ranks: dict) -> int:
+    from torchtop.monitor.model.job_playback import JobPlayback
+    from torchtop.monitor.tui.job_replay_app import JobReplayApp
+
+    app = JobReplayApp(JobPlayback(ranks), speed=args.speed)
+    if args.at is not None:
+        try:
+            app._start_at = app.jump_target(args.at)
+        except ValueError:
+            print(f"torchtop: --at {args.at!r}: give a time (90, 1:30) or #STEP", file=sys.stderr)
+            return 2
     app.run()
     return app.return_code or 0

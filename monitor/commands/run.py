@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from torchtop.monitor.tui.keys import Leaving
 
 EXIT_USAGE = 2
+PATIENT_S = 30.0  # waiting this long for the job's first step: said in a line
+FIRST_STEP_S = 600.0  # then this much more before giving up on the TUI (the job goes on)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int:
     print(f"torchtop run: pid {job.pid}; output: {log_path}", flush=True)
     try:
-        agents = wait_for_agents(job.proc, settle=2.0)
+        agents = _wait_for_first_step(job)
     except TimeoutError as exc:
         _show_tail(log_path, f"{exc} (does it import torch? is torchtop installed in its Python?)")
         return _finish(job)
@@ -181,6 +183,21 @@ def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int
             flush=True,
         )
     return _finish(job)
+
+
+def _wait_for_first_step(job: Job) -> list[dict[str, Any]]:
+    """The job's agents once a process of it runs its model (zero-code agents are listed only
+    then: a launcher or a helper that imports torch is not a rank); a line after a while, since
+    a job may load data for minutes before its first step."""
+    try:
+        return wait_for_agents(job.proc, timeout=PATIENT_S, settle=2.0)
+    except TimeoutError:
+        print(
+            f"torchtop run: no process of the job has run a model yet ({PATIENT_S:.0f} s); the TUI "
+            f"opens when one does (waiting up to {FIRST_STEP_S / 60:.0f} min more)",
+            flush=True,
+        )
+    return wait_for_agents(job.proc, timeout=FIRST_STEP_S, settle=2.0)
 
 
 def _app_for(

@@ -97,4 +97,4 @@ def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
     verdict = warmup.with_notes(primary(f, previous.verdict.kind if previous else None), judged, state)
     verdict = warmup.with_input_wait_note(verdict, f)
     flags = tuple(x for x in (rule(f) for rule in FLAG_RULES) if x is not None)
-    return with_upsides(Diagnosis(verdict, flags, len(steps)), f)
+    return with_upsides(Diagnosis(verdict, flags, len(steps), f.step_ms), f)

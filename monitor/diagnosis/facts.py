@@ -139,6 +139,7 @@ class Diagnosis:
     verdict: Finding
     flags: tuple[Finding, ...] = ()
     steps: int = 0
+    step_ms: float = 0.0  # the judged steps' mean: the step time the verdict's figures are of
 
     def to_json(self) -> dict[str, Any]:
         return {

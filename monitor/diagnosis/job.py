@@ -8,6 +8,7 @@ aggregate steps (the mean rank) as for one run.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
@@ -48,16 +49,39 @@ def diagnose_job(
     job: JobState, previous: Diagnosis | None = None, seconds: float = WINDOW_S
 ) -> tuple[Diagnosis, Straggler | None]:
     """The job's verdict (and the straggler behind it, if any) and the aggregate's flags."""
-    base = diagnose(job.job, previous)
-    times = rank_times(job, seconds)
+    return job_verdict(diagnose(job.job, previous), rank_times(job, seconds))
+
+
+def job_verdict(base: Diagnosis, times: dict[int, RankTimes]) -> tuple[Diagnosis, Straggler | None]:
+    """The job rules over the ranks' figures, on top of `base` (the aggregate's diagnosis)."""
     found = find_straggler(times)
     if found is not None:
-        return Diagnosis(straggler_finding(found), base.flags, base.steps), found
+        return Diagnosis(straggler_finding(found), base.flags, base.steps, base.step_ms), found
     step = sorted(t.step_ms for t in times.values())[len(times) // 2] if times else 0.0
     comm = rule_communication(times, step)
     if comm is not None and base.verdict.kind in ("compute", "unknown"):
-        return Diagnosis(comm, base.flags, base.steps), None
+        return Diagnosis(comm, base.flags, base.steps, base.step_ms), None
     return base, None
+
+
+def rank_view(
+    job_diagnosis: Diagnosis,
+    own: Diagnosis,
+    rank: int,
+    found: Straggler | None = None,
+    times: dict[int, RankTimes] | None = None,
+) -> Diagnosis:
+    """What a rank's view says inside its job (one job, one answer: a rank alone cannot tell a
+    straggler's wait or the collectives' cost): the line in_job.rank_diagnosis gives it (the job's
+    verdict, or "waiting for rank N"), its own flags, and its own verdict as a line of evidence
+    where that reads otherwise."""
+    verdict = rank_diagnosis(own, rank, job_diagnosis, found, times or {}).verdict
+    if own.verdict.kind not in (verdict.kind, "unknown"):
+        line = (
+            f"rank {rank} on its own reads {own.verdict.kind} ({own.verdict.severity}); the job rules decide"
+        )
+        verdict = replace(verdict, evidence=(*verdict.evidence, line))
+    return Diagnosis(verdict, own.flags, own.steps, own.step_ms)
 
 
 def member_status(m: Member, now: float) -> str:
@@ -79,7 +103,7 @@ def _rank_entry(
     report = build_report(m.state, seconds, m.key, window=window)
     job, found, times = judged
     if m.rank is not None:  # the rank's line agrees with the job's
-        report |= rank_diagnosis(diagnose(m.state), m.rank, job, found, times).to_json()
+        report |= rank_view(job, diagnose(m.state), m.rank, found, times).to_json()
     t = m.stats.window(window)
     keep = (
         "steps", "steps_in_full", "timed_steps", "step_time_ms", "steps_per_s", "breakdown", "phase_ms", "device_ms",

@@ -1,8 +1,9 @@
 """One agent's state as metric samples: what Prometheus and OpenTelemetry both export. Pure.
 
 Labels are bounded: job, node, rank on every sample; phase on per-phase ones; the verdict or
-flag kind (closed sets: diagnosis/verdicts.py, flags.py) on those. Units are seconds, bytes and
-ratios (0..1), as Prometheus names them.
+flag kind (closed sets: diagnosis/verdicts.py, flags.py) on those. Units are seconds, bytes,
+ratios (0..1, `_ratio`) and CPU cores (`_cores`, above 1 for a process on several), as
+Prometheus names them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ METRICS: dict[str, tuple[Kind, str, str | None]] = {
     "torchtop_step_time_p90_seconds": ("gauge", "90th percentile step time over the window", None),
     "torchtop_step_time_mean_seconds": ("gauge", "mean step time over the window", None),
     "torchtop_phase_seconds": ("gauge", "host time per step in each phase (timed steps)", "phase"),
-    "torchtop_phase_share": ("gauge", "each phase's share of the step (timed steps)", "phase"),
+    "torchtop_phase_share_ratio": ("gauge", "each phase's share of the step (timed steps)", "phase"),
     "torchtop_device_phase_seconds": ("gauge", "CUDA-event time per sampled step, by phase", "phase"),
     "torchtop_memory_allocated_bytes": ("gauge", "CUDA memory allocated by tensors", None),
     "torchtop_memory_reserved_bytes": ("gauge", "CUDA memory held by the caching allocator", None),
@@ -44,13 +45,13 @@ METRICS: dict[str, tuple[Kind, str, str | None]] = {
     "torchtop_gpu_memory_used_bytes": ("gauge", "NVML memory used on the GPU (all processes)", None),
     "torchtop_gpu_power_watts": ("gauge", "NVML power draw", None),
     "torchtop_gpu_temperature_celsius": ("gauge", "NVML GPU temperature", None),
-    "torchtop_process_cpu_ratio": ("gauge", "training process CPU, in cores", None),
+    "torchtop_process_cpu_cores": ("gauge", "training process CPU, in cores", None),
     "torchtop_process_resident_bytes": ("gauge", "training process resident memory", None),
     "torchtop_process_resident_peak_bytes": ("gauge", "training process peak resident memory", None),
     "torchtop_dataloader_workers": ("gauge", "DataLoader worker processes", None),
-    "torchtop_dataloader_worker_cpu_ratio": ("gauge", "DataLoader workers' mean CPU, in cores", None),
+    "torchtop_dataloader_worker_cpu_cores": ("gauge", "DataLoader workers' mean CPU, in cores", None),
     "torchtop_verdict": ("gauge", "the verdict in force: its severity (0 ok .. 3 critical)", "verdict"),
-    "torchtop_verdict_share": ("gauge", "the verdict's share of the step", "verdict"),
+    "torchtop_verdict_share_ratio": ("gauge", "the verdict's share of the step", "verdict"),
     "torchtop_flag": ("gauge", "a flag raised: its severity (1 info .. 3 critical)", "flag"),
     "torchtop_dropped_steps": ("counter", "steps the agent's bounded log dropped", None),
     "torchtop_hook_errors": ("counter", "guarded failures inside the agent's hooks", None),
@@ -88,7 +89,7 @@ def samples(
         for phase, ms in report.get("phase_ms", {}).items():
             add("torchtop_phase_seconds", ms / 1e3, ("phase", phase))
         for phase, share in report.get("breakdown", {}).items():
-            add("torchtop_phase_share", share, ("phase", phase))
+            add("torchtop_phase_share_ratio", share, ("phase", phase))
     for phase, ms in report.get("device_ms", {}).items():
         add("torchtop_device_phase_seconds", ms / 1e3, ("phase", phase))
     memory = report.get("memory", {})
@@ -111,14 +112,14 @@ def samples(
         add("torchtop_gpu_temperature_celsius", _known(g.get("temp_c")))
     host = report.get("host", {})
     if host.get("available"):
-        add("torchtop_process_cpu_ratio", host.get("proc_cpu", 0) / 100)
+        add("torchtop_process_cpu_cores", host.get("proc_cpu", 0) / 100)
         add("torchtop_process_resident_bytes", host.get("proc_rss"))
         add("torchtop_process_resident_peak_bytes", host.get("proc_rss_peak") or None)
         workers = [w for w in host.get("workers", []) if w.get("dataloader")]
         add("torchtop_dataloader_workers", len(workers))
         if workers:
             add(
-                "torchtop_dataloader_worker_cpu_ratio",
+                "torchtop_dataloader_worker_cpu_cores",
                 sum(w["cpu_percent"] for w in workers) / len(workers) / 100,
             )
     verdict = report.get("verdict", {})
@@ -128,7 +129,7 @@ def samples(
             SEVERITY_RANK.get(verdict.get("severity", "ok"), 0),
             ("verdict", verdict["kind"]),
         )
-        add("torchtop_verdict_share", verdict.get("share", 0.0), ("verdict", verdict["kind"]))
+        add("torchtop_verdict_share_ratio", verdict.get("share", 0.0), ("verdict", verdict["kind"]))
     for flag in report.get("flag_details", []):
         add("torchtop_flag", SEVERITY_RANK.get(flag.get("severity", "info"), 1), ("flag", flag["kind"]))
     add("torchtop_dropped_steps", report.get("dropped"))

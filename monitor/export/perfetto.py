@@ -4,8 +4,8 @@ One process per rank, its thread `steps`: a slice per step, and inside it a slic
 The log times each phase's total within a step, not each time it was entered, so the phases
 are laid end to end in step order (data, h2d, forward, backward, optimizer, then the rest):
 their lengths are exact, their order within the step is the usual one. Times are whole
-microseconds from the earliest event (children tile their step exactly, with no rounding
-overlap). Memory and RSS samples become counter tracks. A torch.profiler trace (a capture) is
+microseconds from the earliest event (children tile their step exactly, and a step that
+starts where the previous one ended never overlaps it by a rounding microsecond). Memory and RSS samples become counter tracks. A torch.profiler trace (a capture) is
 merged in on the same clock: its events move into the process of the rank that took it.
 """
 
@@ -47,12 +47,20 @@ def _us(seconds_from_origin: float) -> int:
     return round(seconds_from_origin * 1e6)
 
 
+ROUNDING_US = 2  # a step that starts this little before the previous one ended: rounding
+
+
 def step_events(rank: RankTrace, origin: float) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    last_end: dict[str, int] = {}  # per kind (train, eval): where its previous slice ended
     for s in rank.steps:
         start = s.t0 - origin
         t0 = _us(start)
         end = _us(start + s.wall_ns / 1e9)
+        before = last_end.get(s.kind)
+        if before is not None and t0 < before <= t0 + ROUNDING_US:
+            t0 = min(before, end)  # the steps touch: rounding two float times made them overlap
+        last_end[s.kind] = end
         args: dict[str, Any] = {"step": s.i, "wall_ms": round(s.wall_ns / 1e6, 4)}
         if s.phases:
             args["phases_ms"] = {p: round(s.phases.get(p, 0) / 1e6, 4) for p in PHASES}
@@ -80,9 +88,9 @@ def step_events(rank: RankTrace, origin: float) -> list[dict[str, Any]]:
             ns = s.phases.get(p, 0)
             if ns <= 0:
                 continue
-            a = _us(start + cum / 1e9)
+            a = max(t0, _us(start + cum / 1e9))
             cum += ns
-            b = end if cum >= s.wall_ns else _us(start + cum / 1e9)
+            b = end if cum >= s.wall_ns else min(end, _us(start + cum / 1e9))
             if b > a:
                 out.append(
                     {

@@ -19,7 +19,8 @@ from torchtop.agent.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
 from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
 from torchtop.monitor.model.budget import StepBudget
-from torchtop.monitor.model.state import RunState
+from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.state import HISTORY, RunState
 
 REPLAY_STEPS_PER_S = (
     500.0  # per agent: every step of a >= 2 ms step, a sample of faster ones (stats need no more)
@@ -38,6 +39,15 @@ class Watched:
     last_batch: float = 0.0
     up: bool = False
     retry_at: float = 0.0
+    job: JobState | None = None  # the job it is a rank of (its hello's job id): judged as one
+
+    def apply_batch(self, received: Any, now: float) -> None:
+        if self.job is not None:  # the job's aggregate and rank figures, and this rank's state
+            self.job.apply_batch(
+                self.endpoint.address, received.batch, received.steps, now, received.log_errors
+            )
+        else:
+            self.state.apply_batch(received.batch, received.steps, now, received.log_errors)
 
     @property
     def budget(self) -> StepBudget:
@@ -57,6 +67,7 @@ class Fleet:
         self.discover = discover
         self.replay_steps_per_s = replay_steps_per_s
         self.agents: dict[str, Watched] = {}
+        self.jobs: dict[str, JobState] = {}  # job id -> its ranks, judged by the job rules
         self._rescan_at = 0.0
         self._pinned: set[str] = set()  # endpoints asked for by name: watched even while down
         for e in endpoints or []:
@@ -82,7 +93,10 @@ class Fleet:
             self._rescan_at = now + RESCAN_S
             found = {self.add(from_discovery(info)).endpoint.address for info in local_agents()}
             for key in [k for k, w in self.agents.items() if k not in found | self._pinned and not w.up]:
-                self.agents.pop(key).client.close()  # a run that ended: its series go stale
+                gone = self.agents.pop(key)  # a run that ended: its series go stale
+                gone.client.close()
+                if gone.job is not None:
+                    gone.job.lost(key, "the agent ended")
         for w in self.agents.values():
             if (not w.up or now - w.last_batch > SILENT_AFTER_S) and now >= w.retry_at:
                 self._greet(w, now)
@@ -96,7 +110,7 @@ class Fleet:
             got = w.client.recv_batches(0)
             stamp = time.monotonic()
             for r in got:
-                w.state.apply_batch(r.batch, r.steps, stamp, r.log_errors)
+                w.apply_batch(r, stamp)
             if got:
                 w.last_batch, w.up = stamp, True
             w.state.bad_frames = w.client.bad_frames
@@ -104,10 +118,19 @@ class Fleet:
     def _greet(self, w: Watched, now: float) -> None:
         try:
             hello = w.client.hello(timeout=HELLO_TIMEOUT_S)
-        except AgentUnreachable:
+        except AgentUnreachable as exc:
             w.up = False
             w.state.gone = w.hello is not None
             w.retry_at = now + RESCAN_S
+            if w.job is not None and w.hello is not None:
+                w.job.lost(w.endpoint.address, str(exc))
             return
         w.hello, w.up, w.last_batch = hello, True, time.monotonic()
-        w.state.apply_hello(hello)
+        if hello.job_id and w.job is None:
+            # each rank keeps as many steps as an agent on its own (the exporter's window)
+            w.job = self.jobs.setdefault(hello.job_id, JobState(hello.job_id, member_history=HISTORY))
+            w.state = w.job.member(w.endpoint.address).state
+        if w.job is not None:
+            w.job.apply_hello(w.endpoint.address, hello)
+        else:
+            w.state.apply_hello(hello)

@@ -104,6 +104,19 @@ def progress_text(c: CaptureInfo) -> str:
     return f"{what} #{c.id} done: {c.path}"
 
 
+def toast_text(c: CaptureInfo) -> str:
+    """A finished capture in a toast: short, so the toast stays a corner of an 80x24 screen; the
+    path and the summary are on the Captures screen (c)."""
+    what = "profile" if c.kind == CaptureKind.PROFILE else "memory snapshot"
+    if c.state == CaptureState.FAILED:
+        error = c.error if len(c.error) <= 60 else c.error[:59] + "…"
+        return f"{what} #{c.id} failed: {error}"
+    name = c.path.rsplit("/", 1)[-1]
+    if len(name) > 36:  # its start (kind, pid, id) and its end (the format); the rest on screen c
+        name = name[:17] + "…" + name[-18:]
+    return f"{what} #{c.id} done: {name}" if name else f"{what} #{c.id} done"
+
+
 def fetch_from(
     endpoint_label: str, endpoint_host: str, capture_host: str, local_host: str | None = None
 ) -> tuple[str, list[str]] | None:

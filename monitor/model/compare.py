@@ -17,6 +17,7 @@ from torchtop.monitor.model import fmt
 
 Better = Literal["higher", "lower"]
 NOISE = 0.02  # relative changes smaller than this are "same"
+THIN_STEPS = 20  # a run with fewer steps to compare: its ratios are said to rest on thin data
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,23 @@ def device_metrics(reports: list[dict[str, Any]]) -> list[Metric]:
     return [Metric(f"device.{k}", f"  device {k}", "ms", "lower", _path("device_ms", k)) for k in keys]
 
 
-def compare(reports: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    """The comparison as JSON-able data: runs (name, steps, verdict, flags, memory kind) and rows."""
+def thin_notes(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per run with too few steps for its ratios to mean much."""
+    most = max((r["steps"] for r in runs), default=0)
+    return [
+        f"{chr(65 + k)}: {r['name']} has {r['steps']} step{'s' if r['steps'] != 1 else ''} to compare"
+        f" ({most} in the run with the most): too few to trust its changes; record it longer"
+        " (--demo-seconds) or compare over --seconds"
+        for k, r in enumerate(runs)
+        if r["steps"] < THIN_STEPS
+    ]
+
+
+def compare(
+    reports: list[dict[str, Any]], names: list[str], notes: list[str] | None = None
+) -> dict[str, Any]:
+    """The comparison as JSON-able data: runs (name, steps, verdict, flags, memory kind), rows,
+    and notes (runs too thin to trust, and what the caller knows: a CPU without bf16)."""
     head = 3 + 2 * len(PHASES)  # steps/s, step times, then phase times and shares
     metrics = [*METRICS[:head], *device_metrics(reports), *METRICS[head:]]
     rows = []
@@ -137,7 +153,14 @@ def compare(reports: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
         }
         for name, r in zip(names, reports)
     ]
-    return {"baseline": names[0] if names else "", "runs": runs, "rows": [row.__dict__ for row in rows]}
+    for r in runs:
+        r["thin"] = r["steps"] < THIN_STEPS
+    return {
+        "baseline": names[0] if names else "",
+        "runs": runs,
+        "rows": [row.__dict__ for row in rows],
+        "notes": [*thin_notes(runs), *(notes or [])],
+    }
 
 
 def _value(v: float | None, unit: str) -> str:
@@ -181,8 +204,11 @@ def render_text(result: dict[str, Any]) -> str:
     lines.append(["steps", *[f"{fmt.count(r['steps'])} in {r['span_s']:.1f} s" for r in runs]])
     for row in result["rows"]:
         cells = [row["label"], _value(row["values"][0], row["unit"])]
-        for v, c in zip(row["values"][1:], row["changes"]):
+        thin = runs[0].get("thin", False)
+        for v, c, run in zip(row["values"][1:], row["changes"], runs[1:]):
             ch = _change_text(c, row["unit"], row["better"])
+            if ch and ch != "≈ same" and (thin or run.get("thin")):
+                ch += " (thin: see note)"
             cells.append(f"{_value(v, row['unit'])}  {ch}".rstrip())
         lines.append(cells)
     memory = [r["memory_kind"] for r in runs]
@@ -194,4 +220,5 @@ def render_text(result: dict[str, Any]) -> str:
     widths = [max(len(line[k]) for line in lines) for k in range(len(header))]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
     out.insert(1, "  ".join("─" * w for w in widths))
+    out += [f"note: {line}" for line in result.get("notes", [])]
     return "\n".join(out)

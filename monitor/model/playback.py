@@ -85,7 +85,9 @@ class Playback:
         for k in range(start, len(self.messages) if stop is None else min(stop, last + 1)):
             m = self.messages[k]
             if isinstance(m, wire.Batch):
-                if m.run_id != replay.run_id:
+                if not replay.run_id and replay.next_seq is None:
+                    replay.run_id = m.run_id  # a caller's fresh replay: kept across its calls
+                elif m.run_id != replay.run_id:
                     replay = _fresh(replay, m.run_id)
                 # the recording's end: the step held for a mark that may follow is let go
                 steps = replay.feed(m.log, m.wall_offset, m.rank, flush=k == last)

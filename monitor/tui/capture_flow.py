@@ -20,6 +20,7 @@ from torchtop.monitor.model.captures import (
     fetch_from,
     next_steps,
     progress_text,
+    toast_text,
 )
 from torchtop.monitor.tui.feed import RequestAnswered
 from torchtop.monitor.tui.widgets import CapturesScreen
@@ -44,9 +45,9 @@ class CaptureApp(App[int]):
         finished = self.captures.see(batch.capture)
         if finished is not None:
             if finished.state == CaptureState.DONE:
-                self.notify(progress_text(finished), title="capture done", timeout=10)
+                self.notify(toast_text(finished), title="capture done", timeout=10)
             else:
-                self.notify(progress_text(finished), title="capture failed", severity="error", timeout=10)
+                self.notify(toast_text(finished), title="capture failed", severity="error", timeout=10)
             self.ask("capture-status")  # the list (and the Captures screen) with its summary
         if isinstance(self.screen, CapturesScreen):
             self._refresh_captures()

@@ -25,8 +25,7 @@ from textual.worker import get_current_worker
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
-from torchtop.monitor.diagnosis.in_job import rank_diagnosis
-from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, window_end
+from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, rank_view, window_end
 from torchtop.monitor.diagnosis.straggler import Straggler, scaling
 from torchtop.monitor.link.job import JobLink, apply_events
 from torchtop.monitor.link.job_targets import JobPlan, ranks_text, short_job_id
@@ -173,8 +172,12 @@ class JobApp(TorchtopApp):
             return
         r.announced = True
         lines = round_summary(self.job, self.job_captures)
-        if lines:
-            self.notify("\n".join(lines[:6]), title="captures done on every rank", timeout=20)
+        if lines:  # short: the toast stays a corner of an 80x24 screen; the Captures screen has it all
+            self.notify(
+                f"{len(self.job_captures.round.keys)} ranks · c: each rank's file, and which shows the wait",
+                title="captures done on every rank",
+                timeout=20,
+            )
 
     def _refresh_captures(self) -> None:
         caps = self.job_captures
@@ -263,10 +266,10 @@ class JobApp(TorchtopApp):
             return self.job_diagnosis or diagnose(state, self.diagnosis)
         own = diagnose(state, self.diagnosis)
         m = self.shown_member()
-        if m is None or m.rank is None or self.job_diagnosis is None:
+        if self.job_diagnosis is None or m is None or m.rank is None or len(self.job.live()) < 2:
             return own
         # the rank's verdict agrees with the job's: a rank held by a straggler waits for it
-        return rank_diagnosis(own, m.rank, self.job_diagnosis, self.straggler, rank_times(self.job))
+        return rank_view(self.job_diagnosis, own, m.rank, self.straggler, rank_times(self.job))
 
     def refresh_panels(self) -> None:
         job = self.job

@@ -54,13 +54,14 @@ class JumpScreen(ModalScreen[str | None]):
 
     DEFAULT_CSS = """
     JumpScreen { align: center middle; }
-    #jump-box { width: 72; height: auto; border: round $primary; padding: 0 1; background: $panel; }
+    #jump-box { width: 72; max-width: 100%; height: auto; border: round $primary; padding: 0 1; background: $panel; }
+    #jump-box Label { width: 100%; }
     """
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def compose(self) -> ComposeResult:
         with Vertical(id="jump-box"):
-            yield Label("jump to: #STEP, a time into the recording (90, 1:30), or +10s / -1:00")
+            yield Label("jump to #STEP, a time into the recording (90, 1:30) or +10s / -1:00")
             yield Input(placeholder="#1200  or  1:30", id="jump-input")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -85,6 +86,8 @@ class ReplayApp(TorchtopApp):
         Binding("home", "seek_to('start')", "Start", show=False),
         Binding("end", "seek_to('end')", "End", show=False),
         Binding("g", "jump", "Jump"),
+        Binding("p", "captures", show=False),  # said in one line: a replay takes no captures
+        Binding("m", "captures", show=False),
     ]
 
     def __init__(self, playback: Playback, speed: float = 1.0, at: float | None = None) -> None:
@@ -100,6 +103,7 @@ class ReplayApp(TorchtopApp):
     def on_mount(self) -> None:
         super().on_mount()
         self.header.target = f"replay of {self.playback.recording.directory}"
+        self.capture_line.display = False  # its keys take captures of a live run: not here
         for line in self.playback.warnings:
             self.notify(line, title="recording damaged", severity="warning", timeout=15)
         self.set_interval(PLAY_S, self._play)

@@ -29,33 +29,44 @@ WIDTHS = {"step": 7, "data": 7, "fwd+bwd": 8, "optim": 7, "comm": 7, "own": 7}
 STATUS_STYLE = {"connected": "", "agent gone": "red", "refused": "red"}
 
 
-def _cells(row: RankRow | None, med: dict[str, float], label: str, node: str, slowest: bool) -> Text:
+COMPACT_BELOW = 110  # panel widths under this get compact rows: no memory or GPU column
+COMPACT_STRIP = 12  # the strip's newest cells in a compact row
+
+
+def _cells(
+    row: RankRow | None, med: dict[str, float], label: str, node: str, slowest: bool, compact: bool = False
+) -> Text:
     text = Text(no_wrap=True, overflow="crop")
     style = "bold reverse red" if slowest else ""
     text.append(f"{label:>6} ", style=style or "bold")
-    text.append(f"{node[:12]:<12} ", style="dim")
+    if not compact:
+        text.append(f"{node[:12]:<12} ", style="dim")
+    elif node:
+        text.append(f"{node[:8]:<8} ", style="dim")
     for c in COLUMNS:
         value = row.figures[c] if row is not None else med.get(c, 0.0)
         cell = fmt.ms(value).rjust(WIDTHS[c])
         hot = deviation(value, med.get(c, 0.0)) if row is not None and c != "step" else ""
         text.append(cell + " ", style="bold red" if hot == "hot" else "yellow" if hot == "warm" else "")
     if row is None:
-        text.append(" " * 18, style="dim")
+        text.append(" " * (0 if compact else 18), style="dim")
         return text
-    text.append(f"{fmt.size(row.mem_peak) if row.mem_peak else '—':>10} ", style="")
-    text.append(f"{row.gpu_util:>4.0f}% " if row.gpu_util >= 0 else "   — ", style="")
-    text.append(row.strip, style="red" if any(b in row.strip for b in "▆▇█") else "cyan")
+    if not compact:
+        text.append(f"{fmt.size(row.mem_peak) if row.mem_peak else '—':>10} ", style="")
+        text.append(f"{row.gpu_util:>4.0f}% " if row.gpu_util >= 0 else "   — ", style="")
+    strip = row.strip[-COMPACT_STRIP:] if compact else row.strip
+    text.append(strip, style="red" if any(b in strip for b in "▆▇█") else "cyan")
     if row.status != "connected":
         text.append(f"  {row.status}", style=STATUS_STYLE.get(row.status, "yellow"))
     return text
 
 
-def header_line(bucket_s: int) -> Text:
+def header_line(bucket_s: int, compact: bool = False, nodes: bool = False) -> Text:
     text = Text(no_wrap=True, overflow="crop", style="dim")
-    text.append(f"{'rank':>6} {'node':<12} ")
+    text.append(f"{'rank':>6} " + (f"{'node':<12} " if not compact else f"{'node':<8} " if nodes else ""))
     for c in COLUMNS:
         text.append(c.rjust(WIDTHS[c]) + " ")
-    text.append(f"{'mem peak':>10}  GPU  own vs median ({bucket_s}s)")
+    text.append(f"trend ({bucket_s}s)" if compact else f"{'mem peak':>10}  GPU  own vs median ({bucket_s}s)")
     return text
 
 
@@ -128,7 +139,11 @@ class Layout:
     keys: list[str | None]  # the member shown on each line (None: not a rank)
 
 
-def layout(view: RanksView, head: list[Text]) -> Layout:
+def layout(view: RanksView, head: list[Text], compact: bool = False) -> Layout:
+    """The panel's lines. `compact` (a narrow terminal, 80 columns): one row a rank, the slowest
+    first, so the ranks that matter show without scrolling."""
+    if compact and view.rows:
+        return _compact(view, head)
     lines, keys = list(head), [None] * len(head)
     if not view.rows:
         lines.append(Text("waiting for the ranks' first steps…", style="dim"))
@@ -161,6 +176,21 @@ def layout(view: RanksView, head: list[Text]) -> Layout:
     return Layout(lines, keys)
 
 
+def _compact(view: RanksView, head: list[Text]) -> Layout:
+    lines, keys = [*head, header_line(view.bucket_s, True, len(view.nodes) > 1)], [None] * (len(head) + 1)
+    nodes = len(view.nodes) > 1
+    lines.append(_cells(None, view.median, "median", "" if not nodes else "", False, True))
+    keys.append(None)
+    by_rank = {r.rank: r for r in view.rows}
+    order = [*view.slowest, *(r.rank for r in view.rows if r.rank not in view.slowest)]
+    slow = view.slowest[0] if view.slowest and len(view.rows) > 1 else None
+    for r in order:
+        row = by_rank[r]
+        lines.append(_cells(row, view.median, str(r), row.node if nodes else "", r == slow, True))
+        keys.append(row.key)
+    return Layout(lines, keys)
+
+
 class RanksPanel(Widget):
     """Every rank of the job; click a rank to show it in the other tabs.
 
@@ -177,11 +207,19 @@ class RanksPanel(Widget):
         self.head: list[Text] = []
         self._layout = layout(self.view, self.head)
 
+    @property
+    def compact(self) -> bool:
+        width = self.content_size.width
+        return 0 < width < COMPACT_BELOW
+
     def show(self, view: RanksView, head: list[Text]) -> None:
         grew = len(self._layout.lines)
         self.view, self.head = view, head
-        self._layout = layout(view, head)
+        self._layout = layout(view, head, self.compact)
         self.refresh(layout=len(self._layout.lines) != grew)
+
+    def on_resize(self, _event: events.Resize) -> None:
+        self.show(self.view, self.head)
 
     def render(self) -> RenderableType:
         text = Text("\n").join(self._layout.lines)

@@ -14,6 +14,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from torchtop.monitor.diagnosis.facts import Diagnosis, Finding
+from torchtop.monitor.model import fmt
 
 #: Rich style per severity; the 16 standard colours so a 16-colour terminal matches.
 SEVERITY_STYLES = {
@@ -56,6 +57,15 @@ FLAG_WORDS = {
     "low-mfu": "busy, little useful work",
     "mfu-disagree": "MFU: counters and FLOPs disagree",
 }
+
+
+def verdict_title(d: Diagnosis | None) -> str:
+    """The panel's title names the step time its figures are of (the judged steps' mean), apart
+    from the step panel's median over its own window."""
+    if d is None or not d.steps:
+        return "verdict"
+    mean = f" · mean {fmt.ms(d.step_ms)} ms a step" if d.step_ms > 0 else ""
+    return f"verdict · {d.steps} steps judged{mean}"
 
 
 def severity_class(d: Diagnosis | None) -> str:
@@ -130,7 +140,7 @@ class VerdictPanel(Widget):
         wanted = severity_class(d)
         for cls in SEVERITY_CLASSES:
             self.set_class(cls == wanted, cls)
-        self.border_title = f"verdict · {d.steps} steps judged" if d is not None and d.steps else "verdict"
+        self.border_title = verdict_title(d)
 
     def render(self) -> RenderableType:
         return verdict_table(self.diagnosis)
