@@ -62,7 +62,7 @@ _BACKWARD = _TIMED.replace(
     "        _tt_put(_tt_enter)\n",
     "        _tt_put(_tt_enter)\n        if _tt_probe.comm:\n            _tt_arm({first})\n",
     1,
-)
+).replace("_tt_probe.adopt()", "_tt_probe.adopt(True)", 1)  # a backward claims the training thread
 _ASYNC = _TIMED.replace("if _tt_probe.untimed or", "if _tt_probe.untimed or async_op or", 1)
 
 
