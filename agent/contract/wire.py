@@ -12,6 +12,8 @@ from typing import Any, Union
 
 import msgspec
 
+from torchtop.agent.contract.logcodes import MARK, MASK
+
 PROTOCOL_VERSION = 5
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: The most steps a `snapshot` request may ask for.
@@ -393,6 +395,72 @@ def decode(frame: bytes) -> Message:
             "install the same torchtop version on both sides"
         )
     try:
-        return _decoder.decode(frame)
+        msg = _decoder.decode(frame)
     except _DECODE_ERRORS as exc:
         raise WireError(f"invalid message: {exc}") from None
+    bad = bad_number(msg)
+    if bad is not None:
+        raise WireError(f"invalid message: a number out of range ({bad})")
+    return msg
+
+
+#: The largest magnitude a float on the wire may have: times (unix seconds), rates, durations and
+#: percentages are far below it; beyond it (and NaN, inf) a monitor's arithmetic breaks.
+FLOAT_LIMIT = 1e18
+_INT_RANGE = range(-(1 << 63), 1 << 63)  # msgpack carries up to 2**64 - 1: int64 is what readers take
+_PLAIN = (str, bool, bytes, type(None))
+
+
+def bad_number(obj: Any) -> str | None:
+    """The first non-finite or out-of-range number in a decoded message (repr), None when there
+    is none. The one check every decoded frame passes (`decode`); a MARK entry's value is the
+    user's own scalar and may be anything (a loss that went NaN is what they need to see)."""
+    t = type(obj)
+    if t is float:
+        return None if -FLOAT_LIMIT <= obj <= FLOAT_LIMIT else repr(obj)  # NaN fails both
+    if t is int:
+        return None if obj in _INT_RANGE else repr(obj)
+    if t in _PLAIN or isinstance(obj, Enum):
+        return None
+    if t is list or t is tuple:
+        return _bad_item(obj)
+    if t is dict:
+        for k, v in obj.items():
+            bad = bad_number(k)
+            if bad is None:
+                bad = bad_number(v)
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(obj, msgspec.Struct):
+        for name in obj.__struct_fields__:
+            bad = bad_number(getattr(obj, name))
+            if bad is not None:
+                return f"{name}: {bad}"
+        return None
+    return repr(obj)[:40]  # nothing else decodes from msgpack
+
+
+def _bad_item(items: list[Any] | tuple[Any, ...]) -> str | None:
+    """`bad_number` over a list or tuple, inlined for the log's entries (ints, and short tuples
+    of ints, floats and None): a snapshot holds ~10^5 of them."""
+    lim = FLOAT_LIMIT
+    for x in items:
+        tx = type(x)
+        if tx is int:  # any int: the replay takes a packed entry of any size
+            continue
+        if tx is tuple:
+            if x and type(x[0]) is int and x[0] & MASK == MARK:
+                x = x[:2]  # (stamp, name, value): the user's scalar may be anything
+            for y in x:
+                ty = type(y)
+                if ty is int or y is None or (ty is float and -lim <= y <= lim):
+                    continue
+                bad = bad_number(y)
+                if bad is not None:
+                    return bad
+            continue
+        bad = bad_number(x)
+        if bad is not None:
+            return bad
+    return None

@@ -113,6 +113,7 @@ class AgentClient:
         poller.register(self.dealer, zmq.POLLIN)
 
         end = time.monotonic() + timeout
+        bad_before = self.bad_frames
         while deadline_ms > 0:
             if not poller.poll(deadline_ms):
                 break
@@ -128,7 +129,7 @@ class AgentClient:
                     self._bad(f"expected a reply, got {type(reply).__name__}")
             deadline_ms = int((end - time.monotonic()) * 1000)
         self._new_dealer()  # drop the queued request: a late reply must not be read as another's
-        why = self._why()
+        why = self._why() if self.bad_frames == bad_before else f"invalid frames came back: {self.last_error}"
         self._renew()
         raise AgentUnreachable(
             f"no answer from a torchtop agent at {self.endpoint.address} within {timeout:g}s ({why})"
