@@ -164,6 +164,9 @@ def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
         finally:
             link.close()
         label = ", ".join(targets) or "this machine"
+    if not job.ranked():  # nothing to report: say why, never an empty report that looks fine
+        why = "; ".join(job.notes) or "none answered"
+        return _fail(f"no rank of job {plan.job_id or label} answered ({why})")
     window = float("inf") if args.history else args.seconds
     report = build_job_report(job, args.seconds, label, window, time.monotonic(), args.baseline_ms)
     print(json.dumps(report, indent=2 if args.pretty else None))
