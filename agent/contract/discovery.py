@@ -132,9 +132,42 @@ def list_agents(clean: bool = True) -> list[dict[str, Any]]:
                     os.unlink(name, dir_fd=fd)
                 except OSError:
                     pass
+        if clean:
+            _clean_sockets(fd)
     except OSError:
         return []
     finally:
         os.close(fd)
     agents.sort(key=lambda a: a.get("start_time", 0))
     return agents
+
+
+def _clean_sockets(fd: int) -> None:
+    """Remove the ipc socket files (agent-<pid>.req / .pub) a killed agent left: only sockets of
+    this user, only where no process has that pid."""
+    import stat
+
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    for name in os.listdir(fd):
+        stem, dot, kind = name.rpartition(".")
+        pid_text = stem.removeprefix("agent-")
+        if kind not in ("req", "pub") or not stem.startswith("agent-") or not pid_text.isdigit():
+            continue
+        if _running(int(pid_text)):
+            continue
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISSOCK(st.st_mode) and (uid is None or st.st_uid == uid):
+                os.unlink(name, dir_fd=fd)
+        except OSError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's process (or a pid no process can have): left alone
+    return True
