@@ -21,7 +21,7 @@ from torchtop.monitor.model.budget import StepBudget
 from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.steps import StepRecord
 
-RESEND_S = 0.4  # no answer this long: an idempotent request is sent again
+RESEND_S = 0.25  # no answer this long: an idempotent request is sent again
 IDEMPOTENT = ("hello", "ping", "memory", "capture-status")  # a snapshot is costly: asked once
 
 
