@@ -56,3 +56,26 @@ def test_another_thread_does_not_take_over_once_steps_are_cut() -> None:
     steps = snapshot_steps(agent, n)
     assert agent.probe.tid == tid == threading.get_ident()
     assert len(steps) == n == 20
+
+
+@pytest.mark.slow
+def test_torchtop_1_counts_a_loop_on_a_thread(subprocess_env: dict[str, str]) -> None:
+    """TORCHTOP=1 (the agent started at interpreter start-up, on the main thread), training on
+    another thread: every step counted."""
+    import subprocess
+    import sys
+
+    code = (
+        "import threading, torch\n"
+        "def train():\n"
+        "    model = torch.nn.Linear(8, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for _ in range(20):\n"
+        "        opt.zero_grad(); model(torch.randn(4, 8)).sum().backward(); opt.step()\n"
+        "t = threading.Thread(target=train); t.start(); t.join()\n"
+        "import torchtop.agent as ta\n"
+        "print('steps', ta.current().probe.steps)\n"
+    )
+    env = dict(subprocess_env, TORCHTOP="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["steps", "20"], out.stdout
