@@ -91,3 +91,45 @@ def test_a_multipart_bomb_is_freed_and_other_peers_answered_within_a_second(
     # the training process's own memory drifts up by tens of MB meanwhile (its history fills):
     # the bomb, held, would be ~190 MB more
     assert after - rss < 96 * MB, f"the agent kept {(after - rss) / MB:.0f} MB of the bomb"
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_renewed_router_listens_on_the_same_address(transport: str, runtime_dir: Path) -> None:
+    """The fresh socket binds where the old one was (ipc file 0600; TCP port, CURVE), and a peer
+    connected before reaches it by reconnecting."""
+    import os
+    import stat
+
+    import zmq
+
+    from torchtop.agent.loop import sockets
+
+    s = sockets.open_ipc(runtime_dir, 4242) if transport == "ipc" else sockets.open_sockets("127.0.0.1")
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    if s.curve is not None and s.client is not None:
+        peer.setsockopt(zmq.CURVE_SERVERKEY, s.curve.public)
+        peer.setsockopt(zmq.CURVE_PUBLICKEY, s.client[0])
+        peer.setsockopt(zmq.CURVE_SECRETKEY, s.client[1])
+    peer.connect(s.address)
+    try:
+        peer.send(b"before")
+        assert s.router.poll(5000) and s.router.recv_multipart()[-1] == b"before"
+        old = s.router
+        s.renew_router()
+        assert s.router is not old and old.closed
+        if transport == "ipc":
+            path = s.address.removeprefix("ipc://")
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        deadline = time.monotonic() + 5
+        got = None
+        while got is None and time.monotonic() < deadline:
+            peer.send(b"after")
+            if s.router.poll(300):
+                got = s.router.recv_multipart()[-1]
+        assert got == b"after"
+    finally:
+        peer.close(linger=0)
+        ctx.term()
+        s.close()
