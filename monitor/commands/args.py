@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from typing import NoReturn
 
 MAX_SECONDS = 10 * 365 * 86400.0  # ten years: any longer is a typo
@@ -69,7 +68,3 @@ def output_file(path: str) -> str:
         raise argparse.ArgumentTypeError(f"{path[:80]} is a directory")
     return path
 
-
-def fail(message: str, code: int = 2) -> int:
-    print(f"torchtop: {message}", file=sys.stderr)
-    return code
