@@ -67,4 +67,3 @@ def output_file(path: str) -> str:
     if os.path.isdir(path):
         raise argparse.ArgumentTypeError(f"{path[:80]} is a directory")
     return path
-
