@@ -15,7 +15,7 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (argparse prints the usage first)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+        self.exit(2, f"torchtop: {message} (see `{self.prog} --help`)\n")
 
 
 def _number(text: str, what: str) -> float:
