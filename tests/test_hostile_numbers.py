@@ -116,3 +116,16 @@ def test_export_survives_nan_batches(hostile: HostileAgent) -> None:
     )
     assert code == 0, err
     assert "Traceback" not in err
+
+
+async def test_the_attach_tui_survives_nan_batches(hostile: HostileAgent) -> None:
+    pytest.importorskip("textual")
+    from tests.tui_util import wait_for
+    from torchtop.monitor.link.targets import parse
+    from torchtop.monitor.tui.app import TorchtopApp
+
+    app = TorchtopApp(endpoint=parse(str(os.getpid())))
+    async with app.run_test(size=(120, 40)) as pilot:
+        ok = await wait_for(pilot, lambda: app.state.bad_frames >= 3 and len(app.state.steps) > 10, 20)
+        assert ok, (app.state.bad_frames, len(app.state.steps))
+        assert app.is_running
