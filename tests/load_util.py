@@ -89,6 +89,7 @@ class RawPeer(threading.Thread):
         self.address, self.stream = address, stream
         self.received = 0
         self.halt = threading.Event()
+        self.sent = threading.Event()  # the whole stream went out
 
     def run(self) -> None:
         with raw_connection(self.address, timeout=60) as s:
@@ -103,6 +104,7 @@ class RawPeer(threading.Thread):
                 except BlockingIOError:
                     time.sleep(0.005)
                 self._drain(s)
+            self.sent.set()
             while not self.halt.wait(0.05):
                 self._drain(s)
 

@@ -200,7 +200,7 @@ def test_bad_targets_exit_2_with_one_line(runtime_dir: Path) -> None:
     one_line_error(cli("attach", "no-such-thing"), "unknown target", "ssh://[user@]host[/pid]")
     one_line_error(cli("report", str(gone)), f"no torchtop agent with pid {gone}")
     one_line_error(cli("attach", str(gone)), f"no torchtop agent with pid {gone}")
-    one_line_error(cli("report", "--seconds", "0"), "--seconds must be positive")
+    one_line_error(cli("report", "--seconds", "0"), "--seconds", "above 0")
     # no agent at all
     one_line_error(cli("report", "--seconds", "1"), "no torchtop agent is running", str(runtime_dir))
     one_line_error(cli("attach"), "no torchtop agent is running")

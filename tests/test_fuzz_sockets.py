@@ -40,8 +40,12 @@ def _request(cmd: str, **args: object) -> bytes:
     return wire.encode(wire.Request(v=V, id=1, cmd=cmd, args=dict(args)))
 
 
+NAN = float("nan")
 HOSTILE = [
     _request("snapshot", max_steps=wire.SNAPSHOT_MAX_STEPS),  # the costliest answer
+    _request("snapshot", max_steps=NAN),  # non-finite numbers: refused at decode (issue 26)
+    _request("capture-memory", seconds=float("inf")),
+    wire.encode(wire.Batch(v=V, run_id="x", seq=0, time=NAN)),  # a NaN batch, up the wrong socket
     _request("snapshot", max_steps=0),
     _request("hello"),
     _request("ping"),
@@ -59,6 +63,8 @@ subscriptions = st.lists(
     topic.map(lambda t: b"\x01" + t) | topic.map(lambda t: b"\x00" + t) | small, min_size=1, max_size=5
 )
 raw = st.binary(max_size=512)
+# multipart bombs past the agent's discard bound (requests.DISCARD_MAX): the socket is renewed
+bombs = st.none() | st.none() | st.integers(10_000, 60_000)
 FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 
@@ -71,6 +77,7 @@ class SocketFuzzer:
         self.dealer = self._sock(zmq.DEALER, addresses[0])  # decodable junk and hostile requests
         self.xsub = self._sock(zmq.XSUB, addresses[1])  # sends anything upstream as "subscriptions"
         self.examples = 0
+        self.bombs = 0
 
     def _sock(self, kind: int, address: str) -> zmq.Socket:
         sock = self.ctx.socket(kind)
@@ -88,8 +95,10 @@ class SocketFuzzer:
     def run(self, examples: int, round_: int) -> None:
         @seed(round_)
         @settings(FUZZ, max_examples=examples)
-        @given(junk=frames, big=st.none() | oversized, burst=hostile, subs=subscriptions, blob=raw)
-        def throw(junk, big, burst, subs, blob) -> None:  # type: ignore[no-untyped-def]
+        @given(
+            junk=frames, big=st.none() | oversized, burst=hostile, subs=subscriptions, blob=raw, bomb=bombs
+        )
+        def throw(junk, big, burst, subs, blob, bomb) -> None:  # type: ignore[no-untyped-def]
             self._send(self.dealer, junk)
             payload, times = burst
             for _ in range(times):
@@ -98,6 +107,11 @@ class SocketFuzzer:
                 bomber = self._sock(zmq.DEALER, self.addresses[0])
                 self._send(bomber, big)
                 bomber.close(linger=200)
+            if bomb is not None:
+                bomber = self._sock(zmq.DEALER, self.addresses[0])
+                self._send(bomber, [b""] * bomb)
+                bomber.close(linger=500)
+                self.bombs += 1
             self._send(self.xsub, subs)
             while self.dealer.poll(0):
                 self.dealer.recv_multipart()
@@ -177,9 +191,77 @@ def test_fuzzing_both_sockets_leaves_training_monitors_and_memory_alone(
         f"max {answered[-1] * 1e3:.0f} ms; agent refused {last.bad_requests if last else '?'}, "
         f"dropped {last.dropped_requests if last else '?'}"
     )
-    assert fuzzer.examples == 300 and len(quiet) > 100 and len(fuzzed) > 100
+    assert fuzzer.examples == 300 and fuzzer.bombs > 0 and len(quiet) > 100 and len(fuzzed) > 100
     assert ratio < 1.5, f"the training loop slowed x{ratio:.2f} under fuzzing"
     assert len(answered) == len(pinger.times) > 20, "the monitor's hellos went unanswered"
     assert median(answered) < 0.1
     assert peak - rss < 64 * MB, f"the training process grew {(peak - rss) / MB:.0f} MB"
     assert last is not None and last.bad_requests > 100 and last.dropped_requests > 0  # counted, said
+
+
+# -- the monitor's side: what a same-user process may publish (issue 26, item 2) ------------------
+numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**63), 2**64 - 1)
+finite = st.floats(-1e6, 1e6)
+
+
+@st.composite
+def hostile_batches(draw: st.DrawFn, seq: int = 0) -> wire.Batch:
+    """A batch of real steps with numbers anywhere a float goes: NaN, inf, huge, or fine."""
+    from tests.hostile_agent import steps_log
+
+    t0 = 10**15 + draw(st.integers(0, 10**9))
+    log = steps_log(t0, draw(st.integers(0, 5)), device_ms=draw(st.none() | numbers))
+    if log and draw(st.booleans()):
+        k = draw(st.integers(0, len(log) - 1))
+        log[k] = (log[k] if type(log[k]) is int else log[k][0], draw(numbers))
+    host = wire.HostSample(
+        proc_cpu=draw(finite | numbers),
+        proc_rss=1,
+        threads=1,
+        cpu_count=2,
+        mem_percent=draw(finite | numbers),
+    )
+    return wire.Batch(
+        v=V, run_id="fuzz", seq=seq, time=draw(st.just(1.8e9) | numbers),
+        log=[wire.LogChunk(seq, seq * 5, log)], wall_offset=draw(st.just(1.7e9) | numbers),
+        telemetry=wire.Telemetry(time=draw(st.just(1.8e9) | numbers), host=host),
+        why=wire.Why(stack_hz=draw(finite | numbers)),
+    )  # fmt: skip
+
+
+def test_fuzzed_batches_never_crash_a_monitor(tmp_path: Path) -> None:
+    """Hypothesis-made batches (NaN, inf, huge numbers in step times, offsets, telemetry) on a
+    real stream: the client rejects the bad ones at decode and counts them; the report and the
+    exporter's figures over what it kept never raise."""
+    from torchtop.monitor.diagnosis.report import build_report
+    from torchtop.monitor.export.figures import samples
+    from torchtop.monitor.model.state import RunState
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    address = f"ipc://{tmp_path}/fuzz.pub"
+    pub.bind(address)
+    client = AgentClient(Endpoint(f"ipc://{tmp_path}/none.req", address))
+    state = RunState()
+    sent = {"n": 0}
+    try:
+        time.sleep(0.3)  # the subscription reaches the publisher
+
+        @seed(26)
+        @settings(FUZZ, max_examples=150)
+        @given(batch=hostile_batches())
+        def publish(batch: wire.Batch) -> None:
+            batch.seq = batch.log[0].seq = sent["n"]
+            sent["n"] += 1
+            pub.send(wire.encode(batch))
+            for got in client.recv_batches(1.0):
+                state.apply_batch(got.batch, got.steps, time.monotonic(), got.log_errors)
+            report = build_report(state, 5.0)
+            samples(report, "fuzz", "host", 0, True, 0, 0.0)
+
+        publish()
+    finally:
+        client.close()
+        ctx.destroy(linger=0)
+    assert sent["n"] == 150 and client.bad_frames > 10 and state.batches > 10
+    assert client.bad_frames + state.batches == sent["n"]  # each one taken or counted, none lost

@@ -80,7 +80,7 @@ def remove(pid: int) -> None:
         pass
 
 
-def _alive(info: dict[str, Any]) -> bool:
+def _alive(info: dict[str, Any], written: float | None = None) -> bool:
     pid = info.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return False
@@ -92,8 +92,16 @@ def _alive(info: dict[str, Any]) -> bool:
         pass  # exists, owned by someone else
     started = info.get("proc_start")
     now_started = _process_start_time(pid)
-    if started is not None and now_started is not None and abs(now_started - started) > 1.0:
-        return False  # the pid was reused by another process
+    if now_started is None:
+        return True
+    if isinstance(started, (int, float)):
+        return abs(now_started - started) <= 1.0  # else the pid was reused by another process
+    # an older agent's file (no proc_start): its process began before the agent did, and before
+    # the file was written; one that began after either is another process with a reused pid
+    began = info.get("start_time")
+    for t in (began if isinstance(began, (int, float)) else None, written):
+        if t is not None and now_started > t + 1.0:
+            return False
     return True
 
 
@@ -110,12 +118,13 @@ def list_agents(clean: bool = True) -> list[dict[str, Any]]:
         for name in names:
             try:
                 with os.fdopen(os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)) as fh:
+                    written = os.fstat(fh.fileno()).st_mtime
                     info = json.load(fh)
                 if not isinstance(info, dict):
                     raise ValueError("not an object")
             except (OSError, ValueError):
                 continue
-            if _alive(info):
+            if _alive(info, written):
                 info["file"] = str(directory / name)
                 agents.append(info)
             elif clean:
@@ -123,9 +132,42 @@ def list_agents(clean: bool = True) -> list[dict[str, Any]]:
                     os.unlink(name, dir_fd=fd)
                 except OSError:
                     pass
+        if clean:
+            _clean_sockets(fd)
     except OSError:
         return []
     finally:
         os.close(fd)
     agents.sort(key=lambda a: a.get("start_time", 0))
     return agents
+
+
+def _clean_sockets(fd: int) -> None:
+    """Remove the ipc socket files (agent-<pid>.req / .pub) a killed agent left: only sockets of
+    this user, only where no process has that pid."""
+    import stat
+
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    for name in os.listdir(fd):
+        stem, dot, kind = name.rpartition(".")
+        pid_text = stem.removeprefix("agent-")
+        if kind not in ("req", "pub") or not stem.startswith("agent-") or not pid_text.isdigit():
+            continue
+        if _running(int(pid_text)):
+            continue
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISSOCK(st.st_mode) and (uid is None or st.st_uid == uid):
+                os.unlink(name, dir_fd=fd)
+        except OSError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's process (or a pid no process can have): left alone
+    return True

@@ -23,6 +23,7 @@ import msgspec.inspect as mi
 from torchtop.agent.contract.logcodes import MARK, MASK
 
 FLOAT_LIMIT = 1e15
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _bad_float(x: float) -> bool:
@@ -31,7 +32,7 @@ def _bad_float(x: float) -> bool:
 
 def _may_hold_float(t: mi.Type) -> bool:
     """Whether a value of the declared type can hold a float anywhere inside."""
-    if isinstance(t, (mi.FloatType, mi.AnyType)):
+    if isinstance(t, (mi.FloatType, mi.IntType, mi.AnyType)):
         return True
     if isinstance(t, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
         return _may_hold_float(t.item_type)
@@ -90,7 +91,9 @@ def _check(obj: Any) -> list[Any] | None:
     kind = type(obj)
     if kind is float:
         return [obj] if _bad_float(obj) else None
-    if kind in (int, str, bool, bytes) or obj is None:
+    if kind is int:  # msgpack carries up to 2**64 - 1: readers take int64 (an index's array('q'))
+        return None if _INT_MIN <= obj <= _INT_MAX else [obj]
+    if kind in (str, bool, bytes) or obj is None:
         return None
     if isinstance(obj, msgspec.Struct):
         if _is_log(kind):

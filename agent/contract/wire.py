@@ -434,5 +434,8 @@ def decode(frame: bytes, versions: tuple[int, ...] = (PROTOCOL_VERSION,)) -> Mes
         raise WireError(f"invalid message: {exc}") from None
     bad = bad_number(msg)
     if bad is not None:
-        raise WireError(f"invalid message: {bad[:200]} (a number must be finite and within ±{FLOAT_LIMIT:g})")
+        raise WireError(
+            f"invalid message: a number out of range: {bad[:200]} "
+            f"(a number must be finite, within ±{FLOAT_LIMIT:g}, an int within int64)"
+        )
     return msg

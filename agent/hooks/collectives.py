@@ -62,18 +62,22 @@ COLLECTIVES = (
 # the backward wrapper: timed.py's template, arming the collective-wait callback after its entry;
 # while no optimizer has stepped (`no_opt`), an outermost backward's end may end the step
 # (probe.backward_ended; `_tt_task()` is -1 outside the autograd engine: not a nested backward)
-_BACKWARD = _TIMED.replace(
-    "        _tt_put(_tt_enter)\n",
-    "        _tt_put(_tt_enter)\n        if _tt_probe.comm:\n            _tt_arm({first})\n",
-    1,
-).replace(
-    "            _tt_put(_tt_leave)\n",
-    "            _tt_put(_tt_leave)\n"
-    "            if _tt_probe.no_opt and _tt_task() < 0:\n"
-    "                _tt_probe.backward_ended()\n",
-    1,
+_BACKWARD = (
+    _TIMED.replace(
+        "        _tt_put(_tt_enter)\n",
+        "        _tt_put(_tt_enter)\n        if _tt_probe.comm:\n            _tt_arm({first})\n",
+        1,
+    )
+    .replace("_tt_probe.adopt()", "_tt_probe.adopt(True)", 1)
+    .replace(  # a backward claims the training thread
+        "            _tt_put(_tt_leave)\n",
+        "            _tt_put(_tt_leave)\n"
+        "            if _tt_probe.no_opt and _tt_task() < 0:\n"
+        "                _tt_probe.backward_ended()\n",
+        1,
+    )
 )
-assert "backward_ended" in _BACKWARD
+assert "backward_ended" in _BACKWARD and "adopt(True)" in _BACKWARD
 _ASYNC = _TIMED.replace("if _tt_probe.untimed or", "if _tt_probe.untimed or async_op or", 1)
 # a collective that takes `group`: its process group named after the entry (groups.py)
 _GROUP = "        _tt_put(_tt_enter)\n        _tt_group(_tt_probe, group)\n"

@@ -29,7 +29,7 @@ _OURS = "_torchtop_step"  # on our wrapper: never wrapped twice
 _STEP = """
 def {name}({params}):
     _tt_p = _tt_probe
-    if _tt_p.opt_depth or (_tt_current() is not _tt_p and _tt_p.adopt() is None):
+    if _tt_p.opt_depth or (_tt_current() is not _tt_p and _tt_p.adopt(True) is None):
         return _tt_orig({call})  # nested in a step (a subclass's super().step()), another thread
     if {first}._torchtop_probe is not _tt_p or not _tt_p.opt_fast:
         return _tt_any(_tt_orig, {call})
@@ -135,11 +135,11 @@ class OptimizerSteps:
         probe = self.probe
 
         def pre(opt: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if current() is probe or probe.adopt() is not None:
+            if current() is probe or probe.adopt(True) is not None:
                 self.pre_any(opt)
 
         def post(opt: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if current() is probe or probe.adopt() is not None:
+            if current() is probe or probe.adopt(True) is not None:
                 probe.opt_ran = True
                 self.post(opt)
 

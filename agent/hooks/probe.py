@@ -214,11 +214,18 @@ class Probe:
         self.plan = _NoneTimed()  # type: ignore[assignment]
         self.left = self._batch = 1 << 30
 
-    def adopt(self) -> Probe | None:
+    def adopt(self, claim: bool = False) -> Probe | None:
         """The calling context does not name this probe: if this is the training thread, it
-        does from now on (a context copied before start(), a notebook cell); else None."""
-        if threading.get_ident() != self.tid:
-            return None
+        does from now on (a context copied before start(), a notebook cell); else None.
+
+        `claim` (a backward or an optimizer step): before the first step is cut, the thread that
+        calls it becomes the training thread, so a script that trains on a thread of its own
+        (not the one that called start()) is measured; after it, the training thread is fixed."""
+        ident = threading.get_ident()
+        if ident != self.tid:
+            if not (claim and self.active and self.steps == 0):
+                return None
+            self.tid = ident
         _current.set(self)
         return self
 

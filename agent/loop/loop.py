@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -138,11 +138,7 @@ class AgentLoop(threading.Thread):
     def run(self) -> None:
         router, pub = self.sockets.router, self.sockets.pub
         requests = self.router
-        pollers = {}
-        for socks in ((router, pub), (router,), (pub,)):
-            pollers[socks] = poller = zmq.Poller()
-            for sock in socks:
-                poller.register(sock, zmq.POLLIN)
+        pollers = _pollers(router, pub)
         next_tick = time.monotonic()
         window_end = 0.0  # request budgets refill when a wake finds this passed
         while not self._stop_event.is_set():
@@ -175,8 +171,14 @@ class AgentLoop(threading.Thread):
                     next_tick = time.monotonic()  # a first subscriber: its catch-up now
                 if router in ready:
                     requests.serve(router, time.monotonic())
+                    if requests.renew:  # a frame bomb: a fresh socket frees it at once
+                        self.sockets.renew_router()
+                        requests.renewed()
+                        router = self.sockets.router
+                        pollers = _pollers(router, pub)
                 now = time.monotonic()
                 if now >= next_tick - TICK_EARLY_S:
+                    self.sockets.maybe_trim(now)
                     ticked = time.thread_time_ns()
                     catch_up = self._catch_up
                     self._tick()
@@ -349,3 +351,13 @@ class AgentLoop(threading.Thread):
         if now >= self._hello_due:
             self._hello_due = now + HELLO_RECORD_S
             recorder.put(self.hello())
+
+
+def _pollers(router: Any, pub: Any) -> dict[tuple[Any, ...], Any]:
+    """A poller for each set of sockets the loop may wait on."""
+    pollers = {}
+    for socks in ((router, pub), (router,), (pub,)):
+        pollers[socks] = poller = zmq.Poller()
+        for sock in socks:
+            poller.register(sock, zmq.POLLIN)
+    return pollers

@@ -8,8 +8,12 @@ peer sends can make the agent thread do unbounded work or keep unbounded memory:
   MAX_REQUEST_BYTES bytes and the rest of it is read off and discarded, never kept nor echoed
   (one short error says so), and its peer is ignored for BAN_S (a ROUTER cannot disconnect a
   peer: its frames are still read, within the budget, and dropped);
-- the agent thread reads at most FRAMES_PER_WINDOW frames and answers at most
-  ANSWERS_PER_WINDOW requests in each WINDOW_S; the rest stays queued in the socket (whose
+- a message of more than DISCARD_MAX frames (a frame bomb: ZeroMQ holds a multipart message
+  whole, ~64 bytes a frame, before the first frame can be read) is not read off: `renew` asks
+  the loop for a fresh ROUTER socket (sockets.renew_router), which frees it at once; peers
+  reconnect by themselves, and a request lost with the old socket is sent again by its client;
+- the agent thread reads at most FRAMES_PER_WINDOW frames (and DISCARD_PER_WINDOW frames of
+  oversized messages) and answers at most ANSWERS_PER_WINDOW requests in each WINDOW_S; the rest stays queued in the socket (whose
   RCVHWM bounds it);
 - each peer gets at most PEER_ANSWERS_PER_WINDOW answers a window; one request past that waits
   for the next window, more are read and dropped (counted). ZeroMQ reads peers round-robin, so a
@@ -43,6 +47,8 @@ ANSWERS_PER_WINDOW = 25  # a hello costs ~20 us: ~2.5% of a core at most
 PEER_ANSWERS_PER_WINDOW = 8  # a monitor waits for each answer: it never asks this fast
 SNAPSHOT_EVERY_S = 0.1
 WAITING_MAX = 64  # requests kept for a later window (one a peer); beyond these, dropped
+DISCARD_PER_WINDOW = 2000  # frames of oversized messages read off and dropped (~2 ms a window)
+DISCARD_MAX = 4 * DISCARD_PER_WINDOW  # frames of one message read off before the socket is renewed
 BAN_S = 10.0  # a peer that sent an oversized request is ignored this long
 BANNED_MAX = 1024  # peers remembered (the oldest ban goes first)
 TOO_LARGE = wire.Reply(
@@ -83,9 +89,13 @@ class RequestRouter:
         self.dropped_frames = 0  # frames of oversized requests, read off and discarded
         self.banned: dict[bytes, float] = {}  # routing id -> until (monotonic)
         self.frames = FRAMES_PER_WINDOW  # left in this window
+        self.discards = DISCARD_PER_WINDOW
         self.answers = ANSWERS_PER_WINDOW
         self._answered: dict[bytes, int] = {}  # per peer, this window
         self._discarding = False  # inside an oversized message: its remaining frames go
+        self._discarded = 0  # frames of that message read off so far
+        self.renew = False  # a frame bomb: the loop replaces the socket (and clears this)
+        self.renewals = 0
         self._snapshot_due = 0.0
         # one request per peer past its share (or a snapshot before its turn), answered in a later
         # window: a monitor waits for each answer, so it never has two
@@ -95,6 +105,7 @@ class RequestRouter:
     def refill(self, router: Any, now: float) -> None:
         """A new window: budgets back to full, then the requests that waited for it."""
         self.frames = FRAMES_PER_WINDOW
+        self.discards = DISCARD_PER_WINDOW
         self.answers = ANSWERS_PER_WINDOW
         self._answered.clear()
         for peer, (envelope, req) in list(self._waiting.items()):
@@ -105,7 +116,7 @@ class RequestRouter:
 
     def starved(self) -> bool:
         """The window's budget is spent (what is queued waits for the next one)."""
-        return self.frames <= 0 or self.answers <= 0
+        return self.frames <= 0 or self.answers <= 0 or (self._discarding and self.discards <= 0)
 
     def waiting(self) -> bool:
         return bool(self._waiting)
@@ -113,8 +124,10 @@ class RequestRouter:
     # -- reading -------------------------------------------------------------------------------
     def serve(self, router: Any, now: float) -> None:
         """Read and answer what waits on `router`, within this window's budget."""
-        while self.frames > 0 and self.answers > 0:
+        while self.frames > 0 and self.answers > 0 and not self.renew:
             if self._discarding:
+                if self.discards <= 0:
+                    return  # the rest of it in the next window
                 self._discard(router)
                 continue
             try:
@@ -127,7 +140,7 @@ class RequestRouter:
                 continue
             if self._is_banned(peer, now) or peer in self._waiting:
                 self.dropped_requests += 1  # banned, or a second request before its first's turn
-                self._discarding = True
+                self._discarding, self._discarded = True, 1
                 continue
             parts = self._read_request(router)
             if parts is None:  # oversized: the rest of it is discarded, its peer ignored a while
@@ -175,6 +188,7 @@ class RequestRouter:
             if size > MAX_REQUEST_BYTES or (more and len(parts) + 1 >= MAX_REQUEST_FRAMES):
                 self.dropped_frames += len(parts) + 1
                 self._discarding = bool(more)
+                self._discarded = len(parts) + 1
                 return None
             parts.append(part)
             if not more:
@@ -183,17 +197,27 @@ class RequestRouter:
     def _discard(self, router: Any) -> None:
         """Read off (and drop) the rest of a message, within the budget."""
         recv, rcvmore = router.recv, router.getsockopt
-        while self.frames > 0:
+        while self.discards > 0:
+            if self._discarded >= DISCARD_MAX:  # a bomb: the socket goes, and the message with it
+                self.renew, self._discarding = True, False
+                return
             try:
                 recv(zmq.NOBLOCK)
             except zmq.Again:
                 self._discarding = False  # nothing left (the peer went away mid-message)
                 return
-            self.frames -= 1
+            self.discards -= 1
             self.dropped_frames += 1
+            self._discarded += 1
             if not rcvmore(zmq.RCVMORE):
                 self._discarding = False
                 return
+
+    def renewed(self) -> None:
+        """The loop replaced the socket: what was queued on the old one is gone."""
+        self.renew, self._discarding, self._discarded = False, False, 0
+        self.renewals += 1
+        self._waiting.clear()  # their envelopes named pipes of the old socket
 
     def _is_banned(self, peer: bytes, now: float) -> bool:
         until = self.banned.get(peer)

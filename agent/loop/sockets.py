@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -58,6 +59,7 @@ class AgentSockets:
     auth: Any = None  # the zmq.auth ThreadAuthenticator when CURVE is on
     files: list[Path] = field(default_factory=list)  # ipc socket files, removed on close
     owner: int = field(default_factory=os.getpid)  # a forked child never removes the parent's files
+    _trims: list[float] = field(default_factory=list)  # when to give memory back after renew_router
 
     @property
     def transport(self) -> Literal["ipc", "tcp"]:
@@ -66,6 +68,49 @@ class AgentSockets:
     @property
     def pub_port(self) -> int:
         return self.port + 1 if self.port else 0
+
+    def renew_router(self, wait_s: float = 0.05) -> None:
+        """Replace the ROUTER with a fresh one on the same address: what the old one held (a
+        frame bomb, whole) is freed with it; peers reconnect by themselves. Its listener goes
+        first (unbind): a ZeroMQ that removes an ipc socket's file then does it from its I/O
+        thread, and the new one is bound after that (else the late unlink would take the new
+        file); libzmq 4.3.5 removes none, and binding replaces the old file."""
+        old = self.router
+        path = Path(self.address.removeprefix("ipc://")) if self.transport == "ipc" else None
+        old_inode = _inode(path)
+        try:
+            old.unbind(self.address if path is not None else old.getsockopt_string(zmq.LAST_ENDPOINT))
+        except zmq.ZMQError:
+            pass
+        deadline = time.monotonic() + wait_s
+        while path is not None and _inode(path) == old_inode and time.monotonic() < deadline:
+            time.sleep(0.002)
+        old.close(linger=0)
+        address = self.address if path is not None else tcp_address(self.bind or "", self.port)
+        while True:
+            router = _new_router(self.ctx, self.curve, ":" in (self.bind or ""))
+            try:
+                router.bind(address)
+                break
+            except zmq.ZMQError:  # a TCP port frees a moment after its listener closes
+                router.close(linger=0)
+                if time.monotonic() >= deadline + wait_s:
+                    raise
+                time.sleep(0.005)
+        if path is not None:
+            try:
+                os.chmod(path, 0o600)
+            except OSError:
+                pass
+        self.router = router
+        now = time.monotonic()
+        self._trims = [now + 0.2, now + 1.0, now + 3.0]  # the old socket's queue is freed by ZeroMQ's threads
+
+    def maybe_trim(self, now: float) -> None:
+        """After a renewal, give the freed memory back (a few times: ZeroMQ frees it meanwhile)."""
+        if self._trims and now >= self._trims[0]:
+            self._trims.pop(0)
+            release_freed_memory()
 
     def close(self) -> None:
         """Close both sockets and end the private context: the ports are free when this returns."""
@@ -80,6 +125,24 @@ class AgentSockets:
                 path.unlink()
             except OSError:
                 pass
+
+
+def _inode(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_ino if path is not None else None
+    except OSError:
+        return None
+
+
+def release_freed_memory() -> None:
+    """Give the heap's free pages back to the system (glibc's malloc_trim): a freed frame bomb's
+    ~64 bytes a frame would otherwise stay in the process's RSS."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except Exception:
+        pass  # not glibc: nothing to do
 
 
 def connect_host(bind: str) -> str:
@@ -141,19 +204,24 @@ def _secure(sock: Any, curve: keys.ServerCurve | None) -> None:
         sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
 
 
+def _new_router(ctx: Any, curve: keys.ServerCurve | None, ipv6: bool) -> Any:
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.IPV6, int(ipv6))
+    router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # requests are small; refuse floods
+    router.setsockopt(zmq.RCVHWM, 4)  # per peer: a monitor waits for each answer
+    router.setsockopt(zmq.SNDHWM, 16)  # per peer: replies (snapshots ~2 MB) to one not reading
+    _secure(router, curve)
+    return router
+
+
 def _bind_pair(
     ctx: Any, request: str, stream: str, curve: keys.ServerCurve | None, ipv6: bool = False
 ) -> tuple[Any, Any]:
     """ROUTER on `request`, XPUB on `stream`; zmq.ZMQError (nothing left open) when either fails."""
     router = pub = None
     try:
-        router = ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.IPV6, int(ipv6))
-        router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # requests are small; refuse floods
-        router.setsockopt(zmq.RCVHWM, 4)  # per peer: a monitor waits for each answer
-        router.setsockopt(zmq.SNDHWM, 16)  # per peer: replies (snapshots ~2 MB) to one not reading
-        _secure(router, curve)
+        router = _new_router(ctx, curve, ipv6)
         router.bind(request)
         # XPUB: a PUB that hears (un)subscriptions, so the agent knows when anyone listens
         pub = ctx.socket(zmq.XPUB)

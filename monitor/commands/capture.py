@@ -25,6 +25,8 @@ from torchtop.monitor.model.captures import capture_lines, fetch_from
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from torchtop.monitor.commands.args import seconds
+
     p.add_argument(
         "target",
         nargs="?",
@@ -40,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", action="store_true", help="a CUDA memory snapshot instead of a profiler trace")
     p.add_argument(
         "--seconds",
-        type=float,
+        type=seconds,
         default=None,
         help=f"memory snapshot: record this long ({MEMORY_SECONDS[0]:g} to {MEMORY_SECONDS[1]:g} s) "
         "instead of N steps",
@@ -49,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record-shapes", action="store_true", help="profiler: record input shapes")
     p.add_argument("--profile-memory", action="store_true", help="profiler: record allocations")
     p.add_argument(
-        "--timeout", type=float, default=300.0, help="give up after this many seconds (default 300)"
+        "--timeout", type=seconds, default=300.0, help="give up after this many seconds (default 300)"
     )
     p.add_argument("--json", action="store_true", help="print the capture as JSON")
 

@@ -91,7 +91,10 @@ def _recording(target: str | None) -> bool:
 
     from torchtop.agent.contract.recording_reader import is_recording
 
-    return bool(target) and is_recording(Path(target))  # type: ignore[arg-type]
+    try:
+        return bool(target) and is_recording(Path(target))  # type: ignore[arg-type]
+    except (OSError, ValueError):  # a name too long for a path, a NUL: not a file, maybe a target
+        return False
 
 
 def report_file(args: argparse.Namespace) -> int:
@@ -191,6 +194,9 @@ def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
         finally:
             link.close()
         label = ", ".join(targets) or "this machine"
+    if not job.ranked():  # nothing to report: say why, never an empty report that looks fine
+        why = "; ".join(job.notes) or "none answered"
+        return _fail(f"no rank of job {plan.job_id or label} answered ({why})")
     window = float("inf") if args.history else args.seconds
     report = build_job_report(job, args.seconds, label, window, time.monotonic(), args.baseline_ms)
     print(json.dumps(report, indent=2 if args.pretty else None))
@@ -259,7 +265,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchtop", description="htop for a PyTorch training run")
+    from torchtop.monitor.commands.args import Parser, seconds
+
+    parser = Parser(prog="torchtop", description="htop for a PyTorch training run")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from torchtop.monitor.commands import keys as keys_cli
@@ -306,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     remote.add_arguments(p)
     job_cli.add_arguments(p)
-    p.add_argument("--seconds", type=float, default=10.0, help="how long to collect (default 10)")
+    p.add_argument("--seconds", type=seconds, default=10.0, help="how long to collect (default 10)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.add_argument(
         "--history",

@@ -33,11 +33,13 @@ DEMOS: dict[str, list[tuple[str, str, list[str]]]] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from torchtop.monitor.commands.args import seconds
+
     p.add_argument("paths", nargs="*", help="recordings (the first is the baseline)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
         "--seconds",
-        type=float,
+        type=seconds,
         default=None,
         help="compare each run's last S seconds (default: all past warm-up)",
     )
@@ -49,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default="auto", choices=["auto", "cpu", "cuda"], help="--demo: where it trains"
     )
-    p.add_argument("--demo-seconds", type=float, default=DEMO_SECONDS, help="--demo: seconds each run trains")
+    p.add_argument(
+        "--demo-seconds", type=seconds, default=DEMO_SECONDS, help="--demo: seconds each run trains"
+    )
     p.add_argument("--amp-dtype", default="bf16", choices=["bf16", "fp16"], help="--demo amp: autocast dtype")
     p.add_argument("--more-workers", type=int, default=None, help="--demo workers: the second run's workers")
     p.add_argument("--out", default=None, metavar="DIR", help="--demo: keep the recordings here")

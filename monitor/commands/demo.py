@@ -90,6 +90,8 @@ def _scenario_help() -> str:
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    from torchtop.monitor.commands.args import seconds
+
     p.add_argument("--scenario", default=DEFAULT_SCENARIO, metavar="NAME", help=_scenario_help())
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     p.add_argument(
@@ -105,7 +107,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=int, default=None, help="stop the demo after N steps (default: never)")
     p.add_argument(
-        "--seconds", type=float, default=None, help="stop the demo after S seconds (default: never)"
+        "--seconds", type=seconds, default=None, help="stop the demo after S seconds (default: never)"
     )
     p.add_argument(
         "--port", type=int, default=None, help="the demo agent's request port (default: a free one)"

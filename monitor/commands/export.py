@@ -28,6 +28,8 @@ MISSING = "the exporters need the `export` extra: pip install 'torchtop[export]'
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from torchtop.monitor.commands.args import listen, seconds
+
     p.add_argument(
         "targets", nargs="*", help="pids, HOST:PORT, tcp:// or ssh:// targets (default: every local agent)"
     )
@@ -35,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--prometheus",
         metavar="[ADDR:]PORT",
         default=None,
+        type=listen,
         help=f"serve /metrics there (default {DEFAULT_PROMETHEUS} unless --otlp is given)",
     )
     p.add_argument(
@@ -43,17 +46,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="push OTLP/HTTP metrics, e.g. http://localhost:4318/v1/metrics",
     )
-    p.add_argument("--otlp-interval", type=float, default=5.0, help="seconds between OTLP pushes (default 5)")
-    p.add_argument("--job", default=None, help="the job label (default: the training script's name)")
-    p.add_argument("--window", type=float, default=10.0, help="seconds each figure summarises (default 10)")
     p.add_argument(
-        "--seconds", type=float, default=None, help="stop after S seconds (default: run until Ctrl-C)"
+        "--otlp-interval", type=seconds, default=5.0, help="seconds between OTLP pushes (default 5)"
+    )
+    p.add_argument("--job", default=None, help="the job label (default: the training script's name)")
+    p.add_argument("--window", type=seconds, default=10.0, help="seconds each figure summarises (default 10)")
+    p.add_argument(
+        "--seconds", type=seconds, default=None, help="stop after S seconds (default: run until Ctrl-C)"
     )
 
 
-def _listen(spec: str) -> tuple[str, int]:
-    addr, _, port = spec.rpartition(":")
-    return (addr.strip("[]") or "127.0.0.1"), int(port)
+def _listen(spec: str | tuple[str, int]) -> tuple[str, int]:
+    from torchtop.monitor.commands.args import listen
+
+    return spec if isinstance(spec, tuple) else listen(spec)
 
 
 def job_label(argv: list[str]) -> str:
@@ -102,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from torchtop.monitor.link.targets import TargetError
 
     prometheus = args.prometheus or (None if args.otlp else DEFAULT_PROMETHEUS)
+    addr, port = _listen(prometheus) if prometheus else ("", 0)
     board = SampleBoard()
     with ExitStack() as stack:
         try:
@@ -115,7 +122,6 @@ def run(args: argparse.Namespace) -> int:
             if prometheus:
                 from torchtop.monitor.export.prometheus import serve
 
-                addr, port = _listen(prometheus)
                 server, _ = serve(board, port, addr)
                 stack.callback(server.shutdown)
                 print(
@@ -133,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"torchtop: {MISSING}", file=sys.stderr)
             return EXIT_USAGE
         except (OSError, ValueError) as exc:
-            print(f"torchtop: cannot serve metrics on {prometheus}: {exc}", file=sys.stderr)
+            print(f"torchtop: cannot serve metrics on {addr}:{port}: {exc}", file=sys.stderr)
             return EXIT_USAGE
         end = None if args.seconds is None else time.monotonic() + args.seconds
         publish_at = 0.0

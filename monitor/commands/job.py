@@ -19,6 +19,8 @@ CONNECT_S = 10.0  # how long `report` waits for every rank's hello before it sta
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """--hosts, --slurm and --job for commands that take a job."""
+    from torchtop.monitor.commands.args import positive
+
     p.add_argument("--hosts", metavar="FILE", help="a job on several nodes: one ssh://[user@]host a line")
     p.add_argument(
         "--slurm",
@@ -31,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", metavar="ID", help="the job (its id or a prefix) where several run")
     p.add_argument(
         "--baseline-ms",
-        type=float,
+        type=positive,
         default=None,
         help="the step time of the same job on 1 rank, for the scaling efficiency",
     )

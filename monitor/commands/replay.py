@@ -7,6 +7,8 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from torchtop.monitor.commands.args import positive
+
     p.add_argument(
         "path", help="a recording: the directory given to --record / TORCHTOP_RECORD, or a segment file"
     )
@@ -16,7 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="a job's recording: one rank (default: the job view of every rank)",
     )
-    p.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1; ] and [ change it)")
+    p.add_argument(
+        "--speed", type=positive, default=1.0, help="playback speed (default 1; ] and [ change it)"
+    )
     p.add_argument(
         "--at", metavar="T", default=None, help="start at T into the recording (90, 1:30) or #STEP"
     )

@@ -21,6 +21,8 @@ EXIT_USAGE = 2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from torchtop.monitor.commands.args import output_file
+
     p.add_argument("paths", nargs="*", help="recordings: a job's directory gives every rank")
     p.add_argument(
         "--capture",
@@ -30,7 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a capture's profiler trace to merge in (repeatable)",
     )
     p.add_argument(
-        "-o", "--output", required=True, metavar="FILE", help="the trace to write (.json or .json.gz)"
+        "-o",
+        "--output",
+        required=True,
+        metavar="FILE",
+        type=output_file,
+        help="the trace to write (.json or .json.gz)",
     )
 
 

@@ -42,11 +42,53 @@ class TorchtopCollector:
         return []  # the metric set follows the agents: nothing to check at registration
 
 
+IDLE_TIMEOUT_S = 10.0  # a connection that sends nothing this long is closed (its thread ends)
+MAX_CONNECTIONS = 64  # open at once; more are closed at once (each holds a thread)
+
+
 def serve(board: SampleBoard, port: int, addr: str = "127.0.0.1") -> tuple[Any, CollectorRegistry]:
-    """Serve /metrics on addr:port in a daemon thread; (the server, its registry)."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    """Serve /metrics on addr:port in a daemon thread; (the server, its registry).
+
+    prometheus_client's own server keeps a thread per connection for as long as the peer keeps
+    it open without a word; this one times idle connections out and caps how many are open."""
+    import socket
+    import threading
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TorchtopCollector(board))
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    class Handler(WSGIRequestHandler):
+        timeout = IDLE_TIMEOUT_S  # StreamRequestHandler sets it on the socket: reads time out
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # scrapes are not news
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        block_on_close = False
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not slots.acquire(blocking=False):
+                self.shutdown_request(request)  # full: this connection is closed, nothing held
+                return
+            super().process_request(request, client_address)
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                slots.release()
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            pass  # a peer that timed out or hung up: its connection is closed, nothing to say
+
+    infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    Server.address_family, host = infos[0][0], infos[0][4][0]
+    server = make_server(host, port, make_wsgi_app(registry), Server, handler_class=Handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="torchtop-metrics").start()
     return server, registry

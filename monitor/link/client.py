@@ -9,6 +9,7 @@ Synchronous on purpose: the TUI runs it in a worker thread, `report` runs it dir
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from typing import Any, NamedTuple
 
@@ -19,6 +20,9 @@ from torchtop.monitor.link.targets import Endpoint, rediscover
 from torchtop.monitor.model.budget import StepBudget
 from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.steps import StepRecord
+
+RESEND_S = 0.25  # no answer this long: an idempotent request is sent again
+IDEMPOTENT = ("hello", "ping", "memory", "capture-status")  # a snapshot is costly: asked once
 
 
 class AgentUnreachable(Exception):
@@ -113,9 +117,26 @@ class AgentClient:
         poller.register(self.dealer, zmq.POLLIN)
 
         end = time.monotonic() + timeout
+        bad_before = self.bad_frames
+        # a request the agent lost (its socket renewed under a frame bomb) is asked again; only
+        # those that change nothing, and the same id: a late first answer is as good
+        resend_at = time.monotonic() + RESEND_S if cmd in IDEMPOTENT else float("inf")
         while deadline_ms > 0:
-            if not poller.poll(deadline_ms):
-                break
+            wait_ms = deadline_ms
+            if resend_at != float("inf"):
+                wait_ms = min(wait_ms, max(1, math.ceil((resend_at - time.monotonic()) * 1000)))
+            if not poller.poll(wait_ms):
+                now = time.monotonic()
+                if now >= end - 0.001:
+                    break
+                if now >= resend_at - 0.002:
+                    resend_at = now + RESEND_S
+                    try:
+                        self.dealer.send(wire.encode(req), zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass
+                deadline_ms = int((end - now) * 1000)
+                continue
             frame = self.dealer.recv()
             try:
                 reply = wire.decode(frame)
@@ -128,7 +149,7 @@ class AgentClient:
                     self._bad(f"expected a reply, got {type(reply).__name__}")
             deadline_ms = int((end - time.monotonic()) * 1000)
         self._new_dealer()  # drop the queued request: a late reply must not be read as another's
-        why = self._why()
+        why = self._why() if self.bad_frames == bad_before else f"invalid frames came back: {self.last_error}"
         self._renew()
         raise AgentUnreachable(
             f"no answer from a torchtop agent at {self.endpoint.address} within {timeout:g}s ({why})"

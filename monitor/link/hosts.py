@@ -14,6 +14,8 @@ from pathlib import Path
 from torchtop.monitor.link.targets import TargetError
 
 SLURM_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+MAX_HOSTS = 1024  # nodes of one job watched at once (each an ssh connection); more is a mistake
+MAX_HOSTS_FILE_BYTES = 1 << 20  # ~20,000 lines: a hosts file is never larger
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
@@ -26,14 +28,22 @@ def as_ssh(word: str) -> str:
 def read_hosts_file(path: str) -> list[str]:
     """The targets of a hosts file, in order, without blanks, comments or repeats."""
     try:
-        text = Path(path).expanduser().read_text()
-    except OSError as exc:
-        raise TargetError(f"cannot read the hosts file {path}: {exc.strerror or exc}") from None
+        with Path(path).expanduser().open("rb") as fh:  # read at most the cap: /dev/zero never ends
+            data = fh.read(MAX_HOSTS_FILE_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        why = getattr(exc, "strerror", None) or exc
+        raise TargetError(f"cannot read the hosts file {path!r}: {why}") from None
+    if len(data) > MAX_HOSTS_FILE_BYTES:
+        raise TargetError(f"the hosts file {path} is over {MAX_HOSTS_FILE_BYTES >> 20} MiB: not a hosts file")
+    text = data.decode("utf-8", errors="replace")
     out: list[str] = []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         word = line.split("#", 1)[0].strip()
+        if word and not word.isprintable():
+            raise TargetError(f"the hosts file {path} line {number}: control characters or binary data")
         if word and as_ssh(word) not in out:
             out.append(as_ssh(word))
+            _check_count(len(out), f"the hosts file {path}")
     if not out:
         raise TargetError(f"the hosts file {path} names no host (one ssh://host or host a line)")
     return out
@@ -75,8 +85,15 @@ def expand_nodelist(nodelist: str) -> list[str]:
             if int(hi) < int(lo) or int(hi) - int(lo) > 10_000:
                 raise TargetError(f"bad range {r!r} in the SLURM nodelist {nodelist!r}")
             width = len(lo)
+            _check_count(len(hosts) + int(hi) - int(lo) + 1, f"the SLURM nodelist {nodelist[:80]!r}")
             hosts += [f"{prefix}{n:0{width}d}{suffix}" for n in range(int(lo), int(hi) + 1)]
+        _check_count(len(hosts), f"the SLURM nodelist {nodelist[:80]!r}")
     return list(dict.fromkeys(hosts))
+
+
+def _check_count(n: int, what: str) -> None:
+    if n > MAX_HOSTS:
+        raise TargetError(f"{what} names over {MAX_HOSTS} hosts: watch at most {MAX_HOSTS} nodes at once")
 
 
 def slurm_targets(nodelist: str | None, env: Mapping[str, str] | None = None) -> list[str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -35,12 +36,21 @@ from urllib.parse import urlsplit
 
 from torchtop.agent.contract.net import url_host
 from torchtop.agent.contract.private import short_private_tempdir
-from torchtop.monitor.link.targets import Endpoint, TargetError, agent_addresses, describe, from_discovery
+from torchtop.monitor.link.targets import (
+    Endpoint,
+    TargetError,
+    agent_addresses,
+    check_host,
+    check_target,
+    describe,
+    from_discovery,
+)
 
 ENV_OPTS = "TORCHTOP_SSH_OPTS"
 ENV_REMOTE_CMD = "TORCHTOP_REMOTE_CMD"
 LIST_TIMEOUT_S = 30.0
 TUNNEL_TIMEOUT_S = 20.0
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")  # never a leading '-': ssh would read an option
 RESTART_MIN_S, RESTART_MAX_S = 0.5, 8.0  # backoff between attempts to rebuild a dead tunnel
 
 
@@ -71,9 +81,11 @@ def is_ssh(target: str | None) -> bool:
 
 
 def parse(target: str) -> SshTarget:
-    """`ssh://[user@]host[:sshport][/pid-or-port]` → SshTarget; TargetError when malformed."""
+    """`ssh://[user@]host[:sshport][/pid-or-port]` → SshTarget; TargetError when malformed, and
+    for a host or user that ssh could read as an option (a leading '-')."""
+    target = check_target(target)
     try:
-        parts = urlsplit(target.strip())
+        parts = urlsplit(target)
         host, user, port = parts.hostname, parts.username, parts.port
     except ValueError as exc:
         raise SshError(
@@ -81,8 +93,14 @@ def parse(target: str) -> SshTarget:
         ) from None
     if parts.scheme.lower() != "ssh" or not host:
         raise SshError(f"bad ssh target {target!r}: use ssh://[user@]host[:sshport][/pid-or-port]")
+    check_host(host, target)
+    if user is not None and not _USER.match(user):
+        raise SshError(
+            f"bad user {user[:64]!r} in ssh target {target[:80]!r}: letters, digits, '.', '-', '_' "
+            "(not starting with '-')"
+        )
     path = parts.path.strip("/")
-    if path and not path.isdigit():
+    if path and not (path.isdigit() and path.isascii() and len(path) <= 10):
         raise SshError(
             f"bad ssh target {target!r}: after the host comes a pid or an agent port, e.g. ssh://{host}/12345"
         )
@@ -111,7 +129,12 @@ def _last_line(text: str) -> str:
 def remote_agents(target: SshTarget, options: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The agents running on the host, from `torchtop ls --json` run there."""
     remote = os.environ.get(ENV_REMOTE_CMD) or "torchtop"
-    cmd = [*ssh_base(target, options), target.destination, f"{remote} ls --json"]
+    cmd = [
+        *ssh_base(target, options),
+        "--",
+        target.destination,
+        f"{remote} ls --json",
+    ]  # "--": no option after
     try:
         proc = subprocess.run(
             cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=LIST_TIMEOUT_S
@@ -352,6 +375,7 @@ def _open_tunnel(
             # a rebuilt tunnel binds the same local socket paths the dead ssh left behind
             *(["-o", "StreamLocalBindUnlink=yes"] if sock_dir is not None else []),
             *forwards,
+            "--",  # the destination is never read as an option
             target.destination,
         ]
         with tempfile.TemporaryFile() as err:

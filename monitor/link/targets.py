@@ -73,6 +73,32 @@ class Endpoint:
         return self.label or self.address
 
 
+MAX_TARGET_CHARS = 1024  # a target longer than this is a mistake (a pasted file?), not a host
+# a host name (letters, digits, dots, dashes, underscores; never a leading dash: ssh would read an
+# option), an IPv4 or a bracket-less IPv6 address
+_HOST = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.%A-Za-z]*)$")
+
+
+def check_host(host: str, target: str) -> str:
+    """`host` when it is a host name or an IP address; TargetError saying so otherwise."""
+    if not _HOST.match(host) or len(host) > 253:
+        raise TargetError(
+            f"bad host {host[:64]!r} in target {target[:80]!r}: a host name (letters, digits, '.', '-', "
+            "'_'; not starting with '-') or an IP address"
+        )
+    return host
+
+
+def check_target(target: str) -> str:
+    """The target stripped; TargetError for one too long or holding control characters."""
+    target = target.strip()
+    if len(target) > MAX_TARGET_CHARS:
+        raise TargetError(f"a target of {len(target)} characters: at most {MAX_TARGET_CHARS}")
+    if not target.isprintable():
+        raise TargetError(f"target {target[:80]!r} holds control characters")
+    return target
+
+
 _HOSTPORT = re.compile(r"^(?:tcp://)?(\[[^\]]+\]|[^:/\[\]]+):(\d{1,5})/?$")
 _TCP = re.compile(r"^tcp://(\[[^\]]+\]|[^:/\[\]]+):(\d{1,5})$")
 REQ_SUFFIX, PUB_SUFFIX = ".req", ".pub"
@@ -161,8 +187,10 @@ def describe(info: dict[str, Any]) -> str:
 def parse(target: str) -> Endpoint:
     """Parse a TARGET string; pids are looked up in the discovery files, and so are the ipc
     paths and loopback ports of local agents (their entries hold the keys that reach them)."""
-    target = target.strip()
-    if target.isdigit():
+    target = check_target(target)
+    if target.isdigit() and target.isascii():  # "²" is a digit to str.isdigit, not to int()
+        if len(target) > 10:
+            raise TargetError(f"no process has pid {target[:20]}…: a pid has at most 10 digits")
         pid = int(target)
         for info in discovery.list_agents():
             if info.get("pid") == pid:
@@ -181,7 +209,7 @@ def parse(target: str) -> Endpoint:
         return Endpoint(target, target[: -len(REQ_SUFFIX)] + PUB_SUFFIX, None, target)
     match = _HOSTPORT.match(target)
     if match:
-        host, port = match.group(1).strip("[]"), int(match.group(2))
+        host, port = check_host(match.group(1).strip("[]"), target), int(match.group(2))
         if not 0 < port < 65535:
             raise TargetError(f"port {port} is out of range in target {target!r}")
         label = f"{host}:{port}"

@@ -95,6 +95,19 @@ class JobState:
             out.setdefault(m.hello.agent_version or "?", []).append(m.rank)  # type: ignore[union-attr]
         return out
 
+    def _same_rank(self, m: Member, hello: Hello) -> None:
+        """Two agents that claim one rank of the job: one of them is not what its discovery
+        file says (another process's file, or a stale one); both are shown, and this says so."""
+        for other in self.members.values():
+            h = other.hello
+            if other is m or other.refused or h is None or h.rank != hello.rank:
+                continue
+            if (h.pid, h.host, h.run_id) == (hello.pid, hello.host, hello.run_id):
+                who = f"{other.key} and {m.key} reach the same agent (pid {hello.pid} on {hello.host})"
+            else:
+                who = f"pid {h.pid} on {h.host} and pid {hello.pid} on {hello.host}"
+            self.note(f"two agents claim rank {hello.rank}: {who}; a foreign or stale discovery file?")
+
     # -- feeding -------------------------------------------------------------------------------
     def apply_hello(self, key: str, hello: Hello) -> bool:
         """A member's hello; False (and the member refused) when it belongs to another job."""
@@ -108,6 +121,7 @@ class JobState:
             return False
         m.refused, m.error = False, ""
         m.state.apply_hello(hello)
+        self._same_rank(m, hello)
         m.state.gone = False
         if self.job.hello is None or hello.rank == 0:
             self.job.hello = hello  # the device, torch and host of the job's header

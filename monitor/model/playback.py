@@ -9,6 +9,7 @@ replay TUI walks it at a chosen speed and seeks by time or step (`position_of_st
 
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -143,7 +144,14 @@ def notes(playback: Playback, ranks: dict[int, Path], asked: int | None, doing: 
 
 
 def parse_when(text: str) -> float:
-    """Seconds from "90", "90s", "1:30", "1:02:03" or "2m"; ValueError otherwise."""
+    """Seconds from "90", "90s", "1:30", "1:02:03" or "2m"; ValueError otherwise (NaN, inf too)."""
+    value = _when(text)
+    if not math.isfinite(value) or abs(value) > 1e11:
+        raise ValueError(f"{text[:40]!r} is not a time")
+    return value
+
+
+def _when(text: str) -> float:
     text = text.strip().lower()
     if ":" in text:
         value = 0.0
