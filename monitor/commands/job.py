@@ -80,7 +80,9 @@ def collect_job(link: JobLink, job: JobState, seconds: float, connect_s: float =
     started: float | None = None
     while True:
         now = time.monotonic()
-        if started is None and (all(_answered(job, key) for key in link.members) or now >= deadline):
+        relays = link.relayed.relays if link.relayed is not None else {}
+        heard = all(_answered(job, key) for key in link.members) and all(r in job.relays for r in relays)
+        if started is None and (heard or now >= deadline):
             started = now
         if started is not None and now - started >= seconds:
             return job

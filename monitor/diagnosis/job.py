@@ -22,6 +22,7 @@ from torchtop.monitor.diagnosis.straggler import (
 )
 from torchtop.monitor.model.job import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
+from torchtop.monitor.model.relayed import coverage, coverage_line, relay_status
 
 WINDOW_S = 10.0
 
@@ -59,7 +60,10 @@ def diagnose_job(
     return base, None
 
 
-def member_status(m: Member, now: float) -> str:
+def member_status(m: Member, now: float, job: JobState | None = None) -> str:
+    relayed = relay_status(job, m, now) if job is not None else None
+    if relayed is not None:
+        return relayed
     if m.refused:
         return "refused"
     if m.hello is None:
@@ -67,7 +71,7 @@ def member_status(m: Member, now: float) -> str:
     return m.state.connection(now)
 
 
-def _rank_entry(m: Member, seconds: float, window: float, now: float) -> dict[str, Any]:
+def _rank_entry(job: JobState, m: Member, seconds: float, window: float, now: float) -> dict[str, Any]:
     hello = m.hello
     report = build_report(m.state, seconds, m.key, window=window)
     t = m.stats.window(window)
@@ -81,16 +85,36 @@ def _rank_entry(m: Member, seconds: float, window: float, now: float) -> dict[st
         "node": m.node,
         "pid": hello.pid if hello else None,
         "target": m.key,
-        "status": member_status(m, now),
+        "status": member_status(m, now, job),
         "agent_version": hello.agent_version if hello else None,
         "comm_ms": round(t.comm_ms, 4),
         "comm_source": "device" if t.sampled and "comm" in t.device else "host",
         "busy_ms": round(t.busy_ms, 4),
     }
     entry |= {k: report[k] for k in keep}
+    if m.via:  # read through its node's relay: its figures are its buckets', it has no steps here
+        entry |= {
+            "via": "relay",
+            "steps": t.steps,
+            "step_time_ms": round(t.step_ms, 4),
+            "phase_ms": {k: round(v, 4) for k, v in t.phases.items()},
+            "device_ms": {k: round(v, 4) for k, v in t.device.items()},
+        }
     if m.error:
         entry["error"] = m.error
     return entry
+
+
+def coverage_json(job: JobState, now: float) -> dict[str, Any]:
+    c = coverage(job, now)
+    return {
+        "reporting": c.reporting,
+        "expected": c.expected,
+        "line": coverage_line(c),
+        "silent_nodes": [{"node": n, "silent_s": round(s, 1)} for n, s in c.silent],
+        "relays": sorted(r.node for r in job.relays.values()),
+        "unreached": c.unreached,
+    }
 
 
 def build_job_report(
@@ -117,7 +141,8 @@ def build_job_report(
         "world_size": max((m.hello.world_size for m in job.ranked() if m.hello), default=0),
         "nodes": sorted({m.node for m in job.ranked()}),
         "device": aggregate["device"],
-        "ranks": [_rank_entry(m, seconds, window, now) for m in job.ranked()],
+        "ranks": [_rank_entry(job, m, seconds, window, now) for m in job.ranked()],
+        "coverage": coverage_json(job, now),
         "job": {
             k: aggregate[k]
             for k in (

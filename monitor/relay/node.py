@@ -93,6 +93,7 @@ class Relay:
             "job_id": self.job_id,
             "node": self.node,
             "host": socket.gethostname(),
+            "ssh_host": os.environ.get("TORCHTOP_NODE") or socket.gethostname(),  # how a monitor reaches it
             "address": self.address,
             "pub_address": self.pub_address,
             "start_time": self.started,

@@ -1,0 +1,68 @@
+"""Finding the nodes' relays of a job: over ssh (`torchtop ls --relays` on each host), or in the
+job's rendezvous store (store.py), and reaching each through one ssh tunnel per node.
+
+A host whose torchtop has no relays (an older one, or relays turned off) lists none: its ranks
+are reached one by one, as before. A relay of another job is never used. No textual, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+from torchtop.monitor.link.targets import TargetError
+
+LIST_TIMEOUT_S = 20.0
+
+
+def remote_relays(target: str, options: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The relays running on an ssh host; [] when it has none or cannot say (an older torchtop)."""
+    from torchtop.monitor.link import ssh
+
+    parsed = ssh.parse(target)
+    remote = os.environ.get(ssh.ENV_REMOTE_CMD) or "torchtop"
+    cmd = [*ssh.ssh_base(parsed, options), parsed.destination, f"{remote} ls --json --relays"]
+    try:
+        proc = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=LIST_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return []
+    if proc.returncode != 0:
+        return []
+    try:
+        relays = json.loads((proc.stdout.strip().splitlines() or ["[]"])[-1])
+    except ValueError:
+        return []
+    if not isinstance(relays, list):
+        return []
+    out = []
+    for r in relays:
+        if (
+            isinstance(r, dict)
+            and isinstance(r.get("address"), str)
+            and isinstance(r.get("pub_address"), str)
+        ):
+            out.append({**r, "_ssh": target})
+    return out
+
+
+def relays_from_store(store: tuple[str, int], job_id: str, user: str = "", port: int = 0) -> list[str]:
+    """ssh targets of the job's nodes whose relays registered in its store."""
+    from torchtop.monitor.link.store import StoreError, read_relays
+
+    try:
+        entries = read_relays(store[0], store[1], job_id)
+    except StoreError as exc:
+        raise TargetError(str(exc)) from None
+    if not entries:
+        raise TargetError(
+            f"no relay of job {job_id} registered in its store at {store[0]}:{store[1]} (relays start with "
+            "the ranks' agents unless TORCHTOP_RELAY=0): name the nodes instead (ssh://host ..., --hosts FILE)"
+        )
+    who = f"{user}@" if user else ""
+    suffix = f":{port}" if port else ""
+    return [f"ssh://{who}{e.get('ssh_host') or e.get('host')}{suffix}" for e in entries]
