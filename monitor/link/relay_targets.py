@@ -50,19 +50,33 @@ def remote_relays(target: str, options: Sequence[str] = ()) -> list[dict[str, An
     return out
 
 
-def relays_from_store(store: tuple[str, int], job_id: str, user: str = "", port: int = 0) -> list[str]:
-    """ssh targets of the job's nodes whose relays registered in its store."""
-    from torchtop.monitor.link.store import StoreError, read_relays
+def relays_from_store(store: tuple[str, int], job: str | None) -> tuple[str, list[str]]:
+    """(the job's id, ssh targets of its nodes) from the relays registered in its store; `job`:
+    its id or a prefix, needed only when the store holds several."""
+    from torchtop.monitor.link.store import StoreError, read_jobs, read_relays
 
+    where = f"{store[0]}:{store[1]}"
     try:
+        jobs = read_jobs(store[0], store[1])
+        found = [j for j in jobs if j.startswith(job)] if job else jobs
+        if len(found) != 1:
+            listing = ", ".join(jobs) or "none"
+            raise TargetError(
+                f"{'no' if not found else 'several'} jobs with relays in the store at {where} "
+                f"{'match ' + repr(job) if job else ''} (jobs: {listing}); "
+                + (
+                    "start the job's ranks with torchtop (relays start with them)"
+                    if not jobs
+                    else "name one with --job ID"
+                )
+            )
+        job_id = found[0]
         entries = read_relays(store[0], store[1], job_id)
     except StoreError as exc:
         raise TargetError(str(exc)) from None
     if not entries:
         raise TargetError(
-            f"no relay of job {job_id} registered in its store at {store[0]}:{store[1]} (relays start with "
+            f"no relay of job {job_id} registered in its store at {where} (relays start with "
             "the ranks' agents unless TORCHTOP_RELAY=0): name the nodes instead (ssh://host ..., --hosts FILE)"
         )
-    who = f"{user}@" if user else ""
-    suffix = f":{port}" if port else ""
-    return [f"ssh://{who}{e.get('ssh_host') or e.get('host')}{suffix}" for e in entries]
+    return job_id, sorted({f"ssh://{e.get('ssh_host') or e.get('host')}" for e in entries})

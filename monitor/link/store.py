@@ -28,6 +28,9 @@ class StoreError(Exception):
     """The store cannot be reached or read; the message names it and says what to do."""
 
 
+JOBS_KEY = f"{KEY_PREFIX}/jobs"  # the ids of the jobs whose relays registered here
+
+
 def relays_key(job_id: str) -> str:
     """One key per job: two jobs sharing a store (or nodes) never read each other's relays."""
     return f"{KEY_PREFIX}/{job_id}/relays"
@@ -106,10 +109,8 @@ def parse_store(spec: str) -> tuple[str, int]:
 
 
 def store_of_job(job_id: str) -> tuple[str, int] | None:
-    """The rendezvous address a job id carries (agent/identity.py joins it after '@')."""
-    _, at, addr = job_id.rpartition("@")
-    if not at:
-        return None
+    """The rendezvous address a job id carries (agent/identity.py joins it last, after '@')."""
+    addr = job_id.rpartition("@")[2]
     try:
         return parse_store(addr)
     except ValueError:
@@ -121,7 +122,15 @@ def publish_relay(host: str, port: int, job_id: str, entry: dict[str, Any], time
     line = json.dumps(entry, separators=(",", ":")) + "\n"
     with StoreClient(host, port, timeout) as store:
         store.append(relays_key(job_id), line.encode())
+        store.append(JOBS_KEY, (job_id + "\n").encode())
         store.check(relays_key(job_id))  # a round trip: the append has been read by the store
+
+
+def read_jobs(host: str, port: int, timeout: float = 3.0) -> list[str]:
+    """The job ids whose relays registered in this store, in order."""
+    with StoreClient(host, port, timeout) as store:
+        raw = store.get(JOBS_KEY)
+    return list(dict.fromkeys(j for j in (raw or b"").decode(errors="replace").splitlines() if j))
 
 
 def read_relays(host: str, port: int, job_id: str, timeout: float = 3.0) -> list[dict[str, Any]]:
