@@ -68,7 +68,9 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         "Host node1 node2\n  HostName 127.0.0.1\n"
         "Host node1\n  SetEnv TORCHTOP_NODE=node1\nHost node2\n  SetEnv TORCHTOP_NODE=node2\n"
     )
-    with loopback_sshd(d, sshd_extra="AcceptEnv TORCHTOP_NODE\n", client_extra=aliases) as found:
+    with loopback_sshd(
+        d, sshd_extra="AcceptEnv TORCHTOP_NODE\nMaxStartups 100\n", client_extra=aliases
+    ) as found:
         if isinstance(found, str):
             pytest.skip(found)
         config = d / "ssh_config"  # the aliases' port: `ssh node1` as a cluster's config would have it
@@ -114,12 +116,26 @@ def job(sshd: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             )
         yield {"port": port, "dir": d, "procs": procs}
     finally:
+        import psutil
+
+        workers = []
+        for p in procs:  # torchrun stops its workers on SIGTERM; any left are killed by pid
+            try:
+                workers += psutil.Process(p.pid).children(recursive=True)
+            except psutil.Error:
+                pass
+            p.terminate()
         for p in procs:
             try:
-                os.killpg(p.pid, 9)  # torchrun and its 8 workers
-            except ProcessLookupError:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for w in workers:
+            try:
+                w.kill()
+            except psutil.Error:
                 pass
-            p.wait()
 
 
 def _env(sshd: dict) -> dict[str, str]:

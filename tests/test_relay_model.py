@@ -152,3 +152,40 @@ def test_summary_buckets_have_the_slots_the_monitor_reads() -> None:
     from torchtop.monitor.model.rank_stats import SIZE
 
     assert wire.SUMMARY_SLOTS == SIZE == 4 + len(lc.PHASES) + 1 + 6
+
+
+def test_the_export_carries_each_ranks_series_and_the_jobs_verdict() -> None:
+    from torchtop.monitor.export.figures import METRICS
+    from torchtop.monitor.export.job_figures import RANK_SERIES, job_samples
+    from torchtop.monitor.model.relayed import apply_summary
+
+    job = JobState()
+    for n in range(2):
+        ranks = []
+        for k in range(4):
+            r = n * 4 + k
+            s = RankSummarizer(r)
+            s.set_hello(hello(r, world=8, host=f"h{n}"))
+            ranks.append(_relayed(s, rank_steps(r, n=200, data=30.0 if r == 6 else 1.0), chunk=200)[0])
+        apply_summary(job, f"relay{n}", _summary(f"node{n}", 1, ranks), now=5.0)
+    got = job_samples(job, 10, "llm", now=5.0)
+    assert all(s.name in METRICS for s in got)
+    by = {(s.name, dict(s.labels).get("rank"), dict(s.labels).get("phase")): s for s in got}
+    assert len([s for s in got if s.name.startswith("torchtop_rank_")]) == 8 * RANK_SERIES
+    assert by[("torchtop_rank_phase_seconds", "6", "data")].value == pytest.approx(0.030)
+    assert dict(by[("torchtop_rank_step_seconds", "6", None)].labels) == {
+        "job": "llm",
+        "node": "node1",
+        "rank": "6",
+    }
+    assert by[("torchtop_job_straggler_rank", None, None)].value == 6
+    assert by[("torchtop_job_straggler_wait_share", None, None)].value > 0.4
+    assert by[("torchtop_job_ranks_reporting", None, None)].value == 8
+    assert by[("torchtop_job_ranks_expected", None, None)].value == 8
+    top = job_samples(job, 10, "llm", now=5.0, top=2)
+    assert {dict(s.labels)["rank"] for s in top if s.name == "torchtop_rank_step_seconds"} <= {
+        "6",
+        *map(str, range(8)),
+    }
+    assert len({dict(s.labels)["rank"] for s in top if s.name == "torchtop_rank_step_seconds"}) == 2
+    assert "6" in {dict(s.labels)["rank"] for s in top if s.name == "torchtop_rank_step_seconds"}

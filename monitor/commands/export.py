@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torchtop.monitor.export.figures import Sample
@@ -48,6 +48,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=float, default=10.0, help="seconds each figure summarises (default 10)")
     p.add_argument(
         "--seconds", type=float, default=None, help="stop after S seconds (default: run until Ctrl-C)"
+    )
+    p.add_argument(
+        "--store",
+        metavar="HOST:PORT",
+        default=None,
+        help="a job: its nodes from the relays in its rendezvous store (or give its nodes as ssh:// targets)",
+    )
+    p.add_argument(
+        "--top",
+        type=int,
+        default=None,
+        metavar="K",
+        help="a job: per-rank series for the K slowest ranks only (and any not reporting)",
     )
 
 
@@ -84,6 +97,44 @@ def fleet_samples(fleet: Fleet, window: float, job: str | None) -> list[Sample]:
     return out
 
 
+def _job_targets(args: argparse.Namespace) -> list[str] | None:
+    """A job's targets (its nodes) when the export is about a job; None for agents one by one."""
+    from torchtop.monitor.link import ssh
+
+    remote = [t for t in args.targets if ssh.is_ssh(t)]
+    if args.store:
+        from torchtop.monitor.link.relay_targets import relays_from_store
+        from torchtop.monitor.link.store import parse_store
+
+        args.job_id, found = relays_from_store(parse_store(args.store), None)
+        return found
+    return remote if len(remote) > 1 else None
+
+
+def _run_job(args: argparse.Namespace, targets: list[str], board: Any) -> Any:
+    """Open the job and return a poll function that publishes its samples once a second."""
+    from torchtop.monitor.export.job_figures import job_samples
+    from torchtop.monitor.link.job import JobLink, apply_events
+    from torchtop.monitor.link.job_targets import open_job
+    from torchtop.monitor.model.job import JobState
+
+    stack = ExitStack()
+    plan = stack.enter_context(open_job(targets, getattr(args, "job_id", None), args.ssh_option or ()))
+    link = JobLink(plan.endpoints, snapshot_steps=0, relays=plan.relays)
+    stack.callback(link.close)
+    job = JobState(plan.job_id)
+    publish_at = [0.0]
+
+    def poll() -> None:
+        apply_events(job, link.poll(0.2), time.monotonic())
+        now = time.monotonic()
+        if now >= publish_at[0]:
+            publish_at[0] = now + PUBLISH_S
+            board.publish(job_samples(job, args.window, args.job or job.job_id, now, args.top))
+
+    return stack, poll
+
+
 def run(args: argparse.Namespace) -> int:
     from torchtop.monitor.export.figures import SampleBoard
     from torchtop.monitor.link.client import AgentUnreachable
@@ -94,12 +145,21 @@ def run(args: argparse.Namespace) -> int:
     prometheus = args.prometheus or (None if args.otlp else DEFAULT_PROMETHEUS)
     board = SampleBoard()
     with ExitStack() as stack:
+        job_poll = None
         try:
-            endpoints = [stack.enter_context(open_target(t, **target_options(args))) for t in args.targets]
-        except (TargetError, AgentUnreachable) as exc:
+            targets = _job_targets(args)
+            if targets is not None:
+                job_stack, job_poll = _run_job(args, targets, board)
+                stack.enter_context(job_stack)
+                endpoints = []
+            else:
+                endpoints = [
+                    stack.enter_context(open_target(t, **target_options(args))) for t in args.targets
+                ]
+        except (TargetError, AgentUnreachable, ValueError) as exc:
             print(f"torchtop: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        fleet = Fleet(endpoints, discover=not args.targets)
+        fleet = Fleet(endpoints, discover=not args.targets and job_poll is None)
         stack.callback(fleet.close)
         try:
             if prometheus:
@@ -129,6 +189,9 @@ def run(args: argparse.Namespace) -> int:
         publish_at = 0.0
         try:
             while end is None or time.monotonic() < end:
+                if job_poll is not None:
+                    job_poll()
+                    continue
                 fleet.poll(0.2)
                 if time.monotonic() >= publish_at:
                     publish_at = time.monotonic() + PUBLISH_S

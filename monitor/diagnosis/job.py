@@ -96,7 +96,7 @@ def _rank_entry(job: JobState, m: Member, seconds: float, window: float, now: fl
         entry |= {
             "via": "relay",
             "steps": t.steps,
-            "step_time_ms": round(t.step_ms, 4),
+            "step_time_ms": {"mean": round(t.step_ms, 4)},  # no steps here: no median, no p90
             "phase_ms": {k: round(v, 4) for k, v in t.phases.items()},
             "device_ms": {k: round(v, 4) for k, v in t.device.items()},
         }

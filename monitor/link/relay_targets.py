@@ -25,14 +25,17 @@ def remote_relays(target: str, options: Sequence[str] = ()) -> list[dict[str, An
     parsed = ssh.parse(target)
     remote = os.environ.get(ssh.ENV_REMOTE_CMD) or "torchtop"
     cmd = [*ssh.ssh_base(parsed, options), parsed.destination, f"{remote} ls --json --relays"]
-    try:
-        proc = subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=LIST_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        return []
+    for _ in range(2):  # a busy sshd drops a connection now and then: once more before doing without
+        try:
+            proc = subprocess.run(
+                cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=LIST_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            return []
+        if proc.returncode != 255:
+            break
     if proc.returncode != 0:
-        return []
+        return []  # an older torchtop there (no --relays), or ssh failed: its ranks one by one
     try:
         relays = json.loads((proc.stdout.strip().splitlines() or ["[]"])[-1])
     except ValueError:
