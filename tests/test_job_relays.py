@@ -205,3 +205,36 @@ async def test_the_job_view_through_two_relays_names_the_straggler(
             assert await wait_for(pilot, named, 120), app.ranks_panel.plain().splitlines()[:8]
             text = app.ranks_panel.plain()
             assert f"● rank {SLOW_RANK}: forward" in text
+
+
+def test_the_export_carries_every_ranks_series_and_the_jobs_verdict(sshd: dict, job: dict) -> None:
+    import urllib.request
+
+    _wait_relays(sshd, job)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchtop.monitor.commands.cli", "export", "--store", f"127.0.0.1:{job['port']}",
+         "--prometheus", f"127.0.0.1:{port}", "--job", "llm", "--seconds", "180"],
+        env=_env(sshd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline, text = time.monotonic() + 150, ""
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                continue
+            lines = [ln for ln in text.splitlines() if ln.startswith("torchtop_rank_own_seconds{")]
+            if len(lines) == 16 and f'torchtop_job_straggler_rank{{job="llm"}} {SLOW_RANK}.0' in text:
+                break
+        assert len([ln for ln in text.splitlines() if ln.startswith("torchtop_rank_own_seconds{")]) == 16, (
+            text[-3000:]
+        )
+        assert 'node="node2",rank="11"' in text
+        assert f'torchtop_job_straggler_rank{{job="llm"}} {SLOW_RANK}.0' in text, text[-3000:]
+        assert 'torchtop_job_ranks_expected{job="llm"} 16.0' in text
+    finally:
+        proc.terminate()
+        proc.wait(20)

@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,15 @@ class _Rank:
 
 
 class Relay:
-    def __init__(self, job_id: str, node: str = "", directory: Path | None = None) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        node: str = "",
+        directory: Path | None = None,
+        source: Callable[[], list[dict[str, Any]]] = discovery.list_agents,
+    ) -> None:
         self.job_id = job_id
+        self.source = source  # the node's agents' discovery entries (a benchmark passes its own)
         self.node = node or os.environ.get("TORCHTOP_NODE") or socket.gethostname()
         self.ctx = zmq.Context()
         self.ranks: dict[int, _Rank] = {}
@@ -116,7 +124,7 @@ class Relay:
     # -- the node's ranks ----------------------------------------------------------------------
     def rescan(self, now: float) -> None:
         seen = set()
-        for info in discovery.list_agents():
+        for info in self.source():
             pid = info.get("pid")
             if info.get("job_id") != self.job_id or not isinstance(pid, int):
                 continue
