@@ -225,7 +225,7 @@ class JobLink:
             elif now - m.last_batch > SILENT_AFTER_S and m.asking is None:
                 m.connected = False  # silent: hello again; no answer means gone
         if self.relayed is not None:
-            out += self.relayed.read(now)
+            out += self.relayed.read(now, Event)
         return out
 
     def bad_frames(self) -> int:

@@ -119,11 +119,9 @@ class RelayReader:
         return ""
 
     # -- reading -------------------------------------------------------------------------------
-    def read(self, now: float) -> list[Any]:
-        """Events since the last call (JobLink's Event type, imported late: no cycle)."""
-        from torchtop.monitor.link.job import Event
-
-        out: list[Event] = []
+    def read(self, now: float, Event: Any) -> list[Any]:  # noqa: N803
+        """Events since the last call, made by `Event` (JobLink's event type: link/job.py)."""
+        out: list[Any] = []
         for name, r in self.relays.items():
             got_any = False
             while True:

@@ -38,6 +38,7 @@ RESCAN_S = 2.0
 SILENT_AFTER_S = 3.0  # no batch this long: hello again; unanswered for as long: gone
 IDLE_EXIT_S = 20.0
 FORWARD_TIMEOUT_S = 30.0  # a forwarded request's reply is routed back until then
+MAX_PENDING = 4096  # forwarded requests awaiting a reply: more are refused (a flood)
 SUMMARY_TOPIC = b"S"
 
 
@@ -246,6 +247,9 @@ class Relay:
                 self._reply(
                     peer, req.id, False, f"no rank {rank!r} on node {self.node} (args.rank names one)"
                 )
+                continue
+            if len(self._pending) >= MAX_PENDING:
+                self._reply(peer, req.id, False, "the relay has too many requests in flight: ask again")
                 continue
             fwd_id = next(self._ids)
             self._pending[fwd_id] = (peer, req.id, now, target.pid)
