@@ -238,3 +238,16 @@ def test_the_export_carries_every_ranks_series_and_the_jobs_verdict(sshd: dict, 
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_report_with_no_argument_on_a_node_finds_the_other_node_in_the_store(sshd: dict, job: dict) -> None:
+    _wait_relays(sshd, job)
+    env = {**_env(sshd), "TORCHTOP_RUNTIME_DIR": str(sshd["base"] / "node1"), "TORCHTOP_NODE": "node1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchtop.monitor.commands.cli", "report", "--seconds", "4"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["coverage"]["relays"] == ["node1", "node2"], report["coverage"]
+    assert len(report["ranks"]) == 16 and report["coverage"]["expected"] == 16

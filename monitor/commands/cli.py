@@ -46,6 +46,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
     for line in ls_lines(agents):
         print(line)
+    if not getattr(args, "target", None):
+        from torchtop.monitor.relay.registry import list_relays
+
+        for r in list_relays():  # this node's relays (docs/multi-rank.md)
+            print(f"relay  pid {r.get('pid')}  node {r.get('node')}  job {r.get('job_id')}")
     return 0
 
 
