@@ -105,6 +105,16 @@ def _rank_entry(job: JobState, m: Member, seconds: float, window: float, now: fl
     return entry
 
 
+def _straggler_json(job: JobState, found: Straggler | None) -> dict[str, Any] | None:
+    """The straggler's figures, and whether it is chronic or a one-off (persistence.py)."""
+    if found is None:
+        return None
+    from torchtop.monitor.diagnosis.persistence import persistence
+
+    p = persistence(job, found.rank)
+    return found.to_json() | {"persistence": p.kind, "slowest_in_spans": [p.slowest_in, p.spans]}
+
+
 def coverage_json(job: JobState, now: float) -> dict[str, Any]:
     c = coverage(job, now)
     return {
@@ -164,7 +174,7 @@ def build_job_report(
             "min_ms": round(min(comms.values()), 4) if comms else 0.0,
             "max_ms": round(max(comms.values()), 4) if comms else 0.0,
         },
-        "straggler": found.to_json() if found is not None else None,
+        "straggler": _straggler_json(job, found),
         "scaling": scale.to_json() if scale is not None else None,
         "versions": versions,
         "notes": list(job.notes),
