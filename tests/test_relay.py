@@ -1,7 +1,7 @@
 """A node's relay with real agents: local rank 0 starts it, it publishes both ranks' summaries,
 forwards requests and one rank's full stream while asked, registers in the job's rendezvous
 store (a real torch TCPStore, read back without torch), and when it dies its ranks show as not
-reporting while the view goes on. TORCHTOP_RELAY=0 starts none."""
+reporting while the view goes on, until its agent starts it again. TORCHTOP_RELAY=0 starts none."""
 
 from __future__ import annotations
 
@@ -129,6 +129,18 @@ def test_a_relay_serves_its_node_and_its_death_is_shown(
         report = build_job_report(job, 3, "x", 10, time.monotonic())
         assert report["coverage"]["reporting"] == 0, report["coverage"]
         assert {e["status"] for e in report["ranks"]} == {"not reporting"}
+        # rank 0's agent starts it again (after 10 s): the node reports again on the same socket
+        _feed(
+            link,
+            job,
+            60,
+            lambda: build_job_report(job, 3, "x", 10, time.monotonic())["coverage"]["reporting"] == 2,
+        )
+        assert (
+            build_job_report(job, 3, "x", 10, time.monotonic())["coverage"]["line"]
+            == "2 of 2 ranks reporting"
+        )
+        assert list_relays()[0]["pid"] != entry["pid"]
     finally:
         if link is not None:
             link.close()

@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from torchtop.agent.identity import Identity
 
 ENV = "TORCHTOP_RELAY"
+MAX_RESTARTS = 5
+RESTART_AFTER_S = 10.0  # a relay that died is started again after this (its node shows silent meanwhile)
 
 
 def wanted(ident: Identity, env: dict[str, str] | None = None) -> bool:
@@ -30,12 +33,20 @@ class RelayStarter:
     def __init__(self) -> None:
         self.proc: Any = None
         self.tried = False
+        self.restarts = 0
+        self.retry_at = 0.0
 
     def tick(self, ident: Identity) -> None:
         """Agent thread, once a second: start the relay the first time this rank should."""
         if self.proc is not None and self.proc.poll() is not None:
-            self.proc = None  # reaped: it ended (its job's ranks left, or another relay runs)
-        if self.tried or not wanted(ident):
+            # reaped. Exit 1: another relay of the job runs here; anything else (killed, crashed)
+            # while the job runs: started again, a few times
+            if self.proc.returncode not in (0, 1) and self.restarts < MAX_RESTARTS:
+                self.restarts += 1
+                self.retry_at = time.monotonic() + RESTART_AFTER_S
+                self.tried = False
+            self.proc = None
+        if self.tried or not wanted(ident) or time.monotonic() < self.retry_at:
             return
         self.tried = True
         env = {k: v for k, v in os.environ.items() if k != "TORCHTOP"}  # no agent in the relay
