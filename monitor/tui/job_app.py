@@ -330,7 +330,7 @@ class JobApp(TorchtopApp):
             if gone and len(gone) == len(ranked)
             else Link.WAITING
         )
-        troubles = [t for t in (ep.link_trouble() for ep in self.plan.endpoints) if t]
+        troubles = [t for t in (ep.link_trouble() for ep in self.plan.endpoints + self.plan.relays) if t]
         status.tunnel_down = bool(troubles)
         text = f"connected · {up} of {len(ranked)} ranks" if ranked else "waiting for the ranks"
         if gone:
