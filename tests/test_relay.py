@@ -118,6 +118,18 @@ def test_a_relay_serves_its_node_and_its_death_is_shown(
         assert job.ranked()[1].state.steps and not job.ranked()[0].state.steps
         report = build_job_report(job, 3, "x", 10, time.monotonic())
         assert report["coverage"]["line"] == "2 of 2 ranks reporting"
+        # a capture asked of the job reaches every rank through the relay, and its answers come back
+        link.request("capture-profile", {"steps": 2}, None)
+        answers: list = []
+        end = time.monotonic() + 30
+        while time.monotonic() < end and len(answers) < 2:
+            events = link.poll(0.2)
+            apply_events(job, events, time.monotonic())
+            answers += [e for e in events if e.kind == "reply" and e.cmd == "capture-profile"]
+        assert sorted((e.key, e.reply.ok) for e in answers) == [(m.key, True) for m in job.ranked()], [
+            (e.key, e.error, e.reply and e.reply.error) for e in answers
+        ]
+        assert all(e.reply.capture is not None and e.reply.capture.kind == "profile" for e in answers)
         # the relay dies: its ranks are not reporting, the view says so and goes on
         os.kill(entry["pid"], signal.SIGKILL)
         _feed(
