@@ -169,7 +169,13 @@ def open_job(
 ) -> Iterator[JobPlan]:
     """The endpoints of one job's agents, with ssh tunnels open while in use."""
     from torchtop.monitor.link import ssh
+    from torchtop.monitor.link.relay_targets import DIRECT, direct_endpoint
 
+    relays_direct = [direct_endpoint(t) for t in targets if t.startswith(DIRECT)]  # TCP + CURVE
+    targets = [t for t in targets if not t.startswith(DIRECT)]
+    if relays_direct and not targets:
+        yield JobPlan([], job or "", [], relays_direct)
+        return
     remote = [t for t in targets if ssh.is_ssh(t)]
     direct = [t for t in targets if not ssh.is_ssh(t)]
     if not targets:
@@ -213,4 +219,4 @@ def open_job(
         notes += [err for ep, err in results if ep is None]
         if not endpoints and not relay_eps:
             raise TargetError("; ".join(notes))
-        yield JobPlan(endpoints + [parse(t) for t in direct], group.job_id, notes, relay_eps)
+        yield JobPlan(endpoints + [parse(t) for t in direct], group.job_id, notes, relay_eps + relays_direct)

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from torchtop.monitor.link.targets import TargetError
+from torchtop.monitor.link.targets import Endpoint, TargetError
 
 LIST_TIMEOUT_S = 20.0
 
@@ -82,4 +82,47 @@ def relays_from_store(store: tuple[str, int], job: str | None) -> tuple[str, lis
             f"no relay of job {job_id} registered in its store at {where} (relays start with "
             "the ranks' agents unless TORCHTOP_RELAY=0): name the nodes instead (ssh://host ..., --hosts FILE)"
         )
-    return job_id, sorted({f"ssh://{e.get('ssh_host') or e.get('host')}" for e in entries})
+    return job_id, sorted(
+        {direct_target(e) or f"ssh://{e.get('ssh_host') or e.get('host')}" for e in entries}
+    )
+
+
+DIRECT = "relay+"  # a relay reached over TCP with CURVE: relay+<its 40-character public key><tcp://host:port>
+
+
+def direct_target(entry: dict[str, Any]) -> str | None:
+    """A relay on TCP (CURVE) that this monitor's client key may reach (`torchtop keys`); None:
+    through ssh. Opt out with TORCHTOP_RELAY_SSH=1."""
+    from torchtop.agent.contract import keys
+
+    address, server_key = entry.get("tcp_address"), entry.get("server_key")
+    if (
+        os.environ.get("TORCHTOP_RELAY_SSH") == "1"
+        or not isinstance(address, str)
+        or not isinstance(server_key, str)
+    ):
+        return None
+    if len(server_key) != keys.Z85_KEY_LEN or not address.startswith("tcp://"):
+        return None
+    try:
+        keys.load_client(server_key)
+    except keys.KeyConfigError:
+        return None
+    return f"{DIRECT}{server_key}{address}"
+
+
+def direct_endpoint(target: str) -> Endpoint:
+    """The Endpoint of a DIRECT target: requests on its port, summaries on port + 1."""
+    from torchtop.agent.contract import keys
+    from torchtop.monitor.link.targets import Endpoint as _Endpoint
+
+    key, address = (
+        target[len(DIRECT) : len(DIRECT) + keys.Z85_KEY_LEN],
+        target[len(DIRECT) + keys.Z85_KEY_LEN :],
+    )
+    ep = _Endpoint(address, address, label="")
+    try:
+        curve = keys.load_client(key)
+    except keys.KeyConfigError as exc:
+        raise TargetError(str(exc)) from None
+    return _Endpoint.tcp(ep.host, ep.port, None, f"{ep.host}:{ep.port}", curve=curve)

@@ -20,6 +20,16 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="HOST:PORT of the job's rendezvous store (default: $MASTER_ADDR:$MASTER_PORT)",
     )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("TORCHTOP_RELAY_PORT") or 0) or None,
+        help="also listen on TCP PORT and PORT+1, CURVE only (configured keys: `torchtop keys --server`); "
+        "default $TORCHTOP_RELAY_PORT, else ipc only",
+    )
+    p.add_argument(
+        "--bind", default=os.environ.get("TORCHTOP_RELAY_BIND", "0.0.0.0"), help="the TCP bind address"
+    )
     args = p.parse_args(argv)
     store = None
     try:
@@ -33,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torchtop relay: {exc}", file=sys.stderr)
     if os.environ.get("TORCHTOP_RELAY_STORE") == "0":
         store = None
-    return serve(args.job, args.node, store)
+    return serve(args.job, args.node, store, (args.bind, args.port) if args.port else None)
 
 
 if __name__ == "__main__":

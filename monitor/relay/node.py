@@ -93,6 +93,35 @@ class Relay:
         for path in self.files:
             os.chmod(path, 0o600)
         self.started = time.time()
+        self.tcp: tuple[str, str, str] | None = None  # (request, stream, server public key) when on TCP
+        self._auth: Any = None
+
+    def listen_tcp(self, bind: str, port: int) -> None:
+        """Also listen on TCP `port` (requests) and `port + 1` (summaries), CURVE only, with this
+        machine's configured server key and authorized client keys (`torchtop keys --server`):
+        a monitor elsewhere then reaches the relay without ssh. KeyConfigError (what to do) without
+        them: a relay never listens on TCP in the clear."""
+        import zmq.auth
+        from zmq.auth.thread import ThreadAuthenticator
+
+        from torchtop.agent.contract import keys
+        from torchtop.agent.contract.net import tcp_address
+
+        curve = keys.load_server(bind)  # KeyConfigError: no keys, no TCP
+        self._auth = ThreadAuthenticator(self.ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="torchtop", location=str(curve.authorized))
+        # the same ROUTER and XPUB also listen on TCP: options are taken when an endpoint is
+        # bound, so the ipc ends stay as they were and the TCP ends are CURVE servers
+        for sock, p in ((self.router, port), (self.pub, port + 1)):
+            sock.setsockopt(zmq.CURVE_SERVER, 1)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret)
+            sock.setsockopt(zmq.ZAP_DOMAIN, b"torchtop")
+            sock.setsockopt(zmq.IPV6, int(":" in bind))
+            sock.bind(tcp_address(bind, p))
+        host = socket.gethostname() if bind in ("0.0.0.0", "::", "*") else bind
+        self.tcp = (tcp_address(host, port), tcp_address(host, port + 1), curve.public.decode())
 
     def entry(self) -> dict[str, Any]:
         """The relay's discovery entry (and what goes into the job's store: no secrets)."""
@@ -107,9 +136,15 @@ class Relay:
             "pub_address": self.pub_address,
             "start_time": self.started,
             "version": _version(),
-        }
+        } | (
+            {"tcp_address": self.tcp[0], "tcp_pub_address": self.tcp[1], "server_key": self.tcp[2]}
+            if self.tcp is not None
+            else {}
+        )
 
     def close(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
         for r in self.ranks.values():
             r.sub.close(linger=0)
             r.dealer.close(linger=0)
@@ -355,12 +390,21 @@ def _version() -> str:
         return ""
 
 
-def serve(job_id: str, node: str = "", store: tuple[str, int] | None = None) -> int:
+def serve(
+    job_id: str, node: str = "", store: tuple[str, int] | None = None, tcp: tuple[str, int] | None = None
+) -> int:
     """Run this node's relay of `job_id` until its ranks are gone; 0, or 1 when another runs."""
     held = registry.lock(job_id)
     if held is None:
         return 1  # another relay of this job runs on this node
     relay = Relay(job_id, node)
+    if tcp is not None:
+        from torchtop.agent.contract.keys import KeyConfigError
+
+        try:
+            relay.listen_tcp(*tcp)
+        except (KeyConfigError, zmq.ZMQError) as exc:  # ipc only, as without --port
+            print(f"torchtop relay: not listening on {tcp[0]}:{tcp[1]}: {exc}", file=sys.stderr)
     entry = relay.entry()
     if store is not None:
         threading.Thread(target=_register, args=(store, entry), daemon=True).start()
