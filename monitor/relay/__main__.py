@@ -8,7 +8,7 @@ import os
 import sys
 
 from torchtop.monitor.link.store import parse_store, store_of_job
-from torchtop.monitor.relay.node import serve
+from torchtop.monitor.relay.serve import serve
 
 
 def main(argv: list[str] | None = None) -> int:
