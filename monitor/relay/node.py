@@ -88,6 +88,7 @@ class Relay:
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 1000)
         self.pub.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's `S`: a newcomer gets the hellos
         self.pub.bind(self.pub_address)
         for path in self.files:
             os.chmod(path, 0o600)
@@ -313,6 +314,10 @@ class Relay:
                 msg = self.pub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if msg == b"\x01" + SUMMARY_TOPIC:  # a monitor joined: every rank's hello in the next summary
+                for r in self.ranks.values():
+                    r.summarizer.resend_hello()
+                continue
             if len(msg) > 2 and msg[1:2] == b"R" and msg.endswith(b"."):
                 try:
                     rank = int(msg[2:-1])

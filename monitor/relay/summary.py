@@ -52,6 +52,9 @@ class RankSummarizer:
             self._new_run()
         self.hello, self.run_id, self.rank, self.gone = hello, hello.run_id, hello.rank, False
 
+    def resend_hello(self) -> None:
+        self._hello_due = 0.0
+
     def _new_run(self) -> None:
         self.replay, self.stats, self.seq, self._sent_t = LogReplay(), RankStats(), -1, -1
 
