@@ -236,8 +236,18 @@ def test_the_export_carries_every_ranks_series_and_the_jobs_verdict(sshd: dict, 
         assert f'torchtop_job_straggler_rank{{job="llm"}} {SLOW_RANK}.0' in text, text[-3000:]
         assert 'torchtop_job_ranks_expected{job="llm"} 16.0' in text
     finally:
-        proc.terminate()
+        import psutil
+
+        try:
+            tunnels = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            tunnels = []
+        proc.terminate()  # as a service manager stops it: its ssh tunnels close with it
         proc.wait(20)
+        gone, alive = psutil.wait_procs(tunnels, timeout=10)
+        for p in alive:
+            p.kill()
+        assert tunnels and not alive, f"ssh tunnels left behind: {alive}"
 
 
 def test_report_with_no_argument_on_a_node_finds_the_other_node_in_the_store(sshd: dict, job: dict) -> None:

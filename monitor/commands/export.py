@@ -135,6 +135,17 @@ def _run_job(args: argparse.Namespace, targets: list[str], board: Any) -> Any:
     return stack, poll
 
 
+def _stop_on_sigterm() -> None:
+    import signal
+    import threading
+
+    def stop(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
 def run(args: argparse.Namespace) -> int:
     from torchtop.monitor.export.figures import SampleBoard
     from torchtop.monitor.link.client import AgentUnreachable
@@ -144,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
 
     prometheus = args.prometheus or (None if args.otlp else DEFAULT_PROMETHEUS)
     board = SampleBoard()
+    _stop_on_sigterm()  # a service manager's stop: the tunnels and servers close as on Ctrl-C
     with ExitStack() as stack:
         job_poll = None
         try:
