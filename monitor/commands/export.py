@@ -135,27 +135,40 @@ def _run_job(args: argparse.Namespace, targets: list[str], board: Any) -> Any:
     return stack, poll
 
 
-def _stop_on_sigterm() -> None:
+def _stop_on_sigterm() -> Any:
+    """SIGTERM raises KeyboardInterrupt while the export runs; the previous handler, to restore."""
     import signal
     import threading
 
     def stop(_sig: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop)
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def run(args: argparse.Namespace) -> int:
     from torchtop.monitor.export.figures import SampleBoard
+
+    prometheus = args.prometheus or (None if args.otlp else DEFAULT_PROMETHEUS)
+    board = SampleBoard()
+    previous = _stop_on_sigterm()  # a service manager's stop: the tunnels and servers close as on Ctrl-C
+    try:
+        return _run(args, prometheus, board)
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace, prometheus: str | None, board: Any) -> int:
     from torchtop.monitor.link.client import AgentUnreachable
     from torchtop.monitor.link.fleet import Fleet
     from torchtop.monitor.link.remote import open_target, target_options
     from torchtop.monitor.link.targets import TargetError
 
-    prometheus = args.prometheus or (None if args.otlp else DEFAULT_PROMETHEUS)
-    board = SampleBoard()
-    _stop_on_sigterm()  # a service manager's stop: the tunnels and servers close as on Ctrl-C
     with ExitStack() as stack:
         job_poll = None
         try:
