@@ -69,6 +69,9 @@ class Agent:
         self.start_time = time.time()
         self.identity = identity.from_env()
         self._identity_due = 0.0
+        from torchtop.agent.loop.relay_start import RelayStarter
+
+        self.relay = RelayStarter()  # local rank 0 starts its node's relay (docs/multi-rank.md)
         if port is None and bind is None:  # the default: Unix sockets only this user can open
             self.sockets = open_ipc(socket_dir(), self.pid)  # BindError propagates to start()
         else:  # TCP when asked for: always CURVE
@@ -173,6 +176,7 @@ class Agent:
             return
         self._identity_due = now + IDENTITY_EVERY_S
         ident = self.identity
+        self.relay.tick(ident)
         if identity.refresh_from_dist(ident, self.torch):
             self.loop.rank = self.loop.router.rank = ident.rank
             self.captures.rank = ident.rank if ident.world_size > 1 else None

@@ -33,6 +33,7 @@ JOB_ENV = {
     "MASTER_ADDR": "node1",
     "MASTER_PORT": "29999",
     "WORLD_SIZE": "4",
+    "TORCHTOP_RELAY": "0",  # nodes without a relay (an older torchtop): each rank reached on its own
 }
 
 

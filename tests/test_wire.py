@@ -104,6 +104,19 @@ MESSAGES = [
     wire.Reply(
         v=V, id=3, ok=True, memory=[wire.MemoryLow(1e9, 1 << 30), wire.MemoryLow(1e9 + 1, 1 << 30, 5 << 20)]
     ),
+    wire.NodeSummary(
+        v=V,
+        job_id="j@h:1",
+        node="n1",
+        seq=4,
+        time=1e9,
+        relay_pid=7,
+        ranks=[
+            wire.RankSummary(rank=0, run_id="r", seq=3, age=0.1, batches=4, steps=80, last_i=79, hello=HELLO),
+            wire.RankSummary(rank=1, run_id="s", buckets=[[1e9] + [1.0] * wire.SUMMARY_SLOTS], gone=True),
+        ],
+        received=8,
+    ),
 ]
 
 
@@ -217,7 +230,7 @@ def _decode_or_wire_error(frame: bytes) -> None:
         assert str(exc)
         return
     # anything that decodes is a real message of this version
-    assert isinstance(msg, (wire.Hello, wire.Batch, wire.Request, wire.Reply))
+    assert isinstance(msg, (wire.Hello, wire.Batch, wire.Request, wire.Reply, wire.NodeSummary))
     assert msg.v == V
 
 

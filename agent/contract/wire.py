@@ -391,7 +391,45 @@ class Reply(msgspec.Struct, tag="reply", omit_defaults=True):
     tally: StepTally | None = None  # a snapshot's count of every step of the run
 
 
-Message = Union[Hello, Batch, Request, Reply]
+class RankSummary(msgspec.Struct, omit_defaults=True):
+    """One rank as its node's relay sees it (docs/multi-rank.md): what the job view, the
+    straggler rule and coverage read, without the rank's steps."""
+
+    rank: int
+    run_id: str
+    seq: int = -1  # the rank's last batch the relay received
+    age: float = -1.0  # seconds since then, on the relay's clock; -1: none yet
+    gone: bool = False  # the rank stopped answering the relay
+    batches: int = 0  # the rank's batches the relay received, cumulative
+    steps: int = 0  # its train steps the relay counted
+    last_i: int = -1  # its highest train step index
+    hello: Hello | None = None  # sent while new and every few seconds
+    # its 1-second step buckets since the relay's previous summary, the open second last:
+    # [unix second, *sums] in monitor/model/rank_stats.py's slot order (SUMMARY_SLOTS of them)
+    buckets: list[list[float]] = []
+    telemetry: Telemetry | None = None  # the latest samples (no workers, no per-core figures)
+
+
+class NodeSummary(msgspec.Struct, tag="summary", omit_defaults=True):
+    """What a node's relay publishes once or twice a second: every rank of one job on its node."""
+
+    v: int
+    job_id: str
+    node: str
+    seq: int
+    time: float
+    relay_pid: int = 0
+    ranks: list[RankSummary] = []
+    received: int = 0  # batches the relay received from its ranks, cumulative
+    bad_frames: int = 0  # frames from its ranks it refused, cumulative
+
+
+#: Values in a summary bucket after its second: steps, wall, timed, their wall, 7 phases,
+#: sampled, 6 device keys, steps whose batch was seen and their samples, tokens, sequence
+#: (rank_stats.SIZE; a test holds the two equal).
+SUMMARY_SLOTS = 22
+
+Message = Union[Hello, Batch, Request, Reply, NodeSummary]
 
 
 class _Header(msgspec.Struct):

@@ -27,6 +27,11 @@ def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
 def cmd_ls(args: argparse.Namespace) -> int:
     from torchtop.monitor.link.targets import TargetError, local_agents
 
+    if getattr(args, "relays", False):  # this node's relays: what a monitor elsewhere tunnels to
+        from torchtop.monitor.relay.registry import list_relays
+
+        print(json.dumps(list_relays()))
+        return 0
     try:
         agents = local_agents() if not getattr(args, "target", None) else _remote_agents(args)
     except TargetError as exc:
@@ -41,6 +46,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
     for line in ls_lines(agents):
         print(line)
+    if not getattr(args, "target", None):
+        from torchtop.monitor.relay.registry import list_relays
+
+        for r in list_relays():  # this node's relays (docs/multi-rank.md)
+            print(f"relay  pid {r.get('pid')}  node {r.get('node')}  job {r.get('job_id')}")
     return 0
 
 
@@ -185,7 +195,9 @@ def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
     from torchtop.monitor.model.job import JobState
 
     with open_job(targets, args.job, args.ssh_option) as plan:
-        link = JobLink(plan.endpoints, snapshot_steps=SNAPSHOT_MAX_STEPS if args.history else 0)
+        link = JobLink(
+            plan.endpoints, snapshot_steps=SNAPSHOT_MAX_STEPS if args.history else 0, relays=plan.relays
+        )
         job = JobState(plan.job_id)
         for line in plan.notes:
             job.note(line)
@@ -276,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ls", help="list the agents running on this machine (or on ssh://[user@]host)")
     p.add_argument("target", nargs="?", help="ssh://[user@]host[:sshport]: list the agents there")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--relays", action="store_true", help="list this node's relays (JSON), not its agents")
     p.add_argument("--ssh-option", metavar="OPT", action="append", default=[], help="extra ssh -o option")
     p.set_defaults(func=cmd_ls)
 

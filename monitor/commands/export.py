@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torchtop.monitor.export.figures import Sample
@@ -53,6 +53,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=seconds, default=10.0, help="seconds each figure summarises (default 10)")
     p.add_argument(
         "--seconds", type=seconds, default=None, help="stop after S seconds (default: run until Ctrl-C)"
+    )
+    p.add_argument(
+        "--store",
+        metavar="HOST:PORT",
+        default=None,
+        help="a job: its nodes from the relays in its rendezvous store (or give its nodes as ssh:// targets)",
+    )
+    p.add_argument(
+        "--top",
+        type=int,
+        default=None,
+        metavar="K",
+        help="a job: per-rank series for the K slowest ranks only (and any not reporting)",
     )
 
 
@@ -100,23 +113,95 @@ def fleet_samples(fleet: Fleet, window: float, job: str | None) -> list[Sample]:
     return out
 
 
+def _job_targets(args: argparse.Namespace) -> list[str] | None:
+    """A job's targets (its nodes) when the export is about a job; None for agents one by one."""
+    from torchtop.monitor.link import ssh
+
+    remote = [t for t in args.targets if ssh.is_ssh(t)]
+    if args.store:
+        from torchtop.monitor.link.relay_targets import relays_from_store
+        from torchtop.monitor.link.store import parse_store
+
+        args.job_id, found = relays_from_store(parse_store(args.store), None)
+        return found
+    return remote if len(remote) > 1 else None
+
+
+def _run_job(args: argparse.Namespace, targets: list[str], board: Any) -> Any:
+    """Open the job and return a poll function that publishes its samples once a second."""
+    from torchtop.monitor.export.job_figures import job_samples
+    from torchtop.monitor.link.job import JobLink, apply_events
+    from torchtop.monitor.link.job_targets import open_job
+    from torchtop.monitor.model.job import JobState
+
+    stack = ExitStack()
+    plan = stack.enter_context(open_job(targets, getattr(args, "job_id", None), args.ssh_option or ()))
+    link = JobLink(plan.endpoints, snapshot_steps=0, relays=plan.relays)
+    stack.callback(link.close)
+    job = JobState(plan.job_id)
+    publish_at = [0.0]
+
+    def poll() -> None:
+        apply_events(job, link.poll(0.2), time.monotonic())
+        now = time.monotonic()
+        if now >= publish_at[0]:
+            publish_at[0] = now + PUBLISH_S
+            board.publish(job_samples(job, args.window, args.job or job.job_id, now, args.top))
+
+    return stack, poll
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM raises KeyboardInterrupt while the export runs; the previous handler, to restore."""
+    import signal
+    import threading
+
+    def stop(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, stop)
+
+
 def run(args: argparse.Namespace) -> int:
     from torchtop.monitor.export.figures import SampleBoard
+
+    prometheus = args.prometheus or (None if args.otlp else DEFAULT_PROMETHEUS)
+    board = SampleBoard()
+    previous = _stop_on_sigterm()  # a service manager's stop: the tunnels and servers close as on Ctrl-C
+    try:
+        return _run(args, prometheus, board)
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace, prometheus: str | None, board: Any) -> int:
     from torchtop.monitor.link.client import AgentUnreachable
     from torchtop.monitor.link.fleet import Fleet
     from torchtop.monitor.link.remote import open_target, target_options
     from torchtop.monitor.link.targets import TargetError
 
-    prometheus = args.prometheus or (None if args.otlp else DEFAULT_PROMETHEUS)
     addr, port = _listen(prometheus) if prometheus else ("", 0)
-    board = SampleBoard()
     with ExitStack() as stack:
+        job_poll = None
         try:
-            endpoints = [stack.enter_context(open_target(t, **target_options(args))) for t in args.targets]
-        except (TargetError, AgentUnreachable) as exc:
+            targets = _job_targets(args)
+            if targets is not None:
+                job_stack, job_poll = _run_job(args, targets, board)
+                stack.enter_context(job_stack)
+                endpoints = []
+            else:
+                endpoints = [
+                    stack.enter_context(open_target(t, **target_options(args))) for t in args.targets
+                ]
+        except (TargetError, AgentUnreachable, ValueError) as exc:
             print(f"torchtop: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        fleet = Fleet(endpoints, discover=not args.targets)
+        fleet = Fleet(endpoints, discover=not args.targets and job_poll is None)
         stack.callback(fleet.close)
         try:
             if prometheus:
@@ -145,6 +230,9 @@ def run(args: argparse.Namespace) -> int:
         publish_at = 0.0
         try:
             while end is None or time.monotonic() < end:
+                if job_poll is not None:
+                    job_poll()
+                    continue
                 fleet.poll(0.2)
                 if time.monotonic() >= publish_at:
                     publish_at = time.monotonic() + PUBLISH_S

@@ -7,6 +7,7 @@ a SLURM nodelist, or nothing on a machine (or an ssh host) that runs one job of 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -32,6 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--job", metavar="ID", help="the job (its id or a prefix) where several run")
     p.add_argument(
+        "--store",
+        metavar="HOST:PORT",
+        help="find the job's nodes in its rendezvous store (torchrun's master address and port): "
+        "each node's relay, reached over ssh",
+    )
+    p.add_argument(
         "--baseline-ms",
         type=positive,
         default=None,
@@ -44,6 +51,17 @@ def job_targets(args: argparse.Namespace) -> list[str] | None:
     from torchtop.monitor.link import hosts, ssh
 
     targets = list(getattr(args, "targets", None) or [])
+    if getattr(args, "store", None):
+        from torchtop.monitor.link.relay_targets import relays_from_store
+        from torchtop.monitor.link.store import parse_store
+        from torchtop.monitor.link.targets import TargetError
+
+        try:
+            where = parse_store(args.store)
+        except ValueError as exc:
+            raise TargetError(str(exc)) from None
+        args.job, found = relays_from_store(where, getattr(args, "job", None))
+        return targets + found
     if getattr(args, "hosts", None):
         targets += hosts.read_hosts_file(args.hosts)
     if getattr(args, "slurm", None) is not None:
@@ -57,11 +75,31 @@ def job_targets(args: argparse.Namespace) -> list[str] | None:
         groups = group_by_job(local_agents())
         if not any(len(g.agents) > 1 for g in groups):
             return None  # one agent, or several on their own: the chooser, as before
-        choose_job(groups, None, "this machine")  # several jobs: says which there are, and --job
-        return []
+        group = choose_job(groups, None, "this machine")  # several jobs: says which, and --job
+        return _other_nodes(group.job_id)
     if ssh.is_ssh(targets[0]) and ssh.parse(targets[0]).select is None:
         return None if _single_agent_host(targets[0], args) else targets
     return None
+
+
+def _other_nodes(job_id: str) -> list[str]:
+    """On a node of a job of several nodes: every node's ssh target from the relays registered in
+    the job's store; [] (this node's ranks only) when it has no store or lists this node alone."""
+    import socket
+
+    from torchtop.monitor.link.relay_targets import relays_from_store
+    from torchtop.monitor.link.store import store_of_job
+    from torchtop.monitor.link.targets import TargetError
+
+    where = store_of_job(job_id)
+    if where is None:
+        return []
+    try:
+        _, found = relays_from_store(where, job_id)
+    except TargetError:
+        return []  # no store to read, or no relay in it: this node's ranks, as before
+    here = {f"ssh://{os.environ.get('TORCHTOP_NODE') or socket.gethostname()}"}
+    return found if set(found) - here else []
 
 
 def _single_agent_host(target: str, args: argparse.Namespace) -> bool:
@@ -82,7 +120,9 @@ def collect_job(link: JobLink, job: JobState, seconds: float, connect_s: float =
     started: float | None = None
     while True:
         now = time.monotonic()
-        if started is None and (all(_answered(job, key) for key in link.members) or now >= deadline):
+        relays = link.relayed.relays if link.relayed is not None else {}
+        heard = all(_answered(job, key) for key in link.members) and all(r in job.relays for r in relays)
+        if started is None and (heard or now >= deadline):
             started = now
         if started is not None and now - started >= seconds:
             return job

@@ -24,6 +24,7 @@ from torchtop.monitor.diagnosis.straggler import (
 )
 from torchtop.monitor.model.job import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
+from torchtop.monitor.model.relayed import coverage, coverage_line, relay_status
 
 WINDOW_S = 10.0
 
@@ -84,7 +85,10 @@ def rank_view(
     return Diagnosis(verdict, own.flags, own.steps, own.step_ms)
 
 
-def member_status(m: Member, now: float) -> str:
+def member_status(m: Member, now: float, job: JobState | None = None) -> str:
+    relayed = relay_status(job, m, now) if job is not None else None
+    if relayed is not None:
+        return relayed
     if m.refused:
         return "refused"
     if m.hello is None:
@@ -93,6 +97,7 @@ def member_status(m: Member, now: float) -> str:
 
 
 def _rank_entry(
+    job: JobState,
     m: Member,
     seconds: float,
     window: float,
@@ -101,9 +106,9 @@ def _rank_entry(
 ) -> dict[str, Any]:
     hello = m.hello
     report = build_report(m.state, seconds, m.key, window=window)
-    job, found, times = judged
+    job_diagnosis, found, times = judged
     if m.rank is not None:  # the rank's line agrees with the job's
-        report |= rank_view(job, diagnose(m.state), m.rank, found, times).to_json()
+        report |= rank_view(job_diagnosis, diagnose(m.state), m.rank, found, times).to_json()
     t = m.stats.window(window)
     keep = (
         "steps", "steps_in_full", "timed_steps", "step_time_ms", "steps_per_s", "breakdown", "phase_ms", "device_ms",
@@ -115,7 +120,7 @@ def _rank_entry(
         "node": m.node,
         "pid": hello.pid if hello else None,
         "target": m.key,
-        "status": member_status(m, now),
+        "status": member_status(m, now, job),
         "agent_version": hello.agent_version if hello else None,
         "comm_ms": round(t.comm_ms, 4),
         "comm_source": "device" if t.sampled and "comm" in t.device else "host",
@@ -124,6 +129,14 @@ def _rank_entry(
     entry |= {k: report[k] for k in keep}
     entry["comm_by_group_ms"] = comm_by_group(m, window)
     entry["work"] = work_json(t)
+    if m.via:  # read through its node's relay: its figures are its buckets', it has no steps here
+        entry |= {
+            "via": "relay",
+            "steps": t.steps,
+            "step_time_ms": {"mean": round(t.step_ms, 4)},  # no steps here: no median, no p90
+            "phase_ms": {k: round(v, 4) for k, v in t.phases.items()},
+            "device_ms": {k: round(v, 4) for k, v in t.device.items()},
+        }
     if m.error:
         entry["error"] = m.error
     return entry
@@ -150,6 +163,28 @@ def comm_by_group(m: Member, window: float) -> dict[str, float]:
     return {k: round(v / len(timed) / 1e6, 4) for k, v in sorted(total.items())} if timed else {}
 
 
+def _straggler_json(job: JobState, found: Straggler | None) -> dict[str, Any] | None:
+    """The straggler's figures, and whether it is chronic or a one-off (persistence.py)."""
+    if found is None:
+        return None
+    from torchtop.monitor.diagnosis.persistence import persistence
+
+    p = persistence(job, found.rank)
+    return found.to_json() | {"persistence": p.kind, "slowest_in_spans": [p.slowest_in, p.spans]}
+
+
+def coverage_json(job: JobState, now: float) -> dict[str, Any]:
+    c = coverage(job, now)
+    return {
+        "reporting": c.reporting,
+        "expected": c.expected,
+        "line": coverage_line(c),
+        "silent_nodes": [{"node": n, "silent_s": round(s, 1)} for n, s in c.silent],
+        "relays": sorted(r.node for r in job.relays.values()),
+        "unreached": c.unreached,
+    }
+
+
 def build_job_report(
     job: JobState,
     seconds: float,
@@ -174,7 +209,8 @@ def build_job_report(
         "world_size": max((m.hello.world_size for m in job.ranked() if m.hello), default=0),
         "nodes": sorted({m.node for m in job.ranked()}),
         "device": aggregate["device"],
-        "ranks": [_rank_entry(m, seconds, window, now, (diagnosis, found, times)) for m in job.ranked()],
+        "ranks": [_rank_entry(job, m, seconds, window, now, (diagnosis, found, times)) for m in job.ranked()],
+        "coverage": coverage_json(job, now),
         "job": {
             k: aggregate[k]
             for k in (
@@ -196,7 +232,7 @@ def build_job_report(
             "min_ms": round(min(comms.values()), 4) if comms else 0.0,
             "max_ms": round(max(comms.values()), 4) if comms else 0.0,
         },
-        "straggler": found.to_json() if found is not None else None,
+        "straggler": _straggler_json(job, found),
         "scaling": scale.to_json() if scale is not None else None,
         "versions": versions,
         "notes": list(job.notes),

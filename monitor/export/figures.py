@@ -55,6 +55,23 @@ METRICS: dict[str, tuple[Kind, str, str | None]] = {
     "torchtop_flag": ("gauge", "a flag raised: its severity (1 info .. 3 critical)", "flag"),
     "torchtop_dropped_steps": ("counter", "steps the agent's bounded log dropped", None),
     "torchtop_hook_errors": ("counter", "guarded failures inside the agent's hooks", None),
+    # a job's, from its ranks' buckets (export/job_figures.py)
+    "torchtop_rank_reporting": ("gauge", "1 while the rank's figures are current", None),
+    "torchtop_rank_step_seconds": ("gauge", "the rank's mean step time over the window", None),
+    "torchtop_rank_own_seconds": ("gauge", "the rank's step less its collective wait", None),
+    "torchtop_rank_comm_seconds": ("gauge", "the rank's exposed collective wait a step", None),
+    "torchtop_rank_phase_seconds": ("gauge", "the rank's time a step in each phase", "phase"),
+    "torchtop_job_ranks_reporting": ("gauge", "ranks of the job whose figures are current", None),
+    "torchtop_job_ranks_expected": ("gauge", "the job's world size", None),
+    "torchtop_job_nodes_silent": ("gauge", "nodes none of whose ranks report", None),
+    "torchtop_job_straggler_rank": ("gauge", "the rank the others wait for (-1: none)", None),
+    "torchtop_job_straggler_wait_share_ratio": (
+        "gauge",
+        "the share of the step the others wait for it",
+        None,
+    ),
+    "torchtop_job_straggler_slowdown": ("gauge", "the job's step over its other ranks' pace", None),
+    "torchtop_job_straggler_severity": ("gauge", "the straggler's severity (0 none .. 3 critical)", None),
 }
 
 

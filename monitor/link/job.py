@@ -22,8 +22,10 @@ import zmq
 
 from torchtop.agent.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable, Received
+from torchtop.monitor.link.relay_link import RelayReader
 from torchtop.monitor.link.targets import Endpoint
 from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.relayed import RelayState, apply_summary
 from torchtop.monitor.model.steps import StepRecord
 
 HELLO_TIMEOUT_S = 1.0
@@ -33,7 +35,8 @@ SILENT_AFTER_S = 3.0  # no batch this long: say hello again (no answer: gone)
 POOL = 16
 MIN_POLL_S = 0.05  # streams read at most 20 times a second: each read takes what came meanwhile
 
-EventKind = Literal["hello", "snapshot", "batches", "error", "reply"]
+EventKind = Literal["hello", "snapshot", "batches", "error", "reply", "summary", "stream", "relay-silent"]
+FOLLOW = "_follow"  # a request to the link itself: receive this relayed rank's full stream
 
 
 class Event(NamedTuple):
@@ -50,6 +53,7 @@ class Event(NamedTuple):
     bad_frames: int = 0  # the member's client's count so far
     tally: wire.StepTally | None = None  # a snapshot's: the agent's count of every step
     wall_offset: float = 0.0
+    summary: wire.NodeSummary | None = None  # a relay's (key: the relay)
 
 
 @dataclass
@@ -73,6 +77,7 @@ class JobLink:
         endpoints: list[Endpoint],
         client_factory: Callable[[Endpoint], AgentClient] = AgentClient,
         snapshot_steps: int = 2_000,
+        relays: list[Endpoint] | None = None,
     ) -> None:
         self.snapshot_steps = snapshot_steps
         self.members: dict[str, _Member] = {}
@@ -82,12 +87,16 @@ class JobLink:
             max_workers=min(POOL, max(1, len(endpoints))), thread_name_prefix="torchtop-job"
         )
         self._requests: list[tuple[str, str, dict[str, Any]]] = []
+        self._early: list[Event] = []  # replies known before anything is sent (a relay refused it)
         self._poller: Any = None
         self._reading: dict[Any, str] = {}  # the poller's sockets -> their member
         self._last_read = 0.0
+        self.relayed = RelayReader(relays) if relays else None  # nodes read through their relay
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.relayed is not None:
+            self.relayed.close()
         for m in self.members.values():
             m.client.close()
 
@@ -124,8 +133,20 @@ class JobLink:
             return [Event(key, "reply", cmd=cmd, error=str(exc))]
 
     def request(self, cmd: str, args: dict[str, Any], keys: list[str] | None = None) -> None:
-        """Queue a request to the given members (default: all); answers come as `reply` events."""
-        for key in keys if keys is not None else list(self.members):
+        """Queue a request to the given members (default: all); answers come as `reply` events.
+        A relayed rank's goes through its relay; FOLLOW names the relayed rank drilled into."""
+        relayed = self.relayed
+        if cmd == FOLLOW:
+            if relayed is not None:
+                relayed.follow(keys[0] if keys else None)
+            return
+        everyone = list(self.members) + (relayed.keys() if relayed is not None else [])
+        for key in keys if keys is not None else everyone:
+            if relayed is not None and key not in self.members:
+                error = relayed.request(key, cmd, args)
+                if error:
+                    self._early.append(Event(key, "reply", cmd=cmd, error=error))
+                continue
             self._requests.append((key, cmd, args))
 
     def _collect(self, now: float) -> list[Event]:
@@ -176,6 +197,7 @@ class JobLink:
         streams at most every MIN_POLL_S: a job of many ranks sends hundreds of batches a
         second, and each read of them all costs more than the batches it takes)."""
         out = self._collect(time.monotonic())
+        out, self._early = self._early + out, []
         pause = self._last_read + MIN_POLL_S - time.monotonic()
         if pause > 0:
             time.sleep(min(pause, timeout))
@@ -202,6 +224,8 @@ class JobLink:
                 m.last_batch = now
             elif now - m.last_batch > SILENT_AFTER_S and m.asking is None:
                 m.connected = False  # silent: hello again; no answer means gone
+        if self.relayed is not None:
+            out += self.relayed.read(now, Event)
         return out
 
     def bad_frames(self) -> int:
@@ -222,6 +246,15 @@ def apply_events(job: JobState, events: list[Event], now: float) -> None:
             m.state.bad_frames = max(m.state.bad_frames, ev.bad_frames)
             if ev.error:
                 m.state.last_error = ev.error
+        elif ev.kind == "summary" and ev.summary is not None:
+            apply_summary(job, ev.key, ev.summary, now)
+        elif ev.kind == "stream":  # a relayed rank drilled into: its steps for the one-rank panels
+            m = job.member(ev.key)
+            for got in ev.batches:
+                m.state.apply_batch(got.batch, got.steps, now, got.log_errors)
+        elif ev.kind == "relay-silent":
+            if ev.key not in job.relays:  # never heard from: named in the coverage
+                job.relays[ev.key] = RelayState(ev.key, error=ev.error)
         elif ev.kind == "error":
             if ev.lost:
                 job.lost(ev.key, ev.error)

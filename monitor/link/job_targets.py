@@ -38,6 +38,7 @@ class JobPlan:
     endpoints: list[Endpoint]
     job_id: str = ""
     notes: list[str] = field(default_factory=list)  # hosts that failed, other jobs left out
+    relays: list[Endpoint] = field(default_factory=list)  # nodes read through their relay (one each)
 
 
 def group_by_job(agents: list[dict[str, Any]]) -> list[JobGroup]:
@@ -142,7 +143,24 @@ def _open_tunnel(
         stack_items.append(cm)
         return endpoint, ""
     except TargetError as exc:
-        return None, f"rank {info.get('rank')} on {info['_ssh']}: {exc}"
+        who = f"the relay ({info.get('node')})" if info.get("kind") == "relay" else f"rank {info.get('rank')}"
+        return None, f"{who} on {info['_ssh']}: {exc}"
+
+
+def _job_relays(hosts: list[str], job_id: str, options: Sequence[str]) -> list[dict[str, Any]]:
+    """The job's relay on each host that runs one (hosts listed in parallel); off with TORCHTOP_RELAYS=0."""
+    import os
+
+    from torchtop.monitor.link.relay_targets import remote_relays
+
+    if os.environ.get("TORCHTOP_RELAYS") == "0" or not hosts:
+        return []
+    out: list[dict[str, Any]] = []
+    with ThreadPoolExecutor(max_workers=min(PARALLEL, len(hosts))) as pool:
+        for listed in pool.map(lambda h: remote_relays(h, options), hosts):
+            mine = [r for r in listed if r.get("job_id") == job_id]
+            out += mine[:1]  # one relay per node and job (the lock sees to it)
+    return out
 
 
 @contextmanager
@@ -151,7 +169,13 @@ def open_job(
 ) -> Iterator[JobPlan]:
     """The endpoints of one job's agents, with ssh tunnels open while in use."""
     from torchtop.monitor.link import ssh
+    from torchtop.monitor.link.relay_targets import DIRECT, direct_endpoint
 
+    relays_direct = [direct_endpoint(t) for t in targets if t.startswith(DIRECT)]  # TCP + CURVE
+    targets = [t for t in targets if not t.startswith(DIRECT)]
+    if relays_direct and not targets:
+        yield JobPlan([], job or "", [], relays_direct)
+        return
     remote = [t for t in targets if ssh.is_ssh(t)]
     direct = [t for t in targets if not ssh.is_ssh(t)]
     if not targets:
@@ -179,16 +203,20 @@ def open_job(
     other = len(found) - len(group.agents)
     if other:
         notes.append(f"{other} agent{'s' if other != 1 else ''} of other jobs on these hosts left out")
+    relays = _job_relays(sorted({str(a["_ssh"]) for a in group.agents}), group.job_id, ssh_options)
+    relayed = {str(r["_ssh"]) for r in relays}  # these hosts' ranks are read through their relay
+    per_rank = [a for a in group.agents if a["_ssh"] not in relayed]
     with ExitStack() as stack:
         opened: list[Any] = []
         try:
-            with ThreadPoolExecutor(max_workers=min(PARALLEL, len(group.agents))) as pool:
-                results = list(pool.map(lambda a: _open_tunnel(opened, a, ssh_options), group.agents))
+            with ThreadPoolExecutor(max_workers=min(PARALLEL, len(per_rank) + len(relays))) as pool:
+                results = list(pool.map(lambda a: _open_tunnel(opened, a, ssh_options), per_rank + relays))
         finally:  # tunnels opened before an unexpected error close with the rest
             for cm in opened:
                 stack.push(cm)
-        endpoints = [ep for ep, _ in results if ep is not None]
+        endpoints = [ep for ep, _ in results[: len(per_rank)] if ep is not None]
+        relay_eps = [ep for ep, _ in results[len(per_rank) :] if ep is not None]
         notes += [err for ep, err in results if ep is None]
-        if not endpoints:
+        if not endpoints and not relay_eps:
             raise TargetError("; ".join(notes))
-        yield JobPlan(endpoints + [parse(t) for t in direct], group.job_id, notes)
+        yield JobPlan(endpoints + [parse(t) for t in direct], group.job_id, notes, relay_eps + relays_direct)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from torchtop.agent.contract.logcodes import PHASES
 from torchtop.agent.contract.wire import Batch, Hello, StepTally
 from torchtop.monitor.model.rank_stats import DEVICE_KEYS, RankStats
+from torchtop.monitor.model.relayed import RelayState
 from torchtop.monitor.model.state import RunState
 from torchtop.monitor.model.steps import StepRecord
 
@@ -35,6 +36,8 @@ class Member:
     error: str = ""  # why it is not connected, or was refused (one line)
     refused: bool = False  # another job's agent: shown as refused, never counted
     last_i: int = -1  # the highest train step index it reported
+    via: str = ""  # the relay it is read through ("": its own connection)
+    via_node: str = ""  # that relay's node name
 
     @property
     def hello(self) -> Hello | None:
@@ -46,6 +49,8 @@ class Member:
 
     @property
     def node(self) -> str:
+        if self.via_node:
+            return self.via_node
         return self.state.hello.host if self.state.hello is not None else ""
 
 
@@ -58,6 +63,7 @@ class JobState:
         self.members: dict[str, Member] = {}
         self.job = RunState()  # the aggregate
         self.notes: list[str] = []  # one-liners: nodes that failed, agents refused
+        self.relays: dict[str, RelayState] = {}  # the nodes read through a relay (relayed.py)
         self._pending: dict[int, list[StepRecord]] = {}
         self._max_i = -1
         self._made = -1  # job steps up to this index are made: a rank's late record stays its own

@@ -40,6 +40,7 @@ def start_step(job: JobState) -> int:
     live = job.live()
     furthest = max((m.last_i for m in live), default=0)
     rates = [step_stats(list(m.state.steps)[-200:])["steps_per_s"] for m in live if m.state.steps]
+    rates += [m.stats.window(10).steps / 10 for m in live if m.via]  # relayed: no steps, buckets
     rate = max(rates, default=0.0)
     return furthest + 1 + LEAD_STEPS + math.ceil(rate * LEAD_S)
 

@@ -148,6 +148,22 @@ class RankStats:
                 secs.append(cur)
             cur.add_step(s)  # a step a little out of order (clock) joins the current second
 
+    def put(self, t: int, values: list[float]) -> None:
+        """One second's sums as a relay sent them (relay/summary.py): the open second replaces
+        what it held before; a later second closes it; an earlier one is already folded."""
+        secs = self.levels[0]
+        cur = secs[-1] if secs else None
+        if cur is not None and t < cur.t:
+            return
+        if cur is not None and t == cur.t:
+            cur.v = list(values)
+            return
+        if cur is not None:
+            self._roll(cur)
+        b = Bucket(t)
+        b.v = list(values)
+        secs.append(b)
+
     def _roll(self, closed: Bucket) -> None:
         """A second closed: fold it into the 10 s and 5 min buckets."""
         for level, (width, _) in zip(self.levels[1:], LEVELS[1:]):

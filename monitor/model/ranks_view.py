@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from torchtop.monitor.model.job import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
+from torchtop.monitor.model.relayed import relay_status
 
 STRIP_CELLS = 24  # buckets in a rank's strip
 TOP_K = 5  # slowest ranks listed first when the job has many
@@ -101,7 +102,7 @@ def ranks_view(
             for ts, rt in series[m.key]
         )
         peak, util = _telemetry(m)
-        status = "refused" if m.refused else m.state.connection(now)
+        status = "refused" if m.refused else relay_status(job, m, now) or m.state.connection(now)
         view.rows.append(RankRow(m.rank, m.key, m.node, status, figures(t), peak, util, strip, t.steps))
         view.nodes.setdefault(m.node, []).append(m.rank)
     running = [r for r in view.rows if r.steps and r.status != "agent gone"]

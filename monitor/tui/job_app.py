@@ -27,7 +27,7 @@ from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, rank_view, window_end
 from torchtop.monitor.diagnosis.straggler import Straggler, scaling
-from torchtop.monitor.link.job import JobLink, apply_events
+from torchtop.monitor.link.job import FOLLOW, JobLink, apply_events
 from torchtop.monitor.link.job_targets import JobPlan, ranks_text, short_job_id
 from torchtop.monitor.model.captures import capture_lines, fetch_from, progress_text
 from torchtop.monitor.model.job import JobState, Member
@@ -102,13 +102,14 @@ class JobApp(TorchtopApp):
         super().on_mount()
         self.ranks_panel.border_title = "ranks"
         self.header.target = "waiting for the job's ranks"
-        if self.feed_enabled and self.plan.endpoints:
+        if self.feed_enabled and (self.plan.endpoints or self.plan.relays):
             self._job_feed(self.plan.endpoints)
 
     @work(thread=True, exclusive=True, group="job-feed")
     def _job_feed(self, endpoints: list[Endpoint]) -> None:
         worker = get_current_worker()
-        run_job_feed(JobLink(endpoints), self.post_message, lambda: worker.is_cancelled, self.job_requests)
+        link = JobLink(endpoints, relays=self.plan.relays)
+        run_job_feed(link, self.post_message, lambda: worker.is_cancelled, self.job_requests)
 
     # -- messages up ---------------------------------------------------------------------------
     def on_job_events(self, message: JobEvents) -> None:
@@ -235,6 +236,8 @@ class JobApp(TorchtopApp):
         self.shown_key = key if key is None or key in self.job.members else None
         m = self.shown_member()
         self.state = m.state if m is not None else self.job.job
+        if self.plan.relays:  # a relayed rank's full stream comes only while it is shown
+            self.job_requests.put((FOLLOW, {}, [m.key] if m is not None and m.via else []))
         self.diagnosis = None  # hysteresis is per thing shown
         self.refresh_panels()
 
@@ -315,7 +318,10 @@ class JobApp(TorchtopApp):
 
     def _head(self) -> list[Text]:
         times = rank_times(self.job)
-        return head_lines(self.job, times, scaling(times, self.baseline_ms), self.job_diagnosis)
+        straggler = self.straggler.rank if self.straggler is not None else None
+        return head_lines(
+            self.job, times, scaling(times, self.baseline_ms), self.job_diagnosis, self.clock(), straggler
+        )
 
     def _refresh_status(self) -> None:
         super()._refresh_status()
@@ -333,7 +339,7 @@ class JobApp(TorchtopApp):
             if gone and len(gone) == len(ranked)
             else Link.WAITING
         )
-        troubles = [t for t in (ep.link_trouble() for ep in self.plan.endpoints) if t]
+        troubles = [t for t in (ep.link_trouble() for ep in self.plan.endpoints + self.plan.relays) if t]
         status.tunnel_down = bool(troubles)
         text = f"connected · {up} of {len(ranked)} ranks" if ranked else "waiting for the ranks"
         if gone:

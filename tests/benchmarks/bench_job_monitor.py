@@ -9,7 +9,8 @@ phases timed, as the agent's phase sampling does at that step time in a distribu
 with a collective wait)
 and telemetry. This process runs the real job view (JobApp, headless, 120x40, the Ranks tab) on
 them and measures its own CPU time (every thread: the Textual loop and the feed worker) over the
-steady part of the run. The goal: under 25% of one core.
+steady part of the run. The goal: under 25% of one core; a run that receives under 95% of the
+batches sent fails (exit 1) whatever its CPU.
 """
 
 from __future__ import annotations
@@ -219,6 +220,10 @@ def main() -> int:
         f"\nranks {args.ranks} x {args.rate:g} steps/s ({args.ranks * args.rate:,.0f} steps/s): monitor CPU "
         f"{share * 100:.1f}% of one core over {args.seconds:g} s; batches {batches:,.0f}/s of {want:,.0f}/s sent"
     )
+    received = batches / want
+    if received < 0.95:  # a monitor that receives nothing must not pass on its CPU
+        print(f"received {received:.0%} of what was sent (< 95%): FAIL, whatever the CPU")
+        return 1
     print("goal: under 25% of one core:", "meets" if share < 0.25 else "misses")
     if steps_seen < args.ranks or batches < 0.9 * want:  # a monitor that received less measured less
         raise SystemExit(

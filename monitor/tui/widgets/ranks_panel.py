@@ -17,13 +17,17 @@ from textual.message import Message
 from textual.widget import Widget
 
 from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.persistence import persistence
 from torchtop.monitor.diagnosis.straggler import Scaling
 from torchtop.monitor.link.job_targets import ranks_text
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.job import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
 from torchtop.monitor.model.ranks_view import COLUMNS, MANY, TOP_K, RankRow, RanksView, deviation
+from torchtop.monitor.model.relayed import coverage, coverage_line
 from torchtop.monitor.tui.widgets.verdict_panel import SEVERITY_STYLES
+
+MANY_FOR_COVERAGE = 8  # ranks beyond which the coverage line is always shown
 
 WIDTHS = {"step": 7, "data": 7, "fwd+bwd": 8, "optim": 7, "comm": 7, "own": 7}
 STATUS_STYLE = {"connected": "", "agent gone": "red", "refused": "red"}
@@ -89,7 +93,12 @@ def focus_text(job: JobState, focus: Member | None) -> Text:
 
 
 def head_lines(
-    job: JobState, times: dict[int, RankTimes], scale: Scaling | None, d: Diagnosis | None
+    job: JobState,
+    times: dict[int, RankTimes],
+    scale: Scaling | None,
+    d: Diagnosis | None,
+    now: float | None = None,
+    straggler: int | None = None,
 ) -> list[Text]:
     """The lines above the table: the job's step and scaling, its verdict, notes (a node that
     failed, an agent of another job, versions that differ)."""
@@ -122,8 +131,15 @@ def head_lines(
         head += [
             Text(f"  {e}", style=style, no_wrap=True, overflow="ellipsis") for e in d.verdict.evidence[1:]
         ]
+        how = persistence(job, straggler).text(straggler) if straggler is not None else ""
+        if how:
+            head.append(Text(f"  {how}", style=style, no_wrap=True, overflow="ellipsis"))
     elif times:
         head.append(Text("● no straggler: no rank makes the others wait", style="green"))
+    if now is not None and (job.relays or len(job.ranked()) > MANY_FOR_COVERAGE):
+        c = coverage(job, now)
+        style = "green" if c.reporting == c.expected else "yellow" if c.reporting else "red"
+        head.append(Text(f"◆ {coverage_line(c)}", style=style, no_wrap=True, overflow="ellipsis"))
     versions = job.versions()
     if len(versions) > 1:
         which = "; ".join(f"{v} on ranks {ranks_text(r)}" for v, r in versions.items())

@@ -1,0 +1,394 @@
+"""A node's relay: one process that reads every rank of one job on its node and publishes their
+summaries, so that a monitor of a job of many nodes holds one connection per node, not per rank.
+
+It subscribes to each rank's batch stream over the agents' private ipc sockets (the discovery
+files of its job, listed again every few seconds), keeps each rank's 1-second buckets
+(summary.py) and publishes on its own XPUB, twice a second, one NodeSummary under topic `S`.
+A rank's full stream goes out under topic `R<rank>.` only while someone subscribes to it (a
+monitor drilling into that rank: XPUB hears the subscription). Requests on its ROUTER are
+answered (`hello`) or, with `args["rank"]`, forwarded to that rank's agent and its reply sent
+back: captures and snapshots asked of the job reach every rank through the relays. All in one
+thread of its own process: the training processes pay nothing per step for it. It listens on
+ipc only (the user's 0700 runtime directory); a monitor elsewhere comes through an ssh tunnel.
+It exits once its job has had no rank on the node for IDLE_EXIT_S.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from torchtop.agent.contract import discovery, wire
+from torchtop.agent.contract.private import fits_socket, short_private_tempdir
+from torchtop.monitor.relay import registry
+from torchtop.monitor.relay.summary import RankSummarizer
+
+SUMMARY_EVERY_S = 0.5
+RESCAN_S = 2.0
+SILENT_AFTER_S = 3.0  # no batch this long: hello again; unanswered for as long: gone
+IDLE_EXIT_S = 20.0
+FORWARD_TIMEOUT_S = 30.0  # a forwarded request's reply is routed back until then
+MAX_PENDING = 4096  # forwarded requests awaiting a reply: more are refused (a flood)
+SUMMARY_TOPIC = b"S"
+
+
+def rank_topic(rank: int) -> bytes:
+    return b"R%d." % rank
+
+
+@dataclass
+class _Rank:
+    pid: int
+    info: dict[str, Any]
+    sub: Any
+    dealer: Any
+    summarizer: RankSummarizer
+    hello_asked: float | None = None
+    added: float = field(default_factory=time.monotonic)
+
+
+class Relay:
+    def __init__(
+        self,
+        job_id: str,
+        node: str = "",
+        directory: Path | None = None,
+        source: Callable[[], list[dict[str, Any]]] = discovery.list_agents,
+    ) -> None:
+        self.job_id = job_id
+        self.source = source  # the node's agents' discovery entries (a benchmark passes its own)
+        self.node = node or os.environ.get("TORCHTOP_NODE") or socket.gethostname()
+        self.ctx = zmq.Context()
+        self.ranks: dict[int, _Rank] = {}
+        self.following: set[int] = set()
+        self.seq = 0
+        self.received = 0
+        self.bad_frames = 0
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[Any, int, float, int]] = {}  # id -> (peer, their id, t, pid)
+        self._hellos: dict[int, int] = {}  # request id -> pid
+        tag = registry.job_tag(job_id)
+        directory = directory or _socket_dir(tag)
+        self.files = [directory / f"r-{tag}.req", directory / f"r-{tag}.pub"]
+        self.address, self.pub_address = (f"ipc://{p}" for p in self.files)
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
+        self.router.bind(self.address)
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, 1000)
+        self.pub.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's `S`: a newcomer gets the hellos
+        self.pub.bind(self.pub_address)
+        for path in self.files:
+            os.chmod(path, 0o600)
+        self.started = time.time()
+        self.tcp: tuple[str, str, str] | None = None  # (request, stream, server public key) when on TCP
+        self._auth: Any = None
+
+    def listen_tcp(self, bind: str, port: int) -> None:
+        """Also listen on TCP `port` (requests) and `port + 1` (summaries), CURVE only, with this
+        machine's configured server key and authorized client keys (`torchtop keys --server`):
+        a monitor elsewhere then reaches the relay without ssh. KeyConfigError (what to do) without
+        them: a relay never listens on TCP in the clear."""
+        import zmq.auth
+        from zmq.auth.thread import ThreadAuthenticator
+
+        from torchtop.agent.contract import keys
+        from torchtop.agent.contract.net import tcp_address
+
+        curve = keys.load_server(bind)  # KeyConfigError: no keys, no TCP
+        self._auth = ThreadAuthenticator(self.ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="torchtop", location=str(curve.authorized))
+        # the same ROUTER and XPUB also listen on TCP: options are taken when an endpoint is
+        # bound, so the ipc ends stay as they were and the TCP ends are CURVE servers
+        for sock, p in ((self.router, port), (self.pub, port + 1)):
+            sock.setsockopt(zmq.CURVE_SERVER, 1)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret)
+            sock.setsockopt(zmq.ZAP_DOMAIN, b"torchtop")
+            sock.setsockopt(zmq.IPV6, int(":" in bind))
+            sock.bind(tcp_address(bind, p))
+        host = socket.gethostname() if bind in ("0.0.0.0", "::", "*") else bind
+        self.tcp = (tcp_address(host, port), tcp_address(host, port + 1), curve.public.decode())
+
+    def entry(self) -> dict[str, Any]:
+        """The relay's discovery entry (and what goes into the job's store: no secrets)."""
+        return {
+            "kind": "relay",
+            "pid": os.getpid(),
+            "job_id": self.job_id,
+            "node": self.node,
+            "host": socket.gethostname(),
+            "ssh_host": os.environ.get("TORCHTOP_NODE") or socket.gethostname(),  # how a monitor reaches it
+            "address": self.address,
+            "pub_address": self.pub_address,
+            "start_time": self.started,
+            "version": _version(),
+        } | (
+            {"tcp_address": self.tcp[0], "tcp_pub_address": self.tcp[1], "server_key": self.tcp[2]}
+            if self.tcp is not None
+            else {}
+        )
+
+    def close(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+        for r in self.ranks.values():
+            r.sub.close(linger=0)
+            r.dealer.close(linger=0)
+        self.router.close(linger=0)
+        self.pub.close(linger=0)
+        self.ctx.term()
+        for path in self.files:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+    # -- the node's ranks ----------------------------------------------------------------------
+    def rescan(self, now: float) -> None:
+        seen = set()
+        for info in self.source():
+            pid = info.get("pid")
+            if info.get("job_id") != self.job_id or not isinstance(pid, int):
+                continue
+            seen.add(pid)
+            if pid not in self.ranks:
+                self._add(pid, info, now)
+        for pid, r in list(self.ranks.items()):
+            if pid not in seen:  # its process ended (its discovery file is gone)
+                r.summarizer.gone = True
+                if r.summarizer.last_batch is None or now - r.summarizer.last_batch > 60:
+                    r.sub.close(linger=0)
+                    r.dealer.close(linger=0)
+                    del self.ranks[pid]
+
+    def _add(self, pid: int, info: dict[str, Any], now: float) -> None:
+        address, pub = info.get("address"), info.get("pub_address")
+        if not (isinstance(address, str) and isinstance(pub, str) and address.startswith("ipc://")):
+            return  # a rank on TCP only (CURVE): the monitor reaches it per rank, as before
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        sub.setsockopt(zmq.RCVHWM, 10_000)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(pub)
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        dealer.connect(address)
+        r = _Rank(pid, info, sub, dealer, RankSummarizer(int(info.get("rank", -1))))
+        self.ranks[pid] = r
+        self._ask_hello(r, now)
+
+    def _ask_hello(self, r: _Rank, now: float) -> None:
+        req_id = next(self._ids)
+        self._hellos[req_id] = r.pid
+        r.hello_asked = now
+        try:
+            r.dealer.send(
+                wire.encode(wire.Request(v=wire.PROTOCOL_VERSION, id=req_id, cmd="hello")), zmq.NOBLOCK
+            )
+        except zmq.Again:
+            pass
+
+    # -- one turn ------------------------------------------------------------------------------
+    def _read_rank(self, r: _Rank, now: float) -> None:
+        topic = rank_topic(r.summarizer.rank) if r.summarizer.rank in self.following else None
+        while True:
+            try:
+                frame = r.sub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = wire.decode(frame)
+            except wire.WireError:
+                self.bad_frames += 1
+                continue
+            if not isinstance(msg, wire.Batch):
+                self.bad_frames += 1
+                continue
+            self.received += 1
+            r.summarizer.add_batch(msg, now)
+            if topic is not None:
+                try:
+                    self.pub.send_multipart([topic, frame], zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+
+    def _read_replies(self, r: _Rank, now: float) -> None:
+        while True:
+            try:
+                frame = r.dealer.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = wire.decode(frame)
+            except wire.WireError:
+                self.bad_frames += 1
+                continue
+            if not isinstance(msg, wire.Reply):
+                continue
+            if msg.id in self._hellos:
+                del self._hellos[msg.id]
+                r.hello_asked = None
+                if msg.ok and msg.hello is not None:
+                    if msg.hello.job_id != self.job_id:  # never mix jobs: the pid was reused
+                        r.summarizer.gone = True
+                        continue
+                    r.summarizer.set_hello(msg.hello)
+            elif msg.id in self._pending:
+                peer, their_id, _, _ = self._pending.pop(msg.id)
+                msg.id = their_id
+                try:
+                    self.router.send_multipart([peer, wire.encode(msg)], zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+
+    def _answer(self, now: float) -> None:
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                continue
+            peer, frame = frames
+            try:
+                req = wire.decode(frame)
+            except wire.WireError as exc:
+                self._reply(peer, 0, False, str(exc))
+                continue
+            if not isinstance(req, wire.Request):
+                continue
+            if req.cmd == "hello" and "rank" not in req.args:
+                self._reply(peer, req.id, True, data={"relay": self.entry(), "ranks": self._rank_list()})
+                continue
+            rank = req.args.get("rank")
+            target = next((r for r in self.ranks.values() if r.summarizer.rank == rank), None)
+            if not isinstance(rank, int) or target is None:
+                self._reply(
+                    peer, req.id, False, f"no rank {rank!r} on node {self.node} (args.rank names one)"
+                )
+                continue
+            if len(self._pending) >= MAX_PENDING:
+                self._reply(peer, req.id, False, "the relay has too many requests in flight: ask again")
+                continue
+            fwd_id = next(self._ids)
+            self._pending[fwd_id] = (peer, req.id, now, target.pid)
+            args = {k: v for k, v in req.args.items() if k != "rank"}
+            fwd = wire.Request(v=wire.PROTOCOL_VERSION, id=fwd_id, cmd=req.cmd, args=args)
+            try:
+                target.dealer.send(wire.encode(fwd), zmq.NOBLOCK)
+            except zmq.Again:
+                self._pending.pop(fwd_id, None)
+                self._reply(peer, req.id, False, f"rank {rank} is not taking requests now")
+
+    def _reply(
+        self, peer: Any, req_id: int, ok: bool, error: str = "", data: dict[str, Any] | None = None
+    ) -> None:
+        reply = wire.Reply(v=wire.PROTOCOL_VERSION, id=req_id, ok=ok, error=error, data=data or {})
+        try:
+            self.router.send_multipart([peer, wire.encode(reply)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    def _rank_list(self) -> list[dict[str, Any]]:
+        return [{"rank": r.summarizer.rank, "pid": r.pid} for r in self.ranks.values()]
+
+    def _subscriptions(self) -> None:
+        while True:
+            try:
+                msg = self.pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if msg == b"\x01" + SUMMARY_TOPIC:  # a monitor joined: every rank's hello in the next summary
+                for r in self.ranks.values():
+                    r.summarizer.resend_hello()
+                continue
+            if len(msg) > 2 and msg[1:2] == b"R" and msg.endswith(b"."):
+                try:
+                    rank = int(msg[2:-1])
+                except ValueError:
+                    continue
+                (self.following.add if msg[0] == 1 else self.following.discard)(rank)
+
+    def summary(self, now: float) -> wire.NodeSummary:
+        for r in self.ranks.values():
+            s = r.summarizer
+            silent = s.last_batch is None or now - s.last_batch > SILENT_AFTER_S
+            if silent and r.hello_asked is None and now - r.added > SILENT_AFTER_S:
+                self._ask_hello(r, now)
+            elif silent and r.hello_asked is not None and now - r.hello_asked > SILENT_AFTER_S:
+                s.gone = True
+        for fid in [k for k, v in self._pending.items() if now - v[2] > FORWARD_TIMEOUT_S]:
+            del self._pending[fid]
+        self.seq += 1
+        return wire.NodeSummary(
+            v=wire.PROTOCOL_VERSION,
+            job_id=self.job_id,
+            node=self.node,
+            seq=self.seq,
+            time=time.time(),
+            relay_pid=os.getpid(),
+            ranks=[r.summarizer.summary(now) for r in self.ranks.values()],
+            received=self.received,
+            bad_frames=self.bad_frames,
+        )
+
+    def run(self, stop: threading.Event | None = None, idle_exit_s: float = IDLE_EXIT_S) -> None:
+        rescan_at = next_summary = time.monotonic()
+        last_rank = time.monotonic()
+        while stop is None or not stop.is_set():
+            now = time.monotonic()
+            if now >= rescan_at:
+                self.rescan(now)
+                rescan_at = now + RESCAN_S
+                if any(not r.summarizer.gone for r in self.ranks.values()):
+                    last_rank = now
+                elif now - last_rank > idle_exit_s:
+                    return
+            if now >= next_summary:
+                frame = wire.encode(self.summary(now))
+                try:
+                    self.pub.send_multipart([SUMMARY_TOPIC, frame], zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+                next_summary = max(next_summary + SUMMARY_EVERY_S, now)
+            # every rank's stream read at most every 0.1 s: each read takes what came meanwhile
+            time.sleep(0.1)
+            self._answer(now)
+            self._subscriptions()
+            now = time.monotonic()
+            for r in list(self.ranks.values()):
+                self._read_rank(r, now)
+                self._read_replies(r, now)
+
+
+def _socket_dir(tag: str) -> Path:
+    directory = discovery.runtime_dir()
+    if fits_socket(directory, len(f"r-{tag}.req")):
+        os.close(discovery.open_runtime_dir())  # made private (0700) when missing
+        return directory
+    return short_private_tempdir("torchtop-relay-")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("torchtop")
+    except Exception:
+        return ""
