@@ -6,10 +6,8 @@ from statistics import mean
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
-from torchtop.monitor.diagnosis.flags import FLAG_RULES
 from torchtop.monitor.diagnosis.growth import leak_growth
-from torchtop.monitor.diagnosis.upside import with_upsides
-from torchtop.monitor.diagnosis.verdicts import primary
+from torchtop.monitor.diagnosis.selection import flags_of, primary, with_upsides
 from torchtop.monitor.diagnosis.why import why_facts
 from torchtop.monitor.model.state import (
     RunState,
@@ -93,5 +91,5 @@ def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
         return Diagnosis(verdict, (), len(steps))
     f = facts(state, steps)
     verdict = primary(f, previous.verdict.kind if previous else None)
-    flags = tuple(x for x in (rule(f) for rule in FLAG_RULES) if x is not None)
+    flags = flags_of(f)
     return with_upsides(Diagnosis(verdict, flags, len(steps)), f)

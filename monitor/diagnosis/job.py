@@ -11,15 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.job_rules import JobFacts
 from torchtop.monitor.diagnosis.report import build_report
-from torchtop.monitor.diagnosis.straggler import (
-    Straggler,
-    find_straggler,
-    rule_communication,
-    scaling,
-    straggler_finding,
-)
+from torchtop.monitor.diagnosis.selection import job_verdict
+from torchtop.monitor.diagnosis.straggler import Straggler, find_straggler, scaling
 from torchtop.monitor.model.job import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
 
@@ -46,17 +43,18 @@ def rank_times(job: JobState, seconds: float = WINDOW_S) -> dict[int, RankTimes]
 def diagnose_job(
     job: JobState, previous: Diagnosis | None = None, seconds: float = WINDOW_S
 ) -> tuple[Diagnosis, Straggler | None]:
-    """The job's verdict (and the straggler behind it, if any) and the aggregate's flags."""
+    """The job's verdict (and the straggler behind it, if any) and the aggregate's flags; the
+    job rules run through the catalogue's selection, with its hysteresis (`previous`)."""
     base = diagnose(job.job, previous)
     times = rank_times(job, seconds)
-    found = find_straggler(times)
-    if found is not None:
-        return Diagnosis(straggler_finding(found), base.flags, base.steps), found
-    step = sorted(t.step_ms for t in times.values())[len(times) // 2] if times else 0.0
-    comm = rule_communication(times, step)
-    if comm is not None and base.verdict.kind in ("compute", "unknown"):
-        return Diagnosis(comm, base.flags, base.steps), None
-    return base, None
+    before = previous.verdict.kind if previous is not None else None
+    verdict = job_verdict(JobFacts(times, base.verdict.kind), before)
+    if verdict is None:
+        return base, None
+    found = None
+    if verdict.kind == "straggler":
+        found = find_straggler(times, T["hysteresis"] if before == "straggler" else 1.0)
+    return Diagnosis(verdict, base.flags, base.steps), found
 
 
 def member_status(m: Member, now: float) -> str:

@@ -104,8 +104,9 @@ def _severity(share: float) -> str | None:
     return None
 
 
-def find_straggler(ranks: dict[int, RankTimes]) -> Straggler | None:
-    """The rank the others wait for, if their extra wait is a real share of the step."""
+def find_straggler(ranks: dict[int, RankTimes], scale: float = 1.0) -> Straggler | None:
+    """The rank the others wait for, if their extra wait is a real share of the step (`scale`: the
+    thresholds' factor; the straggler in force keeps its verdict at x0.8, at its lowest band)."""
     judged = {r: t for r, t in ranks.items() if t.steps >= T["min_steps"]}
     if len(judged) < 2:
         return None
@@ -114,9 +115,11 @@ def find_straggler(ranks: dict[int, RankTimes]) -> Straggler | None:
     others = [t for r, t in judged.items() if r != slow]
     wait = median(t.comm_ms - floor for t in others)
     step = median(t.step_ms for t in judged.values())
-    severity = _severity(wait / step) if step > 0 and wait >= T["straggler_min_ms"] else None
-    if severity is None:
+    if step <= 0 or wait < T["straggler_min_ms"] * scale or wait / step < T["straggler_info"] * scale:
         return None
+    severity = (
+        _severity(wait / step) or "info"
+    )  # hysteresis keeps the verdict; it does not raise the severity
     s = judged[slow]
     excess = {p: s.cost(p) - median(t.cost(p) for t in others) for p in OWN_PHASES}
     phase = max(excess, key=lambda p: excess[p])
@@ -205,14 +208,14 @@ def scaling(ranks: dict[int, RankTimes], baseline_ms: float | None = None) -> Sc
     return Scaling(step, compute, floor, wait, baseline_ms)
 
 
-def rule_communication(ranks: dict[int, RankTimes], step_ms: float) -> Finding | None:
+def rule_communication(ranks: dict[int, RankTimes], step_ms: float, scale: float = 1.0) -> Finding | None:
     """Every rank waits in collectives (no one rank to blame): bandwidth, bucket sizes, overlap."""
     judged = [t for t in ranks.values() if t.steps >= T["min_steps"]]
     if len(judged) < 2 or step_ms <= 0:
         return None
     floor = min(t.comm_ms for t in judged)
     share = floor / step_ms
-    if share < T["input_moderate"]:
+    if share < T["input_moderate"] * scale:
         return None
     severity = "critical" if share >= T["input_severe"] else "warning" if share >= T["input_high"] else "info"
     evidence = (
