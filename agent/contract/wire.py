@@ -304,7 +304,7 @@ class Hello(msgspec.Struct, tag="hello", omit_defaults=True):
     # job share it; two jobs on one machine never do (TORCHELASTIC_RUN_ID, SLURM job, rendezvous)
     job_id: str = ""
     launcher: str = ""  # "torchrun" | "slurm" | "torch.distributed" | "" (none seen)
-    node_rank: int = -1  # torchrun's GROUP_RANK / SLURM_NODEID; -1 unknown
+    node_rank: int | None = None  # torchrun's GROUP_RANK / SLURM_NODEID; None unknown
     local_world_size: int = 0  # ranks on this node; 0 unknown
     backend: str = ""  # the default process group's backend once initialized: "gloo", "nccl", ...
 

@@ -30,7 +30,7 @@ class RankRow(NamedTuple):
     status: str  # connected / stale / agent gone / waiting
     figures: dict[str, float]  # ms a step by COLUMNS
     mem_peak: int  # bytes: CUDA peak allocated, else the process RSS; 0 unknown
-    gpu_util: float  # NVML percent, -1 unknown
+    gpu_util: float | None  # NVML percent, None unknown
     strip: str  # one block a bucket, oldest first
     steps: int
 
@@ -55,10 +55,10 @@ def figures(t: RankTimes) -> dict[str, float]:
     }
 
 
-def _telemetry(m: Member) -> tuple[int, float]:
+def _telemetry(m: Member) -> tuple[int, float | None]:
     tel = m.state.telemetry
     if tel is None:
-        return 0, -1.0
+        return 0, None
     mem = tel.memory[0] if tel.memory else None
     peak = m.state.peak_window.get(mem.device, mem.peak_allocated) if mem else 0
     if mem is None and tel.host is not None:
@@ -66,7 +66,7 @@ def _telemetry(m: Member) -> tuple[int, float]:
     gpu = next(
         (g for g in tel.gpus if mem is not None and g.index == mem.device), tel.gpus[0] if tel.gpus else None
     )
-    return peak, gpu.util_gpu if gpu is not None else -1.0
+    return peak, gpu.util_gpu if gpu is not None else None
 
 
 def block(ratio: float) -> str:

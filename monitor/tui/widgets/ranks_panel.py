@@ -43,7 +43,7 @@ def _cells(row: RankRow | None, med: dict[str, float], label: str, node: str, sl
         text.append(" " * 18, style="dim")
         return text
     text.append(f"{fmt.size(row.mem_peak) if row.mem_peak else '—':>10} ", style="")
-    text.append(f"{row.gpu_util:>4.0f}% " if row.gpu_util >= 0 else "   — ", style="")
+    text.append(f"{row.gpu_util:>4.0f}% " if row.gpu_util is not None else "   — ", style="")
     text.append(row.strip, style="red" if any(b in row.strip for b in "▆▇█") else "cyan")
     if row.status != "connected":
         text.append(f"  {row.status}", style=STATUS_STYLE.get(row.status, "yellow"))
