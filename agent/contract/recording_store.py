@@ -45,7 +45,7 @@ def rank_dir(path: Path, rank: int) -> Path:
 
 def segments(directory: Path, track: str) -> list[Path]:
     """A track's segment files, oldest first."""
-    found = []
+    found: list[tuple[int, Path]] = []
     try:
         names = os.listdir(directory)
     except OSError:
@@ -152,8 +152,8 @@ class RankRecording:
     warning line for each damaged segment or other oddity."""
 
     directory: Path
-    messages: list[wire.Hello | wire.Batch] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    messages: list[wire.Hello | wire.Batch] = field(default_factory=list[wire.Hello | wire.Batch])
+    warnings: list[str] = field(default_factory=list[str])
     thinned_until: float | None = None  # batches before this time are thinned (one step a tick)
 
     @property
@@ -171,7 +171,7 @@ def is_recording(path: Path) -> bool:
 
 def ranks(path: Path) -> dict[int, Path]:
     """A job recording's rank directories (rank -> directory); {} for a single rank's."""
-    out = {}
+    out: dict[int, Path] = {}
     try:
         names = os.listdir(path)
     except OSError:

@@ -379,7 +379,7 @@ def encode(msg: Message) -> bytes:
 
 def decode(frame: bytes) -> Message:
     """Decode and validate one frame; raise WireError with a readable reason otherwise."""
-    if not isinstance(frame, (bytes, bytearray, memoryview)):
+    if not isinstance(frame, (bytes, bytearray, memoryview)):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise WireError(f"frame is {type(frame).__name__}, not bytes")
     if len(frame) > MAX_FRAME_BYTES:
         raise WireError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES} byte limit")

@@ -147,7 +147,7 @@ class Facts:
     shares: dict[str, float]
     ms: dict[str, float]
     device: str = "cpu"
-    device_ms: dict[str, float] = field(default_factory=dict)
+    device_ms: dict[str, float] = field(default_factory=dict[str, float])
     # None: not known (no NVML, no host sample yet, no run-queue figures)
     gpu_util: float | None = None  # mean NVML utilisation over the window
     proc_cpu: float | None = None  # mean training-process CPU percent

@@ -51,7 +51,7 @@ def flag_fragmentation(f: Facts, scale: float = 1.0) -> Finding | None:
     retrying = f.retry_rate > 0 and free_in_cache >= 0.1 * f.reserved
     if not (retrying or ((split or bloated) and big)):
         return None
-    evidence = []
+    evidence: list[str] = []
     if retrying:
         evidence.append(
             f"{f.retry_rate:.2f} allocator retries/s while {size(free_in_cache)} sat free in the cache"
@@ -65,7 +65,7 @@ def flag_fragmentation(f: Facts, scale: float = 1.0) -> Finding | None:
         f"reserved {size(f.reserved)} for {size(f.allocated)} allocated; "
         f"{size(f.inactive_split)} cached in split blocks"
     )
-    advice = []
+    advice: list[str] = []
     if not f.expandable:
         advice.append(
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow instead of splitting"

@@ -43,7 +43,7 @@ def primary(f: Facts, previous: str | None = None) -> Finding:
 
 
 def flags_of(f: Facts) -> tuple[Finding, ...]:
-    out = []
+    out: list[Finding] = []
     for e in entries("flag", "rank"):
         assert e.rule is not None
         result = e.rule(f, 1.0)  # type: ignore[arg-type]

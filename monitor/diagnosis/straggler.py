@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Finding
+from torchtop.monitor.diagnosis.facts import Finding, Severity
 from torchtop.monitor.diagnosis.upside import Upside, faster
 from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.rank_stats import RankTimes
@@ -67,7 +67,7 @@ class Straggler:
     wait_ms: float  # the other ranks' median extra collective wait a step
     step_ms: float  # the job's step time
     waiting: int  # ranks that wait for it
-    severity: str
+    severity: Severity
 
     @property
     def share(self) -> float:
@@ -94,7 +94,7 @@ class Straggler:
         }
 
 
-def _severity(share: float) -> str | None:
+def _severity(share: float) -> Severity | None:
     if share >= T["straggler_critical"]:
         return "critical"
     if share >= T["straggler_warning"]:
@@ -181,7 +181,9 @@ class Scaling:
         return self.baseline_ms / self.step_ms
 
     def to_json(self) -> dict[str, object]:
-        share = (lambda x: round(x / self.step_ms, 4)) if self.step_ms > 0 else (lambda x: 0.0)
+        def share(x: float) -> float:
+            return round(x / self.step_ms, 4) if self.step_ms > 0 else 0.0
+
         vs = self.vs_baseline
         return {
             "step_ms": round(self.step_ms, 3),

@@ -68,7 +68,7 @@ def outside_dominates(f: Facts, scale: float = 1.0) -> bool:
 
 def notes(f: Facts) -> list[str]:
     """Small data and transfer waits, as lines under a headline that is not about them."""
-    out = []
+    out: list[str] = []
     for key, words in (("data", "data wait"), ("h2d", "host-to-device copies")):
         share = f.shares.get(key, 0.0)
         if share >= T["input_moderate"]:
@@ -111,7 +111,7 @@ def rule_data(f: Facts, scale: float = 1.0) -> Finding | None:
         evidence.append("no DataLoader worker processes: loading runs on the training process")
     elif f.workers and f.worker_cpu is not None:
         evidence.append(f"{_workers(f.workers, f.worker_cpu, f.worker_wait)} on average ({f.cores} cores)")
-    advice = []
+    advice: list[str] = []
     more = _loader_advice(f)
     if more:
         advice.append(more)
@@ -174,7 +174,7 @@ def rule_outside(f: Facts, scale: float = 1.0) -> Finding | None:
     if f.device == "cuda" and f.gpu_util is not None:
         evidence.append(f"GPU busy only {f.gpu_util:.0f}% of the time (NVML)")
     evidence += notes(f)
-    advice = []
+    advice: list[str] = []
     if untimed_input:
         advice.append(
             "wrap the input: `for batch in torchtop.agent.data(batches):` times it as data wait, "

@@ -81,8 +81,8 @@ def sync_evidence(f: Facts) -> tuple[float, list[str], list[str]]:
     if w is None or not w.enough or not w.fold.sync:
         return 0.0, [], []
     share = w.fold.sync_share()
-    evidence = []
-    calls = set()
+    evidence: list[str] = []
+    calls: set[str] = set()
     for rec, site, s_share in _sync_sites(w)[:3]:
         per_call = ""
         if rec is not None and rec.steps:

@@ -37,10 +37,10 @@ class RankRow(NamedTuple):
 
 @dataclass
 class RanksView:
-    rows: list[RankRow] = field(default_factory=list)  # by rank
-    median: dict[str, float] = field(default_factory=dict)  # the median rank's figures
-    slowest: list[int] = field(default_factory=list)  # ranks, slowest first (by own time)
-    nodes: dict[str, list[int]] = field(default_factory=dict)  # node -> its ranks
+    rows: list[RankRow] = field(default_factory=list[RankRow])  # by rank
+    median: dict[str, float] = field(default_factory=dict[str, float])  # the median rank's figures
+    slowest: list[int] = field(default_factory=list[int])  # ranks, slowest first (by own time)
+    nodes: dict[str, list[int]] = field(default_factory=dict[str, list[int]])  # node -> its ranks
     bucket_s: int = 10
 
 
