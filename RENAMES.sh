@@ -82,6 +82,23 @@ s = s.replace('"torchtop.agent", "torchtop.contract", ', '"torchtop.agent", ')  
 s = s.replace('  "torchtop.monitor", "torchtop.monitor.model"', '  "torchtop.contract",\n  "torchtop.monitor", "torchtop.monitor.model"')
 p.write_text(s)
 
+p = Path("CONTRIBUTING.md")  # the layout names modules in their folder's lines (tests/test_layout.py)
+s = p.read_text()
+for old, new in (
+    ("job.py (JobState)", "job_state.py (JobState)"),
+    ("a job: job.py (its diagnosis", "a job: job_diagnosis.py (its diagnosis"),
+    ("job.py (JobLink)", "job_link.py (JobLink)"),
+    ("job.py (a job's targets)", "job_cli.py (a job's targets)"),
+    ("keys.py (key bindings)", "bindings.py (key bindings)"),
+    ("keys.py (CURVE keys)", "curve_keys.py (CURVE keys)"),
+    ("replay_app.py (a recording", "playback_app.py (a recording"),
+):
+    if old in s:
+        s = s.replace(old, new)
+    else:
+        print(f"RENAMES.sh: CONTRIBUTING.md's layout no longer says {old!r}: rename it there by hand")
+p.write_text(s)
+
 p = Path("pyrightconfig.json")
 if p.exists():
     p.write_text(p.read_text().replace("build/typecheck/torchtop/agent/contract", "build/typecheck/torchtop/contract"))
