@@ -90,7 +90,6 @@ for old, new in (
     ("job.py (JobLink)", "job_link.py (JobLink)"),
     ("job.py (a job's targets)", "job_cli.py (a job's targets)"),
     ("keys.py (key bindings)", "bindings.py (key bindings)"),
-    ("keys.py (CURVE keys)", "curve_keys.py (CURVE keys)"),
     ("replay_app.py (a recording", "playback_app.py (a recording"),
 ):
     if old in s:
