@@ -29,11 +29,11 @@ from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.wire import SyncSite
-from torchtop.agent.telemetry.stacks import Kind
+from torchtop.agent.hooks.frames import Kind
 
 if TYPE_CHECKING:
+    from torchtop.agent.hooks.frames import Classifier
     from torchtop.agent.hooks.probe import Probe
-    from torchtop.agent.telemetry.stacks import Classifier
 
 MESSAGE = "called a synchronizing CUDA operation"
 WARN_MODE = 1  # torch.cuda.set_sync_debug_mode("warn")
@@ -212,7 +212,7 @@ class SyncWindow:
     def _site(self, frame: FrameType) -> Site:
         """The call's place; the user's frame that led to it (walked out once a site). A frame
         of torchtop's (the h2d wrapper around a pageable `.to()`) is looked through."""
-        from torchtop.agent.telemetry.stacks import site
+        from torchtop.agent.hooks.frames import site
 
         kind_of = self.classifier.kind
         inner: FrameType | None = frame
