@@ -9,7 +9,8 @@
 #     PlaybackApp); "replay" stays the log -> steps replay (model/replay.py). The `torchtop replay`
 #     command and commands/replay.py keep the user's word;
 #   - the contract's import name belongs to neither side: torchtop.agent.contract -> torchtop.contract
-#     (the folder stays agent/contract: the top level is fixed; pyproject maps the name to it).
+#     (the folder stays agent/contract: the top level is fixed; pyproject maps the name to it);
+#   - and, as mechanical, THRESHOLDS a frozen dataclass (`T.input_high` for `T["input_high"]`).
 # Then: `pip install -e .` again (the package map changed), ruff, the fast tests.
 # Usage: bash RENAMES.sh   (from the repository root, on a clean tree; it commits nothing)
 set -euo pipefail
@@ -112,6 +113,33 @@ if "torchtop/contract" not in s:
     p.write_text(s)
 assert re.search(r'"torchtop\.contract" = "agent/contract"', Path("pyproject.toml").read_text())
 EOF
+
+# -- not a rename, as mechanical: THRESHOLDS becomes a frozen dataclass (attributes, typed) ----
+# after the merge, so that every branch's new thresholds and T["..."] reads are converted too
+python3 - <<'PY'
+import re
+from pathlib import Path
+
+p = Path("monitor/diagnosis/facts.py")
+s = p.read_text()
+start = s.index("THRESHOLDS: dict[str, float] = {")
+end = s.index("\n}\n", start) + 3
+out = [
+    "@dataclass(frozen=True)",
+    "class Thresholds:",
+    '    """Every threshold of the diagnosis (README, docs/verdicts.md): `THRESHOLDS.input_high`."""',
+    "",
+]
+for line in s[start:end].splitlines()[1:-1]:
+    m = re.match(r'\s*"(\w+)": (.*?),(\s*#.*)?$', line)
+    out.append(f"    {m.group(1)}: float = {m.group(2)}{m.group(3) or ''}" if m else "    " + line.strip())
+out += ["", "", "THRESHOLDS = Thresholds()"]
+p.write_text(s[:start] + "\n".join(out) + "\n" + s[end:])
+PY
+rewrite "s/\\b(T|THRESHOLDS)\\[\"([a-z_0-9]+)\"\\]/\\1.\\2/g; s/\\b(T|THRESHOLDS)\\['([a-z_0-9]+)'\\]/\\1.\\2/g"
+if git grep -n -E '\b(T|THRESHOLDS)\[' -- '*.py'; then
+    echo "RENAMES.sh: the THRESHOLDS reads above are not by a literal key: convert them by hand (getattr)" >&2
+fi
 
 # the import blocks the renames unsorted
 python3 -m ruff check --select I --fix -q . || true
