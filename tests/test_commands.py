@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchtop.agent.contract import wire
-from torchtop.agent.contract.wire import Command
+from torchtop.agent.contract.request_commands import CAPTURE_COMMANDS, Command
 
 
 def test_a_command_is_its_string_on_the_wire() -> None:
@@ -16,12 +16,12 @@ def test_a_command_is_its_string_on_the_wire() -> None:
 def test_a_received_string_is_found_among_the_capture_commands() -> None:
     # the agent decodes a plain str: a set of str Enum members would hash it by name and miss it
     for cmd in ("capture-profile", "capture-memory", "capture-status"):
-        assert cmd in wire.CAPTURE_COMMANDS
-    assert "hello" not in wire.CAPTURE_COMMANDS
+        assert cmd in CAPTURE_COMMANDS
+    assert "hello" not in CAPTURE_COMMANDS
     assert {c.value for c in Command} == {
         "hello",
         "ping",
         "snapshot",
         "memory",
-        *map(str, wire.CAPTURE_COMMANDS),
+        *map(str, CAPTURE_COMMANDS),
     }

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from torchtop.agent.capture import files
+from torchtop.agent.contract.request_commands import Command
 from torchtop.agent.contract.wire import (
     CAPTURE_ACTIVE,
     CAPTURE_DEFAULT_STEPS,
@@ -31,7 +32,6 @@ from torchtop.agent.contract.wire import (
     CaptureInfo,
     CaptureKind,
     CaptureState,
-    Command,
 )
 from torchtop.agent.warn import ignore_warning, warn
 

@@ -328,32 +328,12 @@ class Batch(msgspec.Struct, tag="batch", omit_defaults=True):
     dropped_requests: int = 0  # cumulative requests read and not answered (a flood, a banned peer)
 
 
-class Command(str, Enum):
-    """What a `Request` asks. The wire carries the string, so an agent answers a command it does
-    not know (an older or newer monitor's) with a line that names it, not a decode error."""
-
-    HELLO = "hello"
-    PING = "ping"
-    SNAPSHOT = "snapshot"
-    MEMORY = "memory"
-    CAPTURE_PROFILE = "capture-profile"
-    CAPTURE_MEMORY = "capture-memory"
-    CAPTURE_STATUS = "capture-status"
-
-    def __str__(self) -> str:  # the command as typed, in f-strings too (3.11 formats a str Enum by name)
-        return self.value
-
-
-# a tuple, not a set: a str Enum hashes by its name, so a received string is found by ==
-CAPTURE_COMMANDS = (Command.CAPTURE_PROFILE, Command.CAPTURE_MEMORY, Command.CAPTURE_STATUS)
-
-
 class Request(msgspec.Struct, tag="request", omit_defaults=True):
     """A monitor's request on the agent's ROUTER socket."""
 
     v: int
     id: int
-    cmd: str  # a Command's value; a string on the wire (see Command)
+    cmd: str  # a request_commands.Command's value: a string on the wire
     args: dict[str, Any] = {}
 
 

@@ -27,6 +27,7 @@ import zmq
 
 from torchtop.agent.capture.controller import CaptureError
 from torchtop.agent.contract import wire
+from torchtop.agent.contract.request_commands import CAPTURE_COMMANDS, Command
 
 if TYPE_CHECKING:
     from torchtop.agent.capture.controller import CaptureController
@@ -145,7 +146,7 @@ class RequestRouter:
     def _handle(self, router: Any, peer: bytes, envelope: list[bytes], req: wire.Request, now: float) -> None:
         """Answer `req` now, or keep it for a later window (its peer's share or the snapshot
         rate spent); with too many kept, drop it."""
-        snapshot = req.cmd == wire.Command.SNAPSHOT
+        snapshot = req.cmd == Command.SNAPSHOT
         if self._answered.get(peer, 0) >= PEER_ANSWERS_PER_WINDOW or (snapshot and now < self._snapshot_due):
             if len(self._waiting) < WAITING_MAX:
                 self._waiting[peer] = (envelope, req)
@@ -232,15 +233,15 @@ class RequestRouter:
 
     def answer(self, req: wire.Request) -> wire.Reply:
         v = wire.PROTOCOL_VERSION
-        if req.cmd == wire.Command.HELLO:
+        if req.cmd == Command.HELLO:
             return wire.Reply(v=v, id=req.id, ok=True, hello=self.hello(), seq=self.last_seq())
-        if req.cmd == wire.Command.PING:
+        if req.cmd == Command.PING:
             return wire.Reply(v=v, id=req.id, ok=True, seq=self.last_seq())
-        if req.cmd == wire.Command.SNAPSHOT:
+        if req.cmd == Command.SNAPSHOT:
             return self._snapshot(req)
-        if req.cmd == wire.Command.MEMORY:
+        if req.cmd == Command.MEMORY:
             return wire.Reply(v=v, id=req.id, ok=True, run_id=self.run_id, memory=self.memory())
-        if req.cmd in wire.CAPTURE_COMMANDS and self.captures is not None:
+        if req.cmd in CAPTURE_COMMANDS and self.captures is not None:
             return self._capture(req, self.captures)
         self.bad_requests += 1
         return wire.Reply(v=v, id=req.id, ok=False, error=f"unknown command {req.cmd[:64]!r}")
@@ -267,7 +268,7 @@ class RequestRouter:
 
     def _capture(self, req: wire.Request, captures: CaptureController) -> wire.Reply:
         v = wire.PROTOCOL_VERSION
-        if req.cmd == wire.Command.CAPTURE_STATUS:
+        if req.cmd == Command.CAPTURE_STATUS:
             return wire.Reply(v=v, id=req.id, ok=True, capture=captures.current, captures=captures.status())
         try:
             info = captures.request(req.cmd, req.args)

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from torchtop.agent.contract.request_commands import Command
 from torchtop.agent.contract.wire import (
     CAPTURE_DEFAULT_STEPS,
     CAPTURE_FINISHED,
@@ -20,7 +21,6 @@ from torchtop.agent.contract.wire import (
     MEMORY_SECONDS,
     PROFILE_MAX_STEPS,
     CaptureState,
-    Command,
 )
 from torchtop.monitor.model.captures import capture_lines, fetch_from
 

@@ -23,7 +23,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static, TabPane
 from textual.worker import get_current_worker
 
-from torchtop.agent.contract.wire import Command
+from torchtop.agent.contract.request_commands import Command
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, window_end
