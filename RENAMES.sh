@@ -97,6 +97,8 @@ for old, new in (
         s = s.replace(old, new)
     else:
         print(f"RENAMES.sh: CONTRIBUTING.md's layout no longer says {old!r}: rename it there by hand")
+link = 'for d in agent monitor demos; do ln -sfn "../../../$d" "build/typecheck/torchtop/$d"; done'
+s = s.replace(link + "\n", link + "\nln -sfn ../../../agent/contract build/typecheck/torchtop/contract\n", 1)
 p.write_text(s)
 
 p = Path("pyrightconfig.json")
