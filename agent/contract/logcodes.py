@@ -80,17 +80,20 @@ def to_entries(raw: list[Item]) -> tuple[list[Item], int]:
         pass
     out: list[Item] = []
     cuts = 0
-    for t, c in zip(times, codes):
-        if isinstance(c, int):
+    extra: tuple[Any, ...]
+    for t, c in zip(times, codes):  # type() is, not isinstance: per entry, on the agent thread
+        if type(c) is int:
             code, extra = c, ()
         else:
-            code, extra = cast(int, c[0]), c[1:]
+            ct: tuple[Any, ...] = c  # pyright: ignore[reportAssignmentType]
+            code, extra = ct[0], ct[1:]
         cuts += code in STEP_ENDS
-        if isinstance(t, int):
+        if type(t) is int:
             head = t << SHIFT | code
         else:
-            head = t[0] << SHIFT | code
-            extra = (*t[1:], *extra)
+            tt: tuple[Any, ...] = t  # pyright: ignore[reportAssignmentType]
+            head = tt[0] << SHIFT | code
+            extra = (*tt[1:], *extra)
         out.append((head, *extra) if extra else head)
     return out, cuts
 
