@@ -23,13 +23,21 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return default
 
 
+def _known(env: Mapping[str, str], name: str) -> int | None:
+    """The variable as an int; None where it is unset or not a number (unknown)."""
+    try:
+        return int(env[name])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 @dataclass
 class Identity:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 0  # 0: unknown
-    node_rank: int = -1  # -1: unknown
+    node_rank: int | None = None  # None: unknown
     job_id: str = ""  # "": a process on its own
     launcher: str = ""  # "torchrun" | "slurm" | "torch.distributed" | ""
     backend: str = ""  # set once the default process group is seen
@@ -46,15 +54,15 @@ def from_env(env: Mapping[str, str] | None = None) -> Identity:
         ident.world_size = _int(env, "WORLD_SIZE", 1)
         ident.local_rank = _int(env, "LOCAL_RANK", 0)
         ident.local_world_size = _int(env, "LOCAL_WORLD_SIZE", 0)
-        ident.node_rank = _int(env, "GROUP_RANK", -1)
+        ident.node_rank = _known(env, "GROUP_RANK")
         ident.launcher = "torchrun" if torchrun else "torch.distributed"
     elif slurm:  # srun launched the ranks itself
         ident.rank = _int(env, "SLURM_PROCID", 0)
         ident.world_size = _int(env, "SLURM_NTASKS", 1)
         ident.local_rank = _int(env, "SLURM_LOCALID", 0)
         ident.launcher = "slurm"
-    if slurm and ident.node_rank < 0:
-        ident.node_rank = _int(env, "SLURM_NODEID", -1)
+    if slurm and ident.node_rank is None:
+        ident.node_rank = _known(env, "SLURM_NODEID")
     parts = []
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if run_id and run_id != "none":  # torchrun's default rdzv id is the word "none"

@@ -25,8 +25,8 @@ from torchtop.monitor.diagnosis.flags import (
     flag_memory_leak,
     flag_memory_pressure,
 )
+from torchtop.monitor.diagnosis.selection import primary
 from torchtop.monitor.diagnosis.verdicts import (
-    primary,
     rule_compute,
     rule_data,
     rule_host_overhead,

@@ -121,6 +121,7 @@ async def test_the_memory_plot_shows_its_units_at_80x24() -> None:
         assert "window peak 60.0 GiB" in figures and "…" not in figures  # no figure cut short
 
 
+@pytest.mark.slow  # among the fast subset's slowest (issue 27: the subset under 90 s)
 @pytest.mark.parametrize("size", [SMALL, LARGE])
 async def test_no_stray_glyphs_beside_the_panels_or_in_the_help(size: tuple[int, int]) -> None:
     app = app_without_feed()

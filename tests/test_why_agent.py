@@ -23,10 +23,11 @@ from torchtop.agent.contract.logcodes import (
     MARK,
     STEP_END,
 )
+from torchtop.agent.hooks.frames import Kind, classifier_for
 from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.timed import timed
 from torchtop.agent.telemetry import stacks
-from torchtop.agent.telemetry.stacks import OTHER, Kind, StackSampler, classifier_for, log_phase
+from torchtop.agent.telemetry.stacks import OTHER, StackSampler, log_phase
 
 torch = pytest.importorskip("torch")
 

@@ -27,8 +27,8 @@ from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Facts, Finding
 from torchtop.monitor.diagnosis.peaks import lookup, precision
 from torchtop.monitor.diagnosis.report import build_report
+from torchtop.monitor.diagnosis.selection import with_upside
 from torchtop.monitor.diagnosis.throughput import Throughput, throughput
-from torchtop.monitor.diagnosis.upside import with_upside
 from torchtop.monitor.diagnosis.why import (
     WhyFacts,
     flag_low_mfu,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from torchtop.agent.capture import cupti, files
+from torchtop.agent.contract.request_commands import Command
 from torchtop.agent.contract.wire import (
     CAPTURE_ACTIVE,
     CAPTURE_DEFAULT_STEPS,
@@ -156,13 +157,13 @@ class CaptureController:
         at = args.get("at_step", 0)
         if isinstance(at, int) and not isinstance(at, bool) and at < 0:
             raise CaptureError(f"at_step must be a step number (0 or more), got {at}")
-        if cmd == "capture-profile":
+        if cmd == Command.CAPTURE_PROFILE:
             _check_args(args, PROFILE_ARGS)
             steps = args.get("steps", CAPTURE_DEFAULT_STEPS)
             if not 1 <= steps <= PROFILE_MAX_STEPS:
                 raise CaptureError(f"steps must be in 1..{PROFILE_MAX_STEPS}, got {steps}")
             return CaptureKind.PROFILE, steps, 0.0
-        if cmd == "capture-memory":
+        if cmd == Command.CAPTURE_MEMORY:
             _check_args(args, MEMORY_ARGS)
             if not self._cuda():
                 raise CaptureError("memory snapshots need CUDA; this run does not use it")

@@ -15,7 +15,7 @@ import os
 import secrets
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torchtop.agent.contract.private import NotPrivate, create_file, open_private_dir
 
@@ -112,16 +112,17 @@ def list_agents(clean: bool = True) -> list[dict[str, Any]]:
         fd = open_private_dir(directory, create=False)
     except OSError:
         return []
-    agents = []
+    agents: list[dict[str, Any]] = []
     try:
         names = sorted(n for n in os.listdir(fd) if n.startswith("agent-") and n.endswith(".json"))
         for name in names:
             try:
                 with os.fdopen(os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)) as fh:
                     written = os.fstat(fh.fileno()).st_mtime
-                    info = json.load(fh)
-                if not isinstance(info, dict):
+                    raw: Any = json.load(fh)
+                if not isinstance(raw, dict):
                     raise ValueError("not an object")
+                info = cast("dict[str, Any]", raw)
             except (OSError, ValueError):
                 continue
             if _alive(info, written):

@@ -133,7 +133,9 @@ class Damage:
     """What a reader skipped in one segment: cut frames at its end, garbage inside."""
 
     cut_at: int | None = None  # offset of a frame cut short by the end of the file
-    skipped: list[tuple[int, int]] = field(default_factory=list)  # (offset, bytes) of garbage skipped
+    skipped: list[tuple[int, int]] = field(
+        default_factory=list[tuple[int, int]]
+    )  # (offset, bytes) of garbage skipped
     gave_up_at: int | None = None  # the resync's work bound was spent here: the rest is skipped
 
     def __bool__(self) -> bool:
@@ -148,7 +150,7 @@ class Damage:
 
     def line(self, name: str) -> str:
         """One warning line for the segment."""
-        parts = []
+        parts: list[str] = []
         if self.skipped:
             total = sum(n for _, n in self.skipped)
             parts.append(

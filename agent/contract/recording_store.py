@@ -46,7 +46,7 @@ def rank_dir(path: Path, rank: int) -> Path:
 
 def segments(directory: Path, track: str) -> list[Path]:
     """A track's segment files, oldest first."""
-    found = []
+    found: list[tuple[int, Path]] = []
     try:
         names = os.listdir(directory)
     except OSError:

@@ -338,7 +338,7 @@ class Hello(msgspec.Struct, tag="hello", omit_defaults=True):
     # job share it; two jobs on one machine never do (TORCHELASTIC_RUN_ID, SLURM job, rendezvous)
     job_id: str = ""
     launcher: str = ""  # "torchrun" | "slurm" | "torch.distributed" | "" (none seen)
-    node_rank: int = -1  # torchrun's GROUP_RANK / SLURM_NODEID; -1 unknown
+    node_rank: int | None = None  # torchrun's GROUP_RANK / SLURM_NODEID; None unknown
     local_world_size: int = 0  # ranks on this node; 0 unknown
     backend: str = ""  # the default process group's backend once initialized: "gloo", "nccl", ...
 
@@ -367,7 +367,7 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
 
     v: int
     id: int
-    cmd: str  # "hello" | "snapshot" | "ping" | "memory" | capture commands
+    cmd: str  # a request_commands.Command's value: a string on the wire
     args: dict[str, Any] = {}
 
 
@@ -453,7 +453,7 @@ def decode(frame: bytes, versions: tuple[int, ...] = (PROTOCOL_VERSION,)) -> Mes
     """Decode and validate one frame (its numbers too: numbers.py); raise WireError with a
     readable reason otherwise. `versions`: the protocol versions accepted (a recording's
     reader accepts older ones it can upgrade: recording_compat.py)."""
-    if not isinstance(frame, (bytes, bytearray, memoryview)):
+    if not isinstance(frame, (bytes, bytearray, memoryview)):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise WireError(f"frame is {type(frame).__name__}, not bytes")
     if len(frame) > MAX_FRAME_BYTES:
         raise WireError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES} byte limit")

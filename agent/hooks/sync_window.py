@@ -29,12 +29,12 @@ from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.wire import SyncSite
-from torchtop.agent.telemetry.stacks import Kind
+from torchtop.agent.hooks.frames import Kind
 from torchtop.agent.warn import ignore_warning
 
 if TYPE_CHECKING:
+    from torchtop.agent.hooks.frames import Classifier
     from torchtop.agent.hooks.probe import Probe
-    from torchtop.agent.telemetry.stacks import Classifier
 
 MESSAGE = "called a synchronizing CUDA operation"
 PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
@@ -222,7 +222,7 @@ class SyncWindow:
     def _site(self, frame: FrameType) -> Site:
         """The call's place; the user's frame that led to it (walked out once a site). A frame
         of torchtop's (the h2d wrapper around a pageable `.to()`) is looked through."""
-        from torchtop.agent.telemetry.stacks import site
+        from torchtop.agent.hooks.frames import site
 
         kind_of = self.classifier.kind
         inner: FrameType | None = frame

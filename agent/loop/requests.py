@@ -31,6 +31,7 @@ import zmq
 
 from torchtop.agent.capture.controller import CaptureError
 from torchtop.agent.contract import wire
+from torchtop.agent.contract.request_commands import CAPTURE_COMMANDS, Command
 
 if TYPE_CHECKING:
     from torchtop.agent.capture.controller import CaptureController
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from torchtop.agent.loop.tally import StepCounter
 
 SNAPSHOT_MAX = wire.SNAPSHOT_MAX_STEPS
-CAPTURE_COMMANDS = ("capture-profile", "capture-memory", "capture-status")
 MAX_REQUEST_FRAMES = 3  # after the routing id: a request, with an empty delimiter (REQ) and one spare
 MAX_REQUEST_BYTES = 1 << 20  # a request is a few hundred bytes; a frame over this is refused by zmq
 WINDOW_S = 0.02  # budgets refill this often: a monitor's request waits at most this for one
@@ -159,7 +159,7 @@ class RequestRouter:
     def _handle(self, router: Any, peer: bytes, envelope: list[bytes], req: wire.Request, now: float) -> None:
         """Answer `req` now, or keep it for a later window (its peer's share or the snapshot
         rate spent); with too many kept, drop it."""
-        snapshot = req.cmd == "snapshot"
+        snapshot = req.cmd == Command.SNAPSHOT
         if self._answered.get(peer, 0) >= PEER_ANSWERS_PER_WINDOW or (snapshot and now < self._snapshot_due):
             if len(self._waiting) < WAITING_MAX:
                 self._waiting[peer] = (envelope, req)
@@ -257,13 +257,13 @@ class RequestRouter:
 
     def answer(self, req: wire.Request) -> wire.Reply:
         v = wire.PROTOCOL_VERSION
-        if req.cmd == "hello":
+        if req.cmd == Command.HELLO:
             return wire.Reply(v=v, id=req.id, ok=True, hello=self.hello(), seq=self.last_seq())
-        if req.cmd == "ping":
+        if req.cmd == Command.PING:
             return wire.Reply(v=v, id=req.id, ok=True, seq=self.last_seq())
-        if req.cmd == "snapshot":
+        if req.cmd == Command.SNAPSHOT:
             return self._snapshot(req)
-        if req.cmd == "memory":
+        if req.cmd == Command.MEMORY:
             return wire.Reply(v=v, id=req.id, ok=True, run_id=self.run_id, memory=self.memory())
         if req.cmd in CAPTURE_COMMANDS and self.captures is not None:
             return self._capture(req, self.captures)
@@ -292,7 +292,7 @@ class RequestRouter:
 
     def _capture(self, req: wire.Request, captures: CaptureController) -> wire.Reply:
         v = wire.PROTOCOL_VERSION
-        if req.cmd == "capture-status":
+        if req.cmd == Command.CAPTURE_STATUS:
             return wire.Reply(v=v, id=req.id, ok=True, capture=captures.current, captures=captures.status())
         try:
             info = captures.request(req.cmd, req.args)

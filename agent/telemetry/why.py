@@ -13,7 +13,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.wire import FlopInfo, SyncInfo, Why
-from torchtop.agent.telemetry.stacks import StackSampler, classifier_for, explicit_syncs, sampler_rate
+from torchtop.agent.hooks.frames import classifier_for
+from torchtop.agent.telemetry.stacks import StackSampler, explicit_syncs, sampler_rate
 from torchtop.agent.warn import notice
 
 if TYPE_CHECKING:

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from torchtop.agent.contract.request_commands import Command
 from torchtop.agent.contract.wire import (
     CAPTURE_DEFAULT_STEPS,
     CAPTURE_FINISHED,
@@ -63,12 +64,12 @@ def request_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             out["seconds"] = args.seconds
         if args.steps is not None:
             out["steps"] = args.steps
-        return "capture-memory", out
+        return Command.CAPTURE_MEMORY, out
     out = {"steps": args.steps if args.steps is not None else CAPTURE_DEFAULT_STEPS}
     for flag in ("with_stack", "record_shapes", "profile_memory"):
         if getattr(args, flag):
             out[flag] = True
-    return "capture-profile", out
+    return Command.CAPTURE_PROFILE, out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + args.timeout
         last = ""
         while time.monotonic() < deadline:
-            status = client.request("capture-status", timeout=5.0)
+            status = client.request(Command.CAPTURE_STATUS, timeout=5.0)
             found = next((c for c in status.captures if c.id == want), None)
             if found is not None and found.state in CAPTURE_FINISHED:
                 if args.json:

@@ -7,11 +7,9 @@ from statistics import mean
 from torchtop.monitor.diagnosis import warmup
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
-from torchtop.monitor.diagnosis.flags import FLAG_RULES
 from torchtop.monitor.diagnosis.gpm import figures as gpm_figures
 from torchtop.monitor.diagnosis.growth import leak_growth
-from torchtop.monitor.diagnosis.upside import with_upsides
-from torchtop.monitor.diagnosis.verdicts import primary
+from torchtop.monitor.diagnosis.selection import flags_of, primary, with_upsides
 from torchtop.monitor.diagnosis.why import why_facts
 from torchtop.monitor.model.hotspots import with_input_wait
 from torchtop.monitor.model.state import (
@@ -96,5 +94,5 @@ def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
     f = facts(state, steps)
     verdict = warmup.with_notes(primary(f, previous.verdict.kind if previous else None), judged, state)
     verdict = warmup.with_input_wait_note(verdict, f)
-    flags = tuple(x for x in (rule(f) for rule in FLAG_RULES) if x is not None)
+    flags = flags_of(f)
     return with_upsides(Diagnosis(verdict, flags, len(steps), f.step_ms), f)

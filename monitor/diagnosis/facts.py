@@ -158,7 +158,7 @@ class Facts:
     shares: dict[str, float]
     ms: dict[str, float]
     device: str = "cpu"
-    device_ms: dict[str, float] = field(default_factory=dict)
+    device_ms: dict[str, float] = field(default_factory=dict[str, float])
     # None: not known (no NVML, no host sample yet, no run-queue figures)
     gpu_util: float | None = None  # mean NVML utilisation over the window
     gpm: GpmFigures | None = None  # the GPU's own counters (GPM, Hopper+): monitor/diagnosis/gpm.py

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Facts, Finding, worker_busy
-from torchtop.monitor.diagnosis.gpm import flag_mfu_disagree
-from torchtop.monitor.diagnosis.why import WHY_FLAGS
 from torchtop.monitor.model.fmt import pct, size
 
 
-def flag_memory_pressure(f: Facts) -> Finding | None:
+def flag_memory_pressure(f: Facts, scale: float = 1.0) -> Finding | None:
     if f.mem_total <= 0:
         return None
     used = max(f.reserved, f.window_peak) / f.mem_total
@@ -34,7 +32,7 @@ def flag_memory_pressure(f: Facts) -> Finding | None:
     return Finding("memory-pressure", severity, used, tuple(evidence), advice)
 
 
-def flag_fragmentation(f: Facts) -> Finding | None:
+def flag_fragmentation(f: Facts, scale: float = 1.0) -> Finding | None:
     """Fragmentation that costs something: allocator retries with memory sitting free in the
     cache, or a large cache (>= 30% of the device) most of which cannot serve one big block.
 
@@ -53,7 +51,7 @@ def flag_fragmentation(f: Facts) -> Finding | None:
     retrying = f.retry_rate > 0 and free_in_cache >= 0.1 * f.reserved
     if not (retrying or ((split or bloated) and big)):
         return None
-    evidence = []
+    evidence: list[str] = []
     if retrying:
         evidence.append(
             f"{f.retry_rate:.2f} allocator retries/s while {size(free_in_cache)} sat free in the cache"
@@ -67,7 +65,7 @@ def flag_fragmentation(f: Facts) -> Finding | None:
         f"reserved {size(f.reserved)} for {size(f.allocated)} allocated; "
         f"{size(f.inactive_split)} cached in split blocks"
     )
-    advice = []
+    advice: list[str] = []
     if not f.expandable:
         advice.append(
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow instead of splitting"
@@ -78,7 +76,7 @@ def flag_fragmentation(f: Facts) -> Finding | None:
     return Finding("fragmentation", severity, f.frag_external, tuple(evidence), tuple(advice))
 
 
-def flag_dataloader_workers(f: Facts) -> Finding | None:
+def flag_dataloader_workers(f: Facts, scale: float = 1.0) -> Finding | None:
     """The loader is the bottleneck (data wait >= input_high, >= workers_min_ms a step) and its
     workers are why: there are none, they are saturated (busy on a CPU or waiting for one), or
     they keep the queue empty while mostly idle (waiting on I/O)."""
@@ -129,7 +127,7 @@ def flag_dataloader_workers(f: Facts) -> Finding | None:
     return None
 
 
-def flag_memory_leak(f: Facts) -> Finding | None:
+def flag_memory_leak(f: Facts, scale: float = 1.0) -> Finding | None:
     """Memory in use between steps rises steadily with the steps (Kendall's tau) over enough
     seconds and steps, is still rising at the end, grew visibly, and fast enough per step to
     matter: a slow run leaks per step too (growth.py)."""
@@ -154,13 +152,3 @@ def flag_memory_leak(f: Facts) -> Finding | None:
         "a memory snapshot (key m) shows the allocation sites that keep growing",
     )
     return Finding("memory-leak", "warning", seen, evidence, advice)
-
-
-FLAG_RULES = (
-    flag_memory_pressure,
-    flag_fragmentation,
-    flag_dataloader_workers,
-    flag_memory_leak,
-    *WHY_FLAGS,
-    flag_mfu_disagree,
-)

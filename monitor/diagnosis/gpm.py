@@ -46,14 +46,14 @@ def util_words(g: GpuSample) -> str:
     return util + (f" · SMs {g.sm_active:.0f}% busy" if g.sm_active is not None else "")
 
 
-def flag_mfu_disagree(f: Facts) -> Finding | None:
+def flag_mfu_disagree(f: Facts, scale: float = 1.0) -> Finding | None:
     """The counter-based and the FLOP-based MFU are 10 points or more apart (CUDA, GPM)."""
     g, w = f.gpm, f.why
     if g is None or g.counter_mfu is None or w is None or w.throughput.mfu is None:
         return None
     flop, counter = w.throughput.mfu, g.counter_mfu
     gap = counter - flop
-    if abs(gap) < T["mfu_disagree"]:
+    if abs(gap) < T["mfu_disagree"] * scale:
         return None
     evidence = (
         f"MFU from the FLOP count {pct(flop, 0)}, from the GPU's counters {pct(counter, 0)} "

@@ -96,7 +96,7 @@ def _theil_sen(series: list[tuple[float, float, float]]) -> tuple[float, float] 
     """(median pairwise slope, Kendall's tau) of (value, x, time) points in time order."""
     n = len(series)
     concordant = 0
-    slopes = []
+    slopes: list[float] = []
     for i in range(n - 1):
         vi, xi, _ = series[i]
         for vj, xj, _ in series[i + 1 :]:

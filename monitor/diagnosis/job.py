@@ -12,16 +12,13 @@ from dataclasses import replace
 from typing import Any
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.diagnosis.in_job import rank_diagnosis
+from torchtop.monitor.diagnosis.job_rules import JobFacts
 from torchtop.monitor.diagnosis.report import build_report
-from torchtop.monitor.diagnosis.straggler import (
-    Straggler,
-    find_straggler,
-    rule_communication,
-    scaling,
-    straggler_finding,
-)
+from torchtop.monitor.diagnosis.selection import job_verdict
+from torchtop.monitor.diagnosis.straggler import Straggler, find_straggler, scaling
 from torchtop.monitor.model.job import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
 from torchtop.monitor.model.relayed import coverage, coverage_line, relay_status
@@ -49,20 +46,18 @@ def rank_times(job: JobState, seconds: float = WINDOW_S) -> dict[int, RankTimes]
 def diagnose_job(
     job: JobState, previous: Diagnosis | None = None, seconds: float = WINDOW_S
 ) -> tuple[Diagnosis, Straggler | None]:
-    """The job's verdict (and the straggler behind it, if any) and the aggregate's flags."""
-    return job_verdict(diagnose(job.job, previous), rank_times(job, seconds))
-
-
-def job_verdict(base: Diagnosis, times: dict[int, RankTimes]) -> tuple[Diagnosis, Straggler | None]:
-    """The job rules over the ranks' figures, on top of `base` (the aggregate's diagnosis)."""
-    found = find_straggler(times)
-    if found is not None:
-        return Diagnosis(straggler_finding(found), base.flags, base.steps, base.step_ms), found
-    step = sorted(t.step_ms for t in times.values())[len(times) // 2] if times else 0.0
-    comm = rule_communication(times, step)
-    if comm is not None and base.verdict.kind in ("compute", "unknown"):
-        return Diagnosis(comm, base.flags, base.steps, base.step_ms), None
-    return base, None
+    """The job's verdict (and the straggler behind it, if any) and the aggregate's flags; the
+    job rules run through the catalogue's selection, with its hysteresis (`previous`)."""
+    base = diagnose(job.job, previous)
+    times = rank_times(job, seconds)
+    before = previous.verdict.kind if previous is not None else None
+    verdict = job_verdict(JobFacts(times, base.verdict.kind), before)
+    if verdict is None:
+        return base, None
+    found = None
+    if verdict.kind in ("straggler", "work-imbalance"):
+        found = find_straggler(times, T["hysteresis"] if before == verdict.kind else 1.0)
+    return Diagnosis(verdict, base.flags, base.steps, base.step_ms), found
 
 
 def rank_view(

@@ -101,7 +101,7 @@ def telemetry_report(state: RunState, seconds: float) -> dict[str, Any]:
     )
     memory: dict[str, Any] = {"available": bool(tel and tel.memory)}
     if tel and tel.memory:
-        devices = []
+        devices: list[dict[str, Any]] = []
         for m in tel.memory:
             d = msgspec.to_builtins(m)
             d["window_peak_max"] = state.peak_window.get(m.device, m.window_peak)

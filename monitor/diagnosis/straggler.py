@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Finding
+from torchtop.monitor.diagnosis.facts import Finding, Severity
 from torchtop.monitor.diagnosis.upside import Upside, faster
 from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.rank_stats import RankTimes, Work
@@ -73,7 +73,7 @@ class Straggler:
     wait_ms: float  # the other ranks' median extra collective wait a step
     step_ms: float  # the job's step time
     waiting: int  # ranks that wait for it
-    severity: str
+    severity: Severity
     work: Work | None = None  # its work a step, where its batches were seen
     median_work: Work | None = None  # the median other rank's
 
@@ -122,7 +122,7 @@ class Straggler:
         }
 
 
-def _severity(share: float) -> str | None:
+def _severity(share: float) -> Severity | None:
     if share >= T["straggler_critical"]:
         return "critical"
     if share >= T["straggler_warning"]:
@@ -132,8 +132,9 @@ def _severity(share: float) -> str | None:
     return None
 
 
-def find_straggler(ranks: dict[int, RankTimes]) -> Straggler | None:
-    """The rank the others wait for, if their extra wait is a real share of the step."""
+def find_straggler(ranks: dict[int, RankTimes], scale: float = 1.0) -> Straggler | None:
+    """The rank the others wait for, if their extra wait is a real share of the step (`scale`: the
+    thresholds' factor; the straggler in force keeps its verdict at x0.8, at its lowest band)."""
     judged = {r: t for r, t in ranks.items() if t.steps >= T["min_steps"]}
     if len(judged) < 2:
         return None
@@ -142,9 +143,11 @@ def find_straggler(ranks: dict[int, RankTimes]) -> Straggler | None:
     others = [t for r, t in judged.items() if r != slow]
     wait = median(t.comm_ms - floor for t in others)
     step = median(t.step_ms for t in judged.values())
-    severity = _severity(wait / step) if step > 0 and wait >= T["straggler_min_ms"] else None
-    if severity is None:
+    if step <= 0 or wait < T["straggler_min_ms"] * scale or wait / step < T["straggler_info"] * scale:
         return None
+    severity = (
+        _severity(wait / step) or "info"
+    )  # hysteresis keeps the verdict; it does not raise the severity
     s = judged[slow]
     excess = {p: s.cost(p) - median(t.cost(p) for t in others) for p in OWN_PHASES}
     phase = max(excess, key=lambda p: excess[p])
@@ -233,7 +236,9 @@ class Scaling:
         return self.baseline_ms / self.step_ms
 
     def to_json(self) -> dict[str, object]:
-        share = (lambda x: round(x / self.step_ms, 4)) if self.step_ms > 0 else (lambda x: 0.0)
+        def share(x: float) -> float:
+            return round(x / self.step_ms, 4) if self.step_ms > 0 else 0.0
+
         vs = self.vs_baseline
         return {
             "step_ms": round(self.step_ms, 3),
@@ -260,14 +265,14 @@ def scaling(ranks: dict[int, RankTimes], baseline_ms: float | None = None) -> Sc
     return Scaling(step, compute, floor, wait, baseline_ms)
 
 
-def rule_communication(ranks: dict[int, RankTimes], step_ms: float) -> Finding | None:
+def rule_communication(ranks: dict[int, RankTimes], step_ms: float, scale: float = 1.0) -> Finding | None:
     """Every rank waits in collectives (no one rank to blame): bandwidth, bucket sizes, overlap."""
     judged = [t for t in ranks.values() if t.steps >= T["min_steps"]]
     if len(judged) < 2 or step_ms <= 0:
         return None
     floor = min(t.comm_ms for t in judged)
     share = floor / step_ms
-    if share < T["input_moderate"]:
+    if share < T["input_moderate"] * scale:
         return None
     severity = "critical" if share >= T["input_severe"] else "warning" if share >= T["input_high"] else "info"
     evidence = (

@@ -8,11 +8,10 @@ room, not time. Pure: a Finding and its Facts in, an Upside out.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
+from torchtop.monitor.diagnosis.facts import Facts
 from torchtop.monitor.diagnosis.why import device_busy_ms, host_code_share, sync_evidence
 from torchtop.monitor.model.fmt import size
 from torchtop.monitor.model.hotspots import short_site
@@ -52,11 +51,11 @@ def faster(what: str, step: float, new: float, kind: Kind, note: str = "") -> Up
     return Upside(text, kind, step, new, x)
 
 
-def _data(f: Facts) -> Upside | None:
+def data_upside(f: Facts) -> Upside | None:
     return faster("removing the data wait", f.step_ms, f.step_ms - f.ms.get("data", 0.0), "bound")
 
 
-def _transfer(f: Facts) -> Upside | None:
+def transfer_upside(f: Facts) -> Upside | None:
     h2d = f.ms.get("h2d", 0.0)
     if h2d <= 0:
         return None
@@ -70,7 +69,7 @@ def _transfer(f: Facts) -> Upside | None:
     return replace(got, text=text)
 
 
-def _host_overhead(f: Facts) -> Upside | None:
+def host_overhead_upside(f: Facts) -> Upside | None:
     busy, source = device_busy_ms(f)
     if busy is None or busy <= 0:
         return None
@@ -85,7 +84,7 @@ def _host_overhead(f: Facts) -> Upside | None:
     return replace(got, text=text)
 
 
-def _compute(f: Facts) -> Upside | None:
+def compute_upside(f: Facts) -> Upside | None:
     t = f.why.throughput if f.why is not None else None
     if t is None or t.mfu is None or not t.flops_per_step or not t.peak_tflops:
         return None
@@ -96,7 +95,7 @@ def _compute(f: Facts) -> Upside | None:
     return got
 
 
-def _sync(f: Facts) -> Upside | None:
+def sync_upside(f: Facts) -> Upside | None:
     share, _, _ = sync_evidence(f)
     if share <= 0:
         return None
@@ -109,14 +108,14 @@ def _sync(f: Facts) -> Upside | None:
     )
 
 
-def _outside(f: Facts) -> Upside | None:
+def outside_upside(f: Facts) -> Upside | None:
     """Issue 18's outside-phases verdict, where no stack sample says where yet."""
     return faster(
         "without the time outside the phases", f.step_ms, f.step_ms - f.ms.get("other", 0.0), "bound"
     )
 
 
-def _host_code(f: Facts) -> Upside | None:
+def host_code_upside(f: Facts) -> Upside | None:
     share, sites = host_code_share(f)
     if not sites:
         return None
@@ -130,7 +129,7 @@ def _host_code(f: Facts) -> Upside | None:
     )
 
 
-def _low_mfu(f: Facts) -> Upside | None:
+def low_mfu_upside(f: Facts) -> Upside | None:
     t = f.why.throughput if f.why is not None else None
     if t is None or not t.flops_per_step or not t.peak_tflops:
         return None
@@ -138,21 +137,21 @@ def _low_mfu(f: Facts) -> Upside | None:
     return faster(f"at {GOOD_MFU:.0%} MFU (a well-fed GPU)", f.step_ms, new, "estimate")
 
 
-def _memory_pressure(f: Facts) -> Upside | None:
+def memory_pressure_upside(f: Facts) -> Upside | None:
     if f.mem_total <= 0:
         return None
     left = max(0, f.mem_total - max(f.reserved, f.window_peak))
     return Upside(f"room: {size(left)} left of {size(f.mem_total)} before out-of-memory", "bound")
 
 
-def _fragmentation(f: Facts) -> Upside | None:
+def fragmentation_upside(f: Facts) -> Upside | None:
     free = max(f.frag_free, f.reserved - f.allocated)
     if free <= 0:
         return None
     return Upside(f"up to {size(free)} of the cache usable again for large blocks", "bound")
 
 
-def _memory_leak(f: Facts) -> Upside | None:
+def memory_leak_upside(f: Facts) -> Upside | None:
     g = f.growth
     if g is None or g.span_s <= 0 or g.last <= g.first:
         return None
@@ -162,35 +161,3 @@ def _memory_leak(f: Facts) -> Upside | None:
         left = max(0, f.mem_total - last)
         text += f" (the device fills in ~{left / rate:.0f} min at this rate)"
     return Upside(text, "estimate")
-
-
-UPSIDES: dict[str, Callable[[Facts], Upside | None]] = {
-    "data-loading": _data,
-    "dataloader-workers": _data,
-    "transfer": _transfer,
-    "host-overhead": _host_overhead,
-    "compute": _compute,
-    "sync": _sync,
-    "host-code": _host_code,
-    "outside-phases": _outside,
-    "low-mfu": _low_mfu,
-    "memory-pressure": _memory_pressure,
-    "fragmentation": _fragmentation,
-    "memory-leak": _memory_leak,
-}
-
-
-def with_upside(finding: Finding, f: Facts) -> Finding:
-    rule = UPSIDES.get(finding.kind)
-    if rule is None or finding.upside is not None:
-        return finding
-    try:
-        up = rule(f)
-    except (ArithmeticError, ValueError):
-        up = None
-    return finding if up is None else replace(finding, upside=up)
-
-
-def with_upsides(d: Diagnosis, f: Facts) -> Diagnosis:
-    """The diagnosis with each verdict's and flag's upside."""
-    return replace(d, verdict=with_upside(d.verdict, f), flags=tuple(with_upside(x, f) for x in d.flags))

@@ -13,9 +13,8 @@ force is re-judged with its thresholds x0.8 (hysteresis), so it does not flap on
 
 from __future__ import annotations
 
-from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding, Severity, worker_busy
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.why import WHY_VERDICTS, refine
+from torchtop.monitor.diagnosis.facts import Facts, Finding, Severity, worker_busy
 from torchtop.monitor.model.fmt import pct
 
 COMPUTE = ("forward", "backward", "optimizer")
@@ -69,7 +68,7 @@ def outside_dominates(f: Facts, scale: float = 1.0) -> bool:
 
 def notes(f: Facts) -> list[str]:
     """Small data and transfer waits, as lines under a headline that is not about them."""
-    out = []
+    out: list[str] = []
     for key, words in (("data", "data wait"), ("h2d", "host-to-device copies")):
         share = f.shares.get(key, 0.0)
         if share >= T["input_moderate"]:
@@ -112,7 +111,7 @@ def rule_data(f: Facts, scale: float = 1.0) -> Finding | None:
         evidence.append("no DataLoader worker processes: loading runs on the training process")
     elif f.workers and f.worker_cpu is not None:
         evidence.append(f"{_workers(f.workers, f.worker_cpu, f.worker_wait)} on average ({f.cores} cores)")
-    advice = []
+    advice: list[str] = []
     more = _loader_advice(f)
     if more:
         advice.append(more)
@@ -175,7 +174,7 @@ def rule_outside(f: Facts, scale: float = 1.0) -> Finding | None:
     if f.device == "cuda" and f.gpu_util is not None:
         evidence.append(f"GPU busy only {f.gpu_util:.0f}% of the time (NVML)")
     evidence += notes(f)
-    advice = []
+    advice: list[str] = []
     if untimed_input:
         advice.append(
             "wrap the input: `for batch in torchtop.agent.data(batches):` times it as data wait, "
@@ -217,7 +216,7 @@ def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
     return Finding("host-overhead", severity, 1.0 - f.gpu_util / 100.0, tuple(evidence), advice)
 
 
-def rule_compute(f: Facts) -> Finding:
+def rule_compute(f: Facts, scale: float = 1.0) -> Finding:
     """The healthy headline: the model's own work fills the step (on CUDA: keeps the GPU busy)."""
     share = compute_share(f)
     evidence = [f"forward+backward+optimizer are {pct(share, 0)} of step time ({f.step_ms:.1f} ms a step)"]
@@ -254,24 +253,3 @@ def rule_compute(f: Facts) -> Finding:
             "train on a GPU if one is available",
         )
     return Finding("compute", "ok", share, tuple(evidence), advice)
-
-
-VERDICT_RULES = {
-    "data-loading": rule_data,
-    "transfer": rule_transfer,
-    "outside-phases": rule_outside,
-    "host-overhead": rule_host_overhead,
-}
-VERDICT_RULES.update(WHY_VERDICTS)  # sync, host-code: why.py
-
-
-def primary(f: Facts, previous: str | None = None) -> Finding:
-    """The verdict: the worst bottleneck past its threshold, else compute (the healthy case)."""
-    found = []
-    for kind, rule in VERDICT_RULES.items():
-        result = rule(f, T["hysteresis"] if kind == previous else 1.0)
-        if result is not None:
-            found.append(result)
-    if not found:
-        return refine(rule_compute(f), f)
-    return refine(max(found, key=lambda x: (SEVERITY_RANK[x.severity], x.kind == previous, x.share)), f)

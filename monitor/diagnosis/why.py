@@ -82,8 +82,8 @@ def sync_evidence(f: Facts) -> tuple[float, list[str], list[str]]:
     if w is None or not w.enough or not w.fold.sync:
         return 0.0, [], []
     share = w.fold.sync_share()
-    evidence = []
-    calls = set()
+    evidence: list[str] = []
+    calls: set[str] = set()
     for rec, site, s_share in _sync_sites(w)[:3]:
         per_call = ""
         if rec is not None and rec.steps:
@@ -141,7 +141,7 @@ def rule_sync(f: Facts, scale: float = 1.0) -> Finding | None:
     return Finding("sync", severity, share, tuple(evidence), tuple(advice))
 
 
-def flag_sync(f: Facts) -> Finding | None:
+def flag_sync(f: Facts, scale: float = 1.0) -> Finding | None:
     """The same below the verdict's threshold: a flag from 5% of the step."""
     share, evidence, advice = sync_evidence(f)
     if share < T["sync_flag"] or (share >= T["input_high"] and not gpu_bound(f)):
@@ -185,7 +185,7 @@ def rule_host_code(f: Facts, scale: float = 1.0) -> Finding | None:
     return Finding("host-code", severity, share, tuple(evidence), advice)
 
 
-def flag_low_mfu(f: Facts) -> Finding | None:
+def flag_low_mfu(f: Facts, scale: float = 1.0) -> Finding | None:
     """NVML says busy; the FLOPs say little useful work: small kernels, or memory-bound ones."""
     w = f.why
     if w is None or f.device != "cuda":
@@ -241,10 +241,6 @@ def refine(verdict: Finding, f: Facts) -> Finding:
     if not extra:
         return verdict
     return replace(verdict, evidence=(*verdict.evidence, *extra))
-
-
-WHY_VERDICTS = {"sync": rule_sync, "host-code": rule_host_code}
-WHY_FLAGS = (flag_sync, flag_low_mfu)
 
 
 def why_report(state: RunState, steps: list[StepRecord], seconds: float) -> dict[str, object]:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import zmq
 
 from torchtop.agent.contract import wire
+from torchtop.agent.contract.request_commands import Command
 from torchtop.monitor.link.targets import Endpoint, rediscover
 from torchtop.monitor.model.budget import StepBudget
 from torchtop.monitor.model.log_replay import LogReplay
@@ -178,21 +179,21 @@ class AgentClient:
         )
 
     def hello(self, timeout: float = 3.0) -> wire.Hello:
-        reply = self.request("hello", timeout=timeout)
+        reply = self.request(Command.HELLO, timeout=timeout)
         if not reply.ok or reply.hello is None:
             raise AgentUnreachable(f"agent refused hello: {reply.error or 'no hello in reply'}")
         return reply.hello
 
     def memory(self, timeout: float = 3.0) -> list[wire.MemoryLow]:
         """The agent's per-second memory lows (the last ten minutes), for the leak rule."""
-        reply = self.request("memory", timeout=timeout)
+        reply = self.request(Command.MEMORY, timeout=timeout)
         return list(reply.memory) if reply.ok else []
 
     def snapshot(self, max_steps: int = 10_000, timeout: float = 5.0) -> Snapshot:
         """The agent's recent history, replayed afresh: the last `max_steps` steps beside the
         reply. The stream's replay then continues from the snapshot's last chunk (batches it
         covers are skipped), so a snapshot is current even after a gap in the stream."""
-        reply = self.request("snapshot", {"max_steps": max_steps}, timeout=timeout)
+        reply = self.request(Command.SNAPSHOT, {"max_steps": max_steps}, timeout=timeout)
         steps: list[StepRecord] = []
         if reply.ok:
             replay = LogReplay(reply.run_id)

@@ -31,7 +31,7 @@ class StepBudget:
         if self.at is not None:
             self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
         self.at = now
-        out = []
+        out: list[LogChunk] = []
         for c in chunks:
             n = max(0, c.steps - self.steps) if self.steps else c.steps
             if c.steps >= self.steps:

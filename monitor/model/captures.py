@@ -132,7 +132,7 @@ def fetch_from(
             parts = urlsplit(first)
             host, user, port = parts.hostname, parts.username, parts.port
         except ValueError:
-            host = None
+            host, user, port = None, None, None
         if host:
             host = url_host(host)
             return (f"{user}@{host}" if user else host), (["-P", str(port)] if port else [])

@@ -1,3 +1,5 @@
+# pyright: basic
+# basic, not strict: reads the report as a dict until the report is typed
 """`torchtop compare`: runs side by side, each against the first. Pure: reports in, rows out.
 
 Each run is summed up by its report (diagnosis/report.py, over the run past warm-up); a row
@@ -84,7 +86,9 @@ class Row:
     unit: str
     better: Better | None
     values: list[float | None]
-    changes: list[dict[str, Any] | None] = field(default_factory=list)  # per run after the first
+    changes: list[dict[str, Any] | None] = field(
+        default_factory=list[dict[str, Any] | None]
+    )  # per run after the first
 
 
 def change(base: float | None, value: float | None, better: Better | None) -> dict[str, Any] | None:

@@ -106,7 +106,7 @@ def buckets(values: list[float], width: int) -> list[float]:
     if len(values) <= width or width <= 0:
         return list(values)
     step = len(values) / width
-    out = []
+    out: list[float] = []
     for k in range(width):
         chunk = values[int(k * step) : max(int(k * step) + 1, int((k + 1) * step))]
         out.append(sum(chunk) / len(chunk))

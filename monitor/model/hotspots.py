@@ -57,14 +57,18 @@ class FunctionShare(SiteShare):
 class Fold:
     samples: int = 0  # samples inside the steps
     late: int = 0  # of which came late (the training thread held the GIL)
-    by_phase: dict[str, int] = field(default_factory=dict)
-    sites: dict[str, list[SiteShare]] = field(default_factory=dict)  # per phase, the top sites
-    host_sites: dict[str, list[SiteShare]] = field(default_factory=dict)  # the same, not blocked on the GPU
+    by_phase: dict[str, int] = field(default_factory=dict[str, int])
+    sites: dict[str, list[SiteShare]] = field(
+        default_factory=dict[str, list[SiteShare]]
+    )  # per phase, the top sites
+    host_sites: dict[str, list[SiteShare]] = field(
+        default_factory=dict[str, list[SiteShare]]
+    )  # the same, not blocked on the GPU
     sync: int = 0  # samples blocked at a synchronising call
-    sync_by_site: dict[str, int] = field(default_factory=dict)
-    sync_by_phase: dict[str, int] = field(default_factory=dict)
+    sync_by_site: dict[str, int] = field(default_factory=dict[str, int])
+    sync_by_phase: dict[str, int] = field(default_factory=dict[str, int])
     # per phase, the user's functions the samples not blocked on the device were in, most first
-    functions: dict[str, list[FunctionShare]] = field(default_factory=dict)
+    functions: dict[str, list[FunctionShare]] = field(default_factory=dict[str, int])
     inputs: int = 0  # `other` samples resuming the loop's input generator (data wait no hook timed)
     input_sites: list[SiteShare] = field(default_factory=list)  # where in the generator
 
@@ -95,7 +99,7 @@ def in_steps(samples: Iterable[tuple[float, StackSample]], steps: Sequence[StepR
     starts = [s.t0 for s in steps]
     ends = [s.t0 + s.wall_ns / 1e9 for s in steps]
     lo, hi = starts[0], ends[-1]
-    out = []
+    out: list[StackSample] = []
     for t, sample in samples:
         if t < lo or t >= hi:
             continue

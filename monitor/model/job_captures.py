@@ -31,7 +31,7 @@ class Round:
     at_step: int
     steps: int
     keys: list[str]
-    ids: dict[str, int] = field(default_factory=dict)  # member -> its capture id
+    ids: dict[str, int] = field(default_factory=dict[str, int])  # member -> its capture id
     announced: bool = False
 
 
@@ -107,7 +107,7 @@ def round_summary(job: JobState, caps: JobCaptures) -> list[str]:
     r = caps.round
     if r is None:
         return []
-    rows = []
+    rows: list[tuple[int, CaptureInfo, float | None, float | None]] = []
     for key in r.keys:
         m = job.members.get(key)
         got = caps.captures(key)

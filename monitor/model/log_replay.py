@@ -1,3 +1,5 @@
+# pyright: basic
+# basic, not strict: feeds the recorder's raw step tuples (replay.py)
 """Log chunks to steps: each chunk of an agent's log replayed once and in order (replay.py).
 
 Chunks arrive from snapshots and from the stream, overlapping and sometimes with gaps; here

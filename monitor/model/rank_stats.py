@@ -182,7 +182,7 @@ class RankStats:
         cur = secs[-1]
         begin = (cur.t + 1 if end is None else end) - seconds
         total = [0.0] * SIZE
-        if secs[0].t <= begin or len(secs) < secs.maxlen:  # the seconds reach back far enough
+        if secs[0].t <= begin or len(secs) < (secs.maxlen or 0):  # the seconds reach back far enough
             chosen: list[Bucket] = [b for b in secs if b.t + 1 > begin]
         else:
             k = 1 if self.levels[1] and self.levels[1][0].t <= begin else 2

@@ -31,17 +31,17 @@ class RankRow(NamedTuple):
     status: str  # connected / stale / agent gone / waiting
     figures: dict[str, float]  # ms a step by COLUMNS
     mem_peak: int  # bytes: CUDA peak allocated, else the process RSS; 0 unknown
-    gpu_util: float  # NVML percent, -1 unknown
+    gpu_util: float | None  # NVML percent, None unknown
     strip: str  # one block a bucket, oldest first
     steps: int
 
 
 @dataclass
 class RanksView:
-    rows: list[RankRow] = field(default_factory=list)  # by rank
-    median: dict[str, float] = field(default_factory=dict)  # the median rank's figures
-    slowest: list[int] = field(default_factory=list)  # ranks, slowest first (by own time)
-    nodes: dict[str, list[int]] = field(default_factory=dict)  # node -> its ranks
+    rows: list[RankRow] = field(default_factory=list[RankRow])  # by rank
+    median: dict[str, float] = field(default_factory=dict[str, float])  # the median rank's figures
+    slowest: list[int] = field(default_factory=list[int])  # ranks, slowest first (by own time)
+    nodes: dict[str, list[int]] = field(default_factory=dict[str, list[int]])  # node -> its ranks
     bucket_s: int = 10
 
 
@@ -56,10 +56,10 @@ def figures(t: RankTimes) -> dict[str, float]:
     }
 
 
-def _telemetry(m: Member) -> tuple[int, float]:
+def _telemetry(m: Member) -> tuple[int, float | None]:
     tel = m.state.telemetry
     if tel is None:
-        return 0, -1.0
+        return 0, None
     mem = tel.memory[0] if tel.memory else None
     peak = m.state.peak_window.get(mem.device, mem.peak_allocated) if mem else 0
     if mem is None and tel.host is not None:
@@ -67,7 +67,7 @@ def _telemetry(m: Member) -> tuple[int, float]:
     gpu = next(
         (g for g in tel.gpus if mem is not None and g.index == mem.device), tel.gpus[0] if tel.gpus else None
     )
-    return peak, gpu.util_gpu if gpu is not None else -1.0
+    return peak, gpu.util_gpu if gpu is not None else None
 
 
 def block(ratio: float) -> str:

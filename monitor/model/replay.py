@@ -1,3 +1,5 @@
+# pyright: basic
+# basic, not strict: the recorder's raw step tuples are untyped for speed (a typed record per step costs the replay)
 """The monitor's side of step timing: replays an agent's log into steps.
 
 The training thread logs times and codes (agent/hooks/probe.py); here they become steps with
@@ -143,7 +145,7 @@ class StepRecorder:
         out, self.out = self.out, []
         return out
 
-    def _entry(self, code: int, now: int, e: tuple | None) -> None:
+    def _entry(self, code: int, now: int, e: Any) -> None:  # e: the packed tuple entry, or None
         """Any entry, tuples included (those carry device times, bytes, marks)."""
         if now < 0:
             raise ValueError("negative time stamp")
@@ -260,7 +262,7 @@ class StepRecorder:
         self._cur = self._stack.pop() if self._stack else -1
         self._cur_t = now
 
-    def forward_start(self, root: int, grad: bool, now: int, ms: float | None = None) -> None:
+    def forward_start(self, root: int, grad: int, now: int, ms: float | None = None) -> None:
         """A root module's forward begins: tells train from evaluation, then opens FORWARD.
 
         No-grad forwards with no backward or optimizer in the step make it an `eval` step;

@@ -84,9 +84,11 @@ class RunState:
     new_runs: int = 0
     telemetry: Telemetry | None = None  # the latest memory / GPU / host samples
     points: deque[Point] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    peak_window: dict[int, int] = field(default_factory=dict)  # per device: highest window peak seen
+    peak_window: dict[int, int] = field(
+        default_factory=dict[int, int]
+    )  # per device: highest window peak seen
     # the agent's per-second memory lows from before we joined (a snapshot, a `memory` request)
-    memory_lows: list[MemoryLow] = field(default_factory=list)
+    memory_lows: list[MemoryLow] = field(default_factory=list[MemoryLow])
     why: WhyState = field(default_factory=WhyState)  # stack samples, sync detection, FLOPs
     tally: RunTally = field(default_factory=RunTally)  # every step counted, the whole run
     bad_requests: int = 0  # what the agent refused (from its batches)
@@ -208,7 +210,7 @@ class RunState:
         the FLOP count slowed: they are not the run's pace)."""
         horizon = self.agent_time - seconds
         excluded = self.why.excluded
-        out = []
+        out: list[StepRecord] = []
         for s in reversed(self.steps):
             if s.t0 + s.wall_ns / 1e9 < horizon:
                 break
@@ -338,7 +340,7 @@ def recent_points(state: RunState, seconds: float) -> list[Point]:
     if not state.points:
         return []
     horizon = state.points[-1].time - seconds
-    out = []
+    out: list[Point] = []
     for p in reversed(state.points):
         if p.time < horizon:
             break

@@ -12,6 +12,7 @@ from typing import Any
 
 from textual.app import App
 
+from torchtop.agent.contract.request_commands import Command
 from torchtop.agent.contract.wire import Batch, CaptureKind, CaptureState
 from torchtop.monitor.link.targets import Endpoint
 from torchtop.monitor.model.captures import (
@@ -48,7 +49,7 @@ class CaptureApp(App[int]):
                 self.notify(toast_text(finished), title="capture done", timeout=10)
             else:
                 self.notify(toast_text(finished), title="capture failed", severity="error", timeout=10)
-            self.ask("capture-status")  # the list (and the Captures screen) with its summary
+            self.ask(Command.CAPTURE_STATUS)  # the list (and the Captures screen) with its summary
         if isinstance(self.screen, CapturesScreen):
             self._refresh_captures()
 
@@ -57,7 +58,7 @@ class CaptureApp(App[int]):
         if reply is None:
             self.notify(message.error, title=f"{message.cmd}: no answer", severity="error", timeout=8)
             return
-        if message.cmd == "capture-status":
+        if message.cmd == Command.CAPTURE_STATUS:
             if reply.ok:
                 self.captures.merge(reply.captures)
         elif reply.ok:
@@ -70,7 +71,7 @@ class CaptureApp(App[int]):
         self._refresh_captures()
 
     def on_captures_screen_refresh_wanted(self, _message: CapturesScreen.RefreshWanted) -> None:
-        self.ask("capture-status")
+        self.ask(Command.CAPTURE_STATUS)
 
     def _refresh_captures(self) -> None:
         self._refresh_status()
@@ -83,10 +84,10 @@ class CaptureApp(App[int]):
         screen.note = progress_text(active) if active is not None else ""
 
     def action_profile(self) -> None:
-        self.ask("capture-profile", {"steps": self.capture_steps})
+        self.ask(Command.CAPTURE_PROFILE, {"steps": self.capture_steps})
 
     def action_memory_snapshot(self) -> None:
-        self.ask("capture-memory", {"steps": self.capture_steps})
+        self.ask(Command.CAPTURE_MEMORY, {"steps": self.capture_steps})
 
     def action_steps(self, direction: int) -> None:
         self.capture_steps = next_steps(self.capture_steps, direction > 0)

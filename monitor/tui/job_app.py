@@ -23,6 +23,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static, TabPane
 from textual.worker import get_current_worker
 
+from torchtop.agent.contract.request_commands import Command
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, rank_view, window_end
@@ -138,7 +139,7 @@ class JobApp(TorchtopApp):
             self.notify(f"{who}: {error}", title=f"{cmd}: no answer", severity="error", timeout=8)
         elif not reply.ok:
             self.notify(f"{who}: {reply.error}", title=f"{cmd} refused", severity="warning", timeout=8)
-        elif cmd == "capture-status":
+        elif cmd == Command.CAPTURE_STATUS:
             self.job_captures.book(key).merge(reply.captures)
         elif cmd.startswith("capture-"):
             self.job_captures.requested(key, reply.capture)
@@ -162,10 +163,10 @@ class JobApp(TorchtopApp):
         self.job_requests.put((cmd, args, keys))
 
     def action_profile(self) -> None:
-        self._capture("capture-profile")
+        self._capture(Command.CAPTURE_PROFILE)
 
     def action_memory_snapshot(self) -> None:
-        self._capture("capture-memory")
+        self._capture(Command.CAPTURE_MEMORY)
 
     def _round_done(self) -> None:
         r = self.job_captures.round
@@ -201,7 +202,7 @@ class JobApp(TorchtopApp):
         screen.note = "\n".join(summary) if summary else (progress_text(active) if active is not None else "")
 
     def on_captures_screen_refresh_wanted(self, _message: CapturesScreen.RefreshWanted) -> None:
-        self.job_requests.put(("capture-status", {}, [m.key for m in self.job.live()]))
+        self.job_requests.put((Command.CAPTURE_STATUS, {}, [m.key for m in self.job.live()]))
 
     def on_ranks_panel_chosen(self, message: RanksPanel.Chosen) -> None:
         self.show_member(message.key)

@@ -15,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from torchtop.monitor.tui.widgets.verdict_panel import FLAG_WORDS, VERDICT_WORDS
+from torchtop.monitor.diagnosis.catalogue import HELP_FLAGS, HELP_VERDICTS
 
 PANELS: tuple[tuple[str, str], ...] = (
     (
@@ -26,9 +26,9 @@ PANELS: tuple[tuple[str, str], ...] = (
     (
         "verdict",
         "what holds the step back, one of: "
-        + ", ".join(head.lower() for kind, (head, _) in VERDICT_WORDS.items() if kind != "unknown")
+        + ", ".join(HELP_VERDICTS)
         + "; with the numbers, where in your code, what a fix would buy and what to try. Flags: "
-        + ", ".join(FLAG_WORDS.values()),
+        + ", ".join(HELP_FLAGS),
     ),
     (
         "phases",

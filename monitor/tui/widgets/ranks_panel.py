@@ -57,7 +57,7 @@ def _cells(
         return text
     if not compact:
         text.append(f"{fmt.size(row.mem_peak) if row.mem_peak else '—':>10} ", style="")
-        text.append(f"{row.gpu_util:>4.0f}% " if row.gpu_util >= 0 else "   — ", style="")
+        text.append(f"{row.gpu_util:>4.0f}% " if row.gpu_util is not None else "   — ", style="")
     strip = row.strip[-COMPACT_STRIP:] if compact else row.strip
     text.append(strip, style="red" if any(b in strip for b in "▆▇█") else "cyan")
     if row.status != "connected":

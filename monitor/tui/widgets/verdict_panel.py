@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from torchtop.monitor.diagnosis.catalogue import FLAG_WORDS, VERDICT_WORDS
 from torchtop.monitor.diagnosis.facts import Diagnosis, Finding
 from torchtop.monitor.model import fmt
 
@@ -25,38 +26,6 @@ SEVERITY_STYLES = {
     "unknown": "bright_black",
 }
 SEVERITY_CLASSES = tuple(f"-{s}" for s in SEVERITY_STYLES)
-
-#: (headline, what it means) per verdict kind.
-VERDICT_WORDS: dict[str, tuple[str, str]] = {
-    "data-loading": ("Data-loading bound", "the training thread waits on the input pipeline"),
-    "transfer": ("Transfer bound", "host-to-device copies take a large share of each step"),
-    "outside-phases": (
-        "Outside the measured phases",
-        "most of each step is spent outside data/forward/backward/optimizer",
-    ),
-    "compute": ("Compute bound", "the model's own work fills the step: the healthy case"),
-    "host-overhead": ("Host-overhead bound", "the GPU idles while Python launches kernels"),
-    "straggler": ("Straggler", "one rank holds every other rank back"),
-    "work-imbalance": (
-        "Work imbalance",
-        "one rank is given more work a step than the others, who wait for it",
-    ),
-    "waiting": ("Waiting for a straggler", "this rank waits in collectives for a slower rank of its job"),
-    "communication": ("Communication bound", "every rank waits in collectives its compute does not hide"),
-    "sync": ("Sync stalls", "the host waits for the GPU at a call of yours; the GPU then waits for the host"),
-    "host-code": ("Host-code bound", "your Python between the phases holds the step back"),
-    "unknown": ("Warming up", "not judged yet"),
-}
-
-FLAG_WORDS = {
-    "memory-pressure": "memory pressure",
-    "fragmentation": "allocator fragmentation",
-    "dataloader-workers": "DataLoader workers",
-    "memory-leak": "memory keeps growing",
-    "sync": "waits on the GPU",
-    "low-mfu": "busy, little useful work",
-    "mfu-disagree": "MFU: counters and FLOPs disagree",
-}
 
 
 def verdict_title(d: Diagnosis | None) -> str:
