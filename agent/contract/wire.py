@@ -16,6 +16,12 @@ from torchtop.agent.contract.numbers import FLOAT_LIMIT, bad_number
 
 PROTOCOL_VERSION = 5
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: A monitor subscribes to this topic beside everything (b""): someone watches, so the agent's
+#: why probes (stack samples, sync windows) and its watched tick rate run. A node's relay
+#: subscribes to everything alone: the stream flows at the quiet rate and the probes rest, unless
+#: a monitor drills into the rank through the relay. No message starts with it (a msgpack
+#: struct starts with a map or array header; 0xfe is a negative fixint).
+WATCH_TOPIC = b"\xfewatch"
 #: The most steps a `snapshot` request may ask for.
 SNAPSHOT_MAX_STEPS = 16_000
 

@@ -90,6 +90,7 @@ class AgentLoop(threading.Thread):
         self.history = LogHistory()
         self.counter = StepCounter()  # every step of the run, counted (for late joiners)
         self.subscribed = False  # anyone on the batch stream (XPUB tells first join, last leave)
+        self.watched = False  # a monitor among them (wire.WATCH_TOPIC), not only a node's relay
         self._catch_up = False
         self._stream_frames = STREAM_FRAMES_PER_WINDOW
         self.bad_stream_frames = 0  # frames on the stream port that are not a (un)subscription to all
@@ -120,7 +121,7 @@ class AgentLoop(threading.Thread):
         """Seconds to the next tick: RATE_HZ while watched if the ticks are cheap, slower so that
         they take at most TICK_SHARE of the time, QUIET_RATE_HZ when nobody is subscribed."""
         slowest = max(self.period, 1.0 / QUIET_RATE_HZ)
-        if not self.subscribed:
+        if not self.watched:  # nobody, or only a node's relay (its summaries are 1-2 Hz)
             return slowest
         return min(slowest, max(self.period, self.tick_ns / 1e9 / TICK_SHARE))
 
@@ -237,6 +238,11 @@ class AgentLoop(threading.Thread):
                     self.subscribed, self._catch_up, joined = True, True, True
             elif msg == b"\x00":
                 self.subscribed = False
+            elif msg == b"\x01" + wire.WATCH_TOPIC:
+                if not self.watched:  # a monitor, maybe beside a relay: its catch-up too
+                    self.watched, self._catch_up, joined = True, True, True
+            elif msg == b"\x00" + wire.WATCH_TOPIC:
+                self.watched = False
             else:
                 self.bad_stream_frames += 1
         return joined
@@ -284,7 +290,7 @@ class AgentLoop(threading.Thread):
             resolver.pool.top_up()
         if self.captures is not None:
             self.captures.poll()
-        attended = self.subscribed or self._catch_up
+        attended = self.watched or self._catch_up  # the why probes and fast telemetry: for a monitor
         if self.why is not None:
             self.why.tick(attended)
         sampled = False
@@ -298,7 +304,7 @@ class AgentLoop(threading.Thread):
         recorder = self.recorder
         if recorder is not None:
             self._record_hello(recorder)
-        if not attended:
+        if not (self.subscribed or self._catch_up):
             # nobody listens: the chunks wait in the history; nothing is sent, and only a
             # recording gets a batch (encoded on its own thread)
             if recorder is not None and (new or sampled):

@@ -69,6 +69,7 @@ class AgentClient:
         self.sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         self.sub.setsockopt(zmq.RCVHWM, 10_000)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.setsockopt(zmq.SUBSCRIBE, wire.WATCH_TOPIC)  # a monitor watches: the agent's probes run
         self._secure(self.sub)
         self.sub.connect(self.endpoint.pub_address)
 

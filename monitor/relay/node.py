@@ -323,7 +323,17 @@ class Relay:
                     rank = int(msg[2:-1])
                 except ValueError:
                     continue
-                (self.following.add if msg[0] == 1 else self.following.discard)(rank)
+                on = msg[0] == 1
+                if on != (rank in self.following):  # XPUB_VERBOSE repeats joins: act on a change only
+                    (self.following.add if on else self.following.discard)(rank)
+                    self._watch(rank, on)
+
+    def _watch(self, rank: int, on: bool) -> None:
+        """A monitor drills into `rank` through the relay: the rank is watched (its why probes run)
+        while it does; the relay alone leaves them resting (wire.WATCH_TOPIC)."""
+        for r in self.ranks.values():
+            if r.summarizer.rank == rank:
+                r.sub.setsockopt(zmq.SUBSCRIBE if on else zmq.UNSUBSCRIBE, wire.WATCH_TOPIC)
 
     def summary(self, now: float) -> wire.NodeSummary:
         for r in self.ranks.values():

@@ -229,6 +229,7 @@ SUBSCRIBER = """
 import sys, zmq
 sub = zmq.Context().socket(zmq.SUB)
 sub.setsockopt(zmq.SUBSCRIBE, b"")
+sub.setsockopt(zmq.SUBSCRIBE, b"\\xfewatch")  # a monitor watches (wire.WATCH_TOPIC)
 sub.connect(sys.argv[1])  # the agent's ipc stream: the same path (same pid) across restarts
 while True:
     sub.recv()
