@@ -102,7 +102,9 @@ def _rank_entry(
     hello = m.hello
     report = build_report(m.state, seconds, m.key, window=window)
     job_diagnosis, found, times = judged
-    if m.hello is not None:  # its rank is known (-1 before its hello): its line agrees with the job's
+    # the rank's line agrees with the job's. m.rank is an int (-1 before a hello), never None: the
+    # test is on the hello (job.ranked() hands only members with one, so none is skipped today)
+    if m.hello is not None:
         report |= rank_view(job_diagnosis, diagnose(m.state), m.rank, found, times).to_json()
     t = m.stats.window(window)
     keep = (
