@@ -150,7 +150,7 @@ def _clean_sockets(fd: int) -> None:
 
     uid = os.geteuid() if hasattr(os, "geteuid") else None
     for name in os.listdir(fd):
-        stem, dot, kind = name.rpartition(".")
+        stem, _, kind = name.rpartition(".")
         pid_text = stem.removeprefix("agent-")
         if kind not in ("req", "pub") or not stem.startswith("agent-") or not pid_text.isdigit():
             continue

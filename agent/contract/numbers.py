@@ -15,7 +15,8 @@ Imports only msgspec and the standard library.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import msgspec
 import msgspec.inspect as mi
@@ -24,6 +25,8 @@ from torchtop.agent.contract.logcodes import MARK, MASK
 
 FLOAT_LIMIT = 1e15
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1
+# the builtin, typed: type(x) of an Any is type[Unknown] to pyright, and a cast() costs a call a number
+_type: Callable[[object], type[Any]] = type
 
 
 def _bad_float(x: float) -> bool:
@@ -70,9 +73,9 @@ _FIELDS: dict[type, tuple[str, ...]] = {}
 _FREE_FORM = {("CaptureInfo", "summary")}
 
 
-def _is_log(cls: type) -> bool:
+def _is_log(cls: type[msgspec.Struct]) -> bool:
     """A LogChunk (wire.py imports this module, so it is known by its fields)."""
-    fields = cls.__struct_fields__  # type: ignore[attr-defined]
+    fields = cls.__struct_fields__
     return fields[-2:] == ("entries", "pairs")
 
 
@@ -88,7 +91,7 @@ def bad_number(obj: Any) -> str | None:
 
 def _check(obj: Any) -> list[Any] | None:
     """None, or [value, innermost part, ..., outermost part] of the first bad number."""
-    kind = type(obj)
+    kind = _type(obj)
     if kind is float:
         return [obj] if _bad_float(obj) else None
     if kind is int:  # msgpack carries up to 2**64 - 1: readers take int64 (an index's array('q'))
@@ -104,18 +107,19 @@ def _check(obj: Any) -> list[Any] | None:
                 return _tail(bad, f".{name}")
         return None
     if isinstance(obj, (list, tuple)):
-        kinds = set(map(type, obj))
+        seq = cast("Sequence[Any]", obj)  # an isinstance leaves list[Unknown]
+        kinds = set(map(type, seq))
         if kinds <= _PLAIN:  # the usual case, at C speed
             return None
-        if kinds <= _NUMBERS and _all_in_range(obj):  # figures (per-core CPU): at C speed too
+        if kinds <= _NUMBERS and _all_in_range(seq):  # figures (per-core CPU): at C speed too
             return None
-        for k, item in enumerate(obj):
+        for k, item in enumerate(seq):
             bad = _check(item)
             if bad is not None:
                 return _tail(bad, f"[{k}]")
         return None
     if isinstance(obj, dict):
-        for key, value in obj.items():
+        for key, value in cast("dict[Any, Any]", obj).items():
             bad = _check(value)
             if bad is not None:
                 return _tail(bad, f"[{str(key)[:40]!r}]")
@@ -129,7 +133,7 @@ _PLAIN = {int, str, bool}
 _NUMBERS = {int, float, bool}
 
 
-def _all_in_range(xs: list[Any] | tuple[Any, ...]) -> bool:
+def _all_in_range(xs: Sequence[float]) -> bool:
     """NaN and inf make the sum of magnitudes NaN or inf; a huge one shows in the largest."""
     total = sum(map(abs, xs))
     return total == total and total <= FLOAT_LIMIT * len(xs) and max(map(abs, xs)) <= FLOAT_LIMIT
@@ -152,9 +156,10 @@ def _bad_entries(entries: list[Any]) -> list[Any] | None:
     for k, e in enumerate(entries):
         if type(e) is int:
             continue
-        if isinstance(e, (tuple, list)) and e and type(e[0]) is int and len(e) == 3:
-            if e[0] == MARK or e[0] & MASK == MARK:
-                e = e[:2]  # the user's value is theirs, NaN included
+        if isinstance(e, (tuple, list)):
+            t = cast("Sequence[Any]", e)  # an isinstance leaves list[Unknown]
+            if t and type(t[0]) is int and len(t) == 3 and (t[0] == MARK or t[0] & MASK == MARK):
+                e = t[:2]  # the user's value is theirs, NaN included
         bad = _check(e)
         if bad is not None:
             return _tail(bad, f"[{k}]")

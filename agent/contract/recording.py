@@ -125,7 +125,8 @@ def check_header(data: bytes, name: str) -> Header:
 
 
 def _span(versions: tuple[int, ...]) -> str:
-    return f"{versions[0]}-{versions[-1]}" if len(versions) > 1 else str(versions[0])
+    first, last = versions[0], versions[-1]  # before narrowing on len: pyright types a short tuple as ()
+    return f"{first}-{last}" if len(versions) > 1 else str(first)
 
 
 @dataclass

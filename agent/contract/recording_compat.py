@@ -12,9 +12,9 @@ the hello's `cuda_sample_every` is `cuda_event_every`. Imports only msgspec and 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -34,14 +34,16 @@ _hello_v4 = msgspec.msgpack.Decoder(_HelloV4)
 
 def _code_v4(item: Any, packed: bool) -> Any:
     """One log item of protocol 4 in protocol 5's codes (a packed entry, or a pair's code)."""
-    head = item if type(item) is int else (item[0] if isinstance(item, (tuple, list)) and item else None)
+    raw: object = item  # narrowed on its own: `item` stays Any (an isinstance on it is list[Unknown])
+    seq = cast("Sequence[object]", raw) if isinstance(raw, (tuple, list)) else ()
+    head: object = item if type(item) is int else (seq[0] if seq else None)
     if type(head) is not int:
         return item
     code = head & logcodes.MASK if packed else head
     if code != _V4_GRAD:
         return item
     new = head + (logcodes.GRAD - _V4_GRAD)
-    return new if type(item) is int else (new, *item[1:])
+    return new if type(item) is int else (new, *seq[1:])
 
 
 def upgrade_v4(msg: wire.Message, payload: bytes) -> wire.Message:

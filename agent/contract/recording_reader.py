@@ -25,7 +25,7 @@ from typing import overload
 
 from torchtop.agent.contract import wire
 from torchtop.agent.contract.recording import SUFFIX, RecordingError, Segment, iter_segment, read_frame
-from torchtop.agent.contract.recording_store import _RANK, segments
+from torchtop.agent.contract.recording_store import RANK_DIR, segments
 
 NO_TIME = float("-inf")  # a hello's entry in `times`
 
@@ -34,24 +34,24 @@ NO_TIME = float("-inf")  # a hello's entry in `times`
 class _Index:
     """Per message: its segment, offset, batch time (NO_TIME: a hello), step count and run."""
 
-    seg: array = field(default_factory=lambda: array("I"))
-    off: array = field(default_factory=lambda: array("Q"))
-    times: array = field(default_factory=lambda: array("d"))
-    steps: array = field(default_factory=lambda: array("q"))
-    run: array = field(default_factory=lambda: array("I"))
+    seg: array[int] = field(default_factory=lambda: array("I"))
+    off: array[int] = field(default_factory=lambda: array("Q"))
+    times: array[float] = field(default_factory=lambda: array("d"))
+    steps: array[int] = field(default_factory=lambda: array("q"))
+    run: array[int] = field(default_factory=lambda: array("I"))
 
     def __len__(self) -> int:
         return len(self.seg)
 
     def slice(self, lo: int, hi: int) -> _Index:
-        return _Index(*(a[lo:hi] for a in (self.seg, self.off, self.times, self.steps, self.run)))
+        return _Index(self.seg[lo:hi], self.off[lo:hi], self.times[lo:hi], self.steps[lo:hi], self.run[lo:hi])
 
-    def extend(self, other: _Index) -> None:
-        for a, b in zip(
-            (self.seg, self.off, self.times, self.steps, self.run),
-            (other.seg, other.off, other.times, other.steps, other.run),
-        ):
-            a.extend(b)
+    def extend(self, other: _Index) -> None:  # one by one: the times are floats, the rest ints
+        self.seg.extend(other.seg)
+        self.off.extend(other.off)
+        self.times.extend(other.times)
+        self.steps.extend(other.steps)
+        self.run.extend(other.run)
 
 
 class Messages(Sequence[wire.Hello | wire.Batch]):
@@ -100,7 +100,7 @@ class RankRecording:
 
     directory: Path
     messages: Sequence[wire.Hello | wire.Batch] = ()
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list[str])
     thinned_until: float | None = None  # batches before this time are thinned (one step a tick)
     hello: wire.Hello | None = None  # the last run's last hello
     times: Sequence[float] = ()  # per message: its batch time (NO_TIME: a hello)
@@ -118,13 +118,13 @@ def is_recording(path: Path) -> bool:
 
 def ranks(path: Path) -> dict[int, Path]:
     """A job recording's rank directories (rank -> directory); {} for a single rank's."""
-    out = {}
+    out: dict[int, Path] = {}
     try:
         names = os.listdir(path)
     except OSError:
         return {}
     for name in names:
-        m = _RANK.match(name)
+        m = RANK_DIR.match(name)
         if m and (path / name).is_dir():
             out[int(m.group(1))] = path / name
     return dict(sorted(out.items()))
@@ -139,7 +139,7 @@ class _Reader:
         self.warnings: list[str] = []
 
     def track(self, paths: list[Path]) -> tuple[_Index, list[Segment]]:
-        index, read = _Index(), []
+        index, read = _Index(), list[Segment]()
         for path in paths:
             seg = Segment(path)
             number = len(self.files)
@@ -244,7 +244,7 @@ def _last_run(index: _Index, rec: RankRecording, path: Path, runs: list[str]) ->
     return index.slice(start, len(index))
 
 
-def _running_max(steps: array) -> array:
+def _running_max(steps: array[int]) -> array[int]:
     out, n = array("q"), 0
     for s in steps:
         n = max(n, s)
@@ -287,5 +287,5 @@ def open_recording(path: Path) -> dict[int, Path]:
 
 
 def _rank_of(path: Path) -> int:
-    m = _RANK.match(path.name if path.is_dir() else path.parent.name)
+    m = RANK_DIR.match(path.name if path.is_dir() else path.parent.name)
     return int(m.group(1)) if m else 0

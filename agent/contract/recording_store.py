@@ -37,7 +37,7 @@ FULL_SHARE = 0.9
 MAX_SEGMENT_BYTES = 64 << 20
 SEGMENTS = 8  # a track's share is cut into about this many segments: the oldest goes at a time
 _NAME = re.compile(r"^(full|thin)-(\d{6,18})" + re.escape(SUFFIX) + "$")  # 6 digits, more past 999999
-_RANK = re.compile(r"^rank(\d+)$")
+RANK_DIR = re.compile(r"^rank(\d+)$")
 
 
 def rank_dir(path: Path, rank: int) -> Path:

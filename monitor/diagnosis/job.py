@@ -102,7 +102,9 @@ def _rank_entry(
     hello = m.hello
     report = build_report(m.state, seconds, m.key, window=window)
     job_diagnosis, found, times = judged
-    if m.rank is not None:  # the rank's line agrees with the job's
+    # the rank's line agrees with the job's. m.rank is an int (-1 before a hello), never None: the
+    # test is on the hello (job.ranked() hands only members with one, so none is skipped today)
+    if m.hello is not None:
         report |= rank_view(job_diagnosis, diagnose(m.state), m.rank, found, times).to_json()
     t = m.stats.window(window)
     keep = (
@@ -137,11 +139,12 @@ def _rank_entry(
     return entry
 
 
-def work_json(t: RankTimes) -> dict[str, float] | None:
-    """A rank's work a step and its live throughput (tokens/s where its batches have a sequence)."""
+def work_json(t: RankTimes) -> dict[str, float | None] | None:
+    """A rank's work a step and its live throughput (tokens/s where its batches have a sequence;
+    None where they have none)."""
     if t.work is None:
         return None
-    out = t.work.to_json()
+    out: dict[str, float | None] = {**t.work.to_json()}
     per_s = 1000.0 / t.step_ms if t.step_ms > 0 else 0.0
     out["samples_per_s"] = round(t.work.samples * per_s, 2)
     out["tokens_per_s"] = round(t.work.tokens * per_s, 2) if t.work.tokens else None

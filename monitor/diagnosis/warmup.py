@@ -72,13 +72,16 @@ def latency_ms(steps: list[StepRecord]) -> tuple[float, float]:
     walls = sorted(s.wall_ns / 1e6 for s in steps)
     if not walls:
         return 0.0, 0.0
-    at = lambda q: walls[min(len(walls) - 1, round(q * (len(walls) - 1)))]  # noqa: E731
+
+    def at(q: float) -> float:
+        return walls[min(len(walls) - 1, round(q * (len(walls) - 1)))]
+
     return at(0.5), at(0.99)
 
 
 def notes(judged: Judged, state: RunState) -> tuple[str, ...]:
     """The verdict's first evidence lines: what the steps are, how sure it is."""
-    steps, out = judged.steps, []
+    steps, out = judged.steps, list[str]()
     if judged.kind == "eval":
         p50, p99 = latency_ms(steps)
         out.append(

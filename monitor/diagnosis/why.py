@@ -14,6 +14,7 @@ Pure: Facts in, Findings out; thresholds in facts.THRESHOLDS.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -149,7 +150,7 @@ def flag_sync(f: Facts, scale: float = 1.0) -> Finding | None:
     return Finding("sync", "info", share, tuple(evidence), tuple(advice))
 
 
-def host_code_share(f: Facts) -> tuple[float, list[SiteShare]]:
+def host_code_share(f: Facts) -> tuple[float, Sequence[SiteShare]]:
     """(share of the step in `other` not blocked on the device, the sites the samples found there)."""
     w = f.why
     other = f.shares.get("other", 0.0)

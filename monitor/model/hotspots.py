@@ -68,9 +68,9 @@ class Fold:
     sync_by_site: dict[str, int] = field(default_factory=dict[str, int])
     sync_by_phase: dict[str, int] = field(default_factory=dict[str, int])
     # per phase, the user's functions the samples not blocked on the device were in, most first
-    functions: dict[str, list[FunctionShare]] = field(default_factory=dict[str, int])
+    functions: dict[str, list[FunctionShare]] = field(default_factory=dict[str, list[FunctionShare]])
     inputs: int = 0  # `other` samples resuming the loop's input generator (data wait no hook timed)
-    input_sites: list[SiteShare] = field(default_factory=list)  # where in the generator
+    input_sites: list[SiteShare] = field(default_factory=list[SiteShare])  # where in the generator
 
     def input_share(self, other: float) -> float:
         """The share of the step spent resuming the loop's input generator: `other` (the
