@@ -12,6 +12,7 @@ from torchtop.agent.contract import logcodes, wire
 from torchtop.agent.contract import recording as rec
 from torchtop.agent.contract import recording_reader as reader
 from torchtop.agent.contract import recording_store as store
+from torchtop.agent.contract.recording_reader import read_rank
 from torchtop.monitor.model.playback import Playback, load, parse_when
 
 
@@ -166,7 +167,7 @@ def test_played_a_few_messages_at_a_time_loses_no_step(tmp_path: Path) -> None:
     from torchtop.monitor.model.log_replay import LogReplay
 
     write(tmp_path, 30)
-    pb = Playback(store.read_rank(tmp_path / "rank0"))
+    pb = Playback(read_rank(tmp_path / "rank0"))
     whole = [s.i for p in pb.play() for s in p.steps]
     replay, parts = LogReplay(), []
     for k in range(0, len(pb.messages), 8):

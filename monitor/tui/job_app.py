@@ -270,7 +270,7 @@ class JobApp(TorchtopApp):
             return self.job_diagnosis or diagnose(state, self.diagnosis)
         own = diagnose(state, self.diagnosis)
         m = self.shown_member()
-        if self.job_diagnosis is None or m is None or m.rank is None or len(self.job.live()) < 2:
+        if self.job_diagnosis is None or m is None or m.hello is None or len(self.job.live()) < 2:
             return own
         # the rank's verdict agrees with the job's: a rank held by a straggler waits for it
         return rank_view(self.job_diagnosis, own, m.rank, self.straggler, rank_times(self.job))
