@@ -301,3 +301,87 @@ def test_torchrun_under_torchtop_run_opens_the_job_view_in_tmux(
         for pid in pids:
             if _running(pid):
                 psutil.Process(pid).kill()
+
+
+#: A module for `python -m`: a short job that ends by itself (q leaves it running under `run`).
+MODULE = """
+import time, torch
+model = torch.nn.Linear(32, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+end = time.monotonic() + float(__import__("os").environ.get("JOB_SECONDS", "30"))
+while time.monotonic() < end:
+    loss = model(torch.randn(16, 32)).square().mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    time.sleep(0.01)
+print("job: done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("form", ["run -- python -m", "attach"])
+def test_the_readmes_other_tui_forms_in_tmux(tmp_path: Path, runtime_dir: Path, form: str) -> None:
+    """`torchtop run -- python -m pkg.train` with its TUI, and `torchtop attach PID` to a run
+    started with TORCHTOP=1: steps on screen, then q. Under `run` the job goes on and the launcher
+    returns its code when it ends; under `attach` the run goes on after the monitor quits."""
+    if shutil.which("tmux") is None:
+        pytest.skip("needs tmux")
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(textwrap.dedent(MODULE))
+    env = dict(
+        os.environ,
+        TORCHTOP_RUNTIME_DIR=str(runtime_dir),
+        TERM="xterm-256color",
+        PYTHONPATH=str(tmp_path),
+        JOB_SECONDS="30" if form != "attach" else "120",
+    )
+    rc_file = tmp_path / "rc"
+    job = None
+    if form == "attach":
+        job = subprocess.Popen(
+            [sys.executable, "-m", "pkg.train"],
+            env=dict(env, TORCHTOP="1"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while not [a for a in discovery.list_agents() if a["pid"] == job.pid] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        launcher = shlex.join([*_torchtop(), "attach", str(job.pid)])
+    else:
+        launcher = shlex.join(
+            [
+                *_torchtop(),
+                "run",
+                "--log-dir",
+                str(tmp_path / "logs"),
+                "--",
+                sys.executable,
+                "-m",
+                "pkg.train",
+            ]
+        )
+    command = f"{launcher}; echo $? > {shlex.quote(str(rc_file))}"
+    tmux = Tmux(env)
+    session = "form"
+    try:
+        new_session(tmux, session, (120, 40), runtime_dir, command)
+        screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)))
+        assert tmux.alive(session), f"the TUI exited early:\n{screen}"
+        assert step_time_shown(screen), f"no steps on screen:\n{screen}"
+        tmux("send-keys", "-t", session, "q")
+        deadline = time.monotonic() + 90
+        while not rc_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert rc_file.exists(), f"still open after q:\n{tmux.screen(session)}"
+        assert rc_file.read_text().strip() == "0"
+        if job is not None:
+            assert job.poll() is None, "attach's q stopped the run"
+        else:
+            log = "\n".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
+            assert "job: done" in log, log[-2000:]  # q left the job running to its end
+    finally:
+        tmux.kill_server()
+        if job is not None:
+            job.kill()
+            job.wait()
