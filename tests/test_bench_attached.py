@@ -83,8 +83,13 @@ def test_watched_ticks_slow_down_to_keep_their_cpu_under_the_share() -> None:
 
     from torchtop.agent.loop.loop import QUIET_RATE_HZ, RATE_HZ, TICK_SHARE, AgentLoop
 
-    def period(subscribed: bool, tick_s: float) -> float:
-        loop = SimpleNamespace(period=1 / RATE_HZ, subscribed=subscribed, tick_ns=tick_s * 1e9)
+    def period(watched: bool, tick_s: float, subscribed: bool | None = None) -> float:
+        loop = SimpleNamespace(
+            period=1 / RATE_HZ,
+            subscribed=watched if subscribed is None else subscribed,
+            watched=watched,
+            tick_ns=tick_s * 1e9,
+        )
         return AgentLoop.tick_period(loop)  # type: ignore[arg-type]
 
     assert period(True, 0.0) == pytest.approx(1 / RATE_HZ)
@@ -93,3 +98,5 @@ def test_watched_ticks_slow_down_to_keep_their_cpu_under_the_share() -> None:
     assert period(True, 4 * cheap) == pytest.approx(4 * cheap / TICK_SHARE)  # 5 Hz: the share kept
     assert period(True, 0.01) == pytest.approx(1 / QUIET_RATE_HZ)  # dear ticks: 2 Hz at the slowest
     assert period(False, 0.0) == pytest.approx(1 / QUIET_RATE_HZ)
+    # a node's relay alone on the stream (not watching: wire.WATCH_TOPIC): the quiet rate
+    assert period(False, 0.0, subscribed=True) == pytest.approx(1 / QUIET_RATE_HZ)
