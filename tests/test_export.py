@@ -212,7 +212,8 @@ def test_otlp_metrics_carry_both_ranks(job: dict) -> None:
     wait_for_ranks(job["port"])
     deadline = time.monotonic() + 30
     seen: dict[str, set[str]] = {}
-    while time.monotonic() < deadline and not {"0", "1"} <= seen.get("torchtop_steps", set()):
+    wanted = ("torchtop_steps", "torchtop_phase_seconds")  # phases: once a timed step was replayed
+    while time.monotonic() < deadline and not all({"0", "1"} <= seen.get(m, set()) for m in wanted):
         for body in list(Sink.bodies):
             req = ExportMetricsServiceRequest.FromString(body)
             for rm in req.resource_metrics:

@@ -19,7 +19,8 @@ from torchtop.agent.contract.logcodes import COMM_GROUP
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe
 
-_names: dict[int, str] = {}
+# id(group) -> (the group, its name): the group is held so that its id is not reused by another
+_names: dict[int, tuple[Any, str]] = {}
 # device meshes made since start (a mesh that spans the world reuses the default group, whose
 # description then says nothing of the mesh: the mesh names it)
 _meshes: list[weakref.ref[Any]] = []
@@ -35,6 +36,7 @@ def watch_meshes(torch: Any, setattr_: Callable[[Any, str, Any], None]) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         try:
+            _meshes[:] = [m for m in _meshes if m() is not None]  # meshes gone (a test, a restart)
             if len(_meshes) < 64:
                 _meshes.append(weakref.ref(self))
         except Exception:
@@ -90,9 +92,14 @@ def _default() -> Any:
 
 def log_group(probe: Probe, group: Any) -> None:
     """Training thread, a timed collective: one COMM_GROUP entry (the caller catches)."""
-    name = _names.get(id(group))
-    if name is None:
-        name = _names[id(group)] = group_name(group)
+    key = group if group is not None else _default()  # the default group: the one in force now
+    hit = _names.get(id(key))
+    if hit is not None and hit[0] is key:
+        name = hit[1]
+    else:
+        name = group_name(key)
+        if len(_names) < 1024:
+            _names[id(key)] = (key, name)
     a = probe._append  # a tuple: never an event
     a(perf_counter_ns())
     a((COMM_GROUP, name))
