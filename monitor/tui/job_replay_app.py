@@ -22,13 +22,12 @@ from torchtop.monitor.tui.replay_app import (
     PLAY_S,
     SEEK_LONG_S,
     SEEK_S,
-    SPEEDS,
-    JumpScreen,
     clock,
 )
+from torchtop.monitor.tui.transport import Transport
 
 
-class JobReplayApp(JobApp):
+class JobReplayApp(Transport, JobApp):
     """The job view over a job's recording: space pauses, - + change speed, ← → seek, g jumps."""
 
     BINDINGS = [
@@ -106,33 +105,11 @@ class JobReplayApp(JobApp):
         self.show_member(shown)  # the same rank (or the job) on the fresh state
 
     # -- keys ----------------------------------------------------------------------------------
-    def action_pause(self) -> None:
-        if self.paused and self._next >= len(self.played.order):
-            self.seek(self.played.start)
-        self.paused = not self.paused
-        self._refresh_status()
+    def span(self) -> tuple[float, float]:
+        return self.played.start, self.played.end
 
-    def action_speed(self, direction: int) -> None:
-        k = min(range(len(SPEEDS)), key=lambda i: abs(SPEEDS[i] - self.speed))
-        self.speed = SPEEDS[max(0, min(len(SPEEDS) - 1, k + direction))]
-        self._refresh_status()
-
-    def action_seek(self, seconds: float) -> None:
-        self.seek(self.position + seconds)
-
-    def action_seek_to(self, where: str) -> None:
-        self.seek(self.played.start if where == "start" else self.played.end)
-
-    def action_jump(self) -> None:
-        self.push_screen(JumpScreen(), self._jumped)
-
-    def _jumped(self, text: str | None) -> None:
-        if not text:
-            return
-        try:
-            self.seek(self.jump_target(text))
-        except ValueError:
-            self.notify(f"cannot read {text!r}: try #1200, 90, 1:30 or +10s", severity="warning")
+    def at_end(self) -> bool:
+        return self._next >= len(self.played.order)
 
     def jump_target(self, text: str) -> float:
         """#STEP (the lowest rank's step count), +10s / -1:00, or a time into the recording."""

@@ -22,10 +22,10 @@ from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.playback import LEAD_S, Playback, apply, parse_when
 from torchtop.monitor.model.state import RunState
 from torchtop.monitor.tui.app import TorchtopApp
+from torchtop.monitor.tui.transport import Transport
 
 PLAY_S = 0.1  # the replay timer's period
 APPLY_BUDGET_S = 0.04  # most of a tick spent applying messages
-SPEEDS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 SEEK_S = 10.0
 SEEK_LONG_S = 60.0
 
@@ -71,7 +71,7 @@ class JumpScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class ReplayApp(TorchtopApp):
+class ReplayApp(Transport, TorchtopApp):
     """The dashboard over a recording: space pauses, [ ] change speed, ← → seek, g jumps."""
 
     BINDINGS = [
@@ -151,33 +151,14 @@ class ReplayApp(TorchtopApp):
         self.refresh_panels()
 
     # -- keys ----------------------------------------------------------------------------------
-    def action_pause(self) -> None:
-        if self.paused and self._next >= len(self.playback.messages):
-            self.seek(self.playback.start)  # at the end: play again from the start
-        self.paused = not self.paused
-        self._refresh_status()
+    def span(self) -> tuple[float, float]:
+        return self.playback.start, self.playback.end
 
-    def action_speed(self, direction: int) -> None:
-        k = min(range(len(SPEEDS)), key=lambda i: abs(SPEEDS[i] - self.speed))
-        self.speed = SPEEDS[max(0, min(len(SPEEDS) - 1, k + direction))]
-        self._refresh_status()
+    def at_end(self) -> bool:
+        return self._next >= len(self.playback.messages)
 
-    def action_seek(self, seconds: float) -> None:
-        self.seek(self.position + seconds)
-
-    def action_seek_to(self, where: str) -> None:
-        self.seek(self.playback.start if where == "start" else self.playback.end)
-
-    def action_jump(self) -> None:
-        self.push_screen(JumpScreen(), self._jumped)
-
-    def _jumped(self, text: str | None) -> None:
-        if not text:
-            return
-        try:
-            self.seek(jump_target(self.playback, text, self.position))
-        except ValueError:
-            self.notify(f"cannot read {text!r}: try #1200, 90, 1:30 or +10s", severity="warning")
+    def jump_target(self, text: str) -> float:
+        return jump_target(self.playback, text, self.position)
 
     def action_captures(self) -> None:
         self.notify("a replay: captures are taken on a live run (torchtop attach)", timeout=5)
