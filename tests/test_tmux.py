@@ -385,3 +385,33 @@ def test_the_readmes_other_tui_forms_in_tmux(tmp_path: Path, runtime_dir: Path, 
         if job is not None:
             job.kill()
             job.wait()
+
+
+def test_replay_of_a_recording_in_tmux(tmp_path: Path, runtime_dir: Path) -> None:
+    """`torchtop replay PATH`, the README's last TUI form: the recording plays (its clock on the
+    status line, steps on screen) and q leaves with 0."""
+    if shutil.which("tmux") is None:
+        pytest.skip("needs tmux")
+    from tests.recording_util import write
+
+    write(tmp_path / "rec", 60)
+    env = dict(os.environ, TORCHTOP_RUNTIME_DIR=str(runtime_dir), TERM="xterm-256color")
+    rc_file = tmp_path / "rc"
+    launcher = shlex.join([*_torchtop(), "replay", str(tmp_path / "rec")])
+    tmux = Tmux(env)
+    session = "replay"
+    try:
+        new_session(
+            tmux, session, (120, 40), runtime_dir, f"{launcher}; echo $? > {shlex.quote(str(rc_file))}"
+        )
+        screen = wait_screen(tmux, session, lambda text: "replay" in text and bool(step_time_shown(text)))
+        assert tmux.alive(session), f"replay exited early:\n{screen}"
+        assert re.search(r"replay \d+:\d\d / \d+:\d\d", screen), f"no replay clock:\n{screen}"
+        assert step_time_shown(screen), f"no steps on screen:\n{screen}"
+        tmux("send-keys", "-t", session, "q")
+        deadline = time.monotonic() + EXIT_TIMEOUT_S
+        while not rc_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert rc_file.exists() and rc_file.read_text().strip() == "0", tmux.screen(session)
+    finally:
+        tmux.kill_server()
