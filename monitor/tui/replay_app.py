@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import time
 
-from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
-from textual.screen import ModalScreen
-from textual.widgets import Input, Label
 
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.log_replay import LogReplay
@@ -47,28 +43,6 @@ def jump_target(playback: Playback, text: str, position: float) -> float:
     if text[:1] in "+-":
         return position + (1 if text[0] == "+" else -1) * parse_when(text[1:])
     return playback.start + parse_when(text)
-
-
-class JumpScreen(ModalScreen[str | None]):
-    """Asks where to jump: a step or a time."""
-
-    DEFAULT_CSS = """
-    JumpScreen { align: center middle; }
-    #jump-box { width: 72; max-width: 100%; height: auto; border: round $primary; padding: 0 1; background: $panel; }
-    #jump-box Label { width: 100%; }
-    """
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="jump-box"):
-            yield Label("jump to #STEP, a time into the recording (90, 1:30) or +10s / -1:00")
-            yield Input(placeholder="#1200  or  1:30", id="jump-input")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
 
 class ReplayApp(Transport, TorchtopApp):

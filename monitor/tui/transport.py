@@ -2,14 +2,42 @@
 
 A mixin for the two replay apps (replay_app.py, job_replay_app.py): each says where its
 recording starts and ends, whether its last message was applied, how to seek, and where a jump
-typed as text goes; the keys work the same in both.
+typed as text goes; the keys work the same in both. JumpScreen is the `g` prompt both use.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label
+
 SPEEDS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+class JumpScreen(ModalScreen[str | None]):
+    """Asks where to jump: a step or a time."""
+
+    DEFAULT_CSS = """
+    JumpScreen { align: center middle; }
+    #jump-box { width: 72; max-width: 100%; height: auto; border: round $primary; padding: 0 1; background: $panel; }
+    #jump-box Label { width: 100%; }
+    """
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="jump-box"):
+            yield Label("jump to #STEP, a time into the recording (90, 1:30) or +10s / -1:00")
+            yield Input(placeholder="#1200  or  1:30", id="jump-input")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
 
 
 class Transport:
@@ -54,8 +82,6 @@ class Transport:
         app.seek(start if where == "start" else end)
 
     def action_jump(self) -> None:
-        from torchtop.monitor.tui.replay_app import JumpScreen
-
         app: Any = self
         app.push_screen(JumpScreen(), self._jumped)
 
