@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,11 +205,11 @@ class Relay:
             pass
 
     # -- one turn ------------------------------------------------------------------------------
-    def _read_rank(self, r: _Rank, now: float) -> None:
-        topic = rank_topic(r.summarizer.rank) if r.summarizer.rank in self.following else None
+    def _decoded(self, sock: zmq.Socket) -> Iterator[tuple[bytes, wire.Message]]:
+        """Each frame waiting on `sock`, decoded (those that fail are counted and skipped)."""
         while True:
             try:
-                frame = r.sub.recv(zmq.NOBLOCK)
+                frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             try:
@@ -217,6 +217,11 @@ class Relay:
             except wire.WireError:
                 self.bad_frames += 1
                 continue
+            yield frame, msg
+
+    def _read_rank(self, r: _Rank, now: float) -> None:
+        topic = rank_topic(r.summarizer.rank) if r.summarizer.rank in self.following else None
+        for frame, msg in self._decoded(r.sub):
             if not isinstance(msg, wire.Batch):
                 self.bad_frames += 1
                 continue
@@ -229,16 +234,7 @@ class Relay:
                     pass
 
     def _read_replies(self, r: _Rank, now: float) -> None:
-        while True:
-            try:
-                frame = r.dealer.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = wire.decode(frame)
-            except wire.WireError:
-                self.bad_frames += 1
-                continue
+        for _frame, msg in self._decoded(r.dealer):
             if not isinstance(msg, wire.Reply):
                 continue
             if msg.id in self._hellos:
