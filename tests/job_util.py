@@ -19,7 +19,10 @@ SEVERE = ("warning", "critical")
 
 
 def report(pid: int, seconds: float, *extra: str) -> dict[str, Any]:
-    """`torchtop report PID --seconds S [extra]`, parsed."""
+    """`torchtop report PID --seconds S [extra]`, parsed, once the agent of `pid` is listed: a
+    zero-code agent is listed when the agent thread first sees the model run, which on a loaded
+    machine can come after the loop has printed its progress."""
+    wait_listed(pid)
     cmd = [
         sys.executable,
         "-m",
@@ -32,6 +35,15 @@ def report(pid: int, seconds: float, *extra: str) -> dict[str, Any]:
     out = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=seconds + 90)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def wait_listed(pid: int, timeout: float = 60.0) -> None:
+    from torchtop.agent.contract import discovery
+
+    deadline = time.monotonic() + timeout
+    while not any(a.get("pid") == pid for a in discovery.list_agents()):
+        assert time.monotonic() < deadline, f"pid {pid} not listed as an agent after {timeout} s"
+        time.sleep(0.1)
 
 
 def flags(r: dict[str, Any]) -> dict[str, str]:

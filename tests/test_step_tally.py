@@ -60,6 +60,27 @@ def test_agent_counter_keeps_a_point_a_width_and_coarsens_past_its_limit() -> No
     assert counter.tally().counts[-1] == 1000
 
 
+def test_the_run_starts_at_its_first_step_not_at_copies_logged_before_the_loop() -> None:
+    """A model moved to the GPU before the loop logs its copies, the first holding CUDA's set-up
+    (seconds on a GPU): `covered_s` counted from there read 26.7 s of a 22.4 s loop (issue 26)."""
+    copy = (logcodes.H2D_COPY, 4_000 * MS, 4096, False, None)
+    counter = StepCounter()
+    counter.keep(wire.LogChunk(0, 0, [1 * MS, copy, 2 * MS, copy], True))  # only the model's copies
+    assert counter.tally() is None
+    counter.keep(pairs_chunk(1, 0, [9_000 * MS, 9_010 * MS]))
+    tally = counter.tally()
+    assert tally is not None and tally.start == 9_000 * MS - 3000  # the first forward's entry
+    packed = StepCounter()  # a CUDA run's chunk, packed: a copy, a mark, then the loop
+    entries = [
+        (1 * MS << logcodes.SHIFT | logcodes.H2D_COPY, 4_000 * MS, 4096, False, None),
+        (2 * MS << logcodes.SHIFT | logcodes.MARK, "lr", 0.1),
+        5_000 * MS << logcodes.SHIFT | logcodes.FORWARD_START,
+        5_004 * MS << logcodes.SHIFT | logcodes.STEP_END,
+    ]
+    packed.keep(wire.LogChunk(0, 1, entries, False))
+    assert (t := packed.tally()) is not None and t.start == 5_000 * MS
+
+
 def rec(i: int, t0: float, wall_ms: float = 1.0, kind: str = "train") -> StepRecord:
     return StepRecord(i, t0, int(wall_ms * MS), dict(PHASES), kind)  # type: ignore[arg-type]
 

@@ -62,6 +62,13 @@ def code_of(entry: Item) -> int:
     return (entry if type(entry) is int else entry[0]) & MASK  # pyright: ignore[reportIndexIssue, reportUnknownVariableType]
 
 
+def opens_step(code: int) -> bool:
+    """A code whose entry opens a step when none is open, as the monitor's replay reads it: a
+    phase entered, a root forward, `with step():`, a step end. A copy, a mark or a group name
+    is not a step's start (a model's `.to("cuda")` before the loop logs copies)."""
+    return code <= GRAD or code >= FORWARD_START or code == OPEN_STEP or code in STEP_ENDS
+
+
 def is_step_end(entry: Item) -> bool:
     return code_of(entry) in STEP_ENDS
 

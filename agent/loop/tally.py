@@ -19,6 +19,7 @@ from torchtop.agent.contract import logcodes, wire
 TALLY_POINTS = 8192
 TALLY_WIDTH_NS = 1_000_000_000
 SCAN_ITEMS = 64  # read back this many items in Python; past them, the chunk is searched at C speed
+START_ITEMS = 4096  # entries searched for the first step's start, per chunk, until it is found
 
 
 class StepCounter:
@@ -27,7 +28,7 @@ class StepCounter:
     def __init__(self, limit: int = TALLY_POINTS, width_ns: int = TALLY_WIDTH_NS) -> None:
         self.limit = limit
         self.width = width_ns
-        self.start: int | None = None  # the first time logged: the first step's start
+        self.start: int | None = None  # the first step's start: its first entry that opens one
         self.ends: list[int] = []
         self.counts: list[int] = []
 
@@ -71,16 +72,31 @@ def _time(item: Any) -> int:
 
 
 def first_time(chunk: wire.LogChunk) -> int | None:
-    """The first time stamp of a chunk (ns), skipping the zero time of a RESET pair."""
+    """The time (ns) of a chunk's first entry that opens a step (`logcodes.opens_step`); None when
+    its first START_ITEMS entries hold none. Copies logged before the loop (a model moved to the
+    GPU, with CUDA's set-up in its first copy) are not the first step's start. Runs until the
+    run's first step is found: once a run, on a chunk or two."""
     entries = chunk.entries
-    items = entries[0:16:2] if chunk.pairs else entries[:8]
-    for item in items:
+    opens = logcodes.opens_step
+    if chunk.pairs:
+        items = zip(entries[0 : 2 * START_ITEMS : 2], entries[1 : 2 * START_ITEMS : 2])
+        for t, code in items:
+            try:
+                c = logcodes.code_of(code)
+                stamp = _time(t)
+            except Exception:
+                continue
+            if stamp > 0 and opens(c):
+                return stamp
+        return None
+    for item in entries[:START_ITEMS]:
         try:
-            t = _time(item) if chunk.pairs else _time(item) >> logcodes.SHIFT
+            c = logcodes.code_of(item)
+            stamp = _time(item) >> logcodes.SHIFT
         except Exception:
             continue
-        if t > 0:
-            return t
+        if stamp > 0 and opens(c):
+            return stamp
     return None
 
 
