@@ -114,6 +114,17 @@ def test_coverage_names_the_silent_node_and_its_ranks_are_not_reporting() -> Non
     assert {r.status for r in view.rows if r.node != "node 2"} == {"connected"}
 
 
+def test_a_relay_quiet_longer_than_its_ranks_were_makes_them_not_reporting_not_stale() -> None:
+    job = _job_with_relays(1, 2, now=10.0)  # the relay's last word at t=10: its ranks' batches 0.2 s old
+    # at 12.9 their figures are 3.1 s old (stale), 2.9 s of it the relay's quiet, short of its silence
+    assert {r.status for r in ranks_view(job, 10, None, 12.9).rows} == {"not reporting"}
+    assert {r.status for r in ranks_view(job, 10, None, 12.7).rows} == {"connected"}
+    job = _job_with_relays(1, 2, now=10.0)
+    for m in job.ranked():  # a rank silent 2.9 s by the relay's word, the relay quiet 0.2 s: its own
+        m.state.last_batch_at = 7.1
+    assert {r.status for r in ranks_view(job, 10, None, 10.2).rows} == {"stale (3s)"}
+
+
 def test_a_rank_the_world_size_counts_but_never_seen_is_not_reporting() -> None:
     job = _job_with_relays(2, 4, now=1.0)
     for m in job.ranked():  # a job of 10 ranks: 2 never started

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from torchtop.agent.contract.wire import NodeSummary
+from torchtop.monitor.model.state import STALE_AFTER_S
 
 if TYPE_CHECKING:
     from torchtop.monitor.model.job import JobState, Member
@@ -78,13 +79,20 @@ def apply_summary(job: JobState, relay: str, s: NodeSummary, now: float) -> None
 
 
 def relay_status(job: JobState, m: Member, now: float) -> str | None:
-    """ "not reporting" for a rank whose relay went silent; None otherwise."""
+    """ "not reporting" for a rank whose relay went silent, or whose figures went stale more
+    through its relay's silence than through its own; None otherwise."""
     if not m.via:
         return None
     state = job.relays.get(m.via)
-    if state is not None and (state.silent_for(now) is not None or state.error):
+    if state is None:
+        return None
+    if state.silent_for(now) is not None or state.error:
         return NOT_REPORTING
-    return None
+    last = m.state.last_batch_at
+    if state.last_at is None or last is None or now - last <= STALE_AFTER_S:
+        return None
+    # a rank's age is the relay's word plus the relay's quiet since: the longer of the two is why
+    return NOT_REPORTING if now - state.last_at >= state.last_at - last else None
 
 
 class Coverage(NamedTuple):
