@@ -13,6 +13,7 @@ import pytest
 from tests.recording_util import write
 from torchtop.monitor.commands.cli import main
 from torchtop.monitor.commands.compare import cpu_has_bf16
+from torchtop.monitor.diagnosis.report_types import MemoryDevice, ReportError, decode_report
 from torchtop.monitor.model.compare import change, compare, render_text
 
 
@@ -64,12 +65,30 @@ def test_compare_needs_two_recordings(tmp_path: Path) -> None:
     assert code == 2 and "no such file" in err
 
 
+def _device(peak: int) -> dict[str, int | None]:
+    return dict.fromkeys(MemoryDevice.__struct_fields__, 0) | {
+        "peak_allocated": peak,
+        "fragmentation": None,
+    }
+
+
 def test_memory_peak_is_cuda_peak_or_rss() -> None:
-    cpu = {"host": {"proc_rss": 100, "proc_rss_peak": 300}, "memory": {}}
-    cuda = {"host": {"proc_rss": 100}, "memory": {"devices": [{"peak_allocated": 5}, {"peak_allocated": 7}]}}
+    # as an older torchtop wrote them: what a report lacks decodes to its default
+    cpu = decode_report({"host": {"available": True, "proc_rss": 100, "proc_rss_peak": 300}, "memory": {}})
+    cuda = decode_report(
+        {"host": {"available": True, "proc_rss": 100}, "memory": {"devices": [_device(5), _device(7)]}}
+    )
+    assert cuda.memory.devices and cuda.memory.devices[1].peak_allocated == 7 and cpu.steps == 0
     result = compare([cpu, cuda], ["cpu", "cuda"])
     assert rows(result)["memory_peak"]["values"] == [300.0, 7.0]
     assert [r["memory_kind"] for r in result["runs"]] == ["peak RSS", "CUDA peak allocated"]
+
+
+def test_a_malformed_report_is_one_line() -> None:
+    for bad in (b"{not json", b'{"steps": "many"}', b"[1, 2]"):
+        with pytest.raises(ReportError) as err:
+            decode_report(bad, "old.json")
+        assert str(err.value).startswith("old.json is not a torchtop report: ") and "\n" not in str(err.value)
 
 
 @pytest.mark.slow
@@ -160,7 +179,7 @@ def test_thin_runs_and_a_cpu_without_bf16_are_said(tmp_path: Path) -> None:
     fast = {"steps": 129, "steps_per_s": 6.5, "step_time_ms": {"median": 150.0}}
     slow = {"steps": 2, "steps_per_s": 0.47, "step_time_ms": {"median": 2100.0}}
     emulated = "this CPU has no bf16 instructions"
-    result = compare([fast, slow], ["fp32", "bf16"], [emulated])
+    result = compare([decode_report(fast), decode_report(slow)], ["fp32", "bf16"], [emulated])
     assert [r["thin"] for r in result["runs"]] == [False, True]
     assert result["notes"][0].startswith("B: bf16 has 2 steps to compare (129 in the run with the most)")
     assert result["notes"][1] == emulated

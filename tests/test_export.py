@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from torchtop.agent.contract.wire import LogChunk
+from torchtop.monitor.diagnosis.report_types import decode_report
 from torchtop.monitor.export.figures import METRICS, samples
 from torchtop.monitor.model.budget import StepBudget
 
@@ -259,19 +260,19 @@ def test_samples_name_only_known_metrics_with_bounded_labels() -> None:
             "alloc_retries": 0,
             "ooms": 0,
         },
-        "gpu": {"devices": [{"util_gpu": 80.0, "mem_used": 3, "power_w": -1.0, "temp_c": 50.0}]},
+        "gpu": {"devices": [{"index": 0, "util_gpu": 80.0, "mem_used": 3, "power_w": -1.0, "temp_c": 50.0}]},
         "host": {
             "available": True,
             "proc_cpu": 150.0,
             "proc_rss": 100,
-            "workers": [{"dataloader": True, "cpu_percent": 90.0}],
+            "workers": [{"pid": 7, "rss": 1, "dataloader": True, "cpu_percent": 90.0}],
         },
         "verdict": {"kind": "data-loading", "severity": "warning", "share": 0.2},
         "flag_details": [{"kind": "memory-leak", "severity": "warning"}],
         "dropped": 0,
         "hook_errors": 0,
     }
-    got = samples(report, "j", "n", 3, True, 1234, 56.0)
+    got = samples(decode_report(report), "j", "n", 3, True, 1234, 56.0)
     by = {
         (
             s.name,

@@ -233,7 +233,7 @@ def test_fuzzed_batches_never_crash_a_monitor(tmp_path: Path) -> None:
     """Hypothesis-made batches (NaN, inf, huge numbers in step times, offsets, telemetry) on a
     real stream: the client rejects the bad ones at decode and counts them; the report and the
     exporter's figures over what it kept never raise."""
-    from torchtop.monitor.diagnosis.report import build_report
+    from torchtop.monitor.diagnosis.report import run_report
     from torchtop.monitor.export.figures import samples
     from torchtop.monitor.model.state import RunState
 
@@ -256,7 +256,7 @@ def test_fuzzed_batches_never_crash_a_monitor(tmp_path: Path) -> None:
             pub.send(wire.encode(batch))
             for got in client.recv_batches(1.0):
                 state.apply_batch(got.batch, got.steps, time.monotonic(), got.log_errors)
-            report = build_report(state, 5.0)
+            report = run_report(state, 5.0)
             samples(report, "fuzz", "host", 0, True, 0, 0.0)
 
         publish()

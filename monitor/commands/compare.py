@@ -14,7 +14,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchtop.monitor.diagnosis.report_types import RunReport
 
 EXIT_USAGE = 2
 DEMO_SECONDS = 20.0
@@ -59,10 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="DIR", help="--demo: keep the recordings here")
 
 
-def compare_report(path: str, seconds: float | None, rank: int | None) -> tuple[dict[str, Any], list[str]]:
+def compare_report(path: str, seconds: float | None, rank: int | None) -> tuple[RunReport, list[str]]:
     """One recording's report: over its last `seconds`, or everything past warm-up."""
     from torchtop.monitor.diagnosis.facts import THRESHOLDS
-    from torchtop.monitor.diagnosis.report import build_report
+    from torchtop.monitor.diagnosis.report import run_report
     from torchtop.monitor.model.playback import load
 
     playback, _ = load(path, rank)
@@ -73,7 +76,7 @@ def compare_report(path: str, seconds: float | None, rank: int | None) -> tuple[
         window = state.agent_time - first + 1e-6 if first is not None else float("inf")
     else:
         window = seconds
-    return build_report(state, window, path, window=window), playback.warnings
+    return run_report(state, window, path, window=window), playback.warnings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         if len(names) != len(paths):
             return _usage(f"--names has {len(names)} names for {len(paths)} recordings")
     names = names or paths
-    reports = []
+    reports: list[RunReport] = []
     for path in paths:
         try:
             report, warnings = compare_report(path, args.seconds, args.rank)
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"torchtop: {line}", file=sys.stderr)
         reports.append(report)
     notes = []
-    if args.demo == "amp" and args.amp_dtype == "bf16" and all(r.get("device") == "cpu" for r in reports):
+    if args.demo == "amp" and args.amp_dtype == "bf16" and all(r.device == "cpu" for r in reports):
         if cpu_has_bf16() is False:
             notes.append(
                 "this CPU has no bf16 instructions (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo): "

@@ -84,7 +84,7 @@ def job_label(argv: list[str]) -> str:
 def fleet_samples(fleet: Fleet, window: float, job: str | None) -> list[Sample]:
     """Every watched agent's samples, from its state's report over the last `window` seconds."""
     from torchtop.monitor.diagnosis.job import diagnose_job, rank_times, rank_view
-    from torchtop.monitor.diagnosis.report import build_report, diagnose
+    from torchtop.monitor.diagnosis.report import diagnose, run_report, with_diagnosis
     from torchtop.monitor.export.figures import samples
 
     judged = {
@@ -96,11 +96,11 @@ def fleet_samples(fleet: Fleet, window: float, job: str | None) -> list[Sample]:
     for w in fleet.agents.values():
         if w.hello is None:
             continue
-        report = build_report(w.state, window)
+        report = run_report(w.state, window)
         in_job = judged.get(w.hello.job_id) if w.hello.job_id else None
         if in_job is not None:  # a rank of a job carries the job's verdict (its own flags)
             job_diagnosis, found, times = in_job
-            report |= rank_view(job_diagnosis, diagnose(w.state), w.hello.rank, found, times).to_json()
+            with_diagnosis(report, rank_view(job_diagnosis, diagnose(w.state), w.hello.rank, found, times))
         out += samples(
             report,
             job or job_label(w.hello.argv),

@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+import msgspec
+
+from torchtop.monitor.diagnosis.report_types import FindingReport
+
 if TYPE_CHECKING:
     from torchtop.monitor.diagnosis.gpm import GpmFigures
     from torchtop.monitor.diagnosis.upside import Upside
@@ -123,15 +127,18 @@ class Finding:
     advice: tuple[str, ...] = ()
     upside: Upside | None = None  # what fixing it would buy (upside.py)
 
+    def to_report(self) -> FindingReport:
+        return FindingReport(
+            kind=self.kind,
+            severity=self.severity,
+            share=round(self.share, 4),
+            evidence=list(self.evidence),
+            advice=list(self.advice),
+            upside=self.upside.to_report() if self.upside is not None else None,
+        )
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "severity": self.severity,
-            "share": round(self.share, 4),
-            "evidence": list(self.evidence),
-            "advice": list(self.advice),
-            "upside": self.upside.to_json() if self.upside is not None else None,
-        }
+        return msgspec.to_builtins(self.to_report())
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,27 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import msgspec
+
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.diagnosis.in_job import rank_diagnosis
 from torchtop.monitor.diagnosis.job_rules import JobFacts
-from torchtop.monitor.diagnosis.report import build_report
+from torchtop.monitor.diagnosis.report import run_report, with_diagnosis
+from torchtop.monitor.diagnosis.report_types import (
+    CollectiveReport,
+    CoverageReport,
+    JobFigures,
+    JobReport,
+    RankEntry,
+    SilentNode,
+    StepTimeMs,
+    StragglerReport,
+    WorkReport,
+)
 from torchtop.monitor.diagnosis.selection import job_verdict
-from torchtop.monitor.diagnosis.straggler import Straggler, find_straggler, scaling
+from torchtop.monitor.diagnosis.straggler import Straggler, find_straggler, scaling, work_report
 from torchtop.monitor.model.job import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
 from torchtop.monitor.model.relayed import coverage, coverage_line, relay_status
@@ -98,56 +111,67 @@ def _rank_entry(
     window: float,
     now: float,
     judged: tuple[Diagnosis, Straggler | None, dict[int, RankTimes]],
-) -> dict[str, Any]:
+) -> RankEntry:
     hello = m.hello
-    report = build_report(m.state, seconds, m.key, window=window)
+    report = run_report(m.state, seconds, m.key, window=window)
     job_diagnosis, found, times = judged
     # the rank's line agrees with the job's. m.rank is an int (-1 before a hello), never None: the
     # test is on the hello (job.ranked() hands only members with one, so none is skipped today)
     if m.hello is not None:
-        report |= rank_view(job_diagnosis, diagnose(m.state), m.rank, found, times).to_json()
+        with_diagnosis(report, rank_view(job_diagnosis, diagnose(m.state), m.rank, found, times))
     t = m.stats.window(window)
-    keep = (
-        "steps", "steps_in_full", "timed_steps", "step_time_ms", "steps_per_s", "breakdown", "phase_ms", "device_ms",
-        "memory", "gpu", "host", "verdict", "flags", "dropped", "gaps", "bad_frames", "hook_errors",
-    )  # fmt: skip
-    entry: dict[str, Any] = {
-        "rank": m.rank,
-        "local_rank": hello.local_rank if hello else None,
-        "node": m.node,
-        "pid": hello.pid if hello else None,
-        "target": m.key,
-        "status": member_status(m, now, job),
-        "agent_version": hello.agent_version if hello else None,
-        "comm_ms": round(t.comm_ms, 4),
-        "comm_source": "device" if t.sampled and "comm" in t.device else "host",
-        "busy_ms": round(t.busy_ms, 4),
-    }
-    entry |= {k: report[k] for k in keep}
-    entry["comm_by_group_ms"] = comm_by_group(m, window)
-    entry["work"] = work_json(t)
+    entry = RankEntry(
+        rank=m.rank,
+        local_rank=hello.local_rank if hello else None,
+        node=m.node,
+        pid=hello.pid if hello else None,
+        target=m.key,
+        status=member_status(m, now, job),
+        agent_version=hello.agent_version if hello else None,
+        comm_ms=round(t.comm_ms, 4),
+        comm_source="device" if t.sampled and "comm" in t.device else "host",
+        busy_ms=round(t.busy_ms, 4),
+        steps=report.steps,
+        steps_in_full=report.steps_in_full,
+        timed_steps=report.timed_steps,
+        step_time_ms=report.step_time_ms,
+        steps_per_s=report.steps_per_s,
+        breakdown=report.breakdown,
+        phase_ms=report.phase_ms,
+        device_ms=report.device_ms,
+        memory=report.memory,
+        gpu=report.gpu,
+        host=report.host,
+        verdict=report.verdict,
+        flags=report.flags,
+        dropped=report.dropped,
+        gaps=report.gaps,
+        bad_frames=report.bad_frames,
+        hook_errors=report.hook_errors,
+        comm_by_group_ms=comm_by_group(m, window),
+        work=work_json(t),
+    )
     if m.via:  # read through its node's relay: its figures are its buckets', it has no steps here
-        entry |= {
-            "via": "relay",
-            "steps": t.steps,
-            "step_time_ms": {"mean": round(t.step_ms, 4)},  # no steps here: no median, no p90
-            "phase_ms": {k: round(v, 4) for k, v in t.phases.items()},
-            "device_ms": {k: round(v, 4) for k, v in t.device.items()},
-        }
+        entry.via = "relay"
+        entry.steps = t.steps
+        entry.step_time_ms = StepTimeMs(mean=round(t.step_ms, 4))  # no steps here: no median, no p90
+        entry.phase_ms = {k: round(v, 4) for k, v in t.phases.items()}
+        entry.device_ms = {k: round(v, 4) for k, v in t.device.items()}
     if m.error:
-        entry["error"] = m.error
+        entry.error = m.error
     return entry
 
 
-def work_json(t: RankTimes) -> dict[str, float | None] | None:
+def work_json(t: RankTimes) -> WorkReport | None:
     """A rank's work a step and its live throughput (tokens/s where its batches have a sequence;
     None where they have none)."""
-    if t.work is None:
+    w = t.work
+    out = work_report(w)
+    if w is None or out is None:
         return None
-    out: dict[str, float | None] = {**t.work.to_json()}
     per_s = 1000.0 / t.step_ms if t.step_ms > 0 else 0.0
-    out["samples_per_s"] = round(t.work.samples * per_s, 2)
-    out["tokens_per_s"] = round(t.work.tokens * per_s, 2) if t.work.tokens else None
+    out.samples_per_s = round(w.samples * per_s, 2)
+    out.tokens_per_s = round(w.tokens * per_s, 2) if w.tokens else None
     return out
 
 
@@ -161,26 +185,29 @@ def comm_by_group(m: Member, window: float) -> dict[str, float]:
     return {k: round(v / len(timed) / 1e6, 4) for k, v in sorted(total.items())} if timed else {}
 
 
-def _straggler_json(job: JobState, found: Straggler | None) -> dict[str, Any] | None:
+def _straggler_json(job: JobState, found: Straggler | None) -> StragglerReport | None:
     """The straggler's figures, and whether it is chronic or a one-off (persistence.py)."""
     if found is None:
         return None
     from torchtop.monitor.diagnosis.persistence import persistence
 
     p = persistence(job, found.rank)
-    return found.to_json() | {"persistence": p.kind, "slowest_in_spans": [p.slowest_in, p.spans]}
+    out = found.to_report()
+    out.persistence = p.kind
+    out.slowest_in_spans = [p.slowest_in, p.spans]
+    return out
 
 
-def coverage_json(job: JobState, now: float) -> dict[str, Any]:
+def coverage_json(job: JobState, now: float) -> CoverageReport:
     c = coverage(job, now)
-    return {
-        "reporting": c.reporting,
-        "expected": c.expected,
-        "line": coverage_line(c),
-        "silent_nodes": [{"node": n, "silent_s": round(s, 1)} for n, s in c.silent],
-        "relays": sorted(r.node for r in job.relays.values()),
-        "unreached": c.unreached,
-    }
+    return CoverageReport(
+        reporting=c.reporting,
+        expected=c.expected,
+        line=coverage_line(c),
+        silent_nodes=[SilentNode(node=n, silent_s=round(s, 1)) for n, s in c.silent],
+        relays=sorted(r.node for r in job.relays.values()),
+        unreached=c.unreached,
+    )
 
 
 def build_job_report(
@@ -191,47 +218,59 @@ def build_job_report(
     now: float = 0.0,
     baseline_ms: float | None = None,
 ) -> dict[str, Any]:
-    """One JSON object: the job, its ranks, the collective figures, the straggler, the scaling."""
+    """The job report as JSON-able data: what `torchtop report` prints for a job (job_report)."""
+    return msgspec.to_builtins(job_report(job, seconds, target, window, now, baseline_ms))
+
+
+def job_report(
+    job: JobState,
+    seconds: float,
+    target: str = "",
+    window: float | None = None,
+    now: float = 0.0,
+    baseline_ms: float | None = None,
+) -> JobReport:
+    """The job, its ranks, the collective figures, the straggler, the scaling."""
     window = seconds if window is None else window
     diagnosis, found = diagnose_job(job, None, window)
     times = rank_times(job, window)
-    aggregate = build_report(job.job, seconds, "job", window=window)
+    aggregate = run_report(job.job, seconds, "job", window=window)
     comms = {r: t.comm_ms for r, t in times.items()}
     scale = scaling(times, baseline_ms)
-    versions = job.versions()
-    return {
-        "target": target,
-        "job_id": job.job_id,
-        "seconds": seconds,
-        "history": window != seconds,
-        "world_size": max((m.hello.world_size for m in job.ranked() if m.hello), default=0),
-        "nodes": sorted({m.node for m in job.ranked()}),
-        "device": aggregate["device"],
-        "ranks": [_rank_entry(job, m, seconds, window, now, (diagnosis, found, times)) for m in job.ranked()],
-        "coverage": coverage_json(job, now),
-        "job": {
-            k: aggregate[k]
-            for k in (
-                "steps",
-                "steps_in_full",
-                "timed_steps",
-                "covered_s",
-                "step_time_ms",
-                "steps_per_s",
-                "breakdown",
-                "phase_ms",
-                "device_ms",
-            )  # fmt: skip
-        },
-        "collective": {
-            "source": "device" if any(t.sampled and "comm" in t.device for t in times.values()) else "host",
-            "comm_ms": {str(r): round(v, 4) for r, v in sorted(comms.items())},
-            "median_ms": round(sorted(comms.values())[len(comms) // 2], 4) if comms else 0.0,
-            "min_ms": round(min(comms.values()), 4) if comms else 0.0,
-            "max_ms": round(max(comms.values()), 4) if comms else 0.0,
-        },
-        "straggler": _straggler_json(job, found),
-        "scaling": scale.to_json() if scale is not None else None,
-        "versions": versions,
-        "notes": list(job.notes),
-    } | diagnosis.to_json()
+    a = aggregate
+    return JobReport(
+        target=target,
+        job_id=job.job_id,
+        seconds=seconds,
+        history=window != seconds,
+        world_size=max((m.hello.world_size for m in job.ranked() if m.hello), default=0),
+        nodes=sorted({m.node for m in job.ranked()}),
+        device=a.device,
+        ranks=[_rank_entry(job, m, seconds, window, now, (diagnosis, found, times)) for m in job.ranked()],
+        coverage=coverage_json(job, now),
+        job=JobFigures(
+            a.steps,
+            a.steps_in_full,
+            a.timed_steps,
+            a.covered_s,
+            a.step_time_ms,
+            a.steps_per_s,
+            a.breakdown,
+            a.phase_ms,
+            a.device_ms,
+        ),  # fmt: skip
+        collective=CollectiveReport(
+            source="device" if any(t.sampled and "comm" in t.device for t in times.values()) else "host",
+            comm_ms={str(r): round(v, 4) for r, v in sorted(comms.items())},
+            median_ms=round(sorted(comms.values())[len(comms) // 2], 4) if comms else 0.0,
+            min_ms=round(min(comms.values()), 4) if comms else 0.0,
+            max_ms=round(max(comms.values()), 4) if comms else 0.0,
+        ),
+        straggler=_straggler_json(job, found),
+        scaling=scale.to_report() if scale is not None else None,
+        versions=job.versions(),
+        notes=list(job.notes),
+        verdict=diagnosis.verdict.to_report(),
+        flags=[f.kind for f in diagnosis.flags],
+        flag_details=[f.to_report() for f in diagnosis.flags],
+    )

@@ -1,4 +1,5 @@
-"""`torchtop report`: one JSON object about the last S seconds of a run. Pure: state in, dict out."""
+"""`torchtop report`: one JSON object about the last S seconds of a run. Pure: state in, a
+RunReport (report_types.py) out; build_report encodes it as the JSON `torchtop report` prints."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ import msgspec
 
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.report_types import (
+    AgentRefused,
+    EvalLatency,
+    GpuSection,
+    HostSection,
+    MemoryDevice,
+    MemorySection,
+    RunReport,
+    StepTimeMs,
+)
 from torchtop.monitor.diagnosis.warmup import latency_ms
 from torchtop.monitor.diagnosis.why import why_report
 from torchtop.monitor.model.hotspots import fold, with_input_wait
@@ -25,6 +37,11 @@ from torchtop.monitor.model.steps import StepRecord
 def build_report(
     state: RunState, seconds: float, target: str = "", window: float | None = None
 ) -> dict[str, Any]:
+    """The report as JSON-able data: what `torchtop report` prints (run_report, encoded)."""
+    return msgspec.to_builtins(run_report(state, seconds, target, window))
+
+
+def run_report(state: RunState, seconds: float, target: str = "", window: float | None = None) -> RunReport:
     """`window` (default `seconds`) is how far back the figures reach on the agent's clock."""
     window = seconds if window is None else window
     summary = state.summary(window)
@@ -32,51 +49,65 @@ def build_report(
     stats = summary.stats
     timed_steps = timed(steps)
     hello = state.hello
-    return (
-        {
-            "target": target,
-            "seconds": seconds,
-            "history": window != seconds,
-            # every training step in the window is counted (`steps`) over `covered_s` of agent
-            # time; `steps_in_full` of them are kept whole, and the breakdown, phase and device
-            # times are theirs. `thinned`: not every step was kept whole (a window of more steps
-            # than the monitor keeps, the agent's thinned history before it joined, lost batches)
-            "covered_s": round(summary.covered_s, 3),
-            "run_id": state.run_id,
-            "pid": hello.pid if hello else None,
-            "hostname": hello.host if hello else None,
-            "device": hello.device if hello else "cpu",
-            "device_name": hello.device_name if hello else "",
-            "ranks": sorted({s.rank for s in steps} or ({hello.rank} if hello else set())),
-            "steps": summary.steps,
-            "steps_in_full": len(steps),
-            "thinned": summary.thinned,
-            "eval_steps": len(summary.evals),
-            # each eval step is one forward pass (an inference loop's latency): p50 / p99 of their wall times
-            "eval_latency_ms": dict(zip(("p50", "p99"), map(_r4, latency_ms(summary.evals))))
-            if summary.evals
-            else None,
-            # phases (and micro-batches) are timed on every step of 10 ms or more, on a random
-            # sample of faster ones: `timed_steps` of `steps_in_full`
-            "timed_steps": len(timed_steps),
-            "micro_batches": (sum(s.micro for s in timed_steps) / len(timed_steps)) if timed_steps else 0.0,
-            "step_time_ms": {k: round(stats[f"{k}_ms"], 4) for k in ("median", "p90", "mean")},
-            "steps_per_s": round(stats["steps_per_s"], 3),
-            # a plain generator the loop resumes is data wait (estimated from stack samples)
-            "breakdown": {k: round(v, 5) for k, v in _breakdown(state, steps).items()},
-            "phase_ms": {k: round(v, 4) for k, v in phase_ms(steps).items()},
-            "device_ms": {k: round(v, 4) for k, v in device_ms(steps).items()},
-            "batches": state.batches,
-            "dropped": state.dropped,
-            "gaps": state.gaps,
-            "bad_frames": state.bad_frames,
-            "hook_errors": state.hook_errors,
-            "agent_refused": {"bad": state.bad_requests, "dropped": state.dropped_requests},
-        }
-        | telemetry_report(state, seconds)
-        | why_report(state, steps, seconds)
-        | diagnose(state).to_json()
+    why = why_report(state, steps, seconds)
+    memory, gpu, host = telemetry_report(state, seconds)
+    diagnosis = diagnose(state)
+    p50, p99 = latency_ms(summary.evals)
+    report = RunReport(
+        target=target,
+        seconds=seconds,
+        history=window != seconds,
+        # every training step in the window is counted (`steps`) over `covered_s` of agent
+        # time; `steps_in_full` of them are kept whole, and the breakdown, phase and device
+        # times are theirs. `thinned`: not every step was kept whole (a window of more steps
+        # than the monitor keeps, the agent's thinned history before it joined, lost batches)
+        covered_s=round(summary.covered_s, 3),
+        run_id=state.run_id,
+        pid=hello.pid if hello else None,
+        hostname=hello.host if hello else None,
+        device=hello.device if hello else "cpu",
+        device_name=hello.device_name if hello else "",
+        ranks=sorted({s.rank for s in steps} or ({hello.rank} if hello else set[int]())),
+        steps=summary.steps,
+        steps_in_full=len(steps),
+        thinned=summary.thinned,
+        eval_steps=len(summary.evals),
+        # each eval step is one forward pass (an inference loop's latency): p50 / p99 of their wall times
+        eval_latency_ms=EvalLatency(_r4(p50), _r4(p99)) if summary.evals else None,
+        # phases (and micro-batches) are timed on every step of 10 ms or more, on a random
+        # sample of faster ones: `timed_steps` of `steps_in_full`
+        timed_steps=len(timed_steps),
+        micro_batches=(sum(s.micro for s in timed_steps) / len(timed_steps)) if timed_steps else 0.0,
+        step_time_ms=StepTimeMs(*(round(stats[f"{k}_ms"], 4) for k in ("median", "p90", "mean"))),
+        steps_per_s=round(stats["steps_per_s"], 3),
+        # a plain generator the loop resumes is data wait (estimated from stack samples)
+        breakdown={k: round(v, 5) for k, v in _breakdown(state, steps).items()},
+        phase_ms={k: round(v, 4) for k, v in phase_ms(steps).items()},
+        device_ms={k: round(v, 4) for k, v in device_ms(steps).items()},
+        batches=state.batches,
+        dropped=state.dropped,
+        gaps=state.gaps,
+        bad_frames=state.bad_frames,
+        hook_errors=state.hook_errors,
+        agent_refused=AgentRefused(bad=state.bad_requests, dropped=state.dropped_requests),
+        memory=memory,
+        gpu=gpu,
+        host=host,
+        sync=why.sync,
+        stack_samples=why.stack_samples,
+        hot_frames=why.hot_frames,
+        hot_functions=why.hot_functions,
+        throughput=why.throughput,
     )
+    return with_diagnosis(report, diagnosis)
+
+
+def with_diagnosis(report: RunReport, diagnosis: Diagnosis) -> RunReport:
+    """The report with `diagnosis`'s verdict and flags (a rank of a job carries the job's)."""
+    report.verdict = diagnosis.verdict.to_report()
+    report.flags = [f.kind for f in diagnosis.flags]
+    report.flag_details = [f.to_report() for f in diagnosis.flags]
+    return report
 
 
 def _r4(x: float) -> float:
@@ -87,7 +118,7 @@ def _breakdown(state: RunState, steps: list[StepRecord]) -> dict[str, float]:
     return with_input_wait(breakdown(steps), fold(state.why.samples, steps), int(T["min_phase_samples"]))[0]
 
 
-def telemetry_report(state: RunState, seconds: float) -> dict[str, Any]:
+def telemetry_report(state: RunState, seconds: float) -> tuple[MemorySection, GpuSection, HostSection]:
     """`memory`, `gpu` and `host` sections: the latest samples, peaks, and why a part is missing."""
     tel = state.telemetry
     unavailable = (
@@ -99,33 +130,43 @@ def telemetry_report(state: RunState, seconds: float) -> dict[str, Any]:
             "host": "no telemetry received",
         }
     )
-    memory: dict[str, Any] = {"available": bool(tel and tel.memory)}
     if tel and tel.memory:
-        devices: list[dict[str, Any]] = []
+        devices: list[MemoryDevice] = []
         for m in tel.memory:
-            d = msgspec.to_builtins(m)
-            d["window_peak_max"] = state.peak_window.get(m.device, m.window_peak)
-            d["rounding_waste"] = max(0, m.allocated - m.requested)
-            d["reserved_fraction"] = m.reserved / m.device_total if m.device_total else None
             frag = next((f for f in tel.frag if f.device == m.device), None)
-            d["fragmentation"] = msgspec.to_builtins(frag) if frag else None
-            devices.append(d)
-        memory |= {"devices": devices, "alloc_retries_per_s": round(retry_rate(state, seconds), 4)}
-        memory |= {
-            k: devices[0][k]
-            for k in ("allocated", "reserved", "peak_allocated", "inactive_split", "alloc_retries", "ooms")
-        }
+            devices.append(
+                MemoryDevice(
+                    **{k: getattr(m, k) for k in m.__struct_fields__},
+                    window_peak_max=state.peak_window.get(m.device, m.window_peak),
+                    rounding_waste=max(0, m.allocated - m.requested),
+                    reserved_fraction=m.reserved / m.device_total if m.device_total else None,
+                    fragmentation=frag,
+                )
+            )
+        first = devices[0]
+        memory = MemorySection(
+            available=True,
+            devices=devices,
+            alloc_retries_per_s=round(retry_rate(state, seconds), 4),
+            allocated=first.allocated,
+            reserved=first.reserved,
+            peak_allocated=first.peak_allocated,
+            inactive_split=first.inactive_split,
+            alloc_retries=first.alloc_retries,
+            ooms=first.ooms,
+        )
     else:
-        memory["reason"] = unavailable.get("memory", "")
-    gpu: dict[str, Any] = {"available": bool(tel and tel.gpus)}
+        memory = MemorySection(available=False, reason=unavailable.get("memory", ""))
     if tel and tel.gpus:
-        gpu["devices"] = [msgspec.to_builtins(g) for g in tel.gpus]
+        gpu = GpuSection(available=True, devices=list(tel.gpus))
     else:
-        gpu["reason"] = unavailable.get("gpu", "")
-    host: dict[str, Any] = {"available": bool(tel and tel.host)}
+        gpu = GpuSection(available=False, reason=unavailable.get("gpu", ""))
     if tel and tel.host:
-        host |= msgspec.to_builtins(tel.host)
-        host.setdefault("workers", [])
+        h = tel.host
+        sent: dict[str, Any] = msgspec.to_builtins(h)  # the fields its encoding has
+        host = HostSection(
+            available=True, **{k: getattr(h, k) for k in sent if k != "workers"}, workers=h.workers
+        )
     else:
-        host["reason"] = unavailable.get("host", "")
-    return {"memory": memory, "gpu": gpu, "host": host}
+        host = HostSection(available=False, reason=unavailable.get("host", ""))
+    return memory, gpu, host

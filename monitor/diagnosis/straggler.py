@@ -18,8 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
+import msgspec
+
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Finding, Severity
+from torchtop.monitor.diagnosis.report_types import ScalingReport, StragglerReport, WorkReport
 from torchtop.monitor.diagnosis.upside import Upside, faster
 from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.rank_stats import RankTimes, Work
@@ -103,23 +106,28 @@ class Straggler:
         left = self.step_ms - self.wait_ms
         return self.step_ms / left if left > 0 else float("inf")
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "rank": self.rank,
-            "phase": self.phase or None,
-            "phase_ms": round(self.phase_ms, 3),
-            "median_ms": round(self.median_ms, 3),
-            "others_wait_ms": round(self.wait_ms, 3),
-            "step_ms": round(self.step_ms, 3),
-            "waiting_ranks": self.waiting,
-            "share": round(self.share, 4),
-            "slowdown": round(self.slowdown, 3),
-            "severity": self.severity,
-            "work": self.work.to_json() if self.work is not None else None,
-            "median_work": self.median_work.to_json() if self.median_work is not None else None,
-            "work_ratio": round(r, 3) if (r := self.work_ratio) is not None else None,
-            "imbalance": self.imbalance,
-        }
+    def to_report(self) -> StragglerReport:
+        """Its figures; the report adds `persistence` and `slowest_in_spans` (job.py)."""
+        return StragglerReport(
+            rank=self.rank,
+            phase=self.phase or None,
+            phase_ms=round(self.phase_ms, 3),
+            median_ms=round(self.median_ms, 3),
+            others_wait_ms=round(self.wait_ms, 3),
+            step_ms=round(self.step_ms, 3),
+            waiting_ranks=self.waiting,
+            share=round(self.share, 4),
+            slowdown=round(self.slowdown, 3),
+            severity=self.severity,
+            work=work_report(self.work),
+            median_work=work_report(self.median_work),
+            work_ratio=round(r, 3) if (r := self.work_ratio) is not None else None,
+            imbalance=self.imbalance,
+        )
+
+
+def work_report(work: Work | None) -> WorkReport | None:
+    return WorkReport(**work.to_json()) if work is not None else None
 
 
 def _severity(share: float) -> Severity | None:
@@ -235,23 +243,26 @@ class Scaling:
             return None
         return self.baseline_ms / self.step_ms
 
-    def to_json(self) -> dict[str, object]:
+    def to_report(self) -> ScalingReport:
         def share(x: float) -> float:
             return round(x / self.step_ms, 4) if self.step_ms > 0 else 0.0
 
         vs = self.vs_baseline
-        return {
-            "step_ms": round(self.step_ms, 3),
-            "compute_ms": round(self.compute_ms, 3),
-            "efficiency": round(self.efficiency, 4),
-            "lost_to_communication": share(self.comm_ms),
-            "lost_to_waiting": share(self.straggler_wait_ms),
-            "lost_to_other": share(
+        return ScalingReport(
+            step_ms=round(self.step_ms, 3),
+            compute_ms=round(self.compute_ms, 3),
+            efficiency=round(self.efficiency, 4),
+            lost_to_communication=share(self.comm_ms),
+            lost_to_waiting=share(self.straggler_wait_ms),
+            lost_to_other=share(
                 max(0.0, self.step_ms - self.compute_ms - self.comm_ms - self.straggler_wait_ms)
             ),
-            "baseline_ms": self.baseline_ms,
-            "vs_baseline": round(vs, 4) if vs is not None else None,
-        }
+            baseline_ms=self.baseline_ms,
+            vs_baseline=round(vs, 4) if vs is not None else None,
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return msgspec.to_builtins(self.to_report())
 
 
 def scaling(ranks: dict[int, RankTimes], baseline_ms: float | None = None) -> Scaling | None:

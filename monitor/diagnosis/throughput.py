@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from torchtop.monitor.diagnosis.peaks import lookup, precision
+from torchtop.monitor.diagnosis.report_types import ThroughputReport
 from torchtop.monitor.model.state import device_ms
 
 if TYPE_CHECKING:
@@ -49,29 +52,32 @@ class Throughput:
     gpu_util: float | None = None  # NVML, mean over the window
     flops_note: str = ""  # why there is no FLOP count ("counting", "off: ...")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_report(self) -> ThroughputReport:
         def r(x: float | None, n: int = 4) -> float | None:
             return None if x is None else float(f"{x:.{n}g}")  # significant digits: TFLOP/s of a CPU are tiny
 
-        return {
-            "steps_per_s": r(self.steps_per_s),
-            "samples_per_s": r(self.samples_per_s, 6),
-            "samples_from": self.samples_from or None,
-            "tokens_per_s": r(self.tokens_per_s, 6),
-            "tokens_from": self.tokens_from or None,
-            "flops_per_step": self.flops_per_step,
-            "flops_from": self.flops_from or None,
-            "flops_note": self.flops_note or None,
-            "achieved_tflops": r(self.achieved_tflops),
-            "precision": self.precision or None,
-            "peak_tflops": r(self.peak_tflops, 5),
-            "peak_from": self.peak_from or None,
-            "mfu": r(self.mfu),
-            "device_busy": r(self.device_busy),
-            "device_busy_ms": r(self.device_busy_ms),
-            "device_step_ms": r(self.device_step_ms),
-            "gpu_util": r(self.gpu_util, 3),
-        }
+        return ThroughputReport(
+            steps_per_s=r(self.steps_per_s),
+            samples_per_s=r(self.samples_per_s, 6),
+            samples_from=self.samples_from or None,
+            tokens_per_s=r(self.tokens_per_s, 6),
+            tokens_from=self.tokens_from or None,
+            flops_per_step=self.flops_per_step,
+            flops_from=self.flops_from or None,
+            flops_note=self.flops_note or None,
+            achieved_tflops=r(self.achieved_tflops),
+            precision=self.precision or None,
+            peak_tflops=r(self.peak_tflops, 5),
+            peak_from=self.peak_from or None,
+            mfu=r(self.mfu),
+            device_busy=r(self.device_busy),
+            device_busy_ms=r(self.device_busy_ms),
+            device_step_ms=r(self.device_step_ms),
+            gpu_util=r(self.gpu_util, 3),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self.to_report())
 
 
 def _mark_mean(steps: list[StepRecord], name: str) -> float | None:

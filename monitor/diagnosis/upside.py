@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import msgspec
+
 from torchtop.monitor.diagnosis.facts import Facts
+from torchtop.monitor.diagnosis.report_types import UpsideReport
 from torchtop.monitor.diagnosis.why import device_busy_ms, host_code_share, sync_evidence
 from torchtop.monitor.model.fmt import size
 from torchtop.monitor.model.hotspots import short_site
@@ -28,17 +31,14 @@ class Upside:
     new_step_ms: float | None = None  # the step after the fix (a floor for a bound)
     speedup: float | None = None  # steps/s after ÷ before
 
-    def to_json(self) -> dict[str, Any]:
+    def to_report(self) -> UpsideReport:
         def r(x: float | None) -> float | None:
             return None if x is None else round(x, 3)
 
-        return {
-            "text": self.text,
-            "kind": self.kind,
-            "step_ms": r(self.step_ms),
-            "new_step_ms": r(self.new_step_ms),
-            "speedup": r(self.speedup),
-        }
+        return UpsideReport(self.text, self.kind, r(self.step_ms), r(self.new_step_ms), r(self.speedup))
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self.to_report())
 
 
 def faster(what: str, step: float, new: float, kind: Kind, note: str = "") -> Upside | None:

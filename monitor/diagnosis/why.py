@@ -16,10 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+from msgspec import UNSET
 
 from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.report_types import (
+    HotSite,
+    StackSamples,
+    SyncSection,
+    SyncSiteReport,
+    ThroughputReport,
+)
 from torchtop.monitor.diagnosis.throughput import Throughput, throughput
 from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.hotspots import Fold, FunctionShare, SiteShare, fold, short_callee, short_site
@@ -244,7 +253,22 @@ def refine(verdict: Finding, f: Facts) -> Finding:
     return replace(verdict, evidence=(*verdict.evidence, *extra))
 
 
-def why_report(state: RunState, steps: list[StepRecord], seconds: float) -> dict[str, object]:
+class WhySections(NamedTuple):
+    """The report's `sync`, `stack_samples`, `hot_frames`, `hot_functions` and `throughput`."""
+
+    sync: SyncSection
+    stack_samples: StackSamples
+    hot_frames: dict[str, list[HotSite]]
+    hot_functions: dict[str, list[HotSite]]
+    throughput: ThroughputReport
+
+
+def hot_site(s: SiteShare) -> HotSite:
+    caller = s.caller if isinstance(s, FunctionShare) else UNSET
+    return HotSite(s.site, s.callee, s.samples, round(s.share, 4), caller)
+
+
+def why_report(state: RunState, steps: list[StepRecord], seconds: float) -> WhySections:
     """The report's `sync`, `hot_frames`, `stack_samples` and `throughput` sections over `steps`."""
     from torchtop.monitor.model.state import recent_points
 
@@ -252,38 +276,36 @@ def why_report(state: RunState, steps: list[StepRecord], seconds: float) -> dict
     w = why_facts(state, steps, sum(utils) / len(utils) if utils else None)
     fo = w.fold
     step_ms = w.throughput.step_ms
-    sync: dict[str, object] = {"state": w.sync.state if w.sync else "unknown"}
+    sync = SyncSection(state=w.sync.state if w.sync else "unknown")
     if w.sync is not None:
-        sync |= {
-            "reason": w.sync.reason or None,
-            "windows": w.sync.windows,
-            "cost_us_per_sync": w.sync.cost_us,
-        }
-        sync["sites"] = [
-            {
-                "site": s.site,
-                "call": s.call or None,
-                "via": s.via or None,
-                "line": s.line or None,
-                "calls_per_step": round(s.calls / s.steps, 3) if s.steps else None,
-                "wait_ms_per_step": round(fo.sync_share(s.site) * step_ms, 3) if fo.samples else None,
-                "share": round(fo.sync_share(s.site), 4) if fo.samples else None,
-            }
+        sync.reason = w.sync.reason or None
+        sync.windows = w.sync.windows
+        sync.cost_us_per_sync = w.sync.cost_us
+        sync.sites = [
+            SyncSiteReport(
+                site=s.site,
+                call=s.call or None,
+                via=s.via or None,
+                line=s.line or None,
+                calls_per_step=round(s.calls / s.steps, 3) if s.steps else None,
+                wait_ms_per_step=round(fo.sync_share(s.site) * step_ms, 3) if fo.samples else None,
+                share=round(fo.sync_share(s.site), 4) if fo.samples else None,
+            )
             for s in w.sync.sites
         ]
-    sync["share"] = round(fo.sync_share(), 4) if fo.samples else None
-    sync["wait_ms_per_step"] = round(fo.sync_share() * step_ms, 3) if fo.samples else None
-    return {
-        "sync": sync,
-        "stack_samples": {
-            "hz": w.stack_hz,
-            "in_steps": fo.samples,
-            "late": fo.late,
-            "by_phase": dict(fo.by_phase),
-            "cost_us": round(state.why.stack_cost_us, 2) if state.why.stack_cost_us is not None else None,
-        },
-        "hot_frames": {phase: [s.to_json() for s in sites] for phase, sites in fo.sites.items()},
+    sync.share = round(fo.sync_share(), 4) if fo.samples else None
+    sync.wait_ms_per_step = round(fo.sync_share() * step_ms, 3) if fo.samples else None
+    return WhySections(
+        sync=sync,
+        stack_samples=StackSamples(
+            hz=w.stack_hz,
+            in_steps=fo.samples,
+            late=fo.late,
+            by_phase=dict(fo.by_phase),
+            cost_us=round(state.why.stack_cost_us, 2) if state.why.stack_cost_us is not None else None,
+        ),
+        hot_frames={phase: [hot_site(s) for s in sites] for phase, sites in fo.sites.items()},
         # the same by function of the user's (lines and comprehensions summed), with its caller
-        "hot_functions": {phase: [s.to_json() for s in fns] for phase, fns in fo.functions.items()},
-        "throughput": w.throughput.to_json(),
-    }
+        hot_functions={phase: [hot_site(s) for s in fns] for phase, fns in fo.functions.items()},
+        throughput=w.throughput.to_report(),
+    )

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from msgspec import UnsetType
 
 from torchtop.monitor.diagnosis.facts import SEVERITY_RANK
+from torchtop.monitor.diagnosis.report_types import RunReport
 
 Kind = Literal["gauge", "counter"]
 
@@ -76,7 +79,7 @@ METRICS: dict[str, tuple[Kind, str, str | None]] = {
 
 
 def samples(
-    report: dict[str, Any],
+    report: RunReport,
     job: str,
     node: str,
     rank: int,
@@ -90,8 +93,8 @@ def samples(
     base = (("job", job), ("node", node), ("rank", str(rank)))
     out: list[Sample] = []
 
-    def add(name: str, value: Any, extra: tuple[str, str] | None = None) -> None:
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+    def add(name: str, value: float | UnsetType | None, extra: tuple[str, str] | None = None) -> None:
+        if value is None or isinstance(value, (bool, UnsetType)):
             return
         kind = METRICS[name][0]
         out.append(Sample(name, float(value), base + ((extra,) if extra else ()), kind))
@@ -99,63 +102,57 @@ def samples(
     add("torchtop_up", 1 if up else 0)
     add("torchtop_steps", steps_total)
     add("torchtop_steps_per_second", steps_per_s)
-    if report.get("steps"):
-        for q in ("median", "p90", "mean"):
-            add(f"torchtop_step_time_{q}_seconds", report["step_time_ms"][q] / 1e3)
-    if report.get("timed_steps"):
-        for phase, ms in report.get("phase_ms", {}).items():
+    if report.steps:
+        st = report.step_time_ms
+        for q, ms in (("median", st.median), ("p90", st.p90), ("mean", st.mean)):
+            add(f"torchtop_step_time_{q}_seconds", None if isinstance(ms, UnsetType) else ms / 1e3)
+    if report.timed_steps:
+        for phase, ms in report.phase_ms.items():
             add("torchtop_phase_seconds", ms / 1e3, ("phase", phase))
-        for phase, share in report.get("breakdown", {}).items():
+        for phase, share in report.breakdown.items():
             add("torchtop_phase_share_ratio", share, ("phase", phase))
-    for phase, ms in report.get("device_ms", {}).items():
+    for phase, ms in report.device_ms.items():
         add("torchtop_device_phase_seconds", ms / 1e3, ("phase", phase))
-    memory = report.get("memory", {})
-    if memory.get("available"):
-        add("torchtop_memory_allocated_bytes", memory.get("allocated"))
-        add("torchtop_memory_reserved_bytes", memory.get("reserved"))
-        add("torchtop_memory_peak_allocated_bytes", memory.get("peak_allocated"))
-        add("torchtop_memory_alloc_retries", memory.get("alloc_retries"))
-        add("torchtop_memory_ooms", memory.get("ooms"))
-    gpus = report.get("gpu", {}).get("devices") or []
+    memory = report.memory
+    if memory.available:
+        add("torchtop_memory_allocated_bytes", memory.allocated)
+        add("torchtop_memory_reserved_bytes", memory.reserved)
+        add("torchtop_memory_peak_allocated_bytes", memory.peak_allocated)
+        add("torchtop_memory_alloc_retries", memory.alloc_retries)
+        add("torchtop_memory_ooms", memory.ooms)
+    gpus = report.gpu.devices or []
     if gpus:
         g = gpus[0]  # the rank's own device comes first
-        util = g.get("util_gpu")
-        add(
-            "torchtop_gpu_utilization_ratio",
-            util / 100 if isinstance(util, (int, float)) and util >= 0 else None,
-        )
-        add("torchtop_gpu_memory_used_bytes", g.get("mem_used"))
-        add("torchtop_gpu_power_watts", _known(g.get("power_w")))
-        add("torchtop_gpu_temperature_celsius", _known(g.get("temp_c")))
-    host = report.get("host", {})
-    if host.get("available"):
-        add("torchtop_process_cpu_cores", host.get("proc_cpu", 0) / 100)
-        add("torchtop_process_resident_bytes", host.get("proc_rss"))
-        add("torchtop_process_resident_peak_bytes", host.get("proc_rss_peak") or None)
-        workers = [w for w in host.get("workers", []) if w.get("dataloader")]
+        util = g.util_gpu
+        add("torchtop_gpu_utilization_ratio", util / 100 if util is not None and util >= 0 else None)
+        add("torchtop_gpu_memory_used_bytes", g.mem_used)
+        add("torchtop_gpu_power_watts", _known(g.power_w))
+        add("torchtop_gpu_temperature_celsius", _known(g.temp_c))
+    host = report.host
+    if host.available:
+        add("torchtop_process_cpu_cores", (host.proc_cpu or 0) / 100)
+        add("torchtop_process_resident_bytes", host.proc_rss)
+        add("torchtop_process_resident_peak_bytes", host.proc_rss_peak or None)
+        workers = [w for w in host.workers or [] if w.dataloader]
         add("torchtop_dataloader_workers", len(workers))
         if workers:
             add(
                 "torchtop_dataloader_worker_cpu_cores",
-                sum(w["cpu_percent"] for w in workers) / len(workers) / 100,
+                sum(w.cpu_percent for w in workers) / len(workers) / 100,
             )
-    verdict = report.get("verdict", {})
-    if verdict.get("kind") and verdict["kind"] != "unknown":
-        add(
-            "torchtop_verdict",
-            SEVERITY_RANK.get(verdict.get("severity", "ok"), 0),
-            ("verdict", verdict["kind"]),
-        )
-        add("torchtop_verdict_share_ratio", verdict.get("share", 0.0), ("verdict", verdict["kind"]))
-    for flag in report.get("flag_details", []):
-        add("torchtop_flag", SEVERITY_RANK.get(flag.get("severity", "info"), 1), ("flag", flag["kind"]))
-    add("torchtop_dropped_steps", report.get("dropped"))
-    add("torchtop_hook_errors", report.get("hook_errors"))
+    verdict = report.verdict
+    if verdict.kind and verdict.kind != "unknown":
+        add("torchtop_verdict", SEVERITY_RANK.get(verdict.severity, 0), ("verdict", verdict.kind))
+        add("torchtop_verdict_share_ratio", verdict.share, ("verdict", verdict.kind))
+    for flag in report.flag_details:
+        add("torchtop_flag", SEVERITY_RANK.get(flag.severity, 1), ("flag", flag.kind))
+    add("torchtop_dropped_steps", report.dropped)
+    add("torchtop_hook_errors", report.hook_errors)
     return out
 
 
-def _known(value: Any) -> float | None:
-    return value if isinstance(value, (int, float)) and value >= 0 else None
+def _known(value: float | None) -> float | None:
+    return value if value is not None and value >= 0 else None
 
 
 class SampleBoard:

@@ -1,5 +1,3 @@
-# pyright: basic
-# basic, not strict: reads the report as a dict until the report is typed
 """`torchtop compare`: runs side by side, each against the first. Pure: reports in, rows out.
 
 Each run is summed up by its report (diagnosis/report.py, over the run past warm-up); a row
@@ -10,12 +8,17 @@ Changes under NOISE are called "same": a run's own step times swing by that much
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from msgspec import UnsetType
 
 from torchtop.agent.contract.logcodes import PHASES
 from torchtop.monitor.model import fmt
+
+if TYPE_CHECKING:  # the report's types (diagnosis/report_types.py): the model layer imports no diagnosis
+    from torchtop.monitor.diagnosis.report_types import RunReport
 
 Better = Literal["higher", "lower"]
 NOISE = 0.02  # relative changes smaller than this are "same"
@@ -28,53 +31,40 @@ class Metric:
     label: str
     unit: Literal["ms", "/s", "bytes", "share", "ratio"]
     better: Better | None
-    get: Callable[[dict[str, Any]], float | None]
+    get: Callable[[RunReport], float | None]
 
 
-def _path(*keys: str) -> Callable[[dict[str, Any]], float | None]:
-    def get(report: dict[str, Any]) -> float | None:
-        value: Any = report
-        for k in keys:
-            if not isinstance(value, dict) or k not in value:
-                return None
-            value = value[k]
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-    return get
+def _known(value: float | UnsetType | None) -> float | None:
+    return None if value is None or isinstance(value, UnsetType) else float(value)
 
 
-def memory_peak(report: dict[str, Any]) -> tuple[float | None, str]:
+def memory_peak(report: RunReport) -> tuple[float | None, str]:
     """The run's memory peak and what it is: the CUDA allocator's peak (largest device), else
     the training process's peak RSS (its whole memory: the only peak a CPU run has)."""
-    devices = report.get("memory", {}).get("devices") or []
-    peaks = [d.get("peak_allocated", 0) for d in devices if d.get("peak_allocated")]
+    peaks = [d.peak_allocated for d in report.memory.devices or [] if d.peak_allocated]
     if peaks:
         return float(max(peaks)), "CUDA peak allocated"
-    host = report.get("host", {})
-    peak = host.get("proc_rss_peak") or host.get("proc_rss")
+    host = report.host
+    peak = host.proc_rss_peak or host.proc_rss
     return (float(peak), "peak RSS") if peak else (None, "")
 
 
-def mfu(report: dict[str, Any]) -> float | None:
+def mfu(report: RunReport) -> float | None:
     """Model FLOPs utilisation, where the report knows it (the run's FLOPs and the device's peak)."""
-    for keys in (("mfu",), ("throughput", "mfu"), ("why", "mfu")):
-        value = _path(*keys)(report)
-        if value is not None:
-            return value
-    return None
+    return report.throughput.mfu
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("steps_per_s", "steps/s", "/s", "higher", _path("steps_per_s")),
-    Metric("step_time.median", "step time median", "ms", "lower", _path("step_time_ms", "median")),
-    Metric("step_time.p90", "step time p90", "ms", "lower", _path("step_time_ms", "p90")),
-    *(Metric(f"phase.{p}", f"  {p}", "ms", "lower", _path("phase_ms", p)) for p in PHASES),
-    *(Metric(f"share.{p}", f"  {p} share", "share", None, _path("breakdown", p)) for p in PHASES),
+    Metric("steps_per_s", "steps/s", "/s", "higher", lambda r: r.steps_per_s),
+    Metric("step_time.median", "step time median", "ms", "lower", lambda r: _known(r.step_time_ms.median)),
+    Metric("step_time.p90", "step time p90", "ms", "lower", lambda r: _known(r.step_time_ms.p90)),
+    *(Metric(f"phase.{p}", f"  {p}", "ms", "lower", lambda r, p=p: r.phase_ms.get(p)) for p in PHASES),
+    *(Metric(f"share.{p}", f"  {p} share", "share", None, lambda r, p=p: r.breakdown.get(p)) for p in PHASES),
     Metric("memory_peak", "memory peak", "bytes", "lower", lambda r: memory_peak(r)[0]),
     # where the report carries throughput (samples, tokens, FLOPs: the `throughput` section)
-    Metric("samples_per_s", "samples/s", "/s", "higher", _path("throughput", "samples_per_s")),
-    Metric("tokens_per_s", "tokens/s", "/s", "higher", _path("throughput", "tokens_per_s")),
-    Metric("tflops", "achieved TFLOP/s", "/s", "higher", _path("throughput", "achieved_tflops")),
+    Metric("samples_per_s", "samples/s", "/s", "higher", lambda r: r.throughput.samples_per_s),
+    Metric("tokens_per_s", "tokens/s", "/s", "higher", lambda r: r.throughput.tokens_per_s),
+    Metric("tflops", "achieved TFLOP/s", "/s", "higher", lambda r: r.throughput.achieved_tflops),
     Metric("mfu", "MFU", "ratio", "higher", mfu),
 )
 
@@ -107,10 +97,12 @@ def change(base: float | None, value: float | None, better: Better | None) -> di
     return {"delta": delta, "ratio": ratio, "relative": rel, "verdict": verdict}
 
 
-def device_metrics(reports: list[dict[str, Any]]) -> list[Metric]:
+def device_metrics(reports: Sequence[RunReport]) -> list[Metric]:
     """CUDA-event times per phase, for the keys any run has."""
-    keys = sorted({k for r in reports for k in (r.get("device_ms") or {})})
-    return [Metric(f"device.{k}", f"  device {k}", "ms", "lower", _path("device_ms", k)) for k in keys]
+    keys = sorted({k for r in reports for k in r.device_ms})
+    return [
+        Metric(f"device.{k}", f"  device {k}", "ms", "lower", lambda r, k=k: r.device_ms.get(k)) for k in keys
+    ]
 
 
 def thin_notes(runs: list[dict[str, Any]]) -> list[str]:
@@ -125,14 +117,12 @@ def thin_notes(runs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def compare(
-    reports: list[dict[str, Any]], names: list[str], notes: list[str] | None = None
-) -> dict[str, Any]:
+def compare(reports: Sequence[RunReport], names: list[str], notes: list[str] | None = None) -> dict[str, Any]:
     """The comparison as JSON-able data: runs (name, steps, verdict, flags, memory kind), rows,
     and notes (runs too thin to trust, and what the caller knows: a CPU without bf16)."""
     head = 3 + 2 * len(PHASES)  # steps/s, step times, then phase times and shares
     metrics = [*METRICS[:head], *device_metrics(reports), *METRICS[head:]]
-    rows = []
+    rows: list[Row] = []
     for m in metrics:
         values = [m.get(r) for r in reports]
         if all(not v for v in values):
@@ -142,17 +132,17 @@ def compare(
                 m.key, m.label, m.unit, m.better, values, [change(values[0], v, m.better) for v in values[1:]]
             )
         )
-    runs = [
+    runs: list[dict[str, Any]] = [
         {
             "name": name,
-            "target": r.get("target", ""),
-            "device": r.get("device", ""),
-            "device_name": r.get("device_name", ""),
-            "steps": r.get("steps", 0),
-            "span_s": r.get("covered_s", 0.0),
-            "verdict": r.get("verdict", {}).get("kind", "unknown"),
-            "severity": r.get("verdict", {}).get("severity", "ok"),
-            "flags": list(r.get("flags", [])),
+            "target": r.target,
+            "device": r.device,
+            "device_name": r.device_name,
+            "steps": r.steps,
+            "span_s": r.covered_s,
+            "verdict": r.verdict.kind,
+            "severity": r.verdict.severity,
+            "flags": list(r.flags),
             "memory_kind": memory_peak(r)[1],
         }
         for name, r in zip(names, reports)
