@@ -1,5 +1,6 @@
-"""A capture leaves nothing behind: our profiler sessions stop with TEARDOWN_CUPTI=1 for that call
-only, and never where CUDA graphs are in use or the run (or torch) decided otherwise."""
+"""A capture leaves nothing behind: our profiler sessions end with TEARDOWN_CUPTI=1 set before the
+step at which their schedule stops the trace, and left set (Kineto reads it again after the
+session), never where CUDA graphs are in use or the run (or torch) decided otherwise."""
 
 from __future__ import annotations
 
@@ -15,10 +16,15 @@ torch = pytest.importorskip("torch")
 
 
 class Prof:
-    """A profiler whose stop() notes what Kineto would read then."""
+    """A profiler whose step() (where a schedule stops the trace) and stop() note what Kineto
+    would read then."""
 
     def __init__(self) -> None:
         self.seen: str | None = "not stopped"
+        self.at_step: str | None = "no step"
+
+    def step(self) -> None:
+        self.at_step = os.environ.get("TEARDOWN_CUPTI")
 
     def stop(self) -> None:
         self.seen = os.environ.get("TEARDOWN_CUPTI")
@@ -28,12 +34,26 @@ class Prof:
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("TEARDOWN_CUPTI", "DISABLE_CUPTI_LAZY_REINIT", "TORCHTOP_CUPTI_TEARDOWN"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(cupti, "_ours", False)
 
 
-def test_a_cuda_session_of_ours_stops_with_cupti_torn_down_and_the_setting_goes() -> None:
+def test_a_cuda_session_of_ours_ends_with_cupti_torn_down_and_the_setting_stays() -> None:
+    """Set for the call only, Kineto's teardown thread found it gone and re-subscribed CUPTI's
+    callbacks: a capture left the launch-bound loop +21.6% slower (docs/benchmarks.md)."""
     prof = Prof()
-    assert cupti.stop(prof, torch, cuda_activity=True) == ""
-    assert prof.seen == "1" and "TEARDOWN_CUPTI" not in os.environ
+    assert cupti.stop(prof, torch, cuda_activity=True, last_step=True) == ""
+    assert prof.at_step == "1" and prof.seen == "1"  # the schedule's last step stops the trace
+    assert os.environ["TEARDOWN_CUPTI"] == "1"
+    again = Prof()  # a second capture of ours: the setting is ours, not "set already"
+    assert cupti.stop(again, torch, cuda_activity=True, last_step=True) == ""
+
+
+def test_our_setting_goes_when_a_later_session_may_not_tear_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cupti.stop(Prof(), torch, cuda_activity=True) == ""
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", SimpleNamespace())
+    prof = Prof()
+    assert "reduce-overhead" in cupti.stop(prof, torch, cuda_activity=True, last_step=True)
+    assert prof.at_step is None and "TEARDOWN_CUPTI" not in os.environ
 
 
 @pytest.mark.parametrize(
@@ -84,11 +104,17 @@ def test_the_capture_controller_stops_its_profiler_through_the_rule(
     monkeypatch.setenv("TORCHTOP_DIR", str(tmp_path / "captures"))
     seen: list[bool] = []
     real = cupti.stop
-    monkeypatch.setattr(cupti, "stop", lambda prof, t, cuda: seen.append(cuda) or real(prof, t, cuda))
+    monkeypatch.setattr(
+        cupti,
+        "stop",
+        lambda prof, t, cuda, last_step=False: (
+            seen.append(cuda and last_step) or real(prof, t, cuda, last_step)
+        ),
+    )
     c = CaptureController(CudaUse(torch), _Probe())
     c.request("capture-profile", {"steps": 1})
     c.probe.on_step()  # the profiler starts at a boundary...
     torch.nn.Linear(4, 4)(torch.randn(2, 4)).sum().backward()
     c.probe.on_step()  # ...and stops at the next
-    assert seen == [False] and c.cupti_kept == "no CUDA activity was recorded"
+    assert seen == [False] and c.cupti_kept == "no CUDA activity was recorded"  # a CPU session
     assert not torch.autograd._profiler_enabled() and "TEARDOWN_CUPTI" not in os.environ

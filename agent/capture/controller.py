@@ -278,16 +278,18 @@ class CaptureController:
                     self._start(run)
                 return
             run.steps_done += 1
-            if run.prof is not None:
+            last = bool(run.steps) and run.steps_done >= run.steps
+            if run.prof is not None and not last:
                 run.prof.step()
             self._news.append((run.id, {"steps_done": run.steps_done}))
-            if run.steps and run.steps_done >= run.steps:
+            if last:
                 self.probe.on_step = None
                 run.over = True
                 dest = self._dest  # set before arming; closed only once the capture has finished
                 if run.prof is not None:
                     prof, run.prof = run.prof, None
-                    self.cupti_kept = cupti.stop(prof, self.torch, run.cuda)  # "" when CUPTI went with it
+                    # its last step stops the trace: CUPTI's teardown is decided there
+                    self.cupti_kept = cupti.stop(prof, self.torch, run.cuda, last_step=True)
                     self._news.append((run.id, {"state": WRITING}))
                     self._spawn(self._write_profile, run.id, run.kind, run.started_at, dest, prof)
                 else:

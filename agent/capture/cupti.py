@@ -1,13 +1,18 @@
 """A torch.profiler session of ours ends with CUPTI finalized, where that is safe.
 
 Kineto leaves CUPTI attached after a profiler session unless TEARDOWN_CUPTI=1 is in the
-environment when the session stops (read at that moment: libkineto's `cuptiTearDown_`), and an
-attached CUPTI keeps its callbacks on every kernel launch: pytorch #144455 measured training
-10-20% slower after a session ended. torch leaves it off because CUDA graphs crash on CUPTI's
-re-initialisation after a teardown (torch/profiler/profiler.py sets TEARDOWN_CUPTI=0 when
-inductor's CUDA graphs are on). So a capture of ours stops its profiler with TEARDOWN_CUPTI=1
-set for the call only, unless (`teardown_refusal` says which):
-- TEARDOWN_CUPTI is already set (by the user, or by torch for CUDA graphs): theirs to decide;
+environment when the session's trace stops, and an attached CUPTI keeps its callbacks on every
+kernel launch: pytorch #144455 measured training 10-20% slower after a session ended. Kineto reads
+the variable three times (libkineto's `cuptiTearDown_`): when the trace stops (inside the
+`prof.step()` whose schedule ends the session, not in a later `prof.stop()`); on its teardown
+thread after CUPTI is finalized, which re-subscribes the callbacks unless the variable is still
+set; and at the next session's start, to re-subscribe them lazily. So once a capture of ours may
+tear down, TEARDOWN_CUPTI=1 is set before its last step and stays set: set only for the call, the
+finalize was undone at once (a capture left the launch-bound loop +21.6% slower, as with no
+teardown at all). torch leaves it off because CUDA graphs crash on CUPTI's re-initialisation after
+a teardown (torch/profiler/profiler.py sets TEARDOWN_CUPTI=0 when inductor's CUDA graphs are on).
+A session of ours ends without teardown (`teardown_refusal` says why), our setting removed, when:
+- TEARDOWN_CUPTI was set by someone else (the user, or torch for CUDA graphs): theirs to decide;
 - DISABLE_CUPTI_LAZY_REINIT is set (torch's sign of CUDA graphs with an older CUDA);
 - CUDA graphs are in use: a stream capturing now, inductor's `triton.cudagraphs` on, or its
   CUDA-graph trees loaded (torch.compile(mode="reduce-overhead"));
@@ -24,6 +29,7 @@ from typing import Any
 
 ENV = "TEARDOWN_CUPTI"
 OPT_OUT = "TORCHTOP_CUPTI_TEARDOWN"
+_ours = False  # TEARDOWN_CUPTI=1 in the environment is our setting, from an earlier capture
 
 
 def cuda_graphs_in_use(torch: Any) -> str:
@@ -47,24 +53,27 @@ def teardown_refusal(torch: Any, cuda_activity: bool) -> str:
         return "no CUDA activity was recorded"
     if os.environ.get(OPT_OUT, "").strip() == "0":
         return f"{OPT_OUT}=0"
-    if ENV in os.environ:
+    if ENV in os.environ and not _ours:
         return f"{ENV}={os.environ[ENV]} is set already"
     if os.environ.get("DISABLE_CUPTI_LAZY_REINIT"):
         return "DISABLE_CUPTI_LAZY_REINIT is set (CUDA graphs)"
     return cuda_graphs_in_use(torch)
 
 
-def stop(prof: Any, torch: Any, cuda_activity: bool) -> str:
-    """Stop `prof` (on the thread that started it), with CUPTI torn down where
-    `teardown_refusal` allows; returns the refusal ("" when torn down)."""
+def stop(prof: Any, torch: Any, cuda_activity: bool, last_step: bool = False) -> str:
+    """End `prof`'s session (on the thread that started it): `prof.step()` first where
+    `last_step` (the step at which its schedule stops the trace), then `prof.stop()`; with
+    TEARDOWN_CUPTI=1 set beforehand where `teardown_refusal` allows, and left set (see above).
+    Returns the refusal ("" when CUPTI goes with the session)."""
+    global _ours
     refusal = teardown_refusal(torch, cuda_activity)
-    if refusal:
-        prof.stop()
-        return refusal
-    os.environ[ENV] = "1"
-    try:
-        prof.stop()
-    finally:
-        if os.environ.get(ENV) == "1":  # the setting lasts for our call only
-            del os.environ[ENV]
-    return ""
+    if not refusal:
+        os.environ[ENV] = "1"
+        _ours = True
+    elif _ours and cuda_activity:  # our setting from an earlier capture: not for this session
+        os.environ.pop(ENV, None)
+        _ours = False
+    if last_step:
+        prof.step()
+    prof.stop()
+    return refusal
