@@ -34,6 +34,7 @@ from torchtop.agent.contract.logcodes import (
     Item,
 )
 from torchtop.agent.hooks.probe_drain import LogDrain
+from torchtop.agent.hooks.step_hooks import StepHooks
 
 if TYPE_CHECKING:
     import torch
@@ -107,6 +108,7 @@ class Probe(LogDrain):
         "_steps",
         "explicit",
         "on_step",
+        "hooks",
         "failures",
         "dropped",
         "opt_fast",
@@ -144,7 +146,10 @@ class Probe(LogDrain):
         self.left = self._batch = 1  # boundaries until housekeeping, of a batch of that many
         self._steps = 0  # training steps cut here, as of the last housekeeping
         self.explicit = False  # step() was used: the hooks stop cutting steps
-        self.on_step: Callable[[], None] | None = None  # while a capture is armed: at each boundary
+        # the step-boundary hooks (captures, the FLOP count: hooks/step_hooks.py); `on_step` is
+        # their runner while any is registered, else None (the boundary's one test)
+        self.on_step: Callable[[], None] | None = None
+        self.hooks = StepHooks(self)
         self.failures = 0
         self.dropped = 0  # steps lost to the log's bound
         self.opt_fast = False  # one optimizer, marked: the optimizer hooks' fast path
@@ -201,7 +206,7 @@ class Probe(LogDrain):
         """No more entries: every wrapper passes straight through (stop, fork, failures)."""
         self.active = False
         self.tid = 0  # no thread has ident 0
-        self.on_step = None
+        self.hooks.clear()  # sets on_step = None; a switched-off probe takes no more
         self.event_step = False
         self.comm = False
         self.put = self._append = _discard
@@ -378,7 +383,7 @@ class Probe(LogDrain):
     def housekeep(self) -> None:
         """At a boundary, every `_batch` steps (each while something is due): end or start an
         event step, draw which of the next steps have their phases timed, bound the log, run
-        an armed capture."""
+        the step-boundary hooks (in their order; the runner never raises)."""
         try:
             self._steps += self._batch - self.left
             self.untimed = 0
@@ -414,8 +419,9 @@ class Probe(LogDrain):
         except Exception:
             self.left = self._batch = 1
             self.fail()
-        if self.on_step is not None:
+        run = self.on_step
+        if run is not None:
             try:
-                self.on_step()
+                run()
             except Exception:
-                self.on_step = None
+                self.fail()
