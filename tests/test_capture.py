@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -219,8 +220,16 @@ def test_capture_cli_end_to_end(tmp_path) -> None:
 
 
 class _Probe:
-    on_step = None
-    steps = 0  # training steps ended so far (a capture starts at a step: at_step, start_step)
+    """What a capture uses of the probe: its step-boundary hooks (`on_step` runs them) and the
+    training steps ended so far (a capture starts at a step: at_step, start_step)."""
+
+    def __init__(self) -> None:
+        from torchtop.agent.hooks.step_hooks import StepHooks
+
+        self.on_step: Any = None
+        self.active = True
+        self.steps = 0
+        self.hooks = StepHooks(self)
 
 
 @pytest.fixture
@@ -241,7 +250,7 @@ def test_the_capture_record_has_one_owner_the_agent_thread(controller) -> None:
 
     probe, model = controller.probe, torch.nn.Linear(8, 8)
     pending = controller.request("capture-profile", {"steps": 2})
-    assert pending.state == CaptureState.PENDING and probe.on_step == controller.on_boundary
+    assert pending.state == CaptureState.PENDING and probe.hooks.names() == ["capture"]
     probe.on_step()  # the training thread's boundary: the profiler starts
     assert controller.current is pending  # nothing published off the agent thread
     controller.poll()

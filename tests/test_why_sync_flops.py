@@ -188,23 +188,33 @@ def test_a_capture_waits_while_the_flop_count_runs() -> None:
     that step: nobody is told to ask again for an internal one-step job."""
     from torchtop.agent.capture.controller import CaptureController
     from torchtop.agent.cuda_use import CudaUse
+    from torchtop.agent.hooks.flop_step import HOOK
+    from torchtop.agent.hooks.step_hooks import Order
 
     probe = Probe(thread_id=threading.get_ident())
-    counting = SimpleNamespace(entered=True, finished=False)  # between its two boundaries
-    probe.on_step = counting
+    hooks = probe.hooks
+
+    def counting() -> None:
+        pass
+
+    assert hooks.register(HOOK, counting, Order.FLOP_COUNT) and hooks.open(HOOK, counting)  # its step runs
     c = CaptureController(CudaUse(torch), probe)
     info = c.request("capture-profile", {"steps": 2})
-    assert info.state == "pending" and probe.on_step is counting  # the count keeps its boundary
+    assert info.state == "pending" and hooks.names() == [HOOK]  # the count keeps its boundary
     c.poll()
-    assert probe.on_step is counting
-    counting.finished, probe.on_step = True, None  # the counted step ended (FlopStep._exit)
+    assert hooks.names() == [HOOK]
+    hooks.unregister(HOOK, counting)  # the counted step ended (FlopStep._exit)
     c.poll()
-    assert probe.on_step == c.on_boundary  # armed: the next boundary starts the capture
+    assert hooks.names() == ["capture"]  # armed: the next boundary starts the capture
     c.close()
-    probe.on_step = SimpleNamespace(entered=False)  # a count armed only: the capture takes the boundary
+    assert probe.on_step is None
+    assert hooks.register(
+        HOOK, counting, Order.FLOP_COUNT
+    )  # a count armed only: the capture takes the boundary
     c2 = CaptureController(CudaUse(torch), probe)
     assert c2.request("capture-profile", {"steps": 2}).state == "pending"
-    assert probe.on_step == c2.on_boundary
+    assert hooks.names() == ["capture"] and not hooks.holds(HOOK)
+    assert not hooks.register(HOOK, counting, Order.FLOP_COUNT)  # and no count while it holds the step
     c2.close()
 
 
@@ -213,10 +223,13 @@ def _counted(model: Any, one_step: Any) -> Any:
     from torchtop.agent.hooks.flop_step import FlopStep
 
     results: list[Any] = []
-    counting = FlopStep(torch, Probe(), lambda: [model], results.append)
-    counting()  # a boundary: enter the counter
+    probe = Probe()
+    counting = FlopStep(torch, probe, lambda: [model], results.append)
+    assert counting.arm() and probe.on_step is not None
+    probe.on_step()  # a boundary: enter the counter
     one_step()
-    counting()  # the next: leave it
+    probe.on_step()  # the next: leave it
+    assert probe.on_step is None  # done: nothing left on the hot path
     (result,) = results
     assert not result.error, result.error
     return result

@@ -33,6 +33,7 @@ from torchtop.agent.contract.wire import (
     CaptureKind,
     CaptureState,
 )
+from torchtop.agent.hooks.step_hooks import Order
 from torchtop.agent.warn import ignore_warning, warn
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from torchtop.agent.cuda_use import CudaUse
     from torchtop.agent.hooks.probe import Probe
 
+HOOK = "capture"  # its step-boundary hook (hooks/step_hooks.py)
 START_TIMEOUT_S = 60.0  # no step boundary in this long: the capture fails with a reason
 # at_step: start where the run's step count reaches it (a job's ranks capture the same steps)
 PROFILE_ARGS = {
@@ -91,11 +93,6 @@ class _Run:
         self.cuda = False  # its profiler records CUDA activity (CUPTI attached)
 
 
-def _counting(on_step: object) -> bool:
-    """The probe's boundary hook is the FLOP count between its two boundaries (flop_step.py)."""
-    return bool(getattr(on_step, "entered", False)) and not getattr(on_step, "finished", False)
-
-
 class CaptureController:
     def __init__(self, cuda: CudaUse, probe: Probe) -> None:
         self.cuda = cuda
@@ -112,7 +109,7 @@ class CaptureController:
         self._run: _Run | None = None  # handed to the training thread when armed
         self._news: deque[tuple[int, dict[str, Any]]] = deque()  # (id, changes) from the other threads
         self._start_lock = threading.Lock()  # a start and a timeout's cancel never cross
-        self._deferred = False  # a capture asked for while the FLOP count held the boundary
+        self._deferred = False  # asked for while the step was another hook's (step_hooks.RULE): armed later
         self.rank: int | None = None  # a rank of a job: its files are named by it
         self.cupti_kept: str | None = None  # why the last profile left CUPTI attached ("" : it did not)
 
@@ -125,7 +122,6 @@ class CaptureController:
                 f"busy: capture {c.id} ({c.kind}) is {c.state}, {c.steps_done}/{c.steps_total} steps"
             )
         kind, steps, seconds = self._validate(cmd, args)
-        counting = _counting(self.probe.on_step)  # the one-step FLOP count (telemetry/why.py)
         try:
             dest = files.open_destination(self.wanted)
         except files.CaptureDirError as exc:
@@ -147,11 +143,16 @@ class CaptureController:
         )
         self.current = info
         self._run = _Run(info, args)
-        if counting:
-            self._deferred = True  # armed by poll() once the counted step has ended
-        else:
-            self.probe.on_step = self.on_boundary  # armed: the training thread starts it
+        # armed: the training thread starts it at a boundary; while the FLOP count's step is open
+        # the rule says wait, and poll() arms it once that step has ended
+        self._deferred = not self._arm()
         return info
+
+    def _arm(self) -> bool:
+        return self.probe.hooks.register(HOOK, self.on_boundary, Order.CAPTURE)
+
+    def _disarm(self) -> None:
+        self.probe.hooks.unregister(HOOK, self.on_boundary)
 
     def _validate(self, cmd: str, args: dict[str, Any]) -> tuple[CaptureKind, int, float]:
         at = args.get("at_step", 0)
@@ -187,17 +188,15 @@ class CaptureController:
         c, run = self.current, self._run
         if c is None or run is None or run.over:
             return
-        if self._deferred and not _counting(self.probe.on_step):
+        if self._deferred and self._arm():
             self._deferred = False
-            self.probe.on_step = self.on_boundary
         now = time.time()
         if c.state == PENDING and now - c.requested_at > START_TIMEOUT_S:
             with self._start_lock:
                 if run.started:  # it started meanwhile: its news comes next tick
                     return
                 run.over = True
-                if not self._deferred:  # else the boundary is still the FLOP count's
-                    self.probe.on_step = None
+                self._disarm()  # a deferred capture holds nothing: a no-op
                 self._deferred = False
             self._publish(
                 c.id,
@@ -212,7 +211,7 @@ class CaptureController:
             and now - c.started_at >= c.seconds
         ):
             run.over = True
-            self.probe.on_step = None
+            self._disarm()
             self._publish(c.id, state=WRITING)
             self._spawn(self._write_memory, c.id, c.kind, c.started_at, self._dest)
 
@@ -251,7 +250,7 @@ class CaptureController:
     def close(self) -> None:
         """On agent stop, once the agent thread has stopped (this thread owns the record now):
         end a profiler or memory recording still running. Never raises."""
-        self.probe.on_step = None
+        self._disarm()
         run = self._run
         if run is not None and run.started and not run.over:
             try:
@@ -270,7 +269,7 @@ class CaptureController:
     def on_boundary(self) -> None:
         run = self._run
         if run is None or run.over:
-            self.probe.on_step = None
+            self._disarm()
             return
         try:
             if not run.started:
@@ -283,7 +282,7 @@ class CaptureController:
                 run.prof.step()
             self._news.append((run.id, {"steps_done": run.steps_done}))
             if last:
-                self.probe.on_step = None
+                self._disarm()
                 run.over = True
                 dest = self._dest  # set before arming; closed only once the capture has finished
                 if run.prof is not None:
@@ -296,7 +295,7 @@ class CaptureController:
                     self._news.append((run.id, {"state": WRITING}))
                     self._spawn(self._write_memory, run.id, run.kind, run.started_at, dest)
         except Exception as exc:
-            self.probe.on_step = None
+            self._disarm()
             run.over = True
             prof, run.prof = run.prof, None
             try:
@@ -308,8 +307,8 @@ class CaptureController:
 
     def _start(self, run: _Run) -> None:
         with self._start_lock:  # once a capture: cheap, and a timeout cannot cancel it half-started
-            if run.over:
-                return
+            if run.over or not self.probe.hooks.open(HOOK, self.on_boundary):
+                return  # timed out, or no longer registered
             run.started_at = started_at = time.time()
             if run.kind == CaptureKind.PROFILE:
                 run.prof = self._profiler(run)

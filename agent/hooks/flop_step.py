@@ -1,6 +1,7 @@
 """One training step under `torch.utils.flop_counter.FlopCounterMode`: the model's FLOPs a step.
 
-Armed by the agent thread (why.py) as the probe's `on_step`, like a profiler capture: at the next
+Armed by the agent thread (why.py) as one of the probe's step-boundary hooks (step_hooks.py:
+Order.FLOP_COUNT, after a capture, which outranks it while the count is only armed): at the next
 step boundary the training thread enters the counter, at the one after it leaves it and hands
 the count over. That step runs slower (every op goes through a Python dispatch mode; the agent
 says so on stderr) and the monitor leaves it, and the step after it (which pays for the exit),
@@ -25,9 +26,12 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+from torchtop.agent.hooks.step_hooks import Order
+
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe
 
+HOOK = "flop-count"  # its step-boundary hook's name
 MAX_EXIT_TRIES = 8  # boundaries to wait for our mode to be on top of the dispatch stack again
 
 
@@ -97,7 +101,7 @@ def flops_inside_modules(counter: Any) -> int:
 
 
 class FlopStep:
-    """`probe.on_step` for two boundaries: enter the counter, then leave it and call `done`."""
+    """A step-boundary hook for two boundaries: enter the counter, then leave it and call `done`."""
 
     def __init__(
         self, torch: Any, probe: Probe, roots: Callable[[], list[Any]], done: Callable[[FlopResult], None]
@@ -125,10 +129,24 @@ class FlopStep:
         self._batch_dims: dict[int, int] = {}  # id(root) -> the batch dimension of its input
         self._tries = 0
 
+    # -- agent thread -----------------------------------------------------------------------------
+    def arm(self) -> bool:
+        """Register as the probe's FLOP_COUNT hook (False: the rule says wait, step_hooks.RULE)."""
+        return self.probe.hooks.register(HOOK, self, Order.FLOP_COUNT)
+
+    def armed(self) -> bool:
+        """Still registered (a capture displaces the count while it is only armed)."""
+        return self.probe.hooks.holds(HOOK, self)
+
+    def disarm(self) -> None:
+        self.probe.hooks.unregister(HOOK, self)
+
+    # -- training thread -----------------------------------------------------------------------------
     def __call__(self) -> None:
         """At a step boundary, on the training thread (Probe.housekeep)."""
         if not self.entered:
-            self._enter()
+            if self.probe.hooks.open(HOOK, self):  # else displaced meanwhile: never entered
+                self._enter()
         else:
             self._exit()
 
@@ -144,7 +162,7 @@ class FlopStep:
             self.tid = threading.get_ident()
         except Exception as exc:
             self._remove_hooks()
-            self.probe.on_step = None
+            self.disarm()
             r.error = f"{type(exc).__name__}: {exc}"[:200]
             self.finished = True
             self.done(r)
@@ -177,8 +195,7 @@ class FlopStep:
         except Exception as exc:
             r.error = f"{type(exc).__name__}: {exc}"[:200]
         self._remove_hooks()
-        if self.probe.on_step is self:
-            self.probe.on_step = None
+        self.disarm()
         self.finished = True
         r.t1 = perf_counter_ns()
         self.done(r)

@@ -27,17 +27,14 @@ from torchtop.agent.contract.logcodes import (
     MARK,
     MASK,
     OPEN_STEP,
-    RESET,
     STEP_END,
-    STEP_ENDS,
     STEP_EVENT,
     TIMING_RESUMED,
     UNTIMED_END,
     Item,
-    code_of,
-    count_step_ends,
-    to_entries,
 )
+from torchtop.agent.hooks.probe_drain import LogDrain
+from torchtop.agent.hooks.step_hooks import StepHooks
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +81,7 @@ if getattr(sys.flags, "thread_inherit_context", 0):  # new threads copy the cont
 _discard = deque(maxlen=0).append  # `put` of a disabled probe: takes an item, keeps nothing
 
 
-class Probe:
+class Probe(LogDrain):
     """What the hooks call on the training thread. `tid` is that thread (0: switched off).
 
     `put(item)` appends one item; on an event step (CUDA events) it is swapped for a method
@@ -111,6 +108,7 @@ class Probe:
         "_steps",
         "explicit",
         "on_step",
+        "hooks",
         "failures",
         "dropped",
         "opt_fast",
@@ -148,7 +146,10 @@ class Probe:
         self.left = self._batch = 1  # boundaries until housekeeping, of a batch of that many
         self._steps = 0  # training steps cut here, as of the last housekeeping
         self.explicit = False  # step() was used: the hooks stop cutting steps
-        self.on_step: Callable[[], None] | None = None  # while a capture is armed: at each boundary
+        # the step-boundary hooks (captures, the FLOP count: hooks/step_hooks.py); `on_step` is
+        # their runner while any is registered, else None (the boundary's one test)
+        self.on_step: Callable[[], None] | None = None
+        self.hooks = StepHooks(self)
         self.failures = 0
         self.dropped = 0  # steps lost to the log's bound
         self.opt_fast = False  # one optimizer, marked: the optimizer hooks' fast path
@@ -205,7 +206,7 @@ class Probe:
         """No more entries: every wrapper passes straight through (stop, fork, failures)."""
         self.active = False
         self.tid = 0  # no thread has ident 0
-        self.on_step = None
+        self.hooks.clear()  # sets on_step = None; a switched-off probe takes no more
         self.event_step = False
         self.comm = False
         self.put = self._append = _discard
@@ -382,7 +383,7 @@ class Probe:
     def housekeep(self) -> None:
         """At a boundary, every `_batch` steps (each while something is due): end or start an
         event step, draw which of the next steps have their phases timed, bound the log, run
-        an armed capture."""
+        the step-boundary hooks (in their order; the runner never raises)."""
         try:
             self._steps += self._batch - self.left
             self.untimed = 0
@@ -418,60 +419,9 @@ class Probe:
         except Exception:
             self.left = self._batch = 1
             self.fail()
-        if self.on_step is not None:
+        run = self.on_step
+        if run is not None:
             try:
-                self.on_step()
+                run()
             except Exception:
-                self.on_step = None
-
-    def _shed(self) -> None:
-        """The agent thread is not draining: drop the oldest half, count its steps, say so.
-
-        The cut falls after a step end, which stays (after RESET) to open the steps kept."""
-        log = self.log
-        with self.lock:
-            half = len(log) // 2 & ~1
-            n = half  # items: the pair ending at n - 1 is the step end kept
-            while n > 2 and code_of(log[n - 1]) not in STEP_ENDS:
-                n -= 2
-            kept_cut = n > 2
-            if not kept_cut:
-                n = half + 2
-            lost = log[:n]  # the step the kept boundary closes is lost too
-            del log[: n - 2]
-            log[0:0] = [0, RESET]
-            codes = [code_of(c) for c in lost[1::2]]
-            cuts = sum(c in STEP_ENDS for c in codes)
-            # an opening boundary kept by an earlier shed closed a step counted then
-            counted = codes[0] == RESET and len(codes) > 1 and codes[1] in STEP_ENDS
-            self.dropped += cuts - counted
-            self._shed_cuts += cuts - kept_cut  # the agent thread will not see these end
-
-    def _take(self) -> list[Item]:
-        """Agent thread: the log's whole pairs so far, oldest first; counts the shed step ends."""
-        log = self.log
-        with self.lock:
-            n = len(log) & ~1  # a pair the training thread is half-way through stays
-            raw = log[:n]
-            del log[:n]
-            if n:
-                self.tail = raw[-8:]
-            self._drained += self._shed_cuts
-            self._shed_cuts = 0
-        return raw
-
-    def drain_pairs(self) -> tuple[list[Item], int]:
-        """Agent thread, a run without CUDA sampling: the log as it was written (pairs), and the
-        steps cut so far (drained and shed). A CPU run ships this as is. (An event step's end
-        is a tuple, which only `drain` counts.)"""
-        raw = self._take()
-        codes = raw[1::2]
-        self._drained += count_step_ends(codes)
-        return raw, self._drained
-
-    def drain(self) -> tuple[list[Item], int]:
-        """The log as wire entries (for the CUDA event resolver, which works on those), and the
-        steps cut so far."""
-        entries, cuts = to_entries(self._take())
-        self._drained += cuts
-        return entries, self._drained
+                self.fail()

@@ -1,8 +1,9 @@
 """What says why, run from the agent thread: the stack sampler, sync windows, the FLOP count.
 
-`tick()` runs in the agent loop's tick (the thread that also arms captures, so the probe's
-`on_step` has one writer): it opens and closes sync windows on a schedule, and arms the one-step
-FLOP count once the run is past its first steps. `message()` is the `wire.Why` each batch
+`tick()` runs in the agent loop's tick (the thread that also arms captures): it opens and closes
+sync windows on a schedule, and arms the one-step FLOP count once the run is past its first steps
+as a step-boundary hook of the probe (hooks/step_hooks.py: it waits while a capture holds the
+step, and an armed count gives way to a capture). `message()` is the `wire.Why` each batch
 carries. Every figure's cost and meaning: docs/why.md.
 """
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.contract.wire import FlopInfo, SyncInfo, Why
 from torchtop.agent.hooks.frames import classifier_for
+from torchtop.agent.hooks.step_hooks import Claim, Order
 from torchtop.agent.telemetry.stacks import StackSampler, explicit_syncs, sampler_rate
 from torchtop.agent.warn import notice
 
@@ -164,15 +166,17 @@ class WhyCollector:
         if f.state == "counting":
             fs = self._flop_step
             if fs is not None and not fs.entered:
-                if probe.on_step is not fs:  # a capture took the next boundary: count later
+                if not fs.armed():  # a capture took the next boundary: count later
                     self.flops = FlopInfo(state="waiting", peak_tflops=f.peak_tflops)
                 elif time.monotonic() - self._flop_armed_at > FLOP_GIVE_UP_S:
-                    probe.on_step = None
+                    fs.disarm()
                     self.flops = FlopInfo(
                         state="failed", reason="no step boundary came", peak_tflops=f.peak_tflops
                     )
             return
-        if f.state != "waiting" or probe.steps < FLOP_STEP or probe.on_step is not None or not probe.active:
+        if f.state != "waiting" or probe.steps < FLOP_STEP or not probe.active:
+            return
+        if probe.hooks.claim(Order.FLOP_COUNT) is Claim.WAIT:  # a capture holds the step
             return
         roots = self.hooks.root_modules() if self.hooks is not None else []
         if any(type(m).__name__ == "OptimizedModule" or "_compiled_call_impl" in m.__dict__ for m in roots):
@@ -185,7 +189,10 @@ class WhyCollector:
             return
         from torchtop.agent.hooks.flop_step import FlopStep
 
-        self._flop_step = FlopStep(self.torch, probe, lambda: roots, self._flops_done)
+        fs = FlopStep(self.torch, probe, lambda: roots, self._flops_done)
+        if not fs.arm():  # a capture came meanwhile (this thread arms captures too: not expected)
+            return
+        self._flop_step = fs
         self._flop_armed_at = time.monotonic()
         self.flops = FlopInfo(state="counting", peak_tflops=f.peak_tflops)
         if self._flop_step_announced is False:
@@ -194,7 +201,6 @@ class WhyCollector:
                 "counting the model's FLOPs over one step with torch.utils.flop_counter (that step runs "
                 "slower and is left out of the figures); TORCHTOP_FLOPS=0 turns it off"
             )
-        probe.on_step = self._flop_step
 
     def _flops_done(self, r: FlopResult) -> None:
         """On the training thread, at the boundary that ends the counted step."""
