@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torchtop.agent import identity
 from torchtop.agent.contract import discovery, wire
@@ -241,36 +241,36 @@ class Agent:
             backend=self.identity.backend,
         )
 
-    def discovery_info(self) -> dict[str, Any]:
+    def discovery_info(self) -> discovery.AgentInfo:
         """What the discovery file holds (0600): how local monitors of this user find and reach us."""
         sockets = self.sockets
         client = sockets.client
-        return {
-            "pid": self.pid,
-            "host": socket.gethostname(),
-            "transport": sockets.transport,
-            "address": sockets.address,
-            "pub_address": sockets.pub_address,
-            "bind": sockets.bind,
-            "port": self.port or None,
-            "pub_port": sockets.pub_port or None,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "local_rank": self.local_rank,
-            "local_world_size": self.identity.local_world_size,
-            "node_rank": self.identity.node_rank,
-            "job_id": self.identity.job_id,
-            "launcher": self.identity.launcher,
-            "argv": list(sys.argv),
-            "start_time": self.start_time,
-            "run_id": self.run_id,
-            "version": VERSION,
+        return discovery.AgentInfo(
+            pid=self.pid,
+            host=socket.gethostname(),
+            transport=sockets.transport,
+            address=sockets.address,
+            pub_address=sockets.pub_address,
+            bind=sockets.bind,
+            port=self.port or None,
+            pub_port=sockets.pub_port or None,
+            rank=self.rank,
+            world_size=self.world_size,
+            local_rank=self.local_rank,
+            local_world_size=self.identity.local_world_size,
+            node_rank=self.identity.node_rank,
+            job_id=self.identity.job_id,
+            launcher=self.identity.launcher,
+            argv=list(sys.argv),
+            start_time=self.start_time,
+            run_id=self.run_id,
+            version=VERSION,
             # CURVE (TCP): the agent's public key, and the key pair it admits for this user's
             # monitors. The secret is why this file is 0600 in a 0700 directory.
-            "server_key": sockets.curve.public.decode() if sockets.curve else None,
-            "client_key": client[0].decode() if client else None,
-            "client_secret": client[1].decode() if client else None,
-        }
+            server_key=sockets.curve.public.decode() if sockets.curve else None,
+            client_key=client[0].decode() if client else None,
+            client_secret=client[1].decode() if client else None,
+        )
 
     def _teardown(self) -> None:
         self.probe.disable()

@@ -68,8 +68,8 @@ class HostileAgent(threading.Thread):
             v=V, run_id=self.run_id, pid=self.pid, host=socket.gethostname(), port=0, pub_port=0,
             device="cpu", start_time=time.time(), argv=["hostile.py"],
         )  # fmt: skip
-        info = {"pid": self.pid, "transport": "ipc", "address": self.req, "pub_address": self.pub}
-        info |= {"start_time": time.time(), "run_id": self.run_id, "argv": ["hostile.py"], "rank": 0}
+        info = discovery.AgentInfo(pid=self.pid, transport="ipc", address=self.req, pub_address=self.pub)
+        info.start_time, info.run_id, info.argv, info.rank = time.time(), self.run_id, ["hostile.py"], 0
         self.file = discovery.write(info)
 
     def run(self) -> None:

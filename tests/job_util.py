@@ -41,7 +41,7 @@ def wait_listed(pid: int, timeout: float = 60.0) -> None:
     from torchtop.agent.contract import discovery
 
     deadline = time.monotonic() + timeout
-    while not any(a.get("pid") == pid for a in discovery.list_agents()):
+    while not any(a.pid == pid for a in discovery.list_agents()):
         assert time.monotonic() < deadline, f"pid {pid} not listed as an agent after {timeout} s"
         time.sleep(0.1)
 

@@ -53,7 +53,7 @@ def training_agent(
         deadline = time.monotonic() + 60
         info = None
         while info is None and time.monotonic() < deadline and proc.poll() is None:
-            info = next((a for a in discovery.list_agents() if a.get("pid") == proc.pid), None)
+            info = next((a for a in discovery.list_agents() if a.pid == proc.pid), None)
             time.sleep(0.05)
         if info is None:
             log.flush()

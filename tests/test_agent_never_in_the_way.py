@@ -85,7 +85,7 @@ def test_start_stop_start_restores_everything(runtime_dir) -> None:
         # the optimizer is timed inside torch's step wrapper, not by global step hooks
         assert during["opt_pre"] == during["opt_post"] == 0
         assert during["_global_backward_hooks"] == 0  # never global full-backward hooks
-        assert [a["pid"] for a in discovery.list_agents()] == [agent.pid]
+        assert [a.pid for a in discovery.list_agents()] == [agent.pid]
 
         n = train(model, tensor_loader(5))
         steps = snapshot_steps(agent, n)
@@ -135,11 +135,11 @@ def test_discovery_file_describes_the_agent(runtime_dir) -> None:
     agent = ta.start()
     assert agent is not None
     (info,) = discovery.list_agents()
-    assert info["pid"] == agent.pid and info["transport"] == "ipc" and info["port"] is None
-    assert info["address"] == f"ipc://{runtime_dir}/agent-{agent.pid}.req"
-    assert info["pub_address"] == f"ipc://{runtime_dir}/agent-{agent.pid}.pub"
-    assert info["run_id"] == agent.run_id and info["rank"] == 0
-    assert info["file"] == str(runtime_dir / f"agent-{agent.pid}.json")
+    assert info.pid == agent.pid and info.transport == "ipc" and info.port is None
+    assert info.address == f"ipc://{runtime_dir}/agent-{agent.pid}.req"
+    assert info.pub_address == f"ipc://{runtime_dir}/agent-{agent.pid}.pub"
+    assert info.run_id == agent.run_id and info.rank == 0
+    assert info.file == str(runtime_dir / f"agent-{agent.pid}.json")
     assert (runtime_dir / f"agent-{agent.pid}.json").stat().st_mode & 0o777 == 0o600
 
 
@@ -262,7 +262,7 @@ def test_fork_workers_train_with_the_agent_on() -> None:
     check_records(steps)
     assert all(s.phases["data"] > 0 for s in steps)
     # the workers exited without touching the parent's discovery file or sockets
-    assert [a["pid"] for a in discovery.list_agents()] == [agent.pid]
+    assert [a.pid for a in discovery.list_agents()] == [agent.pid]
     assert client_for(agent).hello().pid == agent.pid
 
 

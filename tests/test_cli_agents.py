@@ -72,7 +72,7 @@ def training_run(tmp_path: Path, runtime_dir: Path, request: pytest.FixtureReque
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "the agent never wrote its discovery file"
             time.sleep(0.05)
-        info = json.loads(path.read_text())
+        info = discovery.entry(json.loads(path.read_text()))
         # wait until it trains, not just until the agent is up (first steps are slow on a busy machine)
         c = AgentClient(from_discovery(info))
         try:
@@ -122,12 +122,12 @@ def _check_report(report: dict, pid: int) -> None:
 
 
 @pytest.mark.slow  # a training subprocess
-def test_report_and_ls_against_a_running_training_process(training_run: dict) -> None:
-    pid, port = training_run["pid"], training_run["port"]
+def test_report_and_ls_against_a_running_training_process(training_run: discovery.AgentInfo) -> None:
+    pid, port = training_run.pid, training_run.port
     if port:  # TCP: the loopback HOST:PORT forms find the CURVE keys in this user's discovery entry
         targets = [str(pid), f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", f"localhost:{port}", None]
     else:
-        targets = [str(pid), training_run["address"], None]
+        targets = [str(pid), training_run.address, None]
     procs = [
         subprocess.Popen(
             [*CLI, "report", *([t] if t else []), "--seconds", "2"],
@@ -140,7 +140,7 @@ def test_report_and_ls_against_a_running_training_process(training_run: dict) ->
     ls = cli("ls", "--json")
     assert ls.returncode == 0, ls.stderr
     (listed,) = json.loads(ls.stdout)
-    assert listed["pid"] == pid and listed["address"] == training_run["address"]
+    assert listed["pid"] == pid and listed["address"] == training_run.address
     if port:
         assert listed["transport"] == "tcp" and listed["pub_port"] == port + 1
         assert listed["address"] == f"tcp://127.0.0.1:{port}" and listed["server_key"]

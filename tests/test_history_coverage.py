@@ -66,7 +66,7 @@ class Trainer:
                 stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 60
-        while not any(a.get("pid") == self.proc.pid for a in discovery.list_agents()):
+        while not any(a.pid == self.proc.pid for a in discovery.list_agents()):
             assert time.monotonic() < deadline and self.proc.poll() is None, self.log.read_text()[-2000:]
             time.sleep(0.05)
 

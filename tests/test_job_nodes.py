@@ -21,6 +21,7 @@ from remote_util import TRAIN, loopback_sshd
 
 from tests.agent_util import free_port
 from tests.tui_util import wait_for
+from torchtop.agent.contract import discovery
 from torchtop.monitor.link import ssh
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
 from torchtop.monitor.link.job_targets import open_job
@@ -95,7 +96,7 @@ def ranks(nodes: dict, tmp_path: Path, subprocess_env: dict[str, str], monkeypat
             f"rank {r} (exit {procs[r].poll()}): {logs[r].read_text()[-500:]}" for r in missing
         )
         for r, path in files.items():  # every rank is stepping
-            client = AgentClient(from_discovery(json.loads(path.read_text())))
+            client = AgentClient(from_discovery(discovery.entry(json.loads(path.read_text()))))
             try:
                 while time.monotonic() < deadline and len(_steps(client)) < 20:
                     time.sleep(0.2)

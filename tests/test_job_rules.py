@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.rank_util import JOB, batch, feed, hello, rank_steps
+from torchtop.agent.contract.discovery import AgentInfo
 from torchtop.agent.contract.logcodes import BACKWARD, BOUNDARY, COMM, COMM_READY, EXIT, FORWARD_START, SHIFT
 from torchtop.agent.identity import from_env
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
@@ -255,10 +256,10 @@ def test_slurm_nodelists_expand(tmp_path) -> None:
 
 def test_agents_group_by_job_and_two_jobs_need_a_choice() -> None:
     a = [
-        {"pid": 1, "rank": 1, "job_id": "j1@h:1", "world_size": 2},
-        {"pid": 2, "rank": 0, "job_id": "j1@h:1", "world_size": 2},
-        {"pid": 3, "rank": 0, "job_id": "j2@h:2", "world_size": 1},
-        {"pid": 4, "rank": 0},
+        AgentInfo(pid=1, rank=1, job_id="j1@h:1", world_size=2),
+        AgentInfo(pid=2, rank=0, job_id="j1@h:1", world_size=2),
+        AgentInfo(pid=3, rank=0, job_id="j2@h:2", world_size=1),
+        AgentInfo(pid=4, rank=0),
     ]
     groups = group_by_job(a)
     assert [(g.job_id, g.ranks) for g in groups] == [("j1@h:1", [0, 1]), ("j2@h:2", [0]), ("", [0])]

@@ -39,9 +39,9 @@ def ddp_job(tmp_path: Path, env: dict[str, str], *demo_args: str) -> Iterator[li
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        agents: list[dict] = []
+        agents: list[discovery.AgentInfo] = []
         while len(agents) < RANKS and time.monotonic() < deadline and proc.poll() is None:
-            agents = [a for a in discovery.list_agents() if a.get("world_size") == RANKS]
+            agents = [a for a in discovery.list_agents() if a.world_size == RANKS]
             time.sleep(0.2)
         if len(agents) < RANKS:
             log.flush()

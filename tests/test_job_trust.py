@@ -82,7 +82,7 @@ def test_an_old_format_file_with_a_reused_pid_is_not_live(runtime_dir: Path, you
     os.utime(path, (old, old))
     assert discovery.list_agents() == []
     path = _write_old_format(runtime_dir, pid, start_time=time.time())  # a live older agent: listed
-    assert [a["pid"] for a in discovery.list_agents()] == [pid]
+    assert [a.pid for a in discovery.list_agents()] == [pid]
 
 
 @pytest.mark.slow  # it waits out the report's connect time (job.CONNECT_S) for the hellos

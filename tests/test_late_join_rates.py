@@ -61,7 +61,7 @@ def _late_report(tmp_path: Path, env: dict[str, str], step_s: float, device: str
         while (got := _read(done)) is None or time.time() - got[1] < join_s:
             assert proc.poll() is None and time.monotonic() < deadline, "the training did not start"
             time.sleep(0.1)
-        assert any(a.get("pid") == proc.pid for a in discovery.list_agents())
+        assert any(a.pid == proc.pid for a in discovery.list_agents())
         out = subprocess.run(
             [sys.executable, "-m", "torchtop.monitor.commands.cli", "report", str(proc.pid), "--history",
              "--seconds", "2"],

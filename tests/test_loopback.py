@@ -93,7 +93,7 @@ def test_rank_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         assert (hello.rank, hello.world_size, hello.local_rank) == (3, 4, 1)
         train_steps(2)
         assert {s.rank for s in snapshot_steps(a, 2)} == {3}
-        assert discovery.list_agents()[0]["rank"] == 3
+        assert discovery.list_agents()[0].rank == 3
     finally:
         c.close()
 

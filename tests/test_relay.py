@@ -19,6 +19,7 @@ import pytest
 from remote_util import TRAIN
 
 from tests.agent_util import free_port
+from torchtop.agent.contract import discovery
 from torchtop.monitor.diagnosis.job import build_job_report
 from torchtop.monitor.link import store
 from torchtop.monitor.link.job import FOLLOW, JobLink, apply_events
@@ -94,7 +95,7 @@ def test_a_relay_serves_its_node_and_its_death_is_shown(
         assert _wait(lambda: store.read_relays(*master, entry["job_id"]) != [], 30)
         (stored,) = store.read_relays(*master, entry["job_id"])
         assert stored["address"] == entry["address"] and not any("secret" in k for k in stored)
-        link = JobLink([], relays=[from_discovery(entry, label="node-a")])
+        link = JobLink([], relays=[from_discovery(discovery.entry(entry), label="node-a")])
         job = JobState()
         _feed(
             link,

@@ -50,7 +50,7 @@ def _torchtop(*args: str, **kw) -> subprocess.CompletedProcess:
     )
 
 
-def _wait_steps(agent: dict, n: int, timeout: float = 60) -> None:
+def _wait_steps(agent: discovery.AgentInfo, n: int, timeout: float = 60) -> None:
     from torchtop.monitor.link.client import AgentClient
     from torchtop.monitor.link.targets import from_discovery
 
@@ -64,7 +64,7 @@ def _wait_steps(agent: dict, n: int, timeout: float = 60) -> None:
         client.close()
 
 
-def _wait_agents(n: int, timeout: float = 90) -> list[dict]:
+def _wait_agents(n: int, timeout: float = 90) -> list[discovery.AgentInfo]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         agents = discovery.list_agents()
@@ -222,10 +222,10 @@ def test_torchrun_ranks_get_agents_not_the_launcher(tmp_path: Path) -> None:
         agents = _wait_agents(2)
         time.sleep(2)  # a launcher agent, if one started, would show by now
         agents = discovery.list_agents()
-        assert sorted(a["rank"] for a in agents) == [0, 1]
-        assert all(a["world_size"] == 2 for a in agents)
-        rank1 = next(a for a in agents if a["rank"] == 1)
-        out = _torchtop("report", str(rank1["pid"]), "--seconds", "2")
+        assert sorted(a.rank or 0 for a in agents) == [0, 1]
+        assert all(a.world_size == 2 for a in agents)
+        rank1 = next(a for a in agents if a.rank == 1)
+        out = _torchtop("report", str(rank1.pid), "--seconds", "2")
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["ranks"] == [1]
         _, err = job.communicate(timeout=60)

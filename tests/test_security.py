@@ -183,7 +183,7 @@ def test_curve_agent_serves_only_authorized_keys(
     assert "no answer" in capsys.readouterr().err
     monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(runtime_dir))
     # a local monitor finds the agent's public key in its discovery file
-    assert discovery.list_agents()[0]["server_key"] == spub.decode()
+    assert discovery.list_agents()[0].server_key == spub.decode()
     assert cli.main(["report", str(os.getpid()), "--seconds", "0.5"]) == 0
     assert json.loads(capsys.readouterr().out)["batches"] > 0
 
@@ -216,7 +216,7 @@ def test_discovery_dir_and_files_are_private(runtime_dir: Path) -> None:
     os.chown(runtime_dir, 65534, 65534)  # someone else's directory: refused, not written into
     try:
         with pytest.raises(PermissionError, match="belongs to another user"):
-            discovery.write({"pid": os.getpid(), "port": 1})
+            discovery.write(discovery.AgentInfo(pid=os.getpid(), port=1))
     finally:
         os.chown(runtime_dir, 0, 0)
 

@@ -127,16 +127,16 @@ def test_another_user_can_neither_read_a_run_nor_trigger_anything(
     work = shared / "work"
     work.mkdir()
     with training_agent(work, env) as (proc, info):
-        port = info.get("port")
-        request = info.get("address") or f"tcp://127.0.0.1:{port}"  # (an entry of before issue 17)
-        stream = info.get("pub_address") or f"tcp://127.0.0.1:{port + 1}"
+        port = info.port or 0
+        request = info.address or f"tcp://127.0.0.1:{port}"  # (an entry of before issue 17)
+        stream = info.pub_address or f"tcp://127.0.0.1:{port + 1}"
         ours = AgentClient(from_discovery(info))  # the same user, through its discovery entry: welcome
         try:
             assert ours.hello(timeout=10).pid == proc.pid
         finally:
             ours.close()
 
-        out = as_nobody(INTRUDER, request, stream, info.get("server_key") or "")
+        out = as_nobody(INTRUDER, request, stream, info.server_key or "")
         assert out.returncode == 0, out.stderr
         got = json.loads(out.stdout)
         assert not got["hello"] and not got["batch"] and not got["capture"], got
@@ -345,7 +345,7 @@ def test_our_own_symlink_is_followed_and_the_target_checked(tmp_path: Path, monk
     real.mkdir(mode=0o755)
     (tmp_path / "link").symlink_to(real)
     monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(tmp_path / "link"))
-    path = discovery.write({"pid": os.getpid(), "port": 1})
+    path = discovery.write(discovery.AgentInfo(pid=os.getpid(), port=1))
     assert mode(real) == 0o700 and (real / path.name).is_file()  # ours: narrowed, written into
 
 
@@ -355,7 +355,7 @@ def test_discovery_file_is_never_written_through_a_planted_link(runtime_dir: Pat
     pid = os.getpid()
     for name in (f".agent-{pid}.json.tmp", f"agent-{pid}.json"):  # the old temp name, the final one
         (runtime_dir / name).symlink_to(victim)
-    path = discovery.write({"pid": pid, "port": 1})
+    path = discovery.write(discovery.AgentInfo(pid=pid, port=1))
     assert victim.read_text() == "keep me"
     assert not path.is_symlink() and mode(path) == 0o600 and json.loads(path.read_text())["pid"] == pid
 
@@ -411,7 +411,7 @@ def _run_cmd(script: Path, *run_args: str, mode_: str = "plain") -> list[str]:
     ]
 
 
-def _job_agent(launcher: subprocess.Popen, timeout: float = 90) -> dict:
+def _job_agent(launcher: subprocess.Popen, timeout: float = 90) -> discovery.AgentInfo:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert launcher.poll() is None, "the launcher exited"
@@ -450,7 +450,7 @@ def test_run_passes_signals_on_to_the_job_and_returns_its_status(signum: int, tm
     )
     job_pid = None
     try:
-        job_pid = _job_agent(launcher)["pid"]
+        job_pid = _job_agent(launcher).pid
         os.kill(launcher.pid, signum)
         _, err = launcher.communicate(timeout=60)
         assert launcher.returncode == 128 + signum, (launcher.returncode, err[-2000:])
@@ -536,7 +536,7 @@ def test_run_with_the_tui_passes_sigterm_on_and_closes(tmp_path: Path) -> None:
     launcher = term.spawn(_run_cmd(script, "--log-dir", str(tmp_path / "logs")))
     job_pid = None
     try:
-        job_pid = _job_agent(launcher)["pid"]
+        job_pid = _job_agent(launcher).pid
         time.sleep(3)  # the TUI is up (settle 2 s after the agent showed)
         os.kill(launcher.pid, signal.SIGTERM)
         assert launcher.wait(60) == 128 + signal.SIGTERM, bytes(term.output[-2000:])

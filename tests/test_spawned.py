@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import msgspec
 import psutil
 import pytest
 
@@ -84,10 +85,10 @@ def test_a_spawning_launcher_and_its_loader_workers_get_no_listed_agent(
     )
     try:
         deadline = time.monotonic() + 90
-        agents: list[dict] = []
+        agents: list[discovery.AgentInfo] = []
         while time.monotonic() < deadline and job.poll() is None:
             agents = discovery.list_agents()
-            if sorted(a.get("rank") for a in agents if a.get("world_size") == 2) == [0, 1]:
+            if sorted(a.rank or 0 for a in agents if a.world_size == 2) == [0, 1]:
                 break  # both ranks listed (and whatever else is)
             time.sleep(0.3)
         assert job.poll() is None, job.stdout.read() if job.stdout else ""
@@ -96,8 +97,8 @@ def test_a_spawning_launcher_and_its_loader_workers_get_no_listed_agent(
         workers = [pid for pid, cmd in family.items() if "multiprocessing" in cmd and pid != job.pid]
         assert len(workers) >= 4, family  # 2 ranks + their spawned loader workers run
         agents = discovery.list_agents()
-        pids = sorted(a["pid"] for a in agents)
-        ranks = sorted(a["rank"] for a in agents)
+        pids = sorted(a.pid or 0 for a in agents)
+        ranks = sorted(a.rank or 0 for a in agents)
         assert ranks == [0, 1], agents
         assert job.pid not in pids  # the launcher only spawns
         assert all(family.get(pid) for pid in pids)
@@ -151,7 +152,7 @@ def test_a_zero_code_agent_is_listed_once_its_model_runs() -> None:
             opt.step()
             time.sleep(0.05)
         (entry,) = discovery.list_agents()
-        assert entry["pid"] == os.getpid()
+        assert entry.pid == os.getpid()
     finally:
         torchtop.agent.stop()
 
@@ -159,10 +160,10 @@ def test_a_zero_code_agent_is_listed_once_its_model_runs() -> None:
 def test_the_chooser_never_shows_two_identical_rows() -> None:
     from torchtop.monitor.tui.widgets.chooser import choice_rows
 
-    entry = {"pid": 11, "start_time": 5.0, "rank": 0, "argv": ["train.py"], "address": "ipc:///x.req"}
-    entry["pub_address"] = "ipc:///x.pub"
-    other = dict(entry, pid=12, address="ipc:///y.req", pub_address="ipc:///y.pub")
-    rows = choice_rows([entry, dict(entry), other])
+    entry = discovery.AgentInfo(pid=11, start_time=5.0, rank=0, argv=["train.py"], address="ipc:///x.req")
+    entry.pub_address = "ipc:///x.pub"
+    other = msgspec.structs.replace(entry, pid=12, address="ipc:///y.req", pub_address="ipc:///y.pub")
+    rows = choice_rows([entry, msgspec.structs.replace(entry), other])
     assert [k for _, k in rows] == [0, 2]  # the entry listed twice shows once
     assert len({row for row, _ in rows}) == len(rows)
 

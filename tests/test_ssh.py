@@ -114,7 +114,7 @@ def test_report_ls_and_capture_over_ssh(ssh_env: dict[str, str], sshd, tmp_path:
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)
         assert report["steps"] > 0 and report["pid"] == proc.pid and report["target"].startswith(host)
-        assert info["transport"] == "ipc"  # the default: its Unix sockets are forwarded
+        assert info.transport == "ipc"  # the default: its Unix sockets are forwarded
         local_dir = Path(report["target"].rsplit(" via ", 1)[1].rstrip(")"))
         assert local_dir.name.startswith("torchtop-ssh-") and not local_dir.exists()  # gone with the command
 
@@ -135,7 +135,7 @@ def test_open_ssh_tunnel_lasts_while_used(
 ) -> None:
     env = {**ssh_env, "TORCHTOP_PORT": str(free_port_pair())} if transport == "tcp" else ssh_env
     with training_agent(tmp_path, env) as (proc, info):
-        assert info["transport"] == transport
+        assert info.transport == transport
         with ssh.open_ssh(f"{sshd['host']}/{proc.pid}") as endpoint:
             assert endpoint.transport == transport and sshd["host"] in str(endpoint)
             if transport == "ipc":  # the local ends: Unix sockets in a private directory of ours
@@ -238,13 +238,13 @@ def test_ssh_errors_say_what_to_do(ssh_env: dict[str, str], sshd, tmp_path: Path
         out = torchtop(ssh_env, "report", f"{host}/1", "--seconds", "1")
         assert out.returncode == 2 and "no torchtop agent with pid or port 1" in out.stderr
         assert f"pid {proc.pid}" in out.stderr  # what is running there, to pick from
-        out = torchtop(ssh_env, "report", f"{host}/{info['port']}", "--seconds", "1")  # by port
+        out = torchtop(ssh_env, "report", f"{host}/{info.port}", "--seconds", "1")  # by port
         assert out.returncode == 0 and json.loads(out.stdout)["pid"] == proc.pid, out.stderr
         # no torchtop command there, but a port named: the tunnel goes straight to it, and the
         # agent's public key given by hand reaches it with our own client key
-        out = torchtop(missing, "report", f"{host}/{info['port']}", "--seconds", "1")
+        out = torchtop(missing, "report", f"{host}/{info.port}", "--seconds", "1")
         assert out.returncode == 2 and "--server-key" in out.stderr  # TCP agents answer only CURVE
         out = torchtop(
-            missing, "report", f"{host}/{info['port']}", "--server-key", str(server_key), "--seconds", "1"
+            missing, "report", f"{host}/{info.port}", "--server-key", str(server_key), "--seconds", "1"
         )
         assert out.returncode == 0 and json.loads(out.stdout)["pid"] == proc.pid, out.stderr

@@ -237,7 +237,7 @@ def test_report_has_memory_gpu_host_sections(tmp_path) -> None:
         from torchtop.agent.contract import discovery
 
         deadline = time.monotonic() + 60
-        while not any(a["pid"] == child.pid for a in discovery.list_agents()):
+        while not any(a.pid == child.pid for a in discovery.list_agents()):
             assert time.monotonic() < deadline and child.poll() is None
             time.sleep(0.1)
         out = subprocess.run(

@@ -131,7 +131,7 @@ def test_demo_in_tmux_shows_live_panels_and_quits_cleanly(
         new_session(tmux, session, size, runtime_dir, command)
         # the TUI opens once the job runs its model: steps show at once, the footer a frame later
         screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)) and "Stop job" in text)
-        pids = [a["pid"] for a in discovery.list_agents()]
+        pids = [a.pid for a in discovery.list_agents()]
         logs_text = "\n".join(p.read_text() for p in logs.glob("*.log"))
         assert tmux.alive(session), (
             f"the launcher exited early (rc {rc_file.read_text().strip() if rc_file.exists() else '?'}); "
@@ -205,7 +205,7 @@ def test_ctrl_c_in_the_tui_of_torchtop_run_stops_the_job(tmp_path: Path, runtime
         new_session(tmux, session, (80, 24), runtime_dir, command)
         # the TUI opens once the job runs its model: steps show at once, the footer a frame later
         screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)) and "Stop job" in text)
-        pids = [a["pid"] for a in discovery.list_agents()]
+        pids = [a.pid for a in discovery.list_agents()]
         assert step_time_shown(screen), f"no steps on screen:\n{screen}"
         tmux("send-keys", "-t", session, "C-c")
         deadline = time.monotonic() + EXIT_TIMEOUT_S
@@ -274,7 +274,7 @@ def test_torchrun_under_torchtop_run_opens_the_job_view_in_tmux(
     try:
         new_session(tmux, session, (120, 40), runtime_dir, command)
         screen = wait_screen(tmux, session, lambda text: ranks_listed(text) == {0, 1})
-        pids = [a["pid"] for a in discovery.list_agents()]
+        pids = [a.pid for a in discovery.list_agents()]
         log = "\n".join(p.read_text() for p in logs.glob("*.log"))
         assert tmux.alive(session), (
             f"the launcher exited (rc {rc_file.read_text().strip() if rc_file.exists() else '?'}):\n"
@@ -345,7 +345,7 @@ def test_the_readmes_other_tui_forms_in_tmux(tmp_path: Path, runtime_dir: Path, 
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 60
-        while not [a for a in discovery.list_agents() if a["pid"] == job.pid] and time.monotonic() < deadline:
+        while not [a for a in discovery.list_agents() if a.pid == job.pid] and time.monotonic() < deadline:
             time.sleep(0.2)
         launcher = shlex.join([*_torchtop(), "attach", str(job.pid)])
     else:

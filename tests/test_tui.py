@@ -20,6 +20,7 @@ from rich.console import Console
 from tests.agent_util import free_port_pair
 from tests.tui_util import TRAIN, wait_for
 from torchtop.agent.contract import wire
+from torchtop.agent.contract.discovery import AgentInfo
 from torchtop.monitor.link.client import AgentUnreachable, Received, Snapshot
 from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
 from torchtop.monitor.model import fmt
@@ -250,8 +251,8 @@ async def test_help_opens_and_closes_and_q_quits() -> None:
 
 # -- chooser --------------------------------------------------------------------------------------
 CHOICES = [
-    {"pid": 111, "port": 40001, "bind": "127.0.0.1", "rank": 0, "argv": ["a.py"]},
-    {"pid": 222, "port": 40003, "bind": "127.0.0.1", "rank": 0, "argv": ["b.py"]},
+    AgentInfo(pid=111, port=40001, bind="127.0.0.1", rank=0, argv=["a.py"]),
+    AgentInfo(pid=222, port=40003, bind="127.0.0.1", rank=0, argv=["b.py"]),
 ]
 
 
@@ -345,7 +346,7 @@ async def test_real_agent_steps_then_gone_then_restarted(tmp_path: Path, subproc
         while not local_agents() and time.monotonic() < deadline:
             time.sleep(0.1)
         agents = local_agents()
-        assert agents and agents[0]["pid"] == first.pid
+        assert agents and agents[0].pid == first.pid
         app = TorchtopApp(choices=agents)  # one choice: attaches directly, feed on
         async with app.run_test(size=(120, 40)) as pilot:
             step_panel = app.query_one(StepPanel)

@@ -399,7 +399,7 @@ async def test_real_agent_profile_capture_and_memory_refusal(tmp_path: Path, sub
         while not local_agents() and time.monotonic() < deadline:
             time.sleep(0.1)
         agents = local_agents()
-        assert agents and agents[0]["pid"] == proc.pid
+        assert agents and agents[0].pid == proc.pid
         app = TorchtopApp(from_discovery(agents[0]))
         async with app.run_test(size=(120, 40)) as pilot:
             notes = recorded_notes(app)

@@ -42,7 +42,7 @@ def run_demo(
         )
         try:
             deadline = time.monotonic() + 90
-            while not any(a.get("pid") == child.pid for a in discovery.list_agents()):
+            while not any(a.pid == child.pid for a in discovery.list_agents()):
                 assert child.poll() is None, f"{name} exited {child.returncode}"
                 assert time.monotonic() < deadline, f"{name}: no agent after 90 s"
                 time.sleep(0.2)

@@ -37,7 +37,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     except TargetError as exc:
         return _fail(str(exc))
     if args.json:
-        print(json.dumps(agents, indent=None))
+        from torchtop.agent.contract.discovery import listing
+
+        print(json.dumps([listing(a) for a in agents], indent=None))
         return 0
     if not agents:
         print(f"no torchtop agents running on {args.target or 'this machine'}")

@@ -213,7 +213,7 @@ def run_demo(args: argparse.Namespace) -> int:
         from torchtop.monitor.tui.job_app import run_agents_tui
 
         code = None
-        if info.get("world_size", 1) > 1:  # a job of several ranks: the job view
+        if (info.world_size or 1) > 1:  # a job of several ranks: the job view
             code = run_agents_tui(wait_for_ranks(child, agents), mode="demo")
         if code is None:
             code = run_tui(from_discovery(info), None, mode="demo")  # q: quit and stop the demo

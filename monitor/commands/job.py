@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchtop.agent.contract.discovery import AgentInfo
 
 from torchtop.monitor.link.job import JobLink, apply_events
 from torchtop.monitor.link.job_targets import describe_job, group_by_job
@@ -134,18 +137,15 @@ def _answered(job: JobState, key: str) -> bool:
     return m is not None and (m.hello is not None or m.refused)
 
 
-def ls_lines(agents: list[dict[str, Any]]) -> list[str]:
+def ls_lines(agents: list[AgentInfo]) -> list[str]:
     """`torchtop ls`: each job on a line with its ranks under it; agents on their own as before."""
     from torchtop.monitor.link.targets import describe
 
     out: list[str] = []
     for g in group_by_job(agents):
-        if not g.job_id or (len(g.agents) == 1 and int(g.agents[0].get("world_size", 1)) <= 1):
+        if not g.job_id or (len(g.agents) == 1 and (g.agents[0].world_size or 1) <= 1):
             out += [describe(a) for a in g.agents]
             continue
         out.append(describe_job(g))
-        out += [
-            f"  rank {a.get('rank', 0):>3}  pid {a.get('pid')}  port {a.get('port')}  {a.get('host', '')}"
-            for a in g.agents
-        ]
+        out += [f"  rank {a.rank or 0:>3}  pid {a.pid}  port {a.port}  {a.host or ''}" for a in g.agents]
     return out

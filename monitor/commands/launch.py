@@ -14,7 +14,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchtop.agent.contract.discovery import AgentInfo
 
 START_TIMEOUT_S = 90.0
 STOP_GRACE_S = 5.0
@@ -256,7 +259,7 @@ def _family(pid: int) -> set[int]:
 
 def wait_for_agents(
     child: subprocess.Popen, timeout: float = START_TIMEOUT_S, settle: float = 0.0
-) -> list[dict[str, Any]]:
+) -> list[AgentInfo]:
     """Discovery entries of agents in the child or its descendants, lowest rank first.
 
     [] if the child exits first; TimeoutError after `timeout`. Once one agent shows up, waits
@@ -265,17 +268,17 @@ def wait_for_agents(
     from torchtop.agent.contract import discovery
 
     deadline = time.monotonic() + timeout
-    found: list[dict[str, Any]] = []
+    found: list[AgentInfo] = []
     settled_at = None
     while True:
         if child.poll() is not None:
             return found
         family = _family(child.pid)
-        found = [a for a in discovery.list_agents() if a.get("pid") in family]
+        found = [a for a in discovery.list_agents() if a.pid in family]
         if found and settled_at is None:
             settled_at = time.monotonic() + settle
         if found and time.monotonic() >= settled_at:
-            return sorted(found, key=lambda a: (a.get("rank", 0), a.get("pid", 0)))
+            return sorted(found, key=lambda a: (a.rank or 0, a.pid or 0))
         if time.monotonic() >= deadline:
             if found:
                 return found
@@ -287,11 +290,11 @@ def wait_for_agents(
 
 
 def wait_for_ranks(
-    child: subprocess.Popen, agents: list[dict[str, Any]], timeout: float = START_TIMEOUT_S
-) -> list[dict[str, Any]]:
+    child: subprocess.Popen, agents: list[AgentInfo], timeout: float = START_TIMEOUT_S
+) -> list[AgentInfo]:
     """When the first agents found are ranks of a job, wait (up to `timeout`) for the job's
     other ranks on this machine: its local world size, else its world size."""
-    want = max((int(a.get("local_world_size") or a.get("world_size") or 1) for a in agents), default=1)
+    want = max((a.local_world_size or a.world_size or 1 for a in agents), default=1)
     deadline = time.monotonic() + timeout
     while len(agents) < want and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.2)

@@ -16,6 +16,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchtop.agent.contract.discovery import AgentInfo, entry
 from torchtop.monitor.link.targets import Endpoint, TargetError, from_discovery, local_agents, parse
 
 PARALLEL = 16  # hosts listed, tunnels opened, at once
@@ -26,11 +27,15 @@ class JobGroup:
     """Agents of one job (or one agent on its own: job_id "")."""
 
     job_id: str
-    agents: list[dict[str, Any]]
+    agents: list[AgentInfo]
 
     @property
     def ranks(self) -> list[int]:
-        return sorted(int(a.get("rank", 0)) for a in self.agents)
+        return sorted(_rank(a) for a in self.agents)
+
+
+def _rank(a: AgentInfo) -> int:
+    return a.rank if a.rank is not None else 0
 
 
 @dataclass
@@ -41,19 +46,19 @@ class JobPlan:
     relays: list[Endpoint] = field(default_factory=list)  # nodes read through their relay (one each)
 
 
-def group_by_job(agents: list[dict[str, Any]]) -> list[JobGroup]:
+def group_by_job(agents: list[AgentInfo]) -> list[JobGroup]:
     """Agents grouped by job id, in order of first appearance; ranks within a job in order.
     Agents without a job id (a single process, or an older torchtop) are groups of their own."""
     groups: dict[str, JobGroup] = {}
     singles: list[JobGroup] = []
     for a in agents:
-        jid = str(a.get("job_id") or "")
+        jid = a.job_id or ""
         if not jid:
             singles.append(JobGroup("", [a]))
             continue
         groups.setdefault(jid, JobGroup(jid, [])).agents.append(a)
     for g in groups.values():
-        g.agents.sort(key=lambda a: (int(a.get("rank", 0)), str(a.get("host", "")), int(a.get("pid", 0))))
+        g.agents.sort(key=lambda a: (_rank(a), a.host or "", a.pid or 0))
     return [*groups.values(), *singles]
 
 
@@ -81,10 +86,10 @@ def short_job_id(job_id: str, keep: int = 8) -> str:
 
 def describe_job(g: JobGroup) -> str:
     first = g.agents[0]
-    world = max(int(a.get("world_size", 1)) for a in g.agents)
-    hosts = sorted({str(a.get("host", "")) for a in g.agents})
-    argv = " ".join(first.get("argv") or [])
-    launcher = f"  {first['launcher']}" if first.get("launcher") else ""
+    world = max(a.world_size if a.world_size is not None else 1 for a in g.agents)
+    hosts = sorted({a.host or "" for a in g.agents})
+    argv = " ".join(first.argv or [])
+    launcher = f"  {first.launcher}" if first.launcher else ""
     return (
         f"job {g.job_id}  {len(g.agents)} of {world} ranks ({ranks_text(g.ranks)}) on "
         f"{', '.join(hosts)}{launcher}  {argv}"
@@ -105,8 +110,8 @@ def choose_job(groups: list[JobGroup], job: str | None, where: str) -> JobGroup:
         raise TargetError(f"no torchtop agent is running on {where}")
     if len(groups) > 1:
         jobs = [g for g in groups if g.job_id]
-        hint = f"`--job {jobs[0].job_id}`" if jobs else f"a pid, e.g. `{groups[0].agents[0].get('pid')}`"
-        listing = "; ".join(describe_job(g) if g.job_id else f"pid {g.agents[0].get('pid')}" for g in groups)
+        hint = f"`--job {jobs[0].job_id}`" if jobs else f"a pid, e.g. `{groups[0].agents[0].pid}`"
+        listing = "; ".join(describe_job(g) if g.job_id else f"pid {g.agents[0].pid}" for g in groups)
         raise TargetError(f"{len(groups)} jobs run on {where} ({listing}); name one with {hint}")
     return groups[0]
 
@@ -119,32 +124,38 @@ def local_job(job: str | None) -> JobGroup | None:
     return choose_job(group_by_job(agents), job, "this machine")
 
 
-def _list_host(target: str, options: Sequence[str]) -> tuple[str, list[dict[str, Any]] | None, str]:
+def _list_host(target: str, options: Sequence[str]) -> tuple[str, list[AgentInfo] | None, str]:
     from torchtop.monitor.link import ssh
 
     try:
         parsed = ssh.parse(target)
         agents = ssh.remote_agents(parsed, options)
         for a in agents:
-            a["_ssh"] = target
+            a.ssh = target  # always ours: never what the listing says
         return target, agents, ""
     except TargetError as exc:
         return target, None, str(exc)
 
 
 def _open_tunnel(
-    stack_items: list[Any], info: dict[str, Any], options: Sequence[str]
+    stack_items: list[Any], info: AgentInfo, who: str, options: Sequence[str]
 ) -> tuple[Endpoint | None, str]:
     from torchtop.monitor.link import ssh
 
     try:
-        cm = ssh.tunnel(ssh.parse(info["_ssh"]), info, options)
+        cm = ssh.tunnel(ssh.parse(str(info.ssh)), info, options)
         endpoint = cm.__enter__()
         stack_items.append(cm)
         return endpoint, ""
     except TargetError as exc:
-        who = f"the relay ({info.get('node')})" if info.get("kind") == "relay" else f"rank {info.get('rank')}"
-        return None, f"{who} on {info['_ssh']}: {exc}"
+        return None, f"{who} on {info.ssh}: {exc}"
+
+
+def _relay_entry(relay: dict[str, Any]) -> tuple[AgentInfo, str]:
+    """A relay's listing as the entry its tunnel is made from, and how to name it."""
+    info = entry(relay)
+    info.ssh = str(relay["_ssh"])
+    return info, f"the relay ({relay.get('node')})"
 
 
 def _job_relays(hosts: list[str], job_id: str, options: Sequence[str]) -> list[dict[str, Any]]:
@@ -190,7 +201,7 @@ def open_job(
         yield JobPlan([parse(t) for t in direct])
         return
     notes: list[str] = []
-    found: list[dict[str, Any]] = []
+    found: list[AgentInfo] = []
     with ThreadPoolExecutor(max_workers=min(PARALLEL, len(remote))) as pool:
         for target, agents, error in pool.map(lambda t: _list_host(t, ssh_options), remote):
             if agents is None:
@@ -203,14 +214,15 @@ def open_job(
     other = len(found) - len(group.agents)
     if other:
         notes.append(f"{other} agent{'s' if other != 1 else ''} of other jobs on these hosts left out")
-    relays = _job_relays(sorted({str(a["_ssh"]) for a in group.agents}), group.job_id, ssh_options)
+    relays = _job_relays(sorted({str(a.ssh) for a in group.agents}), group.job_id, ssh_options)
     relayed = {str(r["_ssh"]) for r in relays}  # these hosts' ranks are read through their relay
-    per_rank = [a for a in group.agents if a["_ssh"] not in relayed]
+    per_rank = [a for a in group.agents if a.ssh not in relayed]
+    to_open = [(a, f"rank {a.rank}") for a in per_rank] + [_relay_entry(r) for r in relays]
     with ExitStack() as stack:
         opened: list[Any] = []
         try:
             with ThreadPoolExecutor(max_workers=min(PARALLEL, len(per_rank) + len(relays))) as pool:
-                results = list(pool.map(lambda a: _open_tunnel(opened, a, ssh_options), per_rank + relays))
+                results = list(pool.map(lambda a: _open_tunnel(opened, *a, ssh_options), to_open))
         finally:  # tunnels opened before an unexpected error close with the rest
             for cm in opened:
                 stack.push(cm)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from torchtop.agent.contract.discovery import AgentInfo, entry
 from torchtop.agent.contract.net import url_host
 from torchtop.agent.contract.private import short_private_tempdir
 from torchtop.monitor.link.targets import (
@@ -126,7 +127,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def remote_agents(target: SshTarget, options: Sequence[str] = ()) -> list[dict[str, Any]]:
+def remote_agents(target: SshTarget, options: Sequence[str] = ()) -> list[AgentInfo]:
     """The agents running on the host, from `torchtop ls --json` run there."""
     remote = os.environ.get(ENV_REMOTE_CMD) or "torchtop"
     cmd = [
@@ -168,24 +169,24 @@ def remote_agents(target: SshTarget, options: Sequence[str] = ()) -> list[dict[s
         raise SshError(
             f"`{remote} ls --json` on {target.host} printed no agent list: {_last_line(proc.stdout)!r}"
         )
-    return agents
+    return [entry(a) for a in agents]
 
 
-def choose(target: SshTarget, agents: list[dict[str, Any]]) -> dict[str, Any]:
+def choose(target: SshTarget, agents: list[AgentInfo]) -> AgentInfo:
     """The agent the target names (a pid, else a port), or the only one."""
     if target.select is not None:
         for key in ("pid", "port"):
             for info in agents:
-                if info.get(key) == target.select:
+                if getattr(info, key) == target.select:
                     return info
         listing = "; ".join(describe(a) for a in agents) or "none are running"
         raise SshError(f"no torchtop agent with pid or port {target.select} on {target.host} ({listing})")
     if not agents:
         raise SshError(f"no torchtop agent is running on {target.host} (as {target.user or 'your ssh user'})")
     if len(agents) > 1:
-        pids = ", ".join(str(a.get("pid")) for a in agents)
+        pids = ", ".join(str(a.pid) for a in agents)
         raise SshError(
-            f"{len(agents)} agents are running on {target.host} (pids {pids}); name one, e.g. {target}/{agents[0].get('pid')}"
+            f"{len(agents)} agents are running on {target.host} (pids {pids}); name one, e.g. {target}/{agents[0].pid}"
         )
     return agents[0]
 
@@ -322,8 +323,8 @@ def _forwards(remote: tuple[str, str], sock_dir: Path | None) -> tuple[list[str]
     return args, (f"tcp://127.0.0.1:{lport}", f"tcp://127.0.0.1:{lport + 1}")
 
 
-def _label(target: SshTarget, info: dict[str, Any], remote: str, local: str) -> str:
-    pid = info.get("pid")
+def _label(target: SshTarget, info: AgentInfo, remote: str, local: str) -> str:
+    pid = info.pid
     if remote.startswith("ipc://"):
         return f"{target}/{pid} (pid {pid}, its sockets via {Path(local.removeprefix('ipc://')).parent})"
     rport = remote.rsplit(":", 1)[1]
@@ -335,10 +336,12 @@ def _label(target: SshTarget, info: dict[str, Any], remote: str, local: str) -> 
 
 
 @contextmanager
-def tunnel(target: SshTarget, info: dict[str, Any], options: Sequence[str] = ()) -> Iterator[Endpoint]:
+def tunnel(target: SshTarget, info: AgentInfo, options: Sequence[str] = ()) -> Iterator[Endpoint]:
     """Forward local ends to the agent's two sockets on the host; an Endpoint while it lasts.
     A tunnel that dies meanwhile is rebuilt on the same local ends (`_Keeper`)."""
     try:
+        if info.unusable is not None:
+            raise ValueError(info.unusable)
         remote = agent_addresses(info)
     except ValueError as exc:
         raise SshError(f"the agent listing from {target.host} is unusable ({exc})") from None
@@ -355,7 +358,7 @@ def tunnel(target: SshTarget, info: dict[str, Any], options: Sequence[str] = ())
 @contextmanager
 def _open_tunnel(
     target: SshTarget,
-    info: dict[str, Any],
+    info: AgentInfo,
     remote: tuple[str, str],
     sock_dir: Path | None,
     options: Sequence[str],
@@ -415,6 +418,6 @@ def open_ssh(target: str, options: Sequence[str] = ()) -> Iterator[Endpoint]:
         # no torchtop command there, but the user named a port: tunnel to it (hello will tell)
         if not (exc.not_installed and parsed.select is not None and 0 < parsed.select < 65535):
             raise
-        info = {"port": parsed.select, "pid": None}  # an older agent's entry: TCP on loopback
+        info = AgentInfo(port=parsed.select)  # an older agent's entry: TCP on loopback
     with tunnel(parsed, info, options) as endpoint:
         yield endpoint

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torchtop.agent.contract import discovery, keys
+from torchtop.agent.contract.discovery import AgentInfo
 from torchtop.agent.contract.net import tcp_address
 
 
@@ -104,31 +105,31 @@ _TCP = re.compile(r"^tcp://(\[[^\]]+\]|[^:/\[\]]+):(\d{1,5})$")
 REQ_SUFFIX, PUB_SUFFIX = ".req", ".pub"
 
 
-def agent_addresses(info: dict[str, Any]) -> tuple[str, str]:
+def agent_addresses(info: AgentInfo) -> tuple[str, str]:
     """(request, stream) addresses of a discovery entry, as seen on the agent's machine.
     Entries of older agents have only bind and port. ValueError when it names neither."""
-    address, pub = info.get("address"), info.get("pub_address")
-    if isinstance(address, str) and isinstance(pub, str):
+    address, pub = info.address, info.pub_address
+    if address is not None and pub is not None:
         if all(a.startswith("ipc://") or _TCP.match(a) for a in (address, pub)):
             return address, pub
         raise ValueError(f"unusable agent addresses {address!r}, {pub!r}")
-    port = info.get("port")
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65535:
+    port = info.port
+    if port is None or not 0 < port < 65535:
         raise ValueError("no agent address and no port")
-    bind = str(info.get("bind") or "127.0.0.1")
+    bind = info.bind or "127.0.0.1"
     host = "127.0.0.1" if bind in ("0.0.0.0", "*", "localhost") else ("::1" if bind == "::" else bind)
     return tcp_address(host, port), tcp_address(host, port + 1)
 
 
-def agent_curve(info: dict[str, Any]) -> keys.ClientCurve | None:
+def agent_curve(info: AgentInfo) -> keys.ClientCurve | None:
     """The keys that reach a CURVE agent: the client pair its (0600) discovery entry admits, else
     our own configured client key with the public key it publishes."""
-    server_key = info.get("server_key")
-    if not isinstance(server_key, str) or len(server_key) != keys.Z85_KEY_LEN:
+    server_key = info.server_key
+    if server_key is None or len(server_key) != keys.Z85_KEY_LEN:
         return None
-    public, secret = info.get("client_key"), info.get("client_secret")
-    if all(isinstance(k, str) and len(k) == keys.Z85_KEY_LEN for k in (public, secret)):
-        return keys.ClientCurve(server_key.encode(), str(public).encode(), str(secret).encode())
+    public, secret = info.client_key, info.client_secret
+    if public is not None and secret is not None and len(public) == len(secret) == keys.Z85_KEY_LEN:
+        return keys.ClientCurve(server_key.encode(), public.encode(), secret.encode())
     try:
         return keys.load_client(server_key)
     except keys.KeyConfigError:
@@ -136,18 +137,21 @@ def agent_curve(info: dict[str, Any]) -> keys.ClientCurve | None:
 
 
 def from_discovery(
-    info: dict[str, Any],
+    info: AgentInfo,
     via: tuple[str, str] | None = None,
     label: str = "",
     link: Callable[[], str] | None = None,
 ) -> Endpoint:
     """The Endpoint of a discovery entry. `via`: the (request, stream) addresses that reach it
-    from here when they are not its own (an ssh tunnel's local ends); `link`: the tunnel's health."""
+    from here when they are not its own (an ssh tunnel's local ends); `link`: the tunnel's health.
+    An entry with a wrongly typed field (`unusable`) is refused in one line, as is one with no way in."""
     try:
+        if info.unusable is not None:
+            raise ValueError(info.unusable)
         address, pub = agent_addresses(info)
     except ValueError as exc:
-        raise TargetError(f"the discovery entry of pid {info.get('pid')} is unusable ({exc})") from None
-    pid = info.get("pid") if isinstance(info.get("pid"), int) else None
+        raise TargetError(f"the discovery entry of pid {info.pid} is unusable ({exc})") from None
+    pid = info.pid
     if not label:
         label = f"pid {pid} ({where(info)})"
     request, stream = via or (address, pub)
@@ -169,7 +173,7 @@ def rediscover(endpoint: Endpoint) -> Endpoint | None:
     return None
 
 
-def where(info: dict[str, Any]) -> str:
+def where(info: AgentInfo) -> str:
     """How an entry's agent listens, in a few words: "ipc" or HOST:PORT."""
     try:
         address = agent_addresses(info)[0]
@@ -178,10 +182,10 @@ def where(info: dict[str, Any]) -> str:
     return "ipc" if address.startswith("ipc://") else address.removeprefix("tcp://")
 
 
-def describe(info: dict[str, Any]) -> str:
-    argv = " ".join(info.get("argv") or [])
-    listens = f"port {info['port']}" if info.get("port") else where(info)
-    return f"pid {info.get('pid')}  {listens}  rank {info.get('rank', 0)}  {argv}"
+def describe(info: AgentInfo) -> str:
+    argv = " ".join(info.argv or [])
+    listens = f"port {info.port}" if info.port else where(info)
+    return f"pid {info.pid}  {listens}  rank {info.rank if info.rank is not None else 0}  {argv}"
 
 
 def parse(target: str) -> Endpoint:
@@ -193,7 +197,7 @@ def parse(target: str) -> Endpoint:
             raise TargetError(f"no process has pid {target[:20]}…: a pid has at most 10 digits")
         pid = int(target)
         for info in discovery.list_agents():
-            if info.get("pid") == pid:
+            if info.pid == pid:
                 return from_discovery(info)
         raise TargetError(
             f"no torchtop agent with pid {pid} on this machine (`torchtop ls` lists the running ones)"
@@ -204,7 +208,7 @@ def parse(target: str) -> Endpoint:
                 f"an ipc target names the agent's request socket (…{REQ_SUFFIX}), not {target!r}"
             )
         for info in discovery.list_agents():
-            if info.get("address") == target:
+            if info.address == target:
                 return from_discovery(info)
         return Endpoint(target, target[: -len(REQ_SUFFIX)] + PUB_SUFFIX, None, target)
     match = _HOSTPORT.match(target)
@@ -215,7 +219,7 @@ def parse(target: str) -> Endpoint:
         label = f"{host}:{port}"
         if host == "localhost" or host == "::1" or host.startswith("127."):
             for info in discovery.list_agents():  # ours: its entry has the keys
-                if info.get("port") == port:
+                if info.port == port:
                     return from_discovery(info, label=label)
         return Endpoint.tcp(host, port, None, label)
     raise TargetError(
@@ -223,7 +227,7 @@ def parse(target: str) -> Endpoint:
     )
 
 
-def local_agents() -> list[dict[str, Any]]:
+def local_agents() -> list[AgentInfo]:
     return discovery.list_agents()
 
 
@@ -242,8 +246,8 @@ def resolve_single(target: str | None) -> Endpoint:
     if not agents:
         raise TargetError(no_agent_message())
     if len(agents) > 1:
-        pids = ", ".join(str(a["pid"]) for a in agents)
+        pids = ", ".join(str(a.pid) for a in agents)
         raise TargetError(
-            f"{len(agents)} agents are running (pids {pids}); name one, e.g. `torchtop report {agents[0]['pid']}`"
+            f"{len(agents)} agents are running (pids {pids}); name one, e.g. `torchtop report {agents[0].pid}`"
         )
     return from_discovery(agents[0])

@@ -28,6 +28,7 @@ from typing import Any
 import zmq
 
 from torchtop.agent.contract import discovery, wire
+from torchtop.agent.contract.discovery import AgentInfo
 from torchtop.agent.contract.private import fits_socket, short_private_tempdir
 from torchtop.monitor.relay import registry
 from torchtop.monitor.relay.summary import RankSummarizer
@@ -48,7 +49,7 @@ def rank_topic(rank: int) -> bytes:
 @dataclass
 class _Rank:
     pid: int
-    info: dict[str, Any]
+    info: AgentInfo
     sub: Any
     dealer: Any
     summarizer: RankSummarizer
@@ -62,7 +63,7 @@ class Relay:
         job_id: str,
         node: str = "",
         directory: Path | None = None,
-        source: Callable[[], list[dict[str, Any]]] = discovery.list_agents,
+        source: Callable[[], list[AgentInfo]] = discovery.list_agents,
     ) -> None:
         self.job_id = job_id
         self.source = source  # the node's agents' discovery entries (a benchmark passes its own)
@@ -161,8 +162,8 @@ class Relay:
     def rescan(self, now: float) -> None:
         seen = set()
         for info in self.source():
-            pid = info.get("pid")
-            if info.get("job_id") != self.job_id or not isinstance(pid, int):
+            pid = info.pid
+            if info.job_id != self.job_id or pid is None:
                 continue
             seen.add(pid)
             if pid not in self.ranks:
@@ -175,9 +176,9 @@ class Relay:
                     r.dealer.close(linger=0)
                     del self.ranks[pid]
 
-    def _add(self, pid: int, info: dict[str, Any], now: float) -> None:
-        address, pub = info.get("address"), info.get("pub_address")
-        if not (isinstance(address, str) and isinstance(pub, str) and address.startswith("ipc://")):
+    def _add(self, pid: int, info: AgentInfo, now: float) -> None:
+        address, pub = info.address, info.pub_address
+        if info.unusable is not None or address is None or pub is None or not address.startswith("ipc://"):
             return  # a rank on TCP only (CURVE): the monitor reaches it per rank, as before
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
@@ -189,7 +190,7 @@ class Relay:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         dealer.connect(address)
-        r = _Rank(pid, info, sub, dealer, RankSummarizer(int(info.get("rank", -1))))
+        r = _Rank(pid, info, sub, dealer, RankSummarizer(info.rank if info.rank is not None else -1))
         self.ranks[pid] = r
         self._ask_hello(r, now)
 

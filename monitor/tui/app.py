@@ -27,6 +27,7 @@ from textual.scrollbar import ScrollBar, ScrollBarRender
 from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from torchtop.agent.contract.discovery import AgentInfo
 from torchtop.agent.contract.wire import CAPTURE_DEFAULT_STEPS
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
@@ -114,7 +115,7 @@ class TorchtopApp(CaptureApp):
     def __init__(
         self,
         endpoint: Endpoint | None = None,
-        choices: list[dict[str, Any]] | None = None,
+        choices: list[AgentInfo] | None = None,
         *,
         feed: bool = True,
         clock: Callable[[], float] = time.monotonic,
@@ -449,7 +450,7 @@ class TorchtopApp(CaptureApp):
 
 def run_tui(
     endpoint: Endpoint | None,
-    choices: list[dict[str, Any]] | None,
+    choices: list[AgentInfo] | None,
     log_path: Path | None = None,
     mode: keys.LeaveMode = "attach",
     record: Path | None = None,

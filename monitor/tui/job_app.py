@@ -42,6 +42,7 @@ from torchtop.monitor.tui.widgets import CapturesScreen, HelpScreen
 from torchtop.monitor.tui.widgets.ranks_panel import RanksPanel, focus_text, head_lines
 
 if TYPE_CHECKING:
+    from torchtop.agent.contract.discovery import AgentInfo
     from torchtop.monitor.link.targets import Endpoint
 
 
@@ -389,7 +390,7 @@ def run_plan(
     return app.return_code or 0
 
 
-def job_plan_of(agents: list[dict[str, Any]]) -> JobPlan | None:
+def job_plan_of(agents: list[AgentInfo]) -> JobPlan | None:
     """The plan of one job when these discovery entries are its ranks (two or more); else None."""
     from torchtop.monitor.link.job_targets import group_by_job
     from torchtop.monitor.link.targets import from_discovery
@@ -401,7 +402,7 @@ def job_plan_of(agents: list[dict[str, Any]]) -> JobPlan | None:
 
 
 def run_agents_tui(
-    agents: list[dict[str, Any]], log_path: Path | None = None, mode: keys.LeaveMode = "attach"
+    agents: list[AgentInfo], log_path: Path | None = None, mode: keys.LeaveMode = "attach"
 ) -> int | None:
     """The job view when these discovery entries are the ranks of one job (`torchtop run`,
     `torchtop demo`); None otherwise (the caller opens the one-agent view)."""

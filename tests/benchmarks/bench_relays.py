@@ -129,11 +129,12 @@ def agents_feeder(directory: str, ranks: int, rate: float, seconds: float, ready
 
 
 def relay_process(directory: str, ranks: int) -> None:
+    from torchtop.agent.contract.discovery import AgentInfo
     from torchtop.monitor.relay.node import Relay
 
     entries = [
-        {"pid": 100_000 + r, "rank": r, "job_id": JOB, "address": f"ipc://{directory}/a{r}.req",
-         "pub_address": f"ipc://{directory}/a{r}.pub"}
+        AgentInfo(pid=100_000 + r, rank=r, job_id=JOB, address=f"ipc://{directory}/a{r}.req",
+                  pub_address=f"ipc://{directory}/a{r}.pub")
         for r in range(ranks)
     ]  # fmt: skip
     relay = Relay(JOB, "node0", Path(directory), source=lambda: entries)

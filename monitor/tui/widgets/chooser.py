@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 
+from torchtop.agent.contract.discovery import AgentInfo
 from torchtop.monitor.link.targets import describe
 
 
-def choice_rows(choices: list[dict[str, Any]]) -> list[tuple[str, int]]:
+def choice_rows(choices: list[AgentInfo]) -> list[tuple[str, int]]:
     """(row, index in `choices`) for each agent, one row per process: an entry listed twice
     (the same pid and start) shows once; every row names its pid, so no two rows read alike."""
     rows: list[tuple[str, int]] = []
-    seen: set[tuple[Any, Any]] = set()
+    seen: set[tuple[int | None, float | None]] = set()
     for k, info in enumerate(choices):
-        key = (info.get("pid"), info.get("start_time"))
+        key = (info.pid, info.start_time)
         if key in seen:
             continue
         seen.add(key)
@@ -29,7 +28,7 @@ def choice_rows(choices: list[dict[str, Any]]) -> list[tuple[str, int]]:
 class ChooserScreen(Screen[int]):
     """Dismisses with the index of the chosen agent in `choices`."""
 
-    def __init__(self, choices: list[dict[str, Any]]) -> None:
+    def __init__(self, choices: list[AgentInfo]) -> None:
         super().__init__()
         self.choices = choices
         self.rows = choice_rows(choices)
