@@ -31,6 +31,7 @@ def _steps(n: int) -> None:
 
 
 @pytest.mark.parametrize("port", [None, 0], ids=["ipc", "tcp"])
+@pytest.mark.slow  # among the fast subset's slowest, ~5.1 s here (issue 27: the subset under 60 s)
 def test_the_monitor_attaches_by_pid_and_receives_every_step(port: int | None) -> None:
     agent = ta.start(port=port)
     assert agent is not None
@@ -46,6 +47,7 @@ def test_the_monitor_attaches_by_pid_and_receives_every_step(port: int | None) -
     assert got.steps >= 60 and got.batches > 0 and got.bad_frames == 0
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~2.6 s here (issue 27: the subset under 60 s)
 def test_a_monitor_that_received_less_than_the_agent_cut_fails_the_run() -> None:
     agent = ta.start()
     assert agent is not None

@@ -61,6 +61,7 @@ def test_blocking_collectives_are_comm(agent, group) -> None:
     assert all(sum(s.phases.values()) == s.wall_ns for s in steps)
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.2 s here (issue 27: the subset under 60 s)
 def test_the_wait_at_the_end_of_backward_is_comm(agent, group) -> None:
     """A final callback queued during backward that waits 20 ms, after ours (as DDP's
     finalize_backward waits for its all-reduce): comm, and the backward keeps only its compute."""
@@ -80,6 +81,7 @@ def test_the_wait_at_the_end_of_backward_is_comm(agent, group) -> None:
     assert sorted(s.phases["backward"] for s in steps)[4] < 10e6
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.6 s here (issue 27: the subset under 60 s)
 def test_no_comm_without_a_group(agent) -> None:
     """A run with no process group: no callback is armed, comm stays exactly 0."""
     time.sleep(1.2)  # the agent thread's identity chore has run (and found no group)
@@ -89,6 +91,7 @@ def test_no_comm_without_a_group(agent) -> None:
     assert steps and all(s.phases["comm"] == 0 for s in steps)
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.5 s here (issue 27: the subset under 60 s)
 def test_identity_comes_from_the_group(agent, group) -> None:
     deadline = time.monotonic() + 5
     while agent.identity.backend != "gloo" and time.monotonic() < deadline:

@@ -94,6 +94,7 @@ def hostile():  # type: ignore[no-untyped-def]
     agent.close()
 
 
+@pytest.mark.slow  # a 2 s report; among the fast subset's slowest, ~2.0 s here (issue 27: the subset under 60 s)
 def test_report_counts_nan_batches_as_bad_frames(hostile: HostileAgent) -> None:
     code, out, err = _cli("report", str(os.getpid()), "--seconds", "2")
     assert code == 0, err
@@ -102,12 +103,14 @@ def test_report_counts_nan_batches_as_bad_frames(hostile: HostileAgent) -> None:
     assert report["batches"] >= 5 and report["steps"] > 0
 
 
+@pytest.mark.slow  # waits out the snapshot's 10 s timeout; among the fast subset's slowest, ~10.0 s here (issue 27: the subset under 60 s)
 def test_an_invalid_reply_is_said_not_a_dead_agent(hostile: HostileAgent) -> None:
     code, out, err = _cli("report", str(os.getpid()), "--seconds", "1", "--history")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "invalid frames came back" in err and "out of range" in err
 
 
+@pytest.mark.slow  # a 2.5 s export; among the fast subset's slowest, ~3.0 s here (issue 27: the subset under 60 s)
 def test_export_survives_nan_batches(hostile: HostileAgent) -> None:
     pytest.importorskip("prometheus_client")
     code, _, err = _cli(
@@ -117,6 +120,7 @@ def test_export_survives_nan_batches(hostile: HostileAgent) -> None:
     assert "Traceback" not in err
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~2.3 s here (issue 27: the subset under 60 s)
 async def test_the_attach_tui_survives_nan_batches(hostile: HostileAgent) -> None:
     pytest.importorskip("textual")
     from tests.tui_util import wait_for

@@ -45,6 +45,7 @@ def _drain(state: RunState, client, until: int, timeout: float = 10) -> None:
             state.apply_batch(got.batch, got.steps, time.monotonic())
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.6 s here (issue 27: the subset under 60 s)
 def test_joining_after_1000_steps_gets_all_of_them_then_the_live_ones() -> None:
     agent = ta.start()
     assert agent is not None
@@ -113,6 +114,7 @@ def test_history_is_downsampled_beyond_its_last_entries(monkeypatch) -> None:
         client.close()
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~3.5 s here (issue 27: the subset under 60 s)
 def test_a_late_monitor_gets_the_agents_per_second_memory_lows() -> None:
     """The leak rule looks back a minute: a monitor that joins (or a 10 s report) gets the lows
     the agent kept, from the `memory` request and with a snapshot."""

@@ -162,6 +162,7 @@ def test_two_optimizers_one_step_per_iteration() -> None:
     assert all(s.micro == 2 for s in steps[1:])  # both backward passes of an iteration
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~0.8 s here (issue 27: the subset under 60 s)
 def test_eval_loop_is_reported_as_eval_not_training() -> None:
     assert ta.start() is not None
     model, crit = mlp(), nn.CrossEntropyLoss()

@@ -81,6 +81,7 @@ def test_hello_fields(agent, client, runtime_dir: Path) -> None:
     assert hello.argv == sys.argv
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~0.8 s here (issue 27: the subset under 60 s)
 def test_rank_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
@@ -98,6 +99,7 @@ def test_rank_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         c.close()
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.2 s here (issue 27: the subset under 60 s)
 def test_snapshot_returns_history(agent, client) -> None:
     train_steps(10)
     steps = snapshot_steps(agent, 10)
@@ -114,6 +116,7 @@ def test_snapshot_returns_history(agent, client) -> None:
     assert not unknown.ok and "unknown command 'launch-missiles'" in unknown.error
 
 
+@pytest.mark.slow  # 8 batches at the tick rate: load-sensitive; among the fast subset's slowest, ~3.5 s here (issue 27: the subset under 60 s)
 def test_batches_arrive_in_order_and_carry_every_step_once(agent, client) -> None:
     first = wait_first_batch(client)
     train_steps(25)

@@ -235,6 +235,7 @@ def _peak(fn: Callable[..., object], *args: object) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.slow  # traces 750 steps under tracemalloc; among the fast subset's slowest, ~8.1 s here (issue 27: the subset under 60 s)
 def test_trace_memory_does_not_grow_with_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Four times the steps, about the same peak: the trace is streamed, the reader keeps an
     index (it took ~1.3 KB a step)."""
@@ -255,6 +256,7 @@ def _read_all(path: Path) -> int:
     return sum(1 for _ in read_rank(path).messages)
 
 
+@pytest.mark.slow  # reads 750 steps under tracemalloc; among the fast subset's slowest, ~0.7 s here (issue 27: the subset under 60 s)
 def test_reader_memory_is_bounded_by_an_index(tmp_path: Path) -> None:
     """The reader holds an index of the messages, not them: reading a recording 4x as long
     costs about the same (the report's state keeps its own bounded history)."""

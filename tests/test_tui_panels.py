@@ -147,6 +147,7 @@ def recorded_notes(app: TorchtopApp) -> list[tuple[str, str, str]]:
 
 
 # -- panels ---------------------------------------------------------------------------------------
+@pytest.mark.slow  # among the fast subset's slowest, ~1.5 s here (issue 27: the subset under 60 s)
 async def test_memory_panel_shows_the_allocator_and_fragmentation_figures() -> None:
     app = app_without_feed()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -215,6 +216,7 @@ async def test_gpu_and_host_panels_show_the_samples() -> None:
         assert table.border_title == "child processes · 2 DataLoader workers"
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.8 s here (issue 27: the subset under 60 s)
 async def test_unavailable_parts_say_why() -> None:
     app = app_without_feed()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -283,6 +285,7 @@ async def test_hysteresis_keeps_the_verdict_without_raising_its_severity() -> No
         assert app.verdict_panel.has_class("-warning")
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~0.8 s here (issue 27: the subset under 60 s)
 async def test_marks_skipped_and_eval_steps() -> None:
     app = app_without_feed()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -300,6 +303,7 @@ async def test_marks_skipped_and_eval_steps() -> None:
         assert "eval 5 steps" in numbers and "skipped 2 (GradScaler)" in numbers
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.3 s here (issue 27: the subset under 60 s)
 async def test_capture_keys_queue_requests_and_show_answers_and_progress() -> None:
     app = app_without_feed(
         Endpoint.tcp(
@@ -371,6 +375,7 @@ async def test_capture_keys_queue_requests_and_show_answers_and_progress() -> No
         assert not isinstance(app.screen, CapturesScreen)
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.4 s here (issue 27: the subset under 60 s)
 async def test_small_terminal_still_shows_every_tab() -> None:
     app = app_without_feed()
     async with app.run_test(size=(80, 24)) as pilot:
@@ -435,6 +440,7 @@ async def test_real_agent_profile_capture_and_memory_refusal(tmp_path: Path, sub
 
 
 @pytest.mark.parametrize("size", [(120, 40)])
+@pytest.mark.slow  # among the fast subset's slowest, ~1.5 s here (issue 27: the subset under 60 s)
 def test_telemetry_tabs_snapshot(snap_compare, size) -> None:
     async def feed_synthetic(pilot) -> None:
         await fed(

@@ -45,6 +45,7 @@ def phase_rows_shown(text: str) -> list[str]:
 
 # -- 80x24: everything fits or scrolls ------------------------------------------------------------
 @pytest.mark.parametrize("key", ["pagedown", "down"])
+@pytest.mark.slow  # among the fast subset's slowest, ~3.2 s here (issue 27: the subset under 60 s)
 async def test_the_phase_table_below_the_fold_is_reached_with_pagedown_or_down(key: str) -> None:
     app = app_without_feed()
     async with app.run_test(size=SMALL) as pilot:
@@ -61,6 +62,7 @@ async def test_the_phase_table_below_the_fold_is_reached_with_pagedown_or_down(k
         assert re.search(r"^│\s+step\s+10\.0\s+100\.0%", text, re.M), text  # the total row too
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~0.9 s here (issue 27: the subset under 60 s)
 async def test_the_keys_scroll_the_overview_after_a_click_on_the_tab_bar() -> None:
     """A click gives the tab bar the focus; the scroll keys still reach the overview."""
     app = app_without_feed()
@@ -75,6 +77,7 @@ async def test_the_keys_scroll_the_overview_after_a_click_on_the_tab_bar() -> No
         assert "step time" in screen_text(app)
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.5 s here (issue 27: the subset under 60 s)
 async def test_the_header_keeps_the_torch_version_and_the_command_at_80_columns() -> None:
     app = app_without_feed()
     async with app.run_test(size=SMALL) as pilot:
@@ -107,6 +110,7 @@ def test_a_cluster_nodes_header_keeps_the_torch_version_and_the_command_at_80_co
     assert "train.py --config configs/exp.yaml" in lines[1]
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~0.8 s here (issue 27: the subset under 60 s)
 async def test_the_memory_plot_shows_its_units_at_80x24() -> None:
     app = app_without_feed()
     async with app.run_test(size=SMALL) as pilot:
@@ -161,7 +165,12 @@ def footer_words(app: TorchtopApp) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     ("mode", "q_words", "ctrl_c_shown"),
-    [("attach", "Quit", False), ("demo", "Quit+stop demo", False), ("run", "Quit (job goes on)", True)],
+    [
+        ("attach", "Quit", False),
+        # demo and run: among the fast subset's slowest (issue 27: the subset under 60 s)
+        pytest.param("demo", "Quit+stop demo", False, marks=pytest.mark.slow),
+        pytest.param("run", "Quit (job goes on)", True, marks=pytest.mark.slow),
+    ],
 )
 async def test_footer_and_help_say_what_q_and_ctrl_c_do(
     mode: keys.LeaveMode, q_words: str, ctrl_c_shown: bool
@@ -182,6 +191,7 @@ async def test_footer_and_help_say_what_q_and_ctrl_c_do(
         assert "training goes on" not in help_text or mode == "attach"
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.7 s here (issue 27: the subset under 60 s)
 async def test_help_lists_the_tabs_this_tui_has(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_text("epoch 1\n")
@@ -208,6 +218,7 @@ async def test_ctrl_c_quits_like_q_when_the_tui_started_no_job(mode: keys.LeaveM
         assert app.return_code == 0
 
 
+@pytest.mark.slow  # among the fast subset's slowest, ~1.1 s here (issue 27: the subset under 60 s)
 async def test_ctrl_c_under_run_signals_the_job_then_quits() -> None:
     signalled: list[str] = []
     app = TorchtopApp(
@@ -234,7 +245,10 @@ async def test_ctrl_c_under_run_signals_the_job_then_quits() -> None:
 
 # -- snapshots: every tab, and the help, at 80x24 and at a large size -----------------------------
 @pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "160x50"])
-@pytest.mark.parametrize("tab", ["1", "2", "3", "4", "help"])
+# the fast subset snapshots the first tab; the others are among its slowest (issue 27: under 60 s)
+@pytest.mark.parametrize(
+    "tab", ["1", *(pytest.param(t, marks=pytest.mark.slow) for t in ("2", "3", "4", "help"))]
+)
 def test_snapshot(snap_compare, tab: str, size: tuple[int, int], tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # the Log tab's title names its file: the same in every run
     Path("job.log").write_text("".join(f"epoch 1 step {i} loss {2 / (i + 1):.4f}\n" for i in range(40)))

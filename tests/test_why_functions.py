@@ -80,6 +80,7 @@ def loop_calling_a_step_function(b: Blocked) -> None:
     b.probe.callers = (train_step.__code__, loop_calling_a_step_function.__code__)
     for _ in batches(b):
         train_step(b)
+        break  # one batch (sampled while it is fetched): else, released, this loop spins for good
 
 
 def test_the_loop_may_call_the_model_through_a_step_function() -> None:

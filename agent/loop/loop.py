@@ -12,6 +12,7 @@ the ROUTER socket, within a budget per tick.
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -97,6 +98,9 @@ class AgentLoop(threading.Thread):
         self.errors = 0
         self.resolver = EventResolver(None)
         self._stop_event = threading.Event()
+        # stop() writes a byte here: the poll wakes at once, not at the next tick (up to 0.5 s)
+        self._waker, self._wake = socket.socketpair()
+        self._waker.setblocking(False)
         self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
         self.router = RequestRouter(
             hello,
@@ -132,14 +136,21 @@ class AgentLoop(threading.Thread):
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop_event.set()
+        try:
+            self._waker.send(b"\0")
+        except OSError:  # closed by an earlier stop, or full: the loop wakes anyway
+            pass
         if self.is_alive():
             self.join(timeout)
+        if not self.is_alive():
+            self._waker.close()
+            self._wake.close()
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
         router, pub = self.sockets.router, self.sockets.pub
         requests = self.router
-        pollers = _pollers(router, pub)
+        pollers = _pollers(router, pub, self._wake)
         next_tick = time.monotonic()
         window_end = 0.0  # request budgets refill when a wake finds this passed
         while not self._stop_event.is_set():
@@ -176,7 +187,7 @@ class AgentLoop(threading.Thread):
                         self.sockets.renew_router()
                         requests.renewed()
                         router = self.sockets.router
-                        pollers = _pollers(router, pub)
+                        pollers = _pollers(router, pub, self._wake)
                 now = time.monotonic()
                 if now >= next_tick - TICK_EARLY_S:
                     self.sockets.maybe_trim(now)
@@ -359,11 +370,12 @@ class AgentLoop(threading.Thread):
             recorder.put(self.hello())
 
 
-def _pollers(router: Any, pub: Any) -> dict[tuple[Any, ...], Any]:
-    """A poller for each set of sockets the loop may wait on."""
+def _pollers(router: Any, pub: Any, wake: socket.socket) -> dict[tuple[Any, ...], Any]:
+    """A poller for each set of sockets the loop may wait on, each with stop()'s wake-up."""
     pollers = {}
     for socks in ((router, pub), (router,), (pub,)):
         pollers[socks] = poller = zmq.Poller()
         for sock in socks:
             poller.register(sock, zmq.POLLIN)
+        poller.register(wake, zmq.POLLIN)
     return pollers
