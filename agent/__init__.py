@@ -4,7 +4,7 @@
     torchtop.agent.start()     # returns at once; never raises into training
 
 Importing this package loads nothing else and registers nothing: `start`, `step` and the rest
-are loaded on first use, so `torchtop.agent.contract` (what the monitor imports) stays free of
+are loaded on first use, so `torchtop.contract` (what the monitor imports) stays free of
 the agent's machinery. `start()` imports torch and zmq.
 """
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchtop.agent import identity
-from torchtop.agent.contract import discovery, wire
 from torchtop.agent.warn import announce, warn
+from torchtop.contract import discovery, wire
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -321,8 +321,8 @@ def _recorder(record: str | os.PathLike[str] | None, rank: int) -> Recorder | No
     record = record or os.environ.get("TORCHTOP_RECORD") or None
     if record is None:
         return None
-    from torchtop.agent.contract.recording_store import DEFAULT_MAX_BYTES
     from torchtop.agent.loop.recorder import Recorder
+    from torchtop.contract.recording_store import DEFAULT_MAX_BYTES
 
     max_mb = _env_int("TORCHTOP_RECORD_MB", 0)
     try:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract import logcodes
+from torchtop.contract import logcodes
 from torchtop.monitor.link.client import AgentClient
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model.steps import StepRecord

@@ -14,8 +14,8 @@ from typing import Any
 
 import zmq
 
-from torchtop.agent.contract import discovery, wire
-from torchtop.agent.contract import logcodes as L
+from torchtop.contract import discovery, wire
+from torchtop.contract import logcodes as L
 
 V = wire.PROTOCOL_VERSION
 MS = 1_000_000

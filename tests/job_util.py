@@ -38,7 +38,7 @@ def report(pid: int, seconds: float, *extra: str) -> dict[str, Any]:
 
 
 def wait_listed(pid: int, timeout: float = 60.0) -> None:
-    from torchtop.agent.contract import discovery
+    from torchtop.contract import discovery
 
     deadline = time.monotonic() + timeout
     while not any(a.pid == pid for a in discovery.list_agents()):

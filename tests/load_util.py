@@ -9,7 +9,7 @@ import threading
 import time
 
 from tests.agent_util import raw_connection
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.link.client import AgentClient
 from torchtop.monitor.link.targets import Endpoint
 

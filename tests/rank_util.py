@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from torchtop.agent.contract import wire
-from torchtop.monitor.model.job import JobState
+from torchtop.contract import wire
+from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.steps import StepRecord
 
 T0 = 1_700_000_000.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchtop.agent.contract import logcodes, wire
-from torchtop.agent.contract import recording_store as store
+from torchtop.contract import logcodes, wire
+from torchtop.contract import recording_store as store
 
 V = wire.PROTOCOL_VERSION
 T0 = 1_800_000_000.0

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 
 TRAIN = r"""
 import sys, time, torch

@@ -22,8 +22,8 @@ from torch.utils.data import dataloader as dataloader_mod  # noqa: E402
 
 import torchtop.agent as ta  # noqa: E402
 from tests.agent_util import check_records, client_for, inner_step, mlp, snapshot_steps, tensor_loader, train  # noqa: E402
-from torchtop.agent.contract import discovery  # noqa: E402
 from torchtop.agent.hooks.probe import MAX_FAILURES, Probe  # noqa: E402
+from torchtop.contract import discovery  # noqa: E402
 from torchtop.monitor.model.replay import StepRecorder  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread_warm_torch")

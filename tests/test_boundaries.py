@@ -3,7 +3,7 @@
 - the monitor never imports torch, and no monitor module loads the agent's machinery
   (`torchtop.agent.core`, which registers atexit and at-fork handlers);
 - the agent never imports textual; importing `torchtop.agent` imports nothing else;
-- the contract (`torchtop.agent.contract`) imports only msgspec and the standard library;
+- the contract (`torchtop.contract`) imports only msgspec and the standard library;
 - the monitor's pure layers (model, diagnosis) import neither textual, zmq nor torch; its link
   to agents imports neither textual nor torch; its export layer neither textual, zmq nor torch,
   and its exporters' libraries (prometheus_client, opentelemetry: the `export` extra) only when used;
@@ -80,8 +80,7 @@ def test_monitor_never_imports_torch_nor_the_agents_machinery() -> None:
     outside = [
         m
         for m in out["agent"]
-        if m not in ("torchtop.agent", "torchtop.agent.contract")
-        and not m.startswith("torchtop.agent.contract.")
+        if m not in ("torchtop.agent", "torchtop.contract") and not m.startswith("torchtop.contract.")
     ]
     assert outside == [], f"monitor modules loaded the agent's machinery: {outside}"
 
@@ -159,7 +158,7 @@ def test_contract_imports_only_msgspec_and_starts_nothing() -> None:
         import atexit, json, os
         registered = []
         atexit.register = lambda *a, **k: registered.append(a)  # nothing of the agent may register
-        names = walk("torchtop.agent.contract")
+        names = walk("torchtop.contract")
         agent = sorted(m for m in sys.modules if m.startswith("torchtop.agent"))
         result = {loaded("torch", "zmq", "textual", "msgspec")}
         result["agent"] = agent
@@ -173,9 +172,7 @@ def test_contract_imports_only_msgspec_and_starts_nothing() -> None:
         "textual": False,
         "msgspec": True,
     }
-    assert all(m == "torchtop.agent" or m.startswith("torchtop.agent.contract") for m in out["agent"]), out[
-        "agent"
-    ]
+    assert all(m == "torchtop.agent" or m.startswith("torchtop.contract") for m in out["agent"]), out["agent"]
     assert out["atexit"] == 0
 
 

@@ -127,7 +127,7 @@ def test_garbage_on_the_request_socket_is_refused(agent) -> None:
     try:
         sock.send(b"\x93\x01\xa7capture\xc0")
         assert sock.poll(5000)
-        from torchtop.agent.contract import wire
+        from torchtop.contract import wire
 
         reply = wire.decode(sock.recv())
         assert not reply.ok and "bad request" in reply.error
@@ -188,7 +188,7 @@ def test_capture_cli_end_to_end(tmp_path) -> None:
     env = dict(__import__("os").environ, TORCHTOP_DIR=str(tmp_path / "out"))
     child = subprocess.Popen([sys.executable, str(script)], env=env)
     try:
-        from torchtop.agent.contract import discovery
+        from torchtop.contract import discovery
 
         deadline = time.monotonic() + 60
         while not discovery.list_agents():
@@ -246,7 +246,7 @@ def test_the_capture_record_has_one_owner_the_agent_thread(controller) -> None:
     frozen CaptureInfo. A published record never changes under a reader."""
     import msgspec
 
-    from torchtop.agent.contract.wire import CaptureState
+    from torchtop.contract.wire import CaptureState
 
     probe, model = controller.probe, torch.nn.Linear(8, 8)
     pending = controller.request("capture-profile", {"steps": 2})
@@ -276,7 +276,7 @@ def test_the_capture_record_has_one_owner_the_agent_thread(controller) -> None:
 
 def test_a_start_timeout_is_final_even_if_a_boundary_comes_late(controller, monkeypatch) -> None:
     from torchtop.agent.capture import controller as module
-    from torchtop.agent.contract.wire import CaptureState
+    from torchtop.contract.wire import CaptureState
 
     monkeypatch.setattr(module, "START_TIMEOUT_S", 0.0)
     late = controller.on_boundary  # what a training thread already inside the boundary holds
@@ -292,7 +292,7 @@ def test_a_start_timeout_is_final_even_if_a_boundary_comes_late(controller, monk
 
 
 def test_a_failing_profiler_step_fails_the_capture_and_stops_the_profiler(controller) -> None:
-    from torchtop.agent.contract.wire import CaptureState
+    from torchtop.contract.wire import CaptureState
 
     probe = controller.probe
     controller.request("capture-profile", {"steps": 3})
@@ -316,7 +316,7 @@ def test_the_agent_leaves_the_warning_filters_as_it_found_them(tmp_path, monkeyp
     none stays in the user's process after stop()."""
     import warnings
 
-    from torchtop.agent.contract.wire import CaptureState
+    from torchtop.contract.wire import CaptureState
 
     monkeypatch.setenv("TORCHTOP_DIR", str(tmp_path / "captures"))
     before = list(warnings.filters)
@@ -437,7 +437,7 @@ def test_summarize_does_not_call_a_backlog_before_the_capture_idle() -> None:
 def test_a_capture_waits_for_its_step(controller) -> None:
     """`at_step` (the job view asks every rank for the same steps): the profiler starts at the
     boundary where the run's step count reaches it, and the capture says where it started."""
-    from torchtop.agent.contract.wire import CaptureState
+    from torchtop.contract.wire import CaptureState
 
     probe = controller.probe
     controller.request("capture-profile", {"steps": 1, "at_step": 12})

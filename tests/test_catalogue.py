@@ -76,7 +76,7 @@ def test_job_verdicts_keep_their_verdict_under_hysteresis():
     """A straggler in force stays named while the others' wait is between 0.8x and 1x the
     lowest band, and is not named there when it was not in force (the rank verdicts' rule)."""
     step = 100.0
-    wait = T["straggler_info"] * 0.9 * step  # under the info band, over 0.8 x it
+    wait = T.straggler_info * 0.9 * step  # under the info band, over 0.8 x it
     times = {
         0: _rank(step, 1.0, 10.0 + wait),
         1: _rank(step, 1.0 + wait, 10.0),

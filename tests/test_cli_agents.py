@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.agent_util import free_port_pair  # noqa: E402
-from torchtop.agent.contract import discovery  # noqa: E402
+from torchtop.contract import discovery  # noqa: E402
 from torchtop.monitor.link.client import AgentClient  # noqa: E402
 from torchtop.monitor.link.targets import from_discovery  # noqa: E402
 

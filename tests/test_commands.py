@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.request_commands import CAPTURE_COMMANDS, Command
+from torchtop.contract import wire
+from torchtop.contract.request_commands import CAPTURE_COMMANDS, Command
 
 
 def test_a_command_is_its_string_on_the_wire() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from torchtop.agent.contract.logcodes import PHASES
+from torchtop.contract.logcodes import PHASES
 from torchtop.monitor.commands import demo
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]  # subprocesses; the default policy

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from torchtop.agent.contract import logcodes, wire
 from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.timed import timed
 from torchtop.agent.loop import cuda_events as cuda_timing
 from torchtop.agent.loop.cuda_events import EventResolver
+from torchtop.contract import logcodes, wire
 from torchtop.monitor.model.log_replay import LogReplay
 
 BACKWARD, FORWARD, OPTIMIZER = logcodes.BACKWARD, logcodes.FORWARD, logcodes.OPTIMIZER

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from torchtop.agent.contract.wire import (
+from torchtop.contract.wire import (
     PROTOCOL_VERSION,
     Batch,
     FragSample,
@@ -100,9 +100,9 @@ def test_host_overhead_needs_cuda_and_low_util() -> None:
     f.device = "cuda"
     got = rule_host_overhead(f)
     assert got is not None and got.severity == "warning"
-    f.gpu_util = T["gpu_util_low"]
+    f.gpu_util = T.gpu_util_low
     assert rule_host_overhead(f) is None
-    f.gpu_util = T["gpu_util_very_low"] - 1
+    f.gpu_util = T.gpu_util_very_low - 1
     assert rule_host_overhead(f).severity == "critical"
     f.shares["data"] = 0.3  # a data wait explains idle GPU: not host overhead
     assert rule_host_overhead(f) is None
@@ -152,7 +152,7 @@ def test_a_starved_loop_is_not_called_healthy() -> None:
     assert "forward+backward+optimizer are only 4% of it (1.6 ms a step)" in v.evidence[1]
     assert any("input" in line and "not timed" in line for line in v.evidence)
     assert "torchtop.agent.data(" in v.advice[0]
-    assert rule_compute(f).share < T["outside_high"]  # what the old headline stood on
+    assert rule_compute(f).share < T.outside_high  # what the old headline stood on
 
 
 @pytest.mark.parametrize(
@@ -171,7 +171,7 @@ def test_outside_phases_thresholds(other: float, compute: float, kind: str, seve
     f = outside(other, compute, data=rest / 2, h2d=rest / 2)
     v = primary(f)
     assert (v.kind, v.severity) == (kind, severity), v
-    if kind == "compute" and other >= T["input_high"]:
+    if kind == "compute" and other >= T.input_high:
         assert any("outside the measured phases" in line for line in v.evidence)
 
 
@@ -185,7 +185,7 @@ def test_compute_never_heads_a_step_it_is_a_small_share_of() -> None:
                     continue
                 v = primary(outside(other, max(0.0, compute), data=data, h2d=h2d))
                 if v.kind == "compute":
-                    assert compute >= T["outside_high"] - 1e-9, (data, h2d, other, v)
+                    assert compute >= T.outside_high - 1e-9, (data, h2d, other, v)
 
 
 def test_a_gpu_bound_loop_whose_host_waits_outside_the_phases_is_compute() -> None:
@@ -272,7 +272,7 @@ def test_no_workers_flag_needs_a_real_wait(data: float, fires: bool) -> None:
     f.workers, f.cores = 0, 2
     assert (flag_dataloader_workers(f) is not None) == fires
     f.step_ms, f.ms = 4.0, {k: v * 4.0 for k, v in f.shares.items()}  # a 4 ms step: under 1 ms of data
-    assert (flag_dataloader_workers(f) is not None) == (fires and data * 4.0 >= T["workers_min_ms"])
+    assert (flag_dataloader_workers(f) is not None) == (fires and data * 4.0 >= T.workers_min_ms)
 
 
 def test_a_saturated_worker_on_a_busy_machine_is_recognised() -> None:
@@ -322,7 +322,7 @@ def _rss_state(rss_mib: list[float], steps: list[int] | None = None, said: bool 
     """A CPU run of 1 s steps past the leak warm-up, with an RSS point each second and the
     agent's step count with it (`steps`: one more each second unless given; `said` False: an
     agent that does not send its step count)."""
-    warm = int(T["leak_warmup_steps"])
+    warm = int(T.leak_warmup_steps)
     since = 1000.0 + warm
     state = _state(0.0, 1000.0, n=warm + len(rss_mib) + 2)
     counts = steps if steps is not None else [warm + i for i in range(len(rss_mib))]
@@ -363,7 +363,7 @@ def test_rss_that_rises_for_a_while_and_settles_is_not_a_leak() -> None:
 def test_a_pause_in_training_is_not_memory_settling() -> None:
     """A leak is per step: 15 s without steps (a slow attach, a FLOP-counting step, a checkpoint)
     keep memory flat, which by the clock reads as settling; by the step count it is no pause."""
-    warm = int(T["leak_warmup_steps"])
+    warm = int(T.leak_warmup_steps)
     steps = [warm + 2 * i for i in range(45)] + [warm + 90] * 15  # 2 steps a second, then none
     rss = [330.0 + 2 * i for i in range(45)] + [420.0] * 15  # 1 MiB a step
     assert _leaks(_rss_state(rss, steps))
@@ -374,7 +374,7 @@ def test_the_agents_memory_lows_reach_back_past_a_short_report() -> None:
     """`torchtop report` collects 10 s by default, too little to judge a leak: the agent's
     per-second lows from before it joined fill the leak horizon."""
     rss = [330 + 1.0 * i for i in range(60)]
-    warm = int(T["leak_warmup_steps"])
+    warm = int(T.leak_warmup_steps)
     since = 1000.0 + warm
     state = _state(0.0, 1000.0, n=warm + 62)  # 1 s steps
     for i, v in enumerate(rss[55:]):  # the report's own 5 s

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from torchtop.agent.contract import discovery
-from torchtop.agent.contract.discovery import AgentInfo
+from torchtop.contract import discovery
+from torchtop.contract.discovery import AgentInfo
 from torchtop.monitor.link.targets import TargetError, from_discovery, parse
 
 KEYS = [

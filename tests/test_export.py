@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtop.agent.contract.wire import LogChunk
+from torchtop.contract.wire import LogChunk
 from torchtop.monitor.diagnosis.report_types import decode_report
 from torchtop.monitor.export.figures import METRICS, samples
 from torchtop.monitor.model.budget import StepBudget

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from tests.agent_util import median
 from tests.load_util import Watcher, send_raw
 from tests.remote_util import training_agent
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 

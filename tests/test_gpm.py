@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from torchtop.agent.contract.wire import GpuSample
 from torchtop.agent.telemetry.gpm import METRICS, GpmSampler
+from torchtop.contract.wire import GpuSample
 from torchtop.monitor.diagnosis.facts import Facts
 from torchtop.monitor.diagnosis.gpm import GpmFigures, counter_mfu, flag_mfu_disagree, util_words
 from torchtop.monitor.tui.widgets.gpu_panel import gpu_lines

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 from torchtop.monitor.commands import cli
 from torchtop.monitor.model import state as state_mod
 

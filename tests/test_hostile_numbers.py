@@ -15,8 +15,8 @@ import pytest
 
 from tests.agent_util import free_port
 from tests.hostile_agent import HostileAgent, steps_log
-from torchtop.agent.contract import logcodes as L
-from torchtop.agent.contract import wire
+from torchtop.contract import logcodes as L
+from torchtop.contract import wire
 from torchtop.monitor.commands.cli import main
 
 V = wire.PROTOCOL_VERSION

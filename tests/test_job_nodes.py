@@ -21,7 +21,7 @@ from remote_util import TRAIN, loopback_sshd
 
 from tests.agent_util import free_port
 from tests.tui_util import wait_for
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 from torchtop.monitor.link import ssh
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
 from torchtop.monitor.link.job_targets import open_job

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 
 pytestmark = [pytest.mark.slow]
 # the job rules' verdicts: most of the step in all-reduce (a loaded machine may tip it to a rank)
@@ -78,7 +78,7 @@ def _verdicts(port: int) -> dict[str, str]:
 
 
 async def _replayed_views(rec: Path) -> tuple[str, list[str]]:
-    from torchtop.agent.contract.recording_reader import open_recording
+    from torchtop.contract.recording_reader import open_recording
     from torchtop.monitor.model.job_playback import JobPlayback
     from torchtop.monitor.tui.job_replay_app import JobReplayApp
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 
 from tests.rank_util import JOB, batch, feed, hello, rank_steps
-from torchtop.agent.contract.discovery import AgentInfo
-from torchtop.agent.contract.logcodes import BACKWARD, BOUNDARY, COMM, COMM_READY, EXIT, FORWARD_START, SHIFT
 from torchtop.agent.identity import from_env
+from torchtop.contract.discovery import AgentInfo
+from torchtop.contract.logcodes import BACKWARD, BOUNDARY, COMM, COMM_READY, EXIT, FORWARD_START, SHIFT
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.job import build_job_report, diagnose_job, rank_times
+from torchtop.monitor.diagnosis.job_diagnosis import build_job_report, diagnose_job, rank_times
 from torchtop.monitor.diagnosis.straggler import find_straggler, rule_communication, scaling
 from torchtop.monitor.link.hosts import expand_nodelist, read_hosts_file, slurm_targets
 from torchtop.monitor.link.job_targets import choose_job, group_by_job, ranks_text, short_job_id
 from torchtop.monitor.link.targets import TargetError
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.rank_stats import RankStats, RankTimes
 from torchtop.monitor.model.ranks_view import ranks_view
 from torchtop.monitor.model.replay import StepRecorder, to_record
@@ -271,7 +271,7 @@ def test_agents_group_by_job_and_two_jobs_need_a_choice() -> None:
 
 
 def test_thresholds_are_in_the_table() -> None:
-    assert T["straggler_warning"] == 0.10 and T["straggler_critical"] == 0.20
+    assert T.straggler_warning == 0.10 and T.straggler_critical == 0.20
 
 
 def test_the_gpu_scripts_exposed_wait_from_a_trace(tmp_path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
 RANKS = 4

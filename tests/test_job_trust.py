@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from torchtop.agent.contract import discovery, wire
+from torchtop.contract import discovery, wire
 from torchtop.monitor.commands.cli import main
-from torchtop.monitor.diagnosis.job import build_job_report
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
+from torchtop.monitor.model.job_state import JobState
 
 V = wire.PROTOCOL_VERSION
 

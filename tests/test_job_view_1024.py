@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.rank_util import JOB, hello, rank_steps
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.model.relayed import apply_summary
 from torchtop.monitor.relay.summary import RankSummarizer
 from torchtop.monitor.tui.job_app import JobApp

@@ -8,9 +8,10 @@ the job's verdict; ranks doing the same work read the same.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from torchtop.agent.contract.logcodes import BOUNDARY, COMM, EXIT, FORWARD, FORWARD_START, SHIFT, WORK
+from torchtop.contract.logcodes import BOUNDARY, COMM, EXIT, FORWARD, FORWARD_START, SHIFT, WORK
 from torchtop.monitor.diagnosis.facts import Diagnosis, Finding
 from torchtop.monitor.diagnosis.in_job import rank_diagnosis
 from torchtop.monitor.diagnosis.straggler import find_straggler, straggler_finding
@@ -170,7 +171,7 @@ def test_shape_work_reads_tokens_only_where_there_is_a_sequence() -> None:
 def test_a_named_collective_counts_for_its_group_with_its_nested_wait() -> None:
     """COMM (the collective), COMM_GROUP, a nested COMM (its Work.wait), the exits: the group
     gets the outer span; a bare Work.wait (no group) adds to comm only."""
-    from torchtop.agent.contract.logcodes import COMM_GROUP
+    from torchtop.contract.logcodes import COMM_GROUP
 
     log = [
         _at(100, BOUNDARY),
@@ -224,15 +225,16 @@ def test_collectives_are_split_by_the_device_meshs_group(agent) -> None:
 
 
 def test_a_ranks_work_and_live_throughput_in_the_report() -> None:
-    from torchtop.monitor.diagnosis.job import work_json
+    from torchtop.monitor.diagnosis.job_diagnosis import work_json
 
     t = times(50.0, 5.0, Work(8, 1024, 128))
-    assert work_json(t) == {
+    assert msgspec.to_builtins(work_json(t)) == {
         "samples": 8,
         "tokens": 1024,
         "seq": 128,
         "samples_per_s": 160.0,
         "tokens_per_s": 20480.0,
     }
-    assert work_json(times(50.0, 5.0, Work(8, 0, 0)))["tokens_per_s"] is None  # type: ignore[index]
+    untokened = work_json(times(50.0, 5.0, Work(8, 0, 0)))
+    assert untokened is not None and untokened.tokens_per_s is None
     assert work_json(times(50.0, 5.0)) is None

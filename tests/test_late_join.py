@@ -10,9 +10,9 @@ import torch
 
 import torchtop.agent as ta
 from tests.agent_util import client_for
-from torchtop.agent.contract.wire import SNAPSHOT_MAX_STEPS
 from torchtop.agent.loop import history
 from torchtop.agent.loop import loop as agent_loop
+from torchtop.contract.wire import SNAPSHOT_MAX_STEPS
 from torchtop.monitor.diagnosis.report import build_report
 from torchtop.monitor.model.state import RunState
 

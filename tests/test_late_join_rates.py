@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

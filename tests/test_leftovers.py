@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent_util import free_port
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 
 
 @pytest.mark.slow  # among the fast subset's slowest, ~1.6 s here (issue 27: the subset under 60 s)

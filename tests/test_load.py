@@ -16,7 +16,7 @@ import zmq
 from tests.agent_util import median
 from tests.load_util import RawPeer, Watcher, empty_frames, request
 from tests.remote_util import training_agent
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.link.targets import from_discovery
 
 pytest.importorskip("torch")

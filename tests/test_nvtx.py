@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from tests.test_device_times import FakeGpu, FakePool, _one_step
-from torchtop.agent.contract.logcodes import BACKWARD, COMM_READY, EXIT
 from torchtop.agent.hooks import nvtx
 from torchtop.agent.hooks.probe import Probe
+from torchtop.contract.logcodes import BACKWARD, COMM_READY, EXIT
 
 
 class FakeNvtx:

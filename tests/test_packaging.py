@@ -32,6 +32,11 @@ PACKAGES = {"agent": "torchtop.agent", "monitor": "torchtop.monitor", "demos": "
 SHIPPED = (".py", ".tcss")
 
 
+def wheel_name(rel: str) -> str:
+    """A checkout path's name in the wheel: the contract (agent/contract) installs as torchtop.contract."""
+    return "torchtop/" + (rel.removeprefix("agent/") if rel.startswith("agent/contract/") else rel)
+
+
 def source_files() -> list[str]:
     """What a clone of this checkout would hold (tracked and new files, not ignored ones)."""
     try:
@@ -108,12 +113,12 @@ def isolated_env(target: Path) -> dict[str, str]:
 def test_wheel_holds_every_module_and_stylesheet(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {
-        f"torchtop/{rel}"
+        wheel_name(rel)
         for rel in source_files()
         if rel.split("/", 1)[0] in PACKAGES and rel.endswith(SHIPPED) and "__pycache__" not in rel
     }
     assert {
-        "torchtop/agent/contract/wire.py",
+        "torchtop/contract/wire.py",
         "torchtop/monitor/commands/cli.py",
         "torchtop/monitor/tui/app.tcss",
     } <= expected

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.recording_util import T0, write
-from torchtop.agent.contract.logcodes import PHASES
+from torchtop.contract.logcodes import PHASES
 from torchtop.monitor.commands.cli import main
 
 PHASE_NAMES = set(PHASES)

@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 
 import torchtop.agent as ta  # noqa: E402
 from tests.agent_util import snapshot_steps, waited  # noqa: E402
-from torchtop.agent.contract import logcodes  # noqa: E402
 from torchtop.agent.hooks import probe as probe_mod  # noqa: E402
+from torchtop.contract import logcodes  # noqa: E402
 from torchtop.monitor.model.state import breakdown  # noqa: E402
 
 pytestmark = pytest.mark.phase_sampling  # the default policy, end to end

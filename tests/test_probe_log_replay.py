@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from torchtop.agent.contract.logcodes import BOUNDARY, EXIT, FORWARD_START, H2D_COPY, MARK, RESET, SHIFT
 from torchtop.agent.hooks import probe as probe_mod
 from torchtop.agent.hooks.probe import Probe
+from torchtop.contract.logcodes import BOUNDARY, EXIT, FORWARD_START, H2D_COPY, MARK, RESET, SHIFT
 from torchtop.monitor.model.replay import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER, StepRecorder
 
 

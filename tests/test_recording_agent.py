@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent_util import endpoint_for, mlp, tensor_loader, train
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.commands.cli import main
 from torchtop.monitor.commands.launch import wait_for_agents
 from torchtop.monitor.diagnosis.report import build_report

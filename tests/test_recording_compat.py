@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from torchtop.agent.contract import recording as rec
-from torchtop.agent.contract import wire
+from torchtop.contract import recording as rec
+from torchtop.contract import wire
 from torchtop.monitor.commands.cli import main
 from torchtop.monitor.model.playback import load
 
@@ -26,7 +26,7 @@ def steps(path: Path) -> list[tuple[int, dict[str, int]]]:
 
 
 def test_the_fixtures_are_the_current_and_the_previous_wire_protocol() -> None:
-    from torchtop.agent.contract import recording_compat
+    from torchtop.contract import recording_compat
 
     assert rec.READ_PROTOCOLS == (wire.PROTOCOL_VERSION - 1, wire.PROTOCOL_VERSION)
     assert set(recording_compat.UPGRADES) | {wire.PROTOCOL_VERSION} == set(rec.READ_PROTOCOLS)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from tests.recording_util import T0, batch, hello, write
-from torchtop.agent.contract import logcodes, wire
-from torchtop.agent.contract import recording as rec
-from torchtop.agent.contract import recording_reader as reader
-from torchtop.agent.contract import recording_store as store
-from torchtop.agent.contract.recording_reader import read_rank
+from torchtop.contract import logcodes, wire
+from torchtop.contract import recording as rec
+from torchtop.contract import recording_reader as reader
+from torchtop.contract import recording_store as store
+from torchtop.contract.recording_reader import read_rank
 from torchtop.monitor.model.playback import Playback, load, parse_when
 
 

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.recording_util import batch, hello, write
-from torchtop.agent.contract import recording as rec
-from torchtop.agent.contract import recording_store as store
-from torchtop.agent.contract import wire
+from torchtop.contract import recording as rec
+from torchtop.contract import recording_store as store
+from torchtop.contract import wire
 from torchtop.monitor.commands.cli import main
 from torchtop.monitor.model.playback import load
 

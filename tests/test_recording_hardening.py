@@ -19,9 +19,9 @@ import msgspec
 import pytest
 
 from tests.recording_util import T0, batch, hello, write
-from torchtop.agent.contract import logcodes, wire
-from torchtop.agent.contract import recording as rec
-from torchtop.agent.contract import recording_store as store
+from torchtop.contract import logcodes, wire
+from torchtop.contract import recording as rec
+from torchtop.contract import recording_store as store
 from torchtop.monitor.commands.cli import main
 from torchtop.monitor.model.playback import load
 
@@ -188,7 +188,7 @@ KILLED = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[2])
 from tests.recording_util import batch, hello
-from torchtop.agent.contract.recording_store import RecordingWriter
+from torchtop.contract.recording_store import RecordingWriter
 w = RecordingWriter(sys.argv[1], 0)
 w.write(hello())
 for k in range(40):
@@ -251,7 +251,7 @@ def test_trace_memory_does_not_grow_with_the_run(tmp_path: Path, capsys: pytest.
 
 
 def _read_all(path: Path) -> int:
-    from torchtop.agent.contract.recording_reader import read_rank
+    from torchtop.contract.recording_reader import read_rank
 
     return sum(1 for _ in read_rank(path).messages)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.recording_util import batch, hello, write
-from torchtop.agent.contract import recording_store as store
 from torchtop.agent.loop.recorder import Recorder
+from torchtop.contract import recording_store as store
 from torchtop.monitor.model.playback import load
 
 NOBODY = 65534

@@ -19,12 +19,12 @@ import pytest
 from remote_util import TRAIN
 
 from tests.agent_util import free_port
-from torchtop.agent.contract import discovery
-from torchtop.monitor.diagnosis.job import build_job_report
+from torchtop.contract import discovery
+from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
 from torchtop.monitor.link import store
-from torchtop.monitor.link.job import FOLLOW, JobLink, apply_events
+from torchtop.monitor.link.job_link import FOLLOW, JobLink, apply_events
 from torchtop.monitor.link.targets import from_discovery
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.relay.registry import list_relays
 
 pytestmark = pytest.mark.slow

@@ -8,11 +8,11 @@ import msgspec
 import pytest
 
 from tests.rank_util import JOB, T0, hello, rank_steps
-from torchtop.agent.contract import logcodes as lc
-from torchtop.agent.contract import wire
-from torchtop.monitor.diagnosis.job import build_job_report
+from torchtop.contract import logcodes as lc
+from torchtop.contract import wire
+from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
 from torchtop.monitor.diagnosis.persistence import persistence
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.rank_stats import RankStats
 from torchtop.monitor.model.ranks_view import ranks_view
 from torchtop.monitor.model.relayed import coverage, coverage_line, member_key

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.relay.node import Relay
 
 
@@ -66,7 +66,7 @@ def test_hello_a_missing_rank_and_garbage(tmp_path: Path) -> None:
 @pytest.mark.slow  # among the fast subset's slowest, ~2.1 s here (issue 27: the subset under 60 s)
 def test_a_relay_on_tcp_serves_only_authorized_curve_keys(tmp_path: Path, monkeypatch) -> None:
     from tests.agent_util import free_port
-    from torchtop.agent.contract import keys
+    from torchtop.contract import keys
     from torchtop.monitor.commands import keys as keys_cli
     from torchtop.monitor.link.relay_link import RelayReader
     from torchtop.monitor.link.relay_targets import direct_endpoint, direct_target
@@ -98,7 +98,7 @@ def test_a_relay_on_tcp_serves_only_authorized_curve_keys(tmp_path: Path, monkey
     stranger.setsockopt(zmq.SUBSCRIBE, b"")
     stranger.connect(f"tcp://127.0.0.1:{port + 1}")
     try:
-        from torchtop.monitor.link.job import Event
+        from torchtop.monitor.link.job_link import Event
 
         got: list = []
         deadline = time.monotonic() + 10

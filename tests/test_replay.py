@@ -10,7 +10,7 @@ from tests.recording_util import T0, write
 from tests.tui_util import wait_for
 from torchtop.monitor.commands.cli import main
 from torchtop.monitor.model.playback import load
-from torchtop.monitor.tui.replay_app import ReplayApp, clock, jump_target
+from torchtop.monitor.tui.playback_app import PlaybackApp, clock, jump_target
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def recording(tmp_path: Path) -> Path:
 @pytest.mark.slow  # among the fast subset's slowest (issue 27: the subset under 90 s)
 async def test_replay_plays_pauses_seeks_and_jumps(recording: Path) -> None:
     playback, _ = load(recording)
-    app = ReplayApp(playback, speed=8.0)
+    app = PlaybackApp(playback, speed=8.0)
     async with app.run_test(size=(120, 40)) as pilot:
         assert await wait_for(pilot, lambda: app.position - T0 > 4.0, 10)
         assert app.state.steps and app.state.steps[-1].i > 100
@@ -101,7 +101,7 @@ def test_report_of_a_job_recording_is_the_job_report(
 
 
 async def test_replay_of_a_job_recording_shows_the_job_view(tmp_path: Path) -> None:
-    from torchtop.agent.contract.recording_reader import open_recording
+    from torchtop.contract.recording_reader import open_recording
     from torchtop.monitor.model.job_playback import JobPlayback
     from torchtop.monitor.tui.job_replay_app import JobReplayApp
 

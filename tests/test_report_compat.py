@@ -12,10 +12,10 @@ from typing import Any
 from tests.rank_util import feed, rank_steps
 from tests.test_why_rules import OTHER, SITE, spread, state_with
 from tests.tui_util import steps
-from torchtop.agent.contract.wire import FlopInfo, SyncInfo
-from torchtop.monitor.diagnosis.job import build_job_report
+from torchtop.contract.wire import FlopInfo, SyncInfo
+from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
 from torchtop.monitor.diagnosis.report import build_report
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.job_state import JobState
 
 GOLDEN = Path(__file__).parent / "data" / "report_golden.json"
 

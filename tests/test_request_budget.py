@@ -10,8 +10,8 @@ import pytest
 import zmq
 
 from tests.agent_util import endpoint_for
-from torchtop.agent.contract import wire
 from torchtop.agent.loop import requests
+from torchtop.contract import wire
 
 V = wire.PROTOCOL_VERSION
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.agent_util import free_port
 from torchtop.agent.autostart import is_launcher
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 from torchtop.monitor.commands.run import child_env, job_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]  # subprocesses; the default policy, end to end

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.job_util import SEVERE, Job, flags, report, show
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]  # real demo runs; the default policy
 

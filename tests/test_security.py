@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from remote_util import training_agent
 
 import torchtop.agent as ta
-from torchtop.agent.contract import discovery, keys, wire
+from torchtop.contract import curve_keys, discovery, wire
 from torchtop.monitor.commands import cli
 from torchtop.monitor.commands import keys as keys_cli
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
@@ -41,8 +41,8 @@ def mode(path: Path) -> int:
 def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty user config dir for this test (no key anywhere)."""
     directory = tmp_path / "config"
-    monkeypatch.setenv(keys.ENV_CONFIG, str(directory))
-    for name in (keys.ENV_SERVER_KEY, keys.ENV_AUTHORIZED, keys.ENV_CURVE):
+    monkeypatch.setenv(curve_keys.ENV_CONFIG, str(directory))
+    for name in (curve_keys.ENV_SERVER_KEY, curve_keys.ENV_AUTHORIZED, curve_keys.ENV_CURVE):
         monkeypatch.delenv(name, raising=False)
     return directory
 
@@ -100,23 +100,23 @@ def curve_setup(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch):
     """Server keys + one authorized client (in another config dir, like another machine)."""
     server_public = keys_cli.make_pair("server")[0]
     monitor_cfg = tmp_path / "monitor-config"
-    monkeypatch.setenv(keys.ENV_CONFIG, str(monitor_cfg))
+    monkeypatch.setenv(curve_keys.ENV_CONFIG, str(monitor_cfg))
     client_public = keys_cli.make_pair("client")[0]
-    monkeypatch.setenv(keys.ENV_CONFIG, str(config))
+    monkeypatch.setenv(curve_keys.ENV_CONFIG, str(config))
     keys_cli.authorize(str(client_public), "monitor")
-    good_pub, good_sec = keys.read_keypair(monitor_cfg / "keys" / "client.key_secret")
-    spub = keys.read_cert(server_public)[0]
+    good_pub, good_sec = curve_keys.read_keypair(monitor_cfg / "keys" / "client.key_secret")
+    spub = curve_keys.read_cert(server_public)[0]
     return {
         "server_key_file": server_public,
         "monitor_cfg": monitor_cfg,
-        "good": keys.ClientCurve(spub, good_pub, good_sec),
+        "good": curve_keys.ClientCurve(spub, good_pub, good_sec),
         "server_public": spub,
     }
 
 
-def _stranger(server_public: bytes) -> keys.ClientCurve:
+def _stranger(server_public: bytes) -> curve_keys.ClientCurve:
     pub, sec = zmq.curve_keypair()
-    return keys.ClientCurve(server_public, pub, sec)
+    return curve_keys.ClientCurve(server_public, pub, sec)
 
 
 def _silent(endpoint: Endpoint, timeout: float = 0.5) -> None:
@@ -142,7 +142,7 @@ def test_curve_agent_serves_only_authorized_keys(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     if bind == "127.0.0.1":
-        monkeypatch.setenv(keys.ENV_CURVE, "1")  # CURVE on loopback: optional, on request
+        monkeypatch.setenv(curve_keys.ENV_CURVE, "1")  # CURVE on loopback: optional, on request
     agent = ta.start(bind=bind)
     assert agent is not None and agent.sockets.curve is not None, capsys.readouterr().err
     host, port, spub = "127.0.0.1", agent.port, curve_setup["server_public"]
@@ -159,7 +159,7 @@ def test_curve_agent_serves_only_authorized_keys(
 
     _silent(Endpoint.tcp(host, port))  # no key at all (NULL mechanism)
     _silent(Endpoint.tcp(host, port, curve=_stranger(spub)))  # a key the agent does not know
-    wrong_server = keys.ClientCurve(
+    wrong_server = curve_keys.ClientCurve(
         zmq.curve_keypair()[0], curve_setup["good"].public, curve_setup["good"].secret
     )
     _silent(Endpoint.tcp(host, port, curve=wrong_server))  # our key, but not this agent's
@@ -168,7 +168,7 @@ def test_curve_agent_serves_only_authorized_keys(
     assert agent.loop.bad_requests == 0  # nothing they sent was even read
 
     # the CLI: tcp:// with --server-key and the client pair from the monitor's config dir
-    monkeypatch.setenv(keys.ENV_CONFIG, str(curve_setup["monitor_cfg"]))
+    monkeypatch.setenv(curve_keys.ENV_CONFIG, str(curve_setup["monitor_cfg"]))
     capsys.readouterr()
     target = f"tcp://{host}:{port}"
     assert (
@@ -198,7 +198,7 @@ def test_server_key_errors_are_one_line(
         == 2
     )
     assert "cannot read the server key" in capsys.readouterr().err
-    monkeypatch.setenv(keys.ENV_CONFIG, str(tmp_path / "empty"))
+    monkeypatch.setenv(curve_keys.ENV_CONFIG, str(tmp_path / "empty"))
     assert cli.main(["report", "tcp://127.0.0.1:9", "--server-key", str(curve_setup["server_key_file"])]) == 2
     assert "run `torchtop keys`" in capsys.readouterr().err
 
@@ -271,14 +271,14 @@ class Fuzzer:
     """Throws hypothesis-made frames at an agent's two sockets: as a zmq peer and as raw bytes
     (on TCP or the ipc socket files)."""
 
-    def __init__(self, endpoint: Endpoint, curve: keys.ClientCurve | None = None) -> None:
+    def __init__(self, endpoint: Endpoint, curve: curve_keys.ClientCurve | None = None) -> None:
         self.addresses = (endpoint.address, endpoint.pub_address)
         self.ctx = zmq.Context()
         self.dealer = self._sock(zmq.DEALER, endpoint.address, curve)
         self.xsub = self._sock(zmq.XSUB, endpoint.pub_address, curve)  # may send anything as "subscriptions"
         self.sent = 0
 
-    def _sock(self, kind: int, address: str, curve: keys.ClientCurve | None) -> zmq.Socket:
+    def _sock(self, kind: int, address: str, curve: curve_keys.ClientCurve | None) -> zmq.Socket:
         sock = self.ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)

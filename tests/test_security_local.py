@@ -34,7 +34,7 @@ import pytest
 import torchtop.agent as ta
 from tests.agent_util import client_for, free_port_pair
 from torchtop.agent.capture import files
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 from torchtop.monitor.link.client import AgentClient
 from torchtop.monitor.link.targets import from_discovery
 from torchtop.monitor.model.captures import describe
@@ -79,7 +79,7 @@ def shared(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 INTRUDER = r"""
 import json, socket, sys, zmq
 request, stream, server_key = sys.argv[1], sys.argv[2], sys.argv[3]
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 out = {"raw_connect": False, "hello": False, "batch": False, "capture": False}
 path = request.removeprefix("ipc://")
 try:  # the plain socket first: file permissions are what refuse it on ipc

@@ -16,7 +16,7 @@ import msgspec
 import psutil
 import pytest
 
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 from torchtop.monitor.commands.run import child_env
 
 pytestmark = [pytest.mark.slow]

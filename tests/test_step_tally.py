@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from torchtop.agent.contract import logcodes, wire
 from torchtop.agent.loop import tally as agent_tally
 from torchtop.agent.loop.tally import StepCounter, last_step_end
+from torchtop.contract import logcodes, wire
 from torchtop.monitor.diagnosis.report import build_report
 from torchtop.monitor.model import state as state_mod
 from torchtop.monitor.model.state import RunState

@@ -234,7 +234,7 @@ def test_report_has_memory_gpu_host_sections(tmp_path) -> None:
     )
     child = subprocess.Popen([sys.executable, str(script)])
     try:
-        from torchtop.agent.contract import discovery
+        from torchtop.contract import discovery
 
         deadline = time.monotonic() + 60
         while not any(a.pid == child.pid for a in discovery.list_agents()):

@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from tests.tui_util import outside_the_panels
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 
 pytestmark = [pytest.mark.slow, pytest.mark.tmux, pytest.mark.phase_sampling]
 

@@ -19,8 +19,8 @@ from rich.console import Console
 
 from tests.agent_util import free_port_pair
 from tests.tui_util import TRAIN, wait_for
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.discovery import AgentInfo
+from torchtop.contract import wire
+from torchtop.contract.discovery import AgentInfo
 from torchtop.monitor.link.client import AgentUnreachable, Received, Snapshot
 from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
 from torchtop.monitor.model import fmt

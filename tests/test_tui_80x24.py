@@ -11,15 +11,15 @@ import pytest
 from tests.rank_util import batch, hello, rank_steps
 from tests.recording_util import write
 from tests.tui_util import screen_text
-from torchtop.agent.contract import recording_reader as store
-from torchtop.agent.contract.wire import CaptureInfo, CaptureKind, CaptureState
+from torchtop.contract import recording_reader as store
+from torchtop.contract.wire import CaptureInfo, CaptureKind, CaptureState
 from torchtop.monitor.link.client import Received
-from torchtop.monitor.link.job import Event
+from torchtop.monitor.link.job_link import Event
 from torchtop.monitor.model.playback import Playback
 from torchtop.monitor.tui.app import TorchtopApp
 from torchtop.monitor.tui.job_app import JobApp
 from torchtop.monitor.tui.job_feed import JobEvents
-from torchtop.monitor.tui.replay_app import ReplayApp
+from torchtop.monitor.tui.playback_app import PlaybackApp
 
 SMALL = (80, 24)
 LONG_PATH = "/home/someone/projects/training/torchtop-captures/host-12345/profile-0001-rank0-20261127.pt.trace.json.gz"
@@ -81,7 +81,7 @@ async def test_a_finished_capture_toast_is_a_corner_of_80x24() -> None:
 @pytest.mark.slow  # among the fast subset's slowest, ~1.2 s here (issue 27: the subset under 60 s)
 async def test_the_replay_jump_prompt_is_whole_and_p_says_why(tmp_path: Path) -> None:
     write(tmp_path, 30)
-    app = ReplayApp(Playback(store.read_rank(tmp_path / "rank0")))
+    app = PlaybackApp(Playback(store.read_rank(tmp_path / "rank0")))
     async with app.run_test(size=SMALL, notifications=True) as pilot:
         app.paused = True
         await pilot.press("g")

@@ -8,7 +8,7 @@ import pytest
 
 from tests.rank_util import batch, hello, rank_steps
 from torchtop.monitor.link.client import Received
-from torchtop.monitor.link.job import Event
+from torchtop.monitor.link.job_link import Event
 from torchtop.monitor.tui.job_app import JobApp
 from torchtop.monitor.tui.job_feed import JobEvents
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.tui_util import GIB, HOST, MIB, T0, TRAIN, steps, wait_for
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.link.client import Received
 from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
 from torchtop.monitor.model.steps import StepRecord

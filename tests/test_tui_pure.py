@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from tests.tui_util import GIB, HOST, MIB, T0, steps
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.link.client import AgentUnreachable
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.captures import CaptureBook, capture_lines, fetch_from, next_steps, progress_text

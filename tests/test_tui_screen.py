@@ -18,7 +18,7 @@ from textual.scrollbar import ScrollBar
 from tests.test_tui_panels import app_without_feed, fed, fed_batches, hello, telemetry
 from tests.tui_util import outside_the_panels, screen_text, steps
 from torchtop.monitor.link.targets import Endpoint
-from torchtop.monitor.tui import keys
+from torchtop.monitor.tui import bindings
 from torchtop.monitor.tui.app import TorchtopApp
 from torchtop.monitor.tui.feed import HelloReceived
 from torchtop.monitor.tui.widgets import HelpScreen
@@ -173,9 +173,9 @@ def footer_words(app: TorchtopApp) -> dict[str, str]:
     ],
 )
 async def test_footer_and_help_say_what_q_and_ctrl_c_do(
-    mode: keys.LeaveMode, q_words: str, ctrl_c_shown: bool
+    mode: bindings.LeaveMode, q_words: str, ctrl_c_shown: bool
 ) -> None:
-    app = TorchtopApp(endpoint=ENDPOINT, feed=False, clock=lambda: 50.0, leaving=keys.Leaving(mode))
+    app = TorchtopApp(endpoint=ENDPOINT, feed=False, clock=lambda: 50.0, leaving=bindings.Leaving(mode))
     async with app.run_test(size=SMALL) as pilot:
         await fed(pilot, the_hello())
         words = footer_words(app)
@@ -186,8 +186,8 @@ async def test_footer_and_help_say_what_q_and_ctrl_c_do(
         assert isinstance(app.screen, HelpScreen)
         help_text = app.screen.plain(100)
         q_row = next(line for line in help_text.splitlines() if line.startswith("q "))
-        assert keys.QUIT_WORDS[mode].q_help in q_row
-        assert keys.QUIT_WORDS[mode].ctrl_c_help in help_text
+        assert bindings.QUIT_WORDS[mode].q_help in q_row
+        assert bindings.QUIT_WORDS[mode].ctrl_c_help in help_text
         assert "training goes on" not in help_text or mode == "attach"
 
 
@@ -209,8 +209,8 @@ async def test_help_lists_the_tabs_this_tui_has(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["attach", "demo"])
-async def test_ctrl_c_quits_like_q_when_the_tui_started_no_job(mode: keys.LeaveMode) -> None:
-    how = {"leaving": keys.Leaving(mode)} if mode != "attach" else {}  # attach: the default
+async def test_ctrl_c_quits_like_q_when_the_tui_started_no_job(mode: bindings.LeaveMode) -> None:
+    how = {"leaving": bindings.Leaving(mode)} if mode != "attach" else {}  # attach: the default
     app = TorchtopApp(endpoint=ENDPOINT, feed=False, **how)
     async with app.run_test(size=SMALL) as pilot:
         await pilot.press("ctrl+c")
@@ -224,7 +224,7 @@ async def test_ctrl_c_under_run_signals_the_job_then_quits() -> None:
     app = TorchtopApp(
         endpoint=ENDPOINT,
         feed=False,
-        leaving=keys.Leaving("run", lambda: signalled.append("SIGINT")),
+        leaving=bindings.Leaving("run", lambda: signalled.append("SIGINT")),
     )
     async with app.run_test(size=SMALL) as pilot:
         await pilot.press("question_mark")  # from any screen
@@ -235,7 +235,7 @@ async def test_ctrl_c_under_run_signals_the_job_then_quits() -> None:
     quitter = TorchtopApp(
         endpoint=ENDPOINT,
         feed=False,
-        leaving=keys.Leaving("run", lambda: signalled.append("q?")),
+        leaving=bindings.Leaving("run", lambda: signalled.append("q?")),
     )
     async with quitter.run_test(size=SMALL) as pilot:
         await pilot.press("q")  # q leaves the job alone
@@ -266,6 +266,6 @@ def test_snapshot(snap_compare, tab: str, size: tuple[int, int], tmp_path: Path,
         feed=False,
         clock=lambda: 50.0,
         log_path=Path("job.log"),
-        leaving=keys.Leaving("run"),
+        leaving=bindings.Leaving("run"),
     )
     assert snap_compare(app, terminal_size=size, run_before=show)

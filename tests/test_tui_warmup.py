@@ -7,7 +7,7 @@ from msgspec import structs
 
 from tests.test_tui_panels import app_without_feed, fed, fed_batches, hello
 from tests.tui_util import HOST, steps
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.diagnosis.warmup import BACKWARD_NOTE
 from torchtop.monitor.tui.feed import HelloReceived
 from torchtop.monitor.tui.widgets import VerdictPanel

@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 
 from tests.rank_util import feed, hello, rank_steps
-from torchtop.agent.contract.wire import Hello
 from torchtop.agent.identity import from_env
-from torchtop.monitor.model.job import JobState
+from torchtop.contract.wire import Hello
+from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.ranks_view import ranks_view
 
 

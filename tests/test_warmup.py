@@ -4,7 +4,7 @@ backward said so (monitor/diagnosis/warmup.py)."""
 
 from __future__ import annotations
 
-from torchtop.agent.contract.wire import PROTOCOL_VERSION, Batch, Hello
+from torchtop.contract.wire import PROTOCOL_VERSION, Batch, Hello
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.warmup import BACKWARD_NOTE
 from torchtop.monitor.model.state import RunState

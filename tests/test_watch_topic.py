@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from tests.agent_util import client_for
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 
 pytestmark = pytest.mark.slow  # a real agent and training loop for a few seconds
 

@@ -14,7 +14,12 @@ from typing import Any
 
 import pytest
 
-from torchtop.agent.contract.logcodes import (
+from torchtop.agent.hooks.frames import Kind, classifier_for
+from torchtop.agent.hooks.probe import Probe
+from torchtop.agent.hooks.timed import timed
+from torchtop.agent.telemetry import stacks
+from torchtop.agent.telemetry.stacks import OTHER, StackSampler, log_phase
+from torchtop.contract.logcodes import (
     BACKWARD,
     DATA,
     FORWARD,
@@ -23,11 +28,6 @@ from torchtop.agent.contract.logcodes import (
     MARK,
     STEP_END,
 )
-from torchtop.agent.hooks.frames import Kind, classifier_for
-from torchtop.agent.hooks.probe import Probe
-from torchtop.agent.hooks.timed import timed
-from torchtop.agent.telemetry import stacks
-from torchtop.agent.telemetry.stacks import OTHER, StackSampler, log_phase
 
 torch = pytest.importorskip("torch")
 

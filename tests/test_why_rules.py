@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from tests.tui_util import T0, steps
-from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import (
+from torchtop.contract.logcodes import PHASES
+from torchtop.contract.wire import (
     PROTOCOL_VERSION,
     Batch,
     FlopInfo,
@@ -189,7 +189,7 @@ def test_host_overhead_is_not_the_verdict_when_the_time_is_outside_the_phases() 
 
 
 def test_sync_needs_enough_samples() -> None:
-    f = facts_with(0.6, [(OTHER, ITEM, "", True)], n=int(T["min_stack_samples"]) - 1, sync=ITEM_SYNC)
+    f = facts_with(0.6, [(OTHER, ITEM, "", True)], n=int(T.min_stack_samples) - 1, sync=ITEM_SYNC)
     assert rule_sync(f) is None and flag_sync(f) is None
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from torchtop.agent.contract import discovery
+from torchtop.contract import discovery
 from torchtop.demos import host_code, known_flops
 from torchtop.monitor.commands.launch import stop_child
 

@@ -18,12 +18,12 @@ import pytest
 
 from tests.agent_util import client_for
 from tests.test_why_agent import line_of
-from torchtop.agent.contract.logcodes import H2D
 from torchtop.agent.hooks.frames import classifier_for
 from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.sync_window import MESSAGE, SyncWindow, call_name
 from torchtop.agent.hooks.timed import timed
 from torchtop.agent.telemetry.stacks import StackSampler
+from torchtop.contract.logcodes import H2D
 
 torch = pytest.importorskip("torch")
 

@@ -6,8 +6,8 @@ import pytest
 
 from tests.test_tui_panels import app_without_feed, fed, hello
 from tests.tui_util import steps
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.logcodes import PHASES
+from torchtop.contract import wire
+from torchtop.contract.logcodes import PHASES
 from torchtop.monitor.link.client import Received
 from torchtop.monitor.tui.feed import BatchesReceived, HelloReceived
 from torchtop.monitor.tui.widgets import VerdictPanel, WhyPanel

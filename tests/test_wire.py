@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchtop.agent.contract import logcodes, wire
+from torchtop.contract import logcodes, wire
 from torchtop.monitor.model.steps import StepRecord
 
 V = wire.PROTOCOL_VERSION
@@ -416,7 +416,7 @@ def test_capture_states_are_enums_that_compare_as_their_names() -> None:
 
 
 def test_a_host_is_bracketed_once_in_an_address() -> None:
-    from torchtop.agent.contract.net import tcp_address, url_host
+    from torchtop.contract.net import tcp_address, url_host
 
     assert url_host("::1") == "[::1]" and url_host("[::1]") == "[::1]" and url_host("gpu-box") == "gpu-box"
     assert (

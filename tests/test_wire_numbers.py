@@ -10,7 +10,7 @@ import msgspec
 import zmq
 
 from tests.agent_util import free_port_pair
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.link.client import AgentClient
 from torchtop.monitor.link.targets import Endpoint
 

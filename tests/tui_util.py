@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.model.steps import StepRecord
 
 GIB, MIB = 2**30, 2**20

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from torchtop.agent.capture import cupti, files
-from torchtop.agent.contract.request_commands import Command
-from torchtop.agent.contract.wire import (
+from torchtop.agent.hooks.step_hooks import Order
+from torchtop.agent.warn import ignore_warning, warn
+from torchtop.contract.request_commands import Command
+from torchtop.contract.wire import (
     CAPTURE_ACTIVE,
     CAPTURE_DEFAULT_STEPS,
     MEMORY_MAX_STEPS,
@@ -33,8 +35,6 @@ from torchtop.agent.contract.wire import (
     CaptureKind,
     CaptureState,
 )
-from torchtop.agent.hooks.step_hooks import Order
-from torchtop.agent.warn import ignore_warning, warn
 
 if TYPE_CHECKING:
     from collections.abc import Callable

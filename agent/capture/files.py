@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from torchtop.agent.contract import discovery
-from torchtop.agent.contract.private import NotPrivate, create_file, fd_dir, open_private_dir
+from torchtop.contract import discovery
+from torchtop.contract.private import NotPrivate, create_file, fd_dir, open_private_dir
 
 T = TypeVar("T")
 NAME_TRIES = 20

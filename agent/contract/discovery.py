@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import msgspec
 
-from torchtop.agent.contract.private import NotPrivate, create_file, open_private_dir
+from torchtop.contract.private import NotPrivate, create_file, open_private_dir
 
 ENV_DIR = "TORCHTOP_RUNTIME_DIR"
 

@@ -21,7 +21,7 @@ from typing import Any, cast
 import msgspec
 import msgspec.inspect as mi
 
-from torchtop.agent.contract.logcodes import MARK, MASK
+from torchtop.contract.logcodes import MARK, MASK
 
 FLOAT_LIMIT = 1e15
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1

@@ -31,9 +31,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.logcodes import last_step, last_step_pairs
-from torchtop.agent.contract.private import create_file
+from torchtop.contract import wire
+from torchtop.contract.logcodes import last_step, last_step_pairs
+from torchtop.contract.private import create_file
 
 FORMAT_VERSION = 2
 READ_FORMATS = (1, 2)  # 1: no end marker, no writer version
@@ -247,7 +247,7 @@ def iter_segment(path: Path, seg: Segment) -> Iterator[tuple[int, wire.Hello | w
     map of the file (memory: one message at a time). A frame whose payload does not decode as
     a wire message counts as damage. RecordingError: not a recording, or one this torchtop
     does not read; OSError: the file cannot be read."""
-    from torchtop.agent.contract.recording_compat import decoder_for
+    from torchtop.contract.recording_compat import decoder_for
 
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     with open(fd, "rb") as fh:  # non-blocking: a FIFO named like a segment must not hang a reader
@@ -280,7 +280,7 @@ def iter_segment(path: Path, seg: Segment) -> Iterator[tuple[int, wire.Hello | w
 def read_frame(mm: bytes | mmap.mmap, offset: int, protocol: int) -> wire.Hello | wire.Batch:
     """The message of the frame at `offset` (one iter_segment returned): its payload decoded
     again, for a reader that keeps offsets rather than messages."""
-    from torchtop.agent.contract.recording_compat import decoder_for
+    from torchtop.contract.recording_compat import decoder_for
 
     _, length, _ = _FRAME.unpack_from(mm, offset)
     msg = decoder_for(protocol)(mm[offset + FRAME_OVERHEAD : offset + FRAME_OVERHEAD + length])

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import msgspec
 
-from torchtop.agent.contract import logcodes, wire
+from torchtop.contract import logcodes, wire
 
 Decode = Callable[[bytes], wire.Message]
 

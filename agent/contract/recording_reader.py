@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
 
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.recording import SUFFIX, RecordingError, Segment, iter_segment, read_frame
-from torchtop.agent.contract.recording_store import RANK_DIR, segments
+from torchtop.contract import wire
+from torchtop.contract.recording import SUFFIX, RecordingError, Segment, iter_segment, read_frame
+from torchtop.contract.recording_store import RANK_DIR, segments
 
 NO_TIME = float("-inf")  # a hello's entry in `times`
 

@@ -27,9 +27,9 @@ import os
 import re
 from pathlib import Path
 
-from torchtop.agent.contract import discovery, wire
-from torchtop.agent.contract.private import NotPrivate, open_private_dir
-from torchtop.agent.contract.recording import SUFFIX, SegmentWriter, Thinner
+from torchtop.contract import discovery, wire
+from torchtop.contract.private import NotPrivate, open_private_dir
+from torchtop.contract.recording import SUFFIX, SegmentWriter, Thinner
 
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB a rank
 MIN_MAX_BYTES = 64 << 10

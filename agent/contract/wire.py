@@ -12,7 +12,7 @@ from typing import Any, Union
 
 import msgspec
 
-from torchtop.agent.contract.numbers import FLOAT_LIMIT, bad_number
+from torchtop.contract.numbers import FLOAT_LIMIT, bad_number
 
 PROTOCOL_VERSION = 5
 MAX_FRAME_BYTES = 16 * 1024 * 1024

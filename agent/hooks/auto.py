@@ -18,11 +18,11 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import BACKWARD, DATA, FORWARD, FORWARD_START, GRAD, MAX_SLOT, SKIPPED
 from torchtop.agent.hooks.optimizer import OptimizerSteps
 from torchtop.agent.hooks.probe import UNTIMED, Probe
 from torchtop.agent.hooks.timed import compiling_check, dynamo_check, timed, timed_forward
 from torchtop.agent.warn import ignore_warning
+from torchtop.contract.logcodes import BACKWARD, DATA, FORWARD, FORWARD_START, GRAD, MAX_SLOT, SKIPPED
 
 if TYPE_CHECKING:
     from types import ModuleType

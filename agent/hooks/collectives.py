@@ -28,11 +28,11 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import BACKWARD, COMM, COMM_READY, EXIT
 from torchtop.agent.hooks.groups import log_group, watch_meshes
 from torchtop.agent.hooks.probe import current
 from torchtop.agent.hooks.timed import _TIMED
 from torchtop.agent.hooks.wrap import mirror, note_phase, signature_wrapper
+from torchtop.contract.logcodes import BACKWARD, COMM, COMM_READY, EXIT
 
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe

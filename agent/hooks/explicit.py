@@ -13,9 +13,9 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from torchtop.agent import core
-from torchtop.agent.contract.logcodes import DATA, FORWARD_START, TIMED_PHASES
 from torchtop.agent.hooks.wrap import note_phase
 from torchtop.agent.warn import warn
+from torchtop.contract.logcodes import DATA, FORWARD_START, TIMED_PHASES
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import COMM_GROUP
+from torchtop.contract.logcodes import COMM_GROUP
 
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe

@@ -11,10 +11,10 @@ import functools
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import H2D
 from torchtop.agent.hooks.probe import Probe, current
 from torchtop.agent.hooks.timed import compiling_check
 from torchtop.agent.hooks.wrap import note_phase
+from torchtop.contract.logcodes import H2D
 
 if TYPE_CHECKING:
     from types import ModuleType

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import (
+from torchtop.contract.logcodes import (
     BACKWARD,
     COMM_READY,
     EXIT,

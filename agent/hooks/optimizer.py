@@ -16,9 +16,9 @@ from time import perf_counter_ns
 from types import CellType, ModuleType
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import OPTIMIZER, STEP_END, UNTIMED_END
 from torchtop.agent.hooks.probe import Probe, current
 from torchtop.agent.hooks.wrap import Fn, SetAttr, Undo, note_phase, signature_wrapper
+from torchtop.contract.logcodes import OPTIMIZER, STEP_END, UNTIMED_END
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer

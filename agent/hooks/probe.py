@@ -19,7 +19,9 @@ from time import perf_counter_ns
 from types import CodeType
 from typing import TYPE_CHECKING
 
-from torchtop.agent.contract.logcodes import (
+from torchtop.agent.hooks.probe_drain import LogDrain
+from torchtop.agent.hooks.step_hooks import StepHooks
+from torchtop.contract.logcodes import (
     BACKWARD_STEPS,
     BOUNDARY,
     EXIT,
@@ -33,8 +35,6 @@ from torchtop.agent.contract.logcodes import (
     UNTIMED_END,
     Item,
 )
-from torchtop.agent.hooks.probe_drain import LogDrain
-from torchtop.agent.hooks.step_hooks import StepHooks
 
 if TYPE_CHECKING:
     import torch

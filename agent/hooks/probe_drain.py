@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from torchtop.agent.contract.logcodes import (
+from torchtop.contract.logcodes import (
     RESET,
     STEP_ENDS,
     Item,

@@ -28,9 +28,9 @@ from time import perf_counter_ns
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.wire import SyncSite
 from torchtop.agent.hooks.frames import Kind
 from torchtop.agent.warn import ignore_warning
+from torchtop.contract.wire import SyncSite
 
 if TYPE_CHECKING:
     from torchtop.agent.hooks.frames import Classifier

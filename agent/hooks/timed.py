@@ -13,10 +13,10 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
-from torchtop.agent.contract.logcodes import EXIT, FORWARD
 from torchtop.agent.hooks.probe import Probe, current
 from torchtop.agent.hooks.work import log_work
 from torchtop.agent.hooks.wrap import Fn, note_phase, signature_wrapper
+from torchtop.contract.logcodes import EXIT, FORWARD
 
 if TYPE_CHECKING:
     import weakref

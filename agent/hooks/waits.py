@@ -26,10 +26,10 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import COMM, EXIT
 from torchtop.agent.hooks.probe import current
 from torchtop.agent.hooks.timed import _TIMED, dynamo_check
 from torchtop.agent.hooks.wrap import note_phase, signature_wrapper
+from torchtop.contract.logcodes import COMM, EXIT
 
 if TYPE_CHECKING:
     from types import ModuleType

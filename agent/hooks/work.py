@@ -14,7 +14,7 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import WORK
+from torchtop.contract.logcodes import WORK
 
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import (
+from torchtop.contract.logcodes import (
     BOUNDARY,
     COMM_GROUP,
     H2D_COPY,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.logcodes import last_step, last_step_pairs
+from torchtop.contract import wire
+from torchtop.contract.logcodes import last_step, last_step_pairs
 
 HISTORY_ENTRIES = 150_000  # every entry of the last ~15k steps (~10 a step), for late joiners
 SPARSE_CHUNKS = 6_000  # before those: one step per chunk (~one per tick): 10 minutes at any rate

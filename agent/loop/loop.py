@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from torchtop.agent.contract import logcodes, wire
 from torchtop.agent.hooks.probe import UNTIMED, WAKE
 from torchtop.agent.loop.cuda_events import EventPool, EventResolver
 from torchtop.agent.loop.history import LogHistory
 from torchtop.agent.loop.requests import WINDOW_S, RequestRouter
 from torchtop.agent.loop.tally import StepCounter
 from torchtop.agent.warn import warn
+from torchtop.contract import logcodes, wire
 
 if TYPE_CHECKING:
     from torchtop.agent.capture.controller import CaptureController

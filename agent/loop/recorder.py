@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchtop.agent.contract.recording_store import DEFAULT_MAX_BYTES, RecordingWriter
 from torchtop.agent.warn import warn
+from torchtop.contract.recording_store import DEFAULT_MAX_BYTES, RecordingWriter
 
 if TYPE_CHECKING:
-    from torchtop.agent.contract import wire
+    from torchtop.contract import wire
 
 QUEUE_ITEMS = 64  # ~6 s of ticks while a monitor listens, 30 s otherwise
 _STOP = None

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from torchtop.agent.capture.controller import CaptureError
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.request_commands import CAPTURE_COMMANDS, Command
+from torchtop.contract import wire
+from torchtop.contract.request_commands import CAPTURE_COMMANDS, Command
 
 if TYPE_CHECKING:
     from torchtop.agent.capture.controller import CaptureController

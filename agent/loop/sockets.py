@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 import zmq
 
-from torchtop.agent.contract import discovery, keys
-from torchtop.agent.contract.net import tcp_address
-from torchtop.agent.contract.private import NotPrivate, check_private_dir, fits_socket, short_private_tempdir
+from torchtop.contract import curve_keys, discovery
+from torchtop.contract.net import tcp_address
+from torchtop.contract.private import NotPrivate, check_private_dir, fits_socket, short_private_tempdir
 
 PORT_RANGE = (20000, 60000)
 ZAP_DOMAIN = "torchtop"
@@ -54,7 +54,7 @@ class AgentSockets:
     pub_address: str  # ... and for the batch stream
     bind: str | None = None  # the TCP bind host; None on ipc
     port: int = 0  # the TCP request port (batches on port + 1); 0 on ipc
-    curve: keys.ServerCurve | None = None
+    curve: curve_keys.ServerCurve | None = None
     client: tuple[bytes, bytes] | None = None  # the ephemeral client (public, secret) admitted
     auth: Any = None  # the zmq.auth ThreadAuthenticator when CURVE is on
     files: list[Path] = field(default_factory=list)  # ipc socket files, removed on close
@@ -154,14 +154,14 @@ def connect_host(bind: str) -> str:
     return bind
 
 
-def _server_curve(bind: str) -> keys.ServerCurve:
-    if keys.curve_wanted(is_loopback(bind)):  # configured keys: off loopback, or asked for
+def _server_curve(bind: str) -> curve_keys.ServerCurve:
+    if curve_keys.curve_wanted(is_loopback(bind)):  # configured keys: off loopback, or asked for
         try:
-            return keys.load_server(bind)
-        except keys.KeyConfigError as exc:
+            return curve_keys.load_server(bind)
+        except curve_keys.KeyConfigError as exc:
             raise BindError(f"refusing to listen on {bind} without CURVE: {exc}") from None
     public, secret = zmq.curve_keypair()  # loopback: a key pair for this run only
-    return keys.ServerCurve(public, secret, keys.authorized_dir())
+    return curve_keys.ServerCurve(public, secret, curve_keys.authorized_dir())
 
 
 class _Admitted:
@@ -174,7 +174,7 @@ class _Admitted:
         return key in self.allowed
 
 
-def _start_auth(ctx: Any, curve: keys.ServerCurve, client_public: bytes) -> Any:
+def _start_auth(ctx: Any, curve: curve_keys.ServerCurve, client_public: bytes) -> Any:
     import zmq.auth
     from zmq.auth.thread import ThreadAuthenticator
 
@@ -196,7 +196,7 @@ def _stop_private(ctx: Any, auth: Any) -> None:
         pass
 
 
-def _secure(sock: Any, curve: keys.ServerCurve | None) -> None:
+def _secure(sock: Any, curve: curve_keys.ServerCurve | None) -> None:
     if curve is not None:
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public)
@@ -204,7 +204,7 @@ def _secure(sock: Any, curve: keys.ServerCurve | None) -> None:
         sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
 
 
-def _new_router(ctx: Any, curve: keys.ServerCurve | None, ipv6: bool) -> Any:
+def _new_router(ctx: Any, curve: curve_keys.ServerCurve | None, ipv6: bool) -> Any:
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.IPV6, int(ipv6))
@@ -216,7 +216,7 @@ def _new_router(ctx: Any, curve: keys.ServerCurve | None, ipv6: bool) -> Any:
 
 
 def _bind_pair(
-    ctx: Any, request: str, stream: str, curve: keys.ServerCurve | None, ipv6: bool = False
+    ctx: Any, request: str, stream: str, curve: curve_keys.ServerCurve | None, ipv6: bool = False
 ) -> tuple[Any, Any]:
     """ROUTER on `request`, XPUB on `stream`; zmq.ZMQError (nothing left open) when either fails."""
     router = pub = None

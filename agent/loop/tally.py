@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchtop.agent.contract import logcodes, wire
+from torchtop.contract import logcodes, wire
 
 TALLY_POINTS = 8192
 TALLY_WIDTH_NS = 1_000_000_000

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from torchtop.agent.contract.wire import FragSample, GpuSample, HostSample, MemorySample, Telemetry
 from torchtop.agent.telemetry.host import SelfRss
 from torchtop.agent.telemetry.memory_trend import MemoryTrend
+from torchtop.contract.wire import FragSample, GpuSample, HostSample, MemorySample, Telemetry
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -12,7 +12,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.wire import FragSample, MemorySample
+from torchtop.contract.wire import FragSample, MemorySample
 
 if TYPE_CHECKING:
     from types import ModuleType

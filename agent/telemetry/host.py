@@ -12,8 +12,8 @@ import sys
 import time
 from typing import Any
 
-from torchtop.agent.contract.wire import HostSample, WorkerSample
 from torchtop.agent.telemetry.procfs import ProcFs
+from torchtop.contract.wire import HostSample, WorkerSample
 
 MAX_WORKERS = 64
 CHILDREN_REFRESH_S = 5.0  # new child processes (workers of a new epoch) are seen within this

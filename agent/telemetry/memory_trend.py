@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from torchtop.agent.contract.wire import MemoryLow
+from torchtop.contract.wire import MemoryLow
 
 KEEP_S = 600  # ten minutes of seconds
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from torchtop.agent.contract.wire import GpuSample
+from torchtop.contract.wire import GpuSample
 
 _THROTTLE_NAMES = {
     "GpuIdle": "idle",

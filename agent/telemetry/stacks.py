@@ -27,7 +27,8 @@ from collections import deque
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.logcodes import (
+from torchtop.agent.hooks.frames import Classifier, Kind, site
+from torchtop.contract.logcodes import (
     BACKWARD,
     FORWARD,
     FORWARD_START,
@@ -37,8 +38,7 @@ from torchtop.agent.contract.logcodes import (
     OPTIMIZER,
     TIMED_PHASES,
 )
-from torchtop.agent.contract.wire import StackSample, function_of
-from torchtop.agent.hooks.frames import Classifier, Kind, site
+from torchtop.contract.wire import StackSample, function_of
 
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe

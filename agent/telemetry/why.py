@@ -13,11 +13,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.contract.wire import FlopInfo, SyncInfo, Why
 from torchtop.agent.hooks.frames import classifier_for
 from torchtop.agent.hooks.step_hooks import Claim, Order
 from torchtop.agent.telemetry.stacks import StackSampler, explicit_syncs, sampler_rate
 from torchtop.agent.warn import notice
+from torchtop.contract.wire import FlopInfo, SyncInfo, Why
 
 if TYPE_CHECKING:
     from torchtop.agent.cuda_use import CudaUse

@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from torchtop.agent.contract.request_commands import Command
-from torchtop.agent.contract.wire import (
+from torchtop.contract.request_commands import Command
+from torchtop.contract.wire import (
     CAPTURE_DEFAULT_STEPS,
     CAPTURE_FINISHED,
     MEMORY_MAX_STEPS,

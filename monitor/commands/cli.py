@@ -37,14 +37,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
     except TargetError as exc:
         return _fail(str(exc))
     if args.json:
-        from torchtop.agent.contract.discovery import listing
+        from torchtop.contract.discovery import listing
 
         print(json.dumps([listing(a) for a in agents], indent=None))
         return 0
     if not agents:
         print(f"no torchtop agents running on {args.target or 'this machine'}")
         return 0
-    from torchtop.monitor.commands.job import ls_lines
+    from torchtop.monitor.commands.job_cli import ls_lines
 
     for line in ls_lines(agents):
         print(line)
@@ -76,7 +76,7 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
     try:
         state.apply_hello(client.hello())
         if history:
-            from torchtop.agent.contract.wire import SNAPSHOT_MAX_STEPS
+            from torchtop.contract.wire import SNAPSHOT_MAX_STEPS
 
             reply, steps = client.snapshot(max_steps=SNAPSHOT_MAX_STEPS, timeout=10.0)
             if reply.ok:
@@ -101,7 +101,7 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
 def _recording(target: str | None) -> bool:
     from pathlib import Path
 
-    from torchtop.agent.contract.recording_reader import is_recording
+    from torchtop.contract.recording_reader import is_recording
 
     try:
         return bool(target) and is_recording(Path(target))  # type: ignore[arg-type]
@@ -111,7 +111,7 @@ def _recording(target: str | None) -> bool:
 
 def report_file(args: argparse.Namespace) -> int:
     """`report FILE`: the same JSON as live, over the recording's last S seconds (or up to --until)."""
-    from torchtop.agent.contract.recording import RecordingError
+    from torchtop.contract.recording import RecordingError
     from torchtop.monitor.diagnosis.report import build_report
     from torchtop.monitor.model.playback import load, notes, resolve_until
 
@@ -135,7 +135,7 @@ def report_file(args: argparse.Namespace) -> int:
 
 def _job_verdict_for(ranks: dict, until: float | None, window: float, state, rank: int) -> dict:  # type: ignore[no-untyped-def]
     from torchtop.monitor.diagnosis.diagnose import diagnose
-    from torchtop.monitor.diagnosis.job import diagnose_job, rank_times, rank_view
+    from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job, rank_times, rank_view
     from torchtop.monitor.model.job_playback import JobPlayback
 
     job = JobPlayback(ranks).job_until(until)
@@ -145,7 +145,7 @@ def _job_verdict_for(ranks: dict, until: float | None, window: float, state, ran
 
 def _report_job_file(args: argparse.Namespace, ranks: dict, until: float | None) -> int:
     """`report DIR` of a job's recording: the job report, as `report` on the live job prints it."""
-    from torchtop.monitor.diagnosis.job import build_job_report
+    from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
     from torchtop.monitor.model.job_playback import JobPlayback
 
     played = JobPlayback(ranks)
@@ -160,7 +160,7 @@ def _report_job_file(args: argparse.Namespace, ranks: dict, until: float | None)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from torchtop.monitor.commands.job import job_targets
+    from torchtop.monitor.commands.job_cli import job_targets
     from torchtop.monitor.diagnosis.report import build_report
     from torchtop.monitor.link.client import AgentUnreachable
     from torchtop.monitor.link.remote import open_target, target_options
@@ -189,12 +189,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
     """`report` over every rank of a job: one JSON object with a `ranks` list."""
-    from torchtop.agent.contract.wire import SNAPSHOT_MAX_STEPS
-    from torchtop.monitor.commands.job import collect_job
-    from torchtop.monitor.diagnosis.job import build_job_report
-    from torchtop.monitor.link.job import JobLink
+    from torchtop.contract.wire import SNAPSHOT_MAX_STEPS
+    from torchtop.monitor.commands.job_cli import collect_job
+    from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
+    from torchtop.monitor.link.job_link import JobLink
     from torchtop.monitor.link.job_targets import open_job
-    from torchtop.monitor.model.job import JobState
+    from torchtop.monitor.model.job_state import JobState
 
     with open_job(targets, args.job, args.ssh_option) as plan:
         link = JobLink(
@@ -233,7 +233,7 @@ def first_contact(endpoint: Endpoint, timeout: float = ATTACH_HELLO_S) -> None:
 def cmd_attach(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from torchtop.monitor.commands.job import job_targets
+    from torchtop.monitor.commands.job_cli import job_targets
     from torchtop.monitor.commands.tui_entry import TuiMissing, require_tui
     from torchtop.monitor.link.client import AgentUnreachable
     from torchtop.monitor.link.remote import open_target, target_options
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssh-option", metavar="OPT", action="append", default=[], help="extra ssh -o option")
     p.set_defaults(func=cmd_ls)
 
-    from torchtop.monitor.commands import job as job_cli
+    from torchtop.monitor.commands import job_cli
 
     p = sub.add_parser(
         "attach", help="open the live TUI on a run, or on every rank of a job (the TUI needs torchtop[tui])"

@@ -71,7 +71,7 @@ def compare_report(path: str, seconds: float | None, rank: int | None) -> tuple[
     playback, _ = load(path, rank)
     state = playback.state_until(None)
     if seconds is None:
-        warm = int(THRESHOLDS["warmup_steps"])
+        warm = int(THRESHOLDS.warmup_steps)
         first = next((s.t0 for s in state.steps if s.i >= warm and s.kind == "train"), None)
         window = state.agent_time - first + 1e-6 if first is not None else float("inf")
     else:
@@ -80,7 +80,7 @@ def compare_report(path: str, seconds: float | None, rank: int | None) -> tuple[
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchtop.agent.contract.recording import RecordingError
+    from torchtop.contract.recording import RecordingError
     from torchtop.monitor.model.compare import compare, render_text
 
     paths, names = list(args.paths), None

@@ -83,7 +83,7 @@ def job_label(argv: list[str]) -> str:
 
 def fleet_samples(fleet: Fleet, window: float, job: str | None) -> list[Sample]:
     """Every watched agent's samples, from its state's report over the last `window` seconds."""
-    from torchtop.monitor.diagnosis.job import diagnose_job, rank_times, rank_view
+    from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job, rank_times, rank_view
     from torchtop.monitor.diagnosis.report import diagnose, run_report, with_diagnosis
     from torchtop.monitor.export.figures import samples
 
@@ -130,9 +130,9 @@ def _job_targets(args: argparse.Namespace) -> list[str] | None:
 def _run_job(args: argparse.Namespace, targets: list[str], board: Any) -> Any:
     """Open the job and return a poll function that publishes its samples once a second."""
     from torchtop.monitor.export.job_figures import job_samples
-    from torchtop.monitor.link.job import JobLink, apply_events
+    from torchtop.monitor.link.job_link import JobLink, apply_events
     from torchtop.monitor.link.job_targets import open_job
-    from torchtop.monitor.model.job import JobState
+    from torchtop.monitor.model.job_state import JobState
 
     stack = ExitStack()
     plan = stack.enter_context(open_job(targets, getattr(args, "job_id", None), args.ssh_option or ()))

@@ -4,7 +4,7 @@
     torchtop keys --server           this machine's agent (server) pair, for TORCHTOP_BIND=0.0.0.0
     torchtop keys --authorize FILE   let the monitor whose client.key is FILE reach agents here
 
-Keys go under the user config directory (agent/keys.py has the layout): directories 0700,
+Keys go under the user config directory (agent/contract/curve_keys.py has the layout): directories 0700,
 secret files 0600. Existing keys are kept (and printed) unless --force.
 """
 
@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from torchtop.agent.contract import keys
+from torchtop.contract import curve_keys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,10 +34,10 @@ def _private_dir(path: Path) -> Path:
 
 def make_pair(name: str, force: bool = False) -> tuple[Path, Path, bool]:
     """(public file, secret file, created) for `name` ("client" | "server") in the keys dir."""
-    directory = _private_dir(keys.keys_dir())
+    directory = _private_dir(curve_keys.keys_dir())
     public, secret = directory / f"{name}.key", directory / f"{name}.key_secret"
     if secret.exists() and public.exists() and not force:
-        keys.read_keypair(secret)  # a damaged pair is an error, not silently kept
+        curve_keys.read_keypair(secret)  # a damaged pair is an error, not silently kept
         return public, secret, False
     import zmq
 
@@ -65,12 +65,12 @@ def _write(path: Path, text: str, mode: int) -> None:
 def authorize(source: str, name: str | None) -> Path:
     """Check `source` is a public key and copy it into the authorized_keys directory."""
     src = Path(source).expanduser()
-    public, _secret = keys.read_cert(src)  # ValueError / OSError when it is not a key file
+    public, _secret = curve_keys.read_cert(src)  # ValueError / OSError when it is not a key file
     if _secret is not None:
         raise ValueError(
             f"{src} holds a secret key: authorize the public half (client.key), never the secret"
         )
-    target_dir = _private_dir(keys.authorized_dir())
+    target_dir = _private_dir(curve_keys.authorized_dir())
     stem = (name or src.name).removesuffix(".key")
     dest = target_dir / f"{stem}.key"
     shutil.copyfile(src, dest)
@@ -87,15 +87,15 @@ def run(args: argparse.Namespace) -> int:
             return 0
         name = "server" if args.server else "client"
         public, secret, created = make_pair(name, args.force)
-        pub_key = keys.read_cert(public)[0].decode()
-    except (OSError, ValueError, keys.KeyConfigError) as exc:
+        pub_key = curve_keys.read_cert(public)[0].decode()
+    except (OSError, ValueError, curve_keys.KeyConfigError) as exc:
         print(f"torchtop: {exc}", file=sys.stderr)
         return 1
     print(f"{'created' if created else 'existing'} {name} key pair in {public.parent}")
     print(f"public key: {pub_key}")
     print(f"  public file: {public}")
     print(f"  secret file: {secret} (0600; never copy it)")
-    auth_dir = keys.authorized_dir()
+    auth_dir = curve_keys.authorized_dir()
     if args.server:
         print(
             "\nnext:\n"

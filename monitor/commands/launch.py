@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torchtop.agent.contract.discovery import AgentInfo
+    from torchtop.contract.discovery import AgentInfo
 
 START_TIMEOUT_S = 90.0
 STOP_GRACE_S = 5.0
@@ -265,7 +265,7 @@ def wait_for_agents(
     [] if the child exits first; TimeoutError after `timeout`. Once one agent shows up, waits
     `settle` seconds more for its siblings (the other ranks of a torchrun job).
     """
-    from torchtop.agent.contract import discovery
+    from torchtop.contract import discovery
 
     deadline = time.monotonic() + timeout
     found: list[AgentInfo] = []

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchtop.agent.contract.recording import RecordingError
+    from torchtop.contract.recording import RecordingError
     from torchtop.monitor.model.playback import load, notes
 
     try:
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     except TuiMissing as exc:
         print(f"torchtop: {exc}", file=sys.stderr)
         return EXIT_NO_TUI
-    from torchtop.monitor.tui.replay_app import ReplayApp, jump_target
+    from torchtop.monitor.tui.playback_app import PlaybackApp, jump_target
 
     if job:
         return _replay_job(args, ranks)
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             print(f"torchtop: --at {args.at!r}: give a time (90, 1:30) or #STEP", file=sys.stderr)
             return 2
-    app = ReplayApp(playback, speed=args.speed, at=at)
+    app = PlaybackApp(playback, speed=args.speed, at=at)
     app.run()
     return app.return_code or 0
 

@@ -36,7 +36,7 @@ from torchtop.monitor.commands.launch import (
 
 if TYPE_CHECKING:
     from torchtop.monitor.tui.app import TorchtopApp
-    from torchtop.monitor.tui.keys import Leaving
+    from torchtop.monitor.tui.bindings import Leaving
 
 EXIT_USAGE = 2
 PATIENT_S = 30.0  # waiting this long for the job's first step: said in a line
@@ -159,7 +159,7 @@ def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int
         if job.forwarded is None:
             _show_tail(log_path, f"the job exited (code {code}) before an agent started")
         return _exit_code(code)
-    from torchtop.monitor.tui.keys import Leaving
+    from torchtop.monitor.tui.bindings import Leaving
 
     stopped: list[bool] = []  # Ctrl-C in the TUI signalled the job
 

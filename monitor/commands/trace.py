@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def open_ranks(paths: list[str]) -> tuple[list[tuple[Any, Any]], list[str]]:
     """Every rank of every recording as (RankTrace without steps, Playback: an index, not the
     messages), and the warnings."""
-    from torchtop.agent.contract.recording_reader import open_recording, read_rank
+    from torchtop.contract.recording_reader import open_recording, read_rank
     from torchtop.monitor.export.perfetto import RankTrace
     from torchtop.monitor.model.playback import Playback
 
@@ -59,7 +59,7 @@ def open_ranks(paths: list[str]) -> tuple[list[tuple[Any, Any]], list[str]]:
 
 def _chunks(pb: Any, counts: list[int]) -> Iterator[tuple[list[Any], list[Any]]]:
     """A recording's steps and telemetry, batch by batch (`counts[0]` counts the steps)."""
-    from torchtop.agent.contract import wire
+    from torchtop.contract import wire
 
     for p in pb.play():
         if isinstance(p.msg, wire.Batch):
@@ -91,7 +91,7 @@ def read_json(path: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchtop.agent.contract.recording import RecordingError
+    from torchtop.contract.recording import RecordingError
     from torchtop.monitor.export.perfetto import capture_events, capture_start, rank_events, write_trace
 
     if not args.paths and not args.capture:

@@ -25,12 +25,12 @@ from torchtop.monitor.model.steps import StepRecord
 
 def judged_steps(state: RunState) -> list[StepRecord]:
     """Training steps past warm-up: the last `window_s` seconds or `window_steps` steps, the longer."""
-    warm = int(T["warmup_steps"])
-    recent = [s for s in state.window(T["window_s"]) if s.i >= warm]
-    if len(recent) >= T["window_steps"]:
+    warm = int(T.warmup_steps)
+    recent = [s for s in state.window(T.window_s) if s.i >= warm]
+    if len(recent) >= T.window_steps:
         return recent
     train = [s for s in state.steps if s.kind == "train" and s.i >= warm and not state.why.excluded(s)]
-    return train[-int(T["window_steps"]) :]
+    return train[-int(T.window_steps) :]
 
 
 def facts(state: RunState, steps: list[StepRecord]) -> Facts:
@@ -45,7 +45,7 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
         device=device,
         device_ms=device_ms(steps),
     )
-    span = (steps[-1].t0 - steps[0].t0) if len(steps) > 1 else T["window_s"]
+    span = (steps[-1].t0 - steps[0].t0) if len(steps) > 1 else T.window_s
     window = max(span, 1.0)
     pts = recent_points(state, window)
     utils = [p.gpu_util for p in pts if p.gpu_util is not None]
@@ -77,7 +77,7 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
         f.gpm = gpm_figures(tel.gpus[0])
     f.why = why_facts(state, steps, f.gpu_util)
     # a plain generator the loop resumes from its `for`: data wait no hook timed (stack samples)
-    f.shares, moved = with_input_wait(f.shares, f.why.fold, int(T["min_phase_samples"]))
+    f.shares, moved = with_input_wait(f.shares, f.why.fold, int(T.min_phase_samples))
     f.input_wait = moved
     if moved:
         f.ms = dict(f.ms, data=f.ms.get("data", 0.0) + moved * f.step_ms)

@@ -18,80 +18,86 @@ if TYPE_CHECKING:
     from torchtop.monitor.diagnosis.upside import Upside
     from torchtop.monitor.diagnosis.why import WhyFacts
 
-THRESHOLDS: dict[str, float] = {
-    "warmup_steps": 10,  # first steps of a run are not judged (compilation, allocator warm-up)
-    "min_steps": 5,  # fewer judged steps than this: verdict `unknown`
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every threshold of the diagnosis (README, docs/verdicts.md): `THRESHOLDS.input_high`."""
+
+    warmup_steps: float = 10  # first steps of a run are not judged (compilation, allocator warm-up)
+    min_steps: float = 5  # fewer judged steps than this: verdict `unknown`
     # ... but slow steps are judged early (warmup.py): once this many steps are seen, or they span
     # this long, all but the first one or two, the verdict saying its confidence
-    "early_steps": 10,
-    "early_s": 20.0,
-    "window_s": 10.0,  # judge the last 10 s or the last 50 steps, whichever holds more steps
-    "window_steps": 50,
+    early_steps: float = 10
+    early_s: float = 20.0
+    window_s: float = 10.0  # judge the last 10 s or the last 50 steps, whichever holds more steps
+    window_steps: float = 50
     # data wait / transfer share of step time. Under `input_high` it is a note under a healthy
     # (compute) headline, not a bottleneck: a person would not rebuild a pipeline for 7%
-    "input_moderate": 0.05,  # a note
-    "input_high": 0.20,  # the verdict: warning
-    "input_severe": 0.50,  # critical
+    input_moderate: float = 0.05  # a note
+    input_high: float = 0.20  # the verdict: warning
+    input_severe: float = 0.50  # critical
     # time outside the measured phases (`other`): the verdict once it is at least this share and
     # more than forward+backward+optimizer (so compute never heads a step it is < 30% of) ...
-    "outside_high": 0.30,  # warning
-    "outside_severe": 0.60,  # critical
+    outside_high: float = 0.30  # warning
+    outside_severe: float = 0.60  # critical
     # ... unless the GPU is busy: then the host waits on it there (a .item(), a sync): compute.
     # Busy: CUDA-event forward+backward+optimizer >= this share of the step, or NVML >= gpu_util_low
-    "gpu_busy": 0.50,
-    "hysteresis": 0.8,  # the verdict in force keeps its thresholds scaled by this
-    "gpu_util_low": 50.0,  # percent (NVML): below it, with the host busy, the GPU waits on Python
-    "gpu_util_very_low": 25.0,  # critical
-    "memory_high": 0.90,  # reserved or window peak / device total: warning
-    "memory_critical": 0.97,
-    "frag_external": 0.5,  # 1 - largest free block / free inside segments
-    "frag_free_share": 0.2,  # ... with at least this share of reserved memory free but split
-    "frag_free_min_bytes": 256 * 2**20,
-    "frag_reserved_ratio": 2.0,  # reserved >= 2x allocated ...
-    "frag_reserved_device": 0.3,  # ... while reserved >= 30% of the device
+    gpu_busy: float = 0.50
+    hysteresis: float = 0.8  # the verdict in force keeps its thresholds scaled by this
+    gpu_util_low: float = 50.0  # percent (NVML): below it, with the host busy, the GPU waits on Python
+    gpu_util_very_low: float = 25.0  # critical
+    memory_high: float = 0.90  # reserved or window peak / device total: warning
+    memory_critical: float = 0.97
+    frag_external: float = 0.5  # 1 - largest free block / free inside segments
+    frag_free_share: float = 0.2  # ... with at least this share of reserved memory free but split
+    frag_free_min_bytes: float = 256 * 2**20
+    frag_reserved_ratio: float = 2.0  # reserved >= 2x allocated ...
+    frag_reserved_device: float = 0.3  # ... while reserved >= 30% of the device
     # DataLoader workers are the limit when data wait >= input_high and they are busy this share
     # of the time: CPU plus the time they waited for a CPU (Linux run-queue delay), so a worker
     # that never rests reads ~100% on a busy machine too (psutil's CPU alone read 55-81% there)
-    "worker_saturated": 75.0,
-    "worker_cpu_starved": 25.0,  # workers waiting this much for a CPU: the cores are taken
+    worker_saturated: float = 75.0
+    worker_cpu_starved: float = 25.0  # workers waiting this much for a CPU: the cores are taken
     # a worker hands each batch over through shared memory and a pipe, which costs the training
     # process a few tenths of a ms: below this much loading a step more workers win little
-    "workers_min_ms": 1.0,
+    workers_min_ms: float = 1.0
     # memory in use between steps: the per-second low points of allocated CUDA memory, or of the
     # RSS (read at 10 Hz; the agent keeps ten minutes of lows for monitors that join later),
     # against the agent's step count (growth.py)
-    "leak_horizon_s": 60.0,  # judged over the last minute ...
-    "leak_warmup_steps": 50,  # ... past the run's first 50 steps (caches, allocator arenas fill) ...
-    "leak_min_span_s": 20.0,  # ... spanning at least 20 s ...
-    "leak_min_steps": 50,  # ... and 50 steps: RSS on CPU rises for tens of steps and settles
-    "leak_min_points": 10,
-    "leak_trend": 0.6,  # Kendall's tau of the points: most pairs later-higher (noise gives ~0),
-    "leak_still": 0.5,  # the last third of the points rises at >= half the span's rate ...
-    "leak_seen": 0.05,  # the fitted (Theil-Sen) growth over the span is >= 5% of the level ...
-    "leak_growth": 0.10,  # ... and at that rate it adds >= 10% of the level every leak_steps
-    "leak_steps": 1000,
+    leak_horizon_s: float = 60.0  # judged over the last minute ...
+    leak_warmup_steps: float = 50  # ... past the run's first 50 steps (caches, allocator arenas fill) ...
+    leak_min_span_s: float = 20.0  # ... spanning at least 20 s ...
+    leak_min_steps: float = 50  # ... and 50 steps: RSS on CPU rises for tens of steps and settles
+    leak_min_points: float = 10
+    leak_trend: float = 0.6  # Kendall's tau of the points: most pairs later-higher (noise gives ~0),
+    leak_still: float = 0.5  # the last third of the points rises at >= half the span's rate ...
+    leak_seen: float = 0.05  # the fitted (Theil-Sen) growth over the span is >= 5% of the level ...
+    leak_growth: float = 0.10  # ... and at that rate it adds >= 10% of the level every leak_steps
+    leak_steps: float = 1000
     # a job's straggler (straggler.py): the other ranks' median extra collective wait a step,
     # as a share of the step (TraceML's straggler score bands: 0.10 warning, 0.20 critical)
-    "straggler_info": 0.05,
-    "straggler_warning": 0.10,
-    "straggler_critical": 0.20,
-    "straggler_min_ms": 0.2,  # ... and at least this long (sub-ms jitter on fast steps is noise)
-    "straggler_explained": 0.3,
+    straggler_info: float = 0.05
+    straggler_warning: float = 0.10
+    straggler_critical: float = 0.20
+    straggler_min_ms: float = 0.2  # ... and at least this long (sub-ms jitter on fast steps is noise)
+    straggler_explained: float = 0.3
     # the straggler's work a step (tokens, else samples) vs the median other rank's: at or above
     # this ratio it is given more work (uneven packing), within `work_same` it is slower at the same
-    "work_imbalance": 1.25,
-    "work_same": 0.10,  # its slowest phase's excess explains at least this share of the wait
+    work_imbalance: float = 1.25
+    work_same: float = 0.10  # its slowest phase's excess explains at least this share of the wait
     # why.py: stack samples and sync windows (docs/why.md)
-    "min_stack_samples": 20,  # fewer samples in the judged steps: no sync or host-code finding
-    "min_phase_samples": 8,  # fewer in a phase: its sites are not named
-    "gpu_bound_busy": 0.90,  # kernels fill this share of the device step: waiting on them is no stall
-    "sync_flag": 0.05,  # time blocked on the device, share of the step: a flag (info) ...
+    min_stack_samples: float = 20  # fewer samples in the judged steps: no sync or host-code finding
+    min_phase_samples: float = 8  # fewer in a phase: its sites are not named
+    gpu_bound_busy: float = 0.90  # kernels fill this share of the device step: waiting on them is no stall
+    sync_flag: float = 0.05  # time blocked on the device, share of the step: a flag (info) ...
     # ... and a verdict from input_high (warning) and input_severe (critical); so is host-code:
     # time in user code outside the measured phases, not blocked on the device
-    "mfu_disagree": 0.10,  # counter-based and FLOP-based MFU this far apart: mfu-disagree (info)
-    "mfu_low": 0.10,  # MFU under this ...
-    "util_busy": 80.0,  # ... while NVML says the GPU is busy at least this: low-mfu (warning)
-}
+    mfu_disagree: float = 0.10  # counter-based and FLOP-based MFU this far apart: mfu-disagree (info)
+    mfu_low: float = 0.10  # MFU under this ...
+    util_busy: float = 80.0  # ... while NVML says the GPU is busy at least this: low-mfu (warning)
+
+
+THRESHOLDS = Thresholds()
 T = THRESHOLDS
 Severity = Literal["ok", "info", "warning", "critical"]
 SEVERITY_RANK: dict[Severity, int] = {"ok": 0, "info": 1, "warning": 2, "critical": 3}

@@ -13,9 +13,9 @@ def flag_memory_pressure(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     used = max(f.reserved, f.window_peak) / f.mem_total
     retrying = f.retry_rate > 0
-    if used < T["memory_high"] and not retrying and f.ooms == 0:
+    if used < T.memory_high and not retrying and f.ooms == 0:
         return None
-    severity = "critical" if used >= T["memory_critical"] or f.ooms > 0 else "warning"
+    severity = "critical" if used >= T.memory_critical or f.ooms > 0 else "warning"
     evidence = [
         f"reserved {size(f.reserved)} of {size(f.mem_total)} ({pct(f.reserved / f.mem_total, 0)}), "
         f"peak allocated {size(f.window_peak)}"
@@ -43,11 +43,11 @@ def flag_fragmentation(f: Facts, scale: float = 1.0) -> Finding | None:
     if f.reserved <= 0:
         return None
     free_in_cache = max(f.frag_free, f.reserved - f.allocated)
-    split = f.frag_external >= T["frag_external"] and f.frag_free >= max(
-        T["frag_free_min_bytes"], T["frag_free_share"] * f.reserved
+    split = f.frag_external >= T.frag_external and f.frag_free >= max(
+        T.frag_free_min_bytes, T.frag_free_share * f.reserved
     )
-    bloated = f.allocated > 0 and f.reserved >= T["frag_reserved_ratio"] * f.allocated
-    big = f.mem_total > 0 and f.reserved >= T["frag_reserved_device"] * f.mem_total
+    bloated = f.allocated > 0 and f.reserved >= T.frag_reserved_ratio * f.allocated
+    big = f.mem_total > 0 and f.reserved >= T.frag_reserved_device * f.mem_total
     retrying = f.retry_rate > 0 and free_in_cache >= 0.1 * f.reserved
     if not (retrying or ((split or bloated) and big)):
         return None
@@ -81,9 +81,9 @@ def flag_dataloader_workers(f: Facts, scale: float = 1.0) -> Finding | None:
     workers are why: there are none, they are saturated (busy on a CPU or waiting for one), or
     they keep the queue empty while mostly idle (waiting on I/O)."""
     data = f.shares.get("data", 0.0)
-    if data < T["input_high"] or f.workers is None or f.ms.get("data", 0.0) < T["workers_min_ms"]:
+    if data < T.input_high or f.workers is None or f.ms.get("data", 0.0) < T.workers_min_ms:
         return None
-    severity = "critical" if data >= T["input_severe"] else "warning"
+    severity = "critical" if data >= T.input_severe else "warning"
     if f.workers == 0:
         return Finding(
             "dataloader-workers",
@@ -100,8 +100,8 @@ def flag_dataloader_workers(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     s = "" if f.workers == 1 else "s"
     waits = f" + {f.worker_wait:.0f}% waiting for a CPU" if f.worker_wait is not None else ""
-    if busy >= T["worker_saturated"]:
-        if f.worker_wait is not None and f.worker_wait >= T["worker_cpu_starved"]:
+    if busy >= T.worker_saturated:
+        if f.worker_wait is not None and f.worker_wait >= T.worker_cpu_starved:
             advice = (
                 "the workers wait for a CPU: the cores are taken (by this job or others), so more "
                 "workers would not help; make the per-sample work cheaper or move it to the GPU",
@@ -132,16 +132,16 @@ def flag_memory_leak(f: Facts, scale: float = 1.0) -> Finding | None:
     seconds and steps, is still rising at the end, grew visibly, and fast enough per step to
     matter: a slow run leaks per step too (growth.py)."""
     g = f.growth
-    if g is None or g.first <= 0 or g.points < T["leak_min_points"]:
+    if g is None or g.first <= 0 or g.points < T.leak_min_points:
         return None
-    if g.span_s < T["leak_min_span_s"] or g.span_steps < T["leak_min_steps"]:
+    if g.span_s < T.leak_min_span_s or g.span_steps < T.leak_min_steps:
         return None
-    if g.trend < T["leak_trend"] or g.slope <= 0:
+    if g.trend < T.leak_trend or g.slope <= 0:
         return None
-    if g.recent_slope < T["leak_still"] * g.slope:  # it rose, then settled: caches filling
+    if g.recent_slope < T.leak_still * g.slope:  # it rose, then settled: caches filling
         return None
     seen = (g.last - g.first) / g.first
-    if seen < T["leak_seen"] or g.slope * T["leak_steps"] < T["leak_growth"] * g.first:
+    if seen < T.leak_seen or g.slope * T.leak_steps < T.leak_growth * g.first:
         return None
     evidence = (
         f"{f.growth_what} grew {size(g.first)} -> {size(g.last)} (+{pct(seen, 0)}) in {g.span_s:.0f} s "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from torchtop.agent.contract.wire import GpuSample
+from torchtop.contract.wire import GpuSample
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Finding
 from torchtop.monitor.model.fmt import pct
@@ -53,7 +53,7 @@ def flag_mfu_disagree(f: Facts, scale: float = 1.0) -> Finding | None:
         return None
     flop, counter = w.throughput.mfu, g.counter_mfu
     gap = counter - flop
-    if abs(gap) < T["mfu_disagree"] * scale:
+    if abs(gap) < T.mfu_disagree * scale:
         return None
     evidence = (
         f"MFU from the FLOP count {pct(flop, 0)}, from the GPU's counters {pct(counter, 0)} "

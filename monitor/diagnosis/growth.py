@@ -26,11 +26,11 @@ def memory_samples(state: RunState, cuda: bool) -> list[Sample]:
     begin, then the live points (allocated CUDA memory on CUDA, else the process's RSS)."""
     live = [
         (p.time, p.steps, float(p.allocated if cuda else p.rss))
-        for p in recent_points(state, T["leak_horizon_s"])
+        for p in recent_points(state, T.leak_horizon_s)
     ]
     lows = [(m.time, m.steps, float(m.allocated if cuda else m.rss)) for m in state.memory_lows]
     end = max(live[-1][0] if live else 0.0, lows[-1][0] if lows else 0.0)
-    start = end - T["leak_horizon_s"]
+    start = end - T.leak_horizon_s
     first_live = live[0][0] if live else float("inf")
     return [x for x in lows if start <= x[0] < first_live] + [x for x in live if x[0] >= start]
 
@@ -38,7 +38,7 @@ def memory_samples(state: RunState, cuda: bool) -> list[Sample]:
 def leak_growth(state: RunState, cuda: bool, step_s: float) -> Growth | None:
     """The growth of memory in use past the run's first `leak_warmup_steps` steps."""
     samples = memory_samples(state, cuda)
-    warm = T["leak_warmup_steps"]
+    warm = T.leak_warmup_steps
     if samples and all(s is not None for _, s, _ in samples):
         return growth([(t, float(s), v) for t, s, v in samples if s is not None and s >= warm])
     since = _since_warmup(state, step_s)
@@ -50,7 +50,7 @@ def leak_growth(state: RunState, cuda: bool, step_s: float) -> Growth | None:
 def _since_warmup(state: RunState, step_s: float) -> float | None:
     """When the run passed `leak_warmup_steps` (estimated from the first step held when that was
     before it); None while it has not."""
-    warm = int(T["leak_warmup_steps"])
+    warm = int(T.leak_warmup_steps)
     if not state.steps:
         return None
     first = state.steps[0]

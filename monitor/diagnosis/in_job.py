@@ -52,7 +52,7 @@ def rank_diagnosis(
     if own.verdict.kind == "unknown":
         return own
     t = times.get(rank)
-    waits = t is not None and t.step_ms > 0 and t.comm_ms / t.step_ms >= T["straggler_info"]
+    waits = t is not None and t.step_ms > 0 and t.comm_ms / t.step_ms >= T.straggler_info
     if own.verdict.kind in COMM_MIMICS and waits:
         return Diagnosis(job.verdict, own.flags, own.steps)
     if own.verdict.kind != job.verdict.kind and own.verdict.severity in ("ok", "info"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.job_state import JobState
 
 SPANS = 6  # the last minute, in 10 s spans
 CHRONIC_SHARE = 0.6  # slowest in at least this share of the spans seen

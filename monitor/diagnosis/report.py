@@ -115,7 +115,7 @@ def _r4(x: float) -> float:
 
 
 def _breakdown(state: RunState, steps: list[StepRecord]) -> dict[str, float]:
-    return with_input_wait(breakdown(steps), fold(state.why.samples, steps), int(T["min_phase_samples"]))[0]
+    return with_input_wait(breakdown(steps), fold(state.why.samples, steps), int(T.min_phase_samples))[0]
 
 
 def telemetry_report(state: RunState, seconds: float) -> tuple[MemorySection, GpuSection, HostSection]:

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType, field
 
-from torchtop.agent.contract.wire import FragSample, GpuSample, MemorySample, WorkerSample
+from torchtop.contract.wire import FragSample, GpuSample, MemorySample, WorkerSample
 
 
 class ReportError(ValueError):

@@ -20,7 +20,7 @@ from torchtop.monitor.diagnosis.why import refine
 
 
 def _scale(kind: str, previous: str | None) -> float:
-    return THRESHOLDS["hysteresis"] if kind == previous else 1.0
+    return THRESHOLDS.hysteresis if kind == previous else 1.0
 
 
 def primary(f: Facts, previous: str | None = None) -> Finding:

@@ -94,7 +94,7 @@ class Straggler:
     def imbalance(self) -> bool:
         """It is given more work than the others (not slower at the same work)."""
         r = self.work_ratio
-        return r is not None and r >= T["work_imbalance"]
+        return r is not None and r >= T.work_imbalance
 
     @property
     def share(self) -> float:
@@ -131,11 +131,11 @@ def work_report(work: Work | None) -> WorkReport | None:
 
 
 def _severity(share: float) -> Severity | None:
-    if share >= T["straggler_critical"]:
+    if share >= T.straggler_critical:
         return "critical"
-    if share >= T["straggler_warning"]:
+    if share >= T.straggler_warning:
         return "warning"
-    if share >= T["straggler_info"]:
+    if share >= T.straggler_info:
         return "info"
     return None
 
@@ -143,7 +143,7 @@ def _severity(share: float) -> Severity | None:
 def find_straggler(ranks: dict[int, RankTimes], scale: float = 1.0) -> Straggler | None:
     """The rank the others wait for, if their extra wait is a real share of the step (`scale`: the
     thresholds' factor; the straggler in force keeps its verdict at x0.8, at its lowest band)."""
-    judged = {r: t for r, t in ranks.items() if t.steps >= T["min_steps"]}
+    judged = {r: t for r, t in ranks.items() if t.steps >= T.min_steps}
     if len(judged) < 2:
         return None
     slow = min(judged, key=lambda r: (judged[r].comm_ms, -judged[r].busy_ms))
@@ -151,7 +151,7 @@ def find_straggler(ranks: dict[int, RankTimes], scale: float = 1.0) -> Straggler
     others = [t for r, t in judged.items() if r != slow]
     wait = median(t.comm_ms - floor for t in others)
     step = median(t.step_ms for t in judged.values())
-    if step <= 0 or wait < T["straggler_min_ms"] * scale or wait / step < T["straggler_info"] * scale:
+    if step <= 0 or wait < T.straggler_min_ms * scale or wait / step < T.straggler_info * scale:
         return None
     severity = (
         _severity(wait / step) or "info"
@@ -159,7 +159,7 @@ def find_straggler(ranks: dict[int, RankTimes], scale: float = 1.0) -> Straggler
     s = judged[slow]
     excess = {p: s.cost(p) - median(t.cost(p) for t in others) for p in OWN_PHASES}
     phase = max(excess, key=lambda p: excess[p])
-    if excess[phase] < T["straggler_explained"] * wait:
+    if excess[phase] < T.straggler_explained * wait:
         phase = ""  # its measured phases do not account for the others' wait
     med = median(t.cost(phase) for t in others) if phase else 0.0
     cost = s.cost(phase) if phase else 0.0
@@ -183,8 +183,8 @@ def work_line(s: Straggler) -> str | None:
     if s.imbalance:
         seq = f" (sequence {w.seq:.0f} vs {m.seq:.0f})" if w.seq and m.seq and w.seq != m.seq else ""
         return f"rank {s.rank} processes {r:.1f}x the median rank's {what}{seq}: balance the packing"
-    if abs(r - 1.0) <= T["work_same"]:
-        return f"rank {s.rank} is slower at the same work ({what} within {pct(T['work_same'], 0)}): its GPU or its host"
+    if abs(r - 1.0) <= T.work_same:
+        return f"rank {s.rank} is slower at the same work ({what} within {pct(T.work_same, 0)}): its GPU or its host"
     return None
 
 
@@ -266,7 +266,7 @@ class Scaling:
 
 
 def scaling(ranks: dict[int, RankTimes], baseline_ms: float | None = None) -> Scaling | None:
-    judged = [t for t in ranks.values() if t.steps >= T["min_steps"]]
+    judged = [t for t in ranks.values() if t.steps >= T.min_steps]
     if not judged:
         return None
     step = median(t.step_ms for t in judged)
@@ -278,14 +278,14 @@ def scaling(ranks: dict[int, RankTimes], baseline_ms: float | None = None) -> Sc
 
 def rule_communication(ranks: dict[int, RankTimes], step_ms: float, scale: float = 1.0) -> Finding | None:
     """Every rank waits in collectives (no one rank to blame): bandwidth, bucket sizes, overlap."""
-    judged = [t for t in ranks.values() if t.steps >= T["min_steps"]]
+    judged = [t for t in ranks.values() if t.steps >= T.min_steps]
     if len(judged) < 2 or step_ms <= 0:
         return None
     floor = min(t.comm_ms for t in judged)
     share = floor / step_ms
-    if share < T["input_moderate"] * scale:
+    if share < T.input_moderate * scale:
         return None
-    severity = "critical" if share >= T["input_severe"] else "warning" if share >= T["input_high"] else "info"
+    severity = "critical" if share >= T.input_severe else "warning" if share >= T.input_high else "info"
     evidence = (
         f"every rank waits at least {floor:.1f} ms a step in collectives ({pct(share, 0)} of the "
         f"{step_ms:.1f} ms step) that its compute did not hide",

@@ -25,7 +25,7 @@ from torchtop.monitor.diagnosis.report_types import ThroughputReport
 from torchtop.monitor.model.state import device_ms
 
 if TYPE_CHECKING:
-    from torchtop.agent.contract.wire import FlopInfo
+    from torchtop.contract.wire import FlopInfo
     from torchtop.monitor.model.steps import StepRecord
 
 DEVICE_PHASES = ("h2d", "forward", "backward", "optimizer")

@@ -21,9 +21,9 @@ COMPUTE = ("forward", "backward", "optimizer")
 
 
 def _band(share: float, scale: float = 1.0) -> Severity | None:
-    if share >= T["input_severe"] * scale:
+    if share >= T.input_severe * scale:
         return "critical"
-    if share >= T["input_high"] * scale:
+    if share >= T.input_high * scale:
         return "warning"
     return None
 
@@ -48,11 +48,11 @@ def gpu_busy(f: Facts) -> bool | None:
     known = False
     if dev > 0 and f.step_ms > 0:
         known = True
-        if dev / f.step_ms >= T["gpu_busy"]:
+        if dev / f.step_ms >= T.gpu_busy:
             return True
     if f.gpu_util is not None:
         known = True
-        if f.gpu_util >= T["gpu_util_low"]:
+        if f.gpu_util >= T.gpu_util_low:
             return True
     return False if known else None
 
@@ -61,7 +61,7 @@ def outside_dominates(f: Facts, scale: float = 1.0) -> bool:
     """Time outside the measured phases is at least `outside_high` of the step and more than the
     model's own work, on a host that is not just waiting on a busy GPU."""
     other = f.shares.get("other", 0.0)
-    if other < T["outside_high"] * scale or other <= compute_share(f):
+    if other < T.outside_high * scale or other <= compute_share(f):
         return False
     return f.device != "cuda" or gpu_busy(f) is False
 
@@ -71,7 +71,7 @@ def notes(f: Facts) -> list[str]:
     out: list[str] = []
     for key, words in (("data", "data wait"), ("h2d", "host-to-device copies")):
         share = f.shares.get(key, 0.0)
-        if share >= T["input_moderate"]:
+        if share >= T.input_moderate:
             out.append(
                 f"note: {words} {pct(share, 0)} of step time ({f.ms.get(key, 0):.1f} ms a step): "
                 "small, not what holds the run back"
@@ -82,17 +82,17 @@ def notes(f: Facts) -> list[str]:
 def worker_saturated(f: Facts) -> bool:
     """The DataLoader workers never rest: on a CPU, or waiting for one, most of the time."""
     busy = worker_busy(f.worker_cpu, f.worker_wait)
-    return bool(f.workers) and busy is not None and busy >= T["worker_saturated"]
+    return bool(f.workers) and busy is not None and busy >= T.worker_saturated
 
 
 def _loader_advice(f: Facts) -> str | None:
     """More DataLoader workers, where that is the fix: none (or unknown), or saturated ones with
     idle cores, and enough loading a step to be worth a hand-over between processes."""
-    if f.ms.get("data", 0.0) < T["workers_min_ms"]:
+    if f.ms.get("data", 0.0) < T.workers_min_ms:
         return None
     if not f.workers:
         return f"load in worker processes: DataLoader(num_workers={max(2, f.cores - 1)}, persistent_workers=True)"
-    starved = f.worker_wait is not None and f.worker_wait >= T["worker_cpu_starved"]
+    starved = f.worker_wait is not None and f.worker_wait >= T.worker_cpu_starved
     if f.workers and worker_saturated(f) and f.cores > f.workers + 1 and not starved:
         return f"raise DataLoader num_workers from {f.workers} toward {f.cores - 1} (cores are free)"
     return None
@@ -158,7 +158,7 @@ def rule_outside(f: Facts, scale: float = 1.0) -> Finding | None:
     if not outside_dominates(f, scale):
         return None
     other = f.shares.get("other", 0.0)
-    severity = "critical" if other >= T["outside_severe"] else "warning"
+    severity = "critical" if other >= T.outside_severe else "warning"
     compute = compute_share(f)
     evidence = [
         f"{pct(other, 0)} of step time is outside the measured phases: "
@@ -193,16 +193,16 @@ def rule_outside(f: Facts, scale: float = 1.0) -> Finding | None:
 def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
     if f.device != "cuda" or f.gpu_util is None:
         return None
-    if f.shares.get("data", 0.0) >= T["input_moderate"] or f.shares.get("h2d", 0.0) >= T["input_moderate"]:
+    if f.shares.get("data", 0.0) >= T.input_moderate or f.shares.get("h2d", 0.0) >= T.input_moderate:
         return None
-    if f.shares.get("other", 0.0) >= T["input_high"]:
+    if f.shares.get("other", 0.0) >= T.input_high:
         # the host's time is outside the phases that launch kernels: not launch overhead (where it
         # dominates, rule_outside says so; host-code names it where stack samples do)
         return None
-    low = T["gpu_util_low"] / scale if scale < 1 else T["gpu_util_low"]
+    low = T.gpu_util_low / scale if scale < 1 else T.gpu_util_low
     if f.gpu_util >= low:
         return None
-    severity = "critical" if f.gpu_util < T["gpu_util_very_low"] else "warning"
+    severity = "critical" if f.gpu_util < T.gpu_util_very_low else "warning"
     evidence = [f"GPU busy {f.gpu_util:.0f}% of the time (NVML) with no data or transfer wait"]
     if f.proc_cpu is not None:
         evidence.append(
@@ -229,7 +229,7 @@ def rule_compute(f: Facts, scale: float = 1.0) -> Finding:
         if f.gpu_util is not None:
             evidence.append(f"GPU busy {f.gpu_util:.0f}% of the time (NVML)")
     other = f.shares.get("other", 0.0)
-    if other >= T["input_high"]:
+    if other >= T.input_high:
         if busy:
             evidence.append(
                 f"{pct(other, 0)} of the host's step is outside the measured phases, where it waits on the "

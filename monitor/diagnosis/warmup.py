@@ -45,7 +45,7 @@ def early(steps: list[StepRecord]) -> list[StepRecord]:
     """Too few steps for the usual warm-up: past `early_steps` steps or `early_s` seconds of
     them, all but the first (two from five on: compilation, allocator warm-up); else none."""
     n = len(steps)
-    if n < 2 or (n < T["early_steps"] and _span_s(steps) < T["early_s"]):
+    if n < 2 or (n < T.early_steps and _span_s(steps) < T.early_s):
         return []
     return steps[1 if n < 5 else 2 :]
 
@@ -55,13 +55,13 @@ def inference(state: RunState) -> Judged | None:
     if any(s.kind == "train" for s in state.steps):
         return None
     evals = _of(state, "eval")
-    warm = int(T["warmup_steps"])
+    warm = int(T.warmup_steps)
     past = [s for s in evals if s.i >= warm] if len(evals) > warm else []
-    if len(past) >= T["min_steps"]:
-        recent = state.window(T["window_s"], "eval")
+    if len(past) >= T.min_steps:
+        recent = state.window(T.window_s, "eval")
         recent = [s for s in recent if s.i >= warm]
         return Judged(
-            recent if len(recent) >= T["window_steps"] else past[-int(T["window_steps"]) :], "eval", False
+            recent if len(recent) >= T.window_steps else past[-int(T.window_steps) :], "eval", False
         )
     got = early(evals)
     return Judged(got, "eval", True) if got else None
@@ -93,11 +93,11 @@ def notes(judged: Judged, state: RunState) -> tuple[str, ...]:
     if judged.early:
         seen = sum(1 for s in state.steps if s.kind == judged.kind)
         each = sum(s.wall_ns for s in steps) / len(steps) / 1e9
-        sure = "low" if len(steps) < T["min_steps"] else "moderate"
+        sure = "low" if len(steps) < T.min_steps else "moderate"
         out.append(
             f"confidence {sure}: judged on {len(steps)} step{'s' if len(steps) != 1 else ''} of "
             f"{each:.1f} s (of {seen} seen; the first {seen - len(steps)} skipped as warm-up); firmer from "
-            f"{int(T['warmup_steps'] + T['min_steps'])} steps"
+            f"{int(T.warmup_steps + T.min_steps)} steps"
         )
     return tuple(out)
 
@@ -119,18 +119,18 @@ def waiting(state: RunState) -> str:
     n = len(steps)
     each = _span_s(steps) / n
     ran = max(_span_s(steps), now - steps[0].t0 if now else 0.0)
-    left_s = T["early_s"] - ran
+    left_s = T.early_s - ran
     if left_s <= 0:
         left = "when the one running now ends"
     else:
-        left = f"after {max(1, int(T['early_steps']) - n)} more or in ~{left_s:.0f} s"
+        left = f"after {max(1, int(T.early_steps) - n)} more or in ~{left_s:.0f} s"
     return f"{n} {what} seen ({each:.2f} s each, {ran:.0f} s so far): a first verdict {left}"
 
 
 def judged(state: RunState, usual: list[StepRecord]) -> Judged | None:
     """The steps to judge: `usual` (past warm-up) when there are enough, else early ones of a
     slow run, else an inference loop's forwards; None: not yet."""
-    if len(usual) >= T["min_steps"]:
+    if len(usual) >= T.min_steps:
         return Judged(usual, "train", False)
     got = early(_of(state, "train"))
     if got:

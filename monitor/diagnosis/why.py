@@ -34,7 +34,7 @@ from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.hotspots import Fold, FunctionShare, SiteShare, fold, short_callee, short_site
 
 if TYPE_CHECKING:
-    from torchtop.agent.contract.wire import SyncInfo, SyncSite
+    from torchtop.contract.wire import SyncInfo, SyncSite
     from torchtop.monitor.model.state import RunState
     from torchtop.monitor.model.steps import StepRecord
 
@@ -50,7 +50,7 @@ class WhyFacts:
 
     @property
     def enough(self) -> bool:
-        return self.fold.samples >= T["min_stack_samples"]
+        return self.fold.samples >= T.min_stack_samples
 
 
 def why_facts(state: RunState, steps: list[StepRecord], gpu_util: float | None) -> WhyFacts:
@@ -139,22 +139,22 @@ def gpu_bound(f: Facts) -> bool:
     """The GPU's kernels fill the step (CUDA events and NVML): a host that waits for them costs
     nothing the GPU could have done, so the wait is not the bottleneck."""
     busy, _ = device_busy_ms(f)
-    return busy is not None and f.step_ms > 0 and busy >= T["gpu_bound_busy"] * f.step_ms
+    return busy is not None and f.step_ms > 0 and busy >= T.gpu_bound_busy * f.step_ms
 
 
 def rule_sync(f: Facts, scale: float = 1.0) -> Finding | None:
     """The verdict: the step waits on the device at a call of the user's, and the GPU idles."""
     share, evidence, advice = sync_evidence(f)
-    if share < T["input_high"] * scale or gpu_bound(f):
+    if share < T.input_high * scale or gpu_bound(f):
         return None
-    severity = "critical" if share >= T["input_severe"] else "warning"
+    severity = "critical" if share >= T.input_severe else "warning"
     return Finding("sync", severity, share, tuple(evidence), tuple(advice))
 
 
 def flag_sync(f: Facts, scale: float = 1.0) -> Finding | None:
     """The same below the verdict's threshold: a flag from 5% of the step."""
     share, evidence, advice = sync_evidence(f)
-    if share < T["sync_flag"] or (share >= T["input_high"] and not gpu_bound(f)):
+    if share < T.sync_flag or (share >= T.input_high and not gpu_bound(f)):
         return None
     return Finding("sync", "info", share, tuple(evidence), tuple(advice))
 
@@ -166,7 +166,7 @@ def host_code_share(f: Facts) -> tuple[float, Sequence[SiteShare]]:
     if w is None or not w.enough:
         return 0.0, []
     n = w.fold.by_phase.get("other", 0)
-    if n < T["min_phase_samples"]:
+    if n < T.min_phase_samples:
         return 0.0, []
     # the loop's input generator's samples are data wait (facts() moves them there)
     host = other * (n - w.fold.sync_by_phase.get("other", 0) - w.fold.inputs) / n
@@ -178,9 +178,9 @@ def host_code_share(f: Facts) -> tuple[float, Sequence[SiteShare]]:
 def rule_host_code(f: Facts, scale: float = 1.0) -> Finding | None:
     """The verdict: user code between the phases holds the step back, and where it is."""
     share, sites = host_code_share(f)
-    if share < T["input_high"] * scale or not sites:
+    if share < T.input_high * scale or not sites:
         return None
-    severity = "critical" if share >= T["input_severe"] else "warning"
+    severity = "critical" if share >= T.input_severe else "warning"
     other = f.shares.get("other", 0.0)
     evidence = [
         f"outside data/h2d/forward/backward/optimizer: {pct(other, 0)} of the step "
@@ -201,7 +201,7 @@ def flag_low_mfu(f: Facts, scale: float = 1.0) -> Finding | None:
     if w is None or f.device != "cuda":
         return None
     t = w.throughput
-    if t.mfu is None or t.gpu_util is None or t.mfu >= T["mfu_low"] or t.gpu_util < T["util_busy"]:
+    if t.mfu is None or t.gpu_util is None or t.mfu >= T.mfu_low or t.gpu_util < T.util_busy:
         return None
     evidence = [
         f"NVML: the GPU is busy {t.gpu_util:.0f}% of the time, yet the model's FLOPs run at {pct(t.mfu, 0)} "
@@ -241,7 +241,7 @@ def refine(verdict: Finding, f: Facts) -> Finding:
     if verdict.kind == "host-overhead" and w.enough:  # on the host side of a launch-bound step
         phase = max(COMPUTE_PHASES, key=lambda p: f.ms.get(p, 0.0))
         sites = w.fold.host_sites.get(phase, [])
-        if sites and w.fold.by_phase.get(phase, 0) >= T["min_phase_samples"]:
+        if sites and w.fold.by_phase.get(phase, 0) >= T.min_phase_samples:
             extra.append(f"host time in {phase}: {site_words(sites[0])}")
     t = w.throughput
     if verdict.kind in ("compute", "host-overhead") and t.mfu is not None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchtop.agent.contract.logcodes import PHASES
+from torchtop.contract.logcodes import PHASES
 from torchtop.monitor.diagnosis.facts import SEVERITY_RANK
-from torchtop.monitor.diagnosis.job import diagnose_job, window_end
+from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job, window_end
 from torchtop.monitor.export.figures import Sample
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.relayed import coverage, relay_status
 from torchtop.monitor.model.state import Link
 

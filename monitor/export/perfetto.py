@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import Hello, Telemetry
+from torchtop.contract.logcodes import PHASES
+from torchtop.contract.wire import Hello, Telemetry
 from torchtop.monitor.model.steps import StepRecord
 
 STEPS_TID = 1

@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 import zmq
 
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.request_commands import Command
+from torchtop.contract import wire
+from torchtop.contract.request_commands import Command
 from torchtop.monitor.link.targets import Endpoint, rediscover
 from torchtop.monitor.model.budget import StepBudget
 from torchtop.monitor.model.log_replay import LogReplay

@@ -15,11 +15,11 @@ from typing import Any
 
 import zmq
 
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
 from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
 from torchtop.monitor.model.budget import StepBudget
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.state import HISTORY, RunState
 
 REPLAY_STEPS_PER_S = (

@@ -16,7 +16,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchtop.agent.contract.discovery import AgentInfo, entry
+from torchtop.contract.discovery import AgentInfo, entry
 from torchtop.monitor.link.targets import Endpoint, TargetError, from_discovery, local_agents, parse
 
 PARALLEL = 16  # hosts listed, tunnels opened, at once

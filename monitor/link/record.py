@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.recording_store import DEFAULT_MAX_BYTES, RecordingWriter
+from torchtop.contract import wire
+from torchtop.contract.recording_store import DEFAULT_MAX_BYTES, RecordingWriter
 
 
 class MonitorRecorder:

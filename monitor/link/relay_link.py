@@ -18,7 +18,7 @@ from typing import Any
 
 import zmq
 
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.link.client import Received
 from torchtop.monitor.link.targets import Endpoint
 from torchtop.monitor.model.log_replay import LogReplay

@@ -93,7 +93,7 @@ DIRECT = "relay+"  # a relay reached over TCP with CURVE: relay+<its 40-characte
 def direct_target(entry: dict[str, Any]) -> str | None:
     """A relay on TCP (CURVE) that this monitor's client key may reach (`torchtop keys`); None:
     through ssh. Opt out with TORCHTOP_RELAY_SSH=1."""
-    from torchtop.agent.contract import keys
+    from torchtop.contract import keys
 
     address, server_key = entry.get("tcp_address"), entry.get("server_key")
     if (
@@ -113,7 +113,7 @@ def direct_target(entry: dict[str, Any]) -> str | None:
 
 def direct_endpoint(target: str) -> Endpoint:
     """The Endpoint of a DIRECT target: requests on its port, summaries on port + 1."""
-    from torchtop.agent.contract import keys
+    from torchtop.contract import keys
     from torchtop.monitor.link.targets import Endpoint as _Endpoint
 
     key, address = (

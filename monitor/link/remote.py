@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from torchtop.agent.contract import keys
+from torchtop.contract import curve_keys
 from torchtop.monitor.link.targets import Endpoint, TargetError, resolve_single
 
 
@@ -51,8 +51,8 @@ def _with_key(endpoint: Endpoint, server_key: str | None) -> Endpoint:
         return endpoint
     try:
         # keys given by hand: kept (never swapped for a discovery entry's, see rediscover)
-        return dataclasses.replace(endpoint, curve=keys.load_client(server_key), local_entry=False)
-    except keys.KeyConfigError as exc:
+        return dataclasses.replace(endpoint, curve=curve_keys.load_client(server_key), local_entry=False)
+    except curve_keys.KeyConfigError as exc:
         raise TargetError(str(exc)) from None
 
 

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from torchtop.agent.contract.discovery import AgentInfo, entry
-from torchtop.agent.contract.net import url_host
-from torchtop.agent.contract.private import short_private_tempdir
+from torchtop.contract.discovery import AgentInfo, entry
+from torchtop.contract.net import url_host
+from torchtop.contract.private import short_private_tempdir
 from torchtop.monitor.link.targets import (
     Endpoint,
     TargetError,

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from torchtop.agent.contract import discovery, keys
-from torchtop.agent.contract.discovery import AgentInfo
-from torchtop.agent.contract.net import tcp_address
+from torchtop.contract import curve_keys, discovery
+from torchtop.contract.discovery import AgentInfo
+from torchtop.contract.net import tcp_address
 
 
 class TargetError(Exception):
@@ -29,7 +29,7 @@ class Endpoint:
     pub_address: str  # its batch stream
     pid: int | None = None
     label: str = ""
-    curve: keys.ClientCurve | None = field(default=None, compare=False, repr=False)  # CURVE agent
+    curve: curve_keys.ClientCurve | None = field(default=None, compare=False, repr=False)  # CURVE agent
     # what is wrong with the way there ("" while fine): an ssh tunnel being rebuilt
     link: Callable[[], str] | None = field(default=None, compare=False, repr=False)
     # made from this machine's discovery entry: a run restarted there may bring new keys (rediscover)
@@ -121,18 +121,18 @@ def agent_addresses(info: AgentInfo) -> tuple[str, str]:
     return tcp_address(host, port), tcp_address(host, port + 1)
 
 
-def agent_curve(info: AgentInfo) -> keys.ClientCurve | None:
+def agent_curve(info: AgentInfo) -> curve_keys.ClientCurve | None:
     """The keys that reach a CURVE agent: the client pair its (0600) discovery entry admits, else
     our own configured client key with the public key it publishes."""
     server_key = info.server_key
-    if server_key is None or len(server_key) != keys.Z85_KEY_LEN:
+    if server_key is None or len(server_key) != curve_keys.Z85_KEY_LEN:
         return None
     public, secret = info.client_key, info.client_secret
-    if public is not None and secret is not None and len(public) == len(secret) == keys.Z85_KEY_LEN:
-        return keys.ClientCurve(server_key.encode(), public.encode(), secret.encode())
+    if public is not None and secret is not None and len(public) == len(secret) == curve_keys.Z85_KEY_LEN:
+        return curve_keys.ClientCurve(server_key.encode(), public.encode(), secret.encode())
     try:
-        return keys.load_client(server_key)
-    except keys.KeyConfigError:
+        return curve_keys.load_client(server_key)
+    except curve_keys.KeyConfigError:
         return None  # no client key here: hello will time out, and says why
 
 

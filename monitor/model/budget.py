@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from torchtop.agent.contract.wire import LogChunk
+from torchtop.contract.wire import LogChunk
 
 RATE_WINDOW_S = 10.0
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit
 
-from torchtop.agent.contract.net import url_host
-from torchtop.agent.contract.wire import (
+from torchtop.contract.net import url_host
+from torchtop.contract.wire import (
     CAPTURE_ACTIVE,
     CAPTURE_FINISHED,
     PROFILE_MAX_STEPS,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from msgspec import UnsetType
 
-from torchtop.agent.contract.logcodes import PHASES
+from torchtop.contract.logcodes import PHASES
 from torchtop.monitor.model import fmt
 
 if TYPE_CHECKING:  # the report's types (diagnosis/report_types.py): the model layer imports no diagnosis

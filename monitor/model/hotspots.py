@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import StackSample, function_of
+from torchtop.contract.logcodes import PHASES
+from torchtop.contract.wire import StackSample, function_of
 from torchtop.monitor.model.steps import StepRecord
 
 TOP_SITES = 5

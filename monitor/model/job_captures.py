@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from torchtop.agent.contract.wire import CAPTURE_ACTIVE as ACTIVE
-from torchtop.agent.contract.wire import CAPTURE_FINISHED as FINISHED
-from torchtop.agent.contract.wire import CaptureInfo, CaptureState
+from torchtop.contract.wire import CAPTURE_ACTIVE as ACTIVE
+from torchtop.contract.wire import CAPTURE_FINISHED as FINISHED
+from torchtop.contract.wire import CaptureInfo, CaptureState
 from torchtop.monitor.model.captures import CaptureBook
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.state import step_stats
 
 LEAD_S = 1.0  # the request reaches every rank well within this (tunnels included)

@@ -8,9 +8,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from pathlib import Path
 
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.recording_reader import read_rank
-from torchtop.monitor.model.job import JobState
+from torchtop.contract import wire
+from torchtop.contract.recording_reader import read_rank
+from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.playback import Playback
 

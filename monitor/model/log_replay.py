@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchtop.agent.contract.logcodes import RESET, STEP_ENDS, code_of, to_entries
-from torchtop.agent.contract.wire import LogChunk
+from torchtop.contract.logcodes import RESET, STEP_ENDS, code_of, to_entries
+from torchtop.contract.wire import LogChunk
 from torchtop.monitor.model.replay import StepRecorder, to_record
 from torchtop.monitor.model.steps import StepRecord
 

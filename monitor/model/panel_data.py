@@ -10,7 +10,7 @@ from collections.abc import Reversible, Sequence
 from itertools import islice
 from typing import NamedTuple
 
-from torchtop.agent.contract.wire import HostSample, WorkerSample
+from torchtop.contract.wire import HostSample, WorkerSample
 from torchtop.monitor.model.state import Point
 from torchtop.monitor.model.steps import StepRecord
 

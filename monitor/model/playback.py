@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchtop.agent.contract import wire
-from torchtop.agent.contract.recording_reader import NO_TIME, RankRecording, open_recording, read_rank
+from torchtop.contract import wire
+from torchtop.contract.recording_reader import NO_TIME, RankRecording, open_recording, read_rank
 from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.state import RunState
 from torchtop.monitor.model.steps import StepRecord
@@ -124,7 +124,7 @@ def apply(state: RunState, played: Iterator[Played] | list[Played]) -> None:
 def load(path: Path | str, rank: int | None = None) -> tuple[Playback, dict[int, Path]]:
     """The recording at `path` (one rank: `rank`, default the lowest) and all its ranks.
     RecordingError when it is not one, or holds no such rank."""
-    from torchtop.agent.contract.recording import RecordingError
+    from torchtop.contract.recording import RecordingError
 
     found = open_recording(Path(path))
     if rank is None:

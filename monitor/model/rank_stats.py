@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple
 
-from torchtop.agent.contract.logcodes import PHASES
+from torchtop.contract.logcodes import PHASES
 from torchtop.monitor.model.steps import StepRecord
 
 DEVICE_KEYS = ("h2d", "forward", "backward", "optimizer", "comm", "step")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import NamedTuple
 
-from torchtop.monitor.model.job import JobState, Member
+from torchtop.monitor.model.job_state import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
 from torchtop.monitor.model.relayed import relay_status
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from torchtop.agent.contract.wire import NodeSummary
+from torchtop.contract.wire import NodeSummary
 from torchtop.monitor.model.state import STALE_AFTER_S
 
 if TYPE_CHECKING:
-    from torchtop.monitor.model.job import JobState, Member
+    from torchtop.monitor.model.job_state import JobState, Member
 
 SILENT_AFTER_S = 3.0  # a relay with no summary this long: its node's ranks are not reporting
 NOT_REPORTING = "not reporting"

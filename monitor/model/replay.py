@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torchtop.agent.contract.logcodes import (
+from torchtop.contract.logcodes import (
     BACKWARD,
     BACKWARD_STEPS,
     BOUNDARY,

@@ -14,8 +14,8 @@ from enum import Enum
 from statistics import median
 from typing import NamedTuple
 
-from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import Batch, Hello, MemoryLow, StepTally, Telemetry
+from torchtop.contract.logcodes import PHASES
+from torchtop.contract.wire import Batch, Hello, MemoryLow, StepTally, Telemetry
 from torchtop.monitor.model.steps import StepKind, StepRecord
 from torchtop.monitor.model.tally import RunTally, between, quantile_ms
 from torchtop.monitor.model.why_state import WhyState

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from torchtop.agent.contract.wire import StepTally
+    from torchtop.contract.wire import StepTally
     from torchtop.monitor.model.steps import StepRecord
 
 SLOT_S = 1.0

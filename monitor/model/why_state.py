@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from torchtop.agent.contract.wire import FlopInfo, StackSample, SyncInfo, Why
+from torchtop.contract.wire import FlopInfo, StackSample, SyncInfo, Why
 from torchtop.monitor.model.steps import StepRecord
 
 MAX_SAMPLES = 12_000  # ten minutes at 20 Hz

@@ -27,9 +27,9 @@ from typing import Any
 
 import zmq
 
-from torchtop.agent.contract import discovery, wire
-from torchtop.agent.contract.discovery import AgentInfo
-from torchtop.agent.contract.private import fits_socket, short_private_tempdir
+from torchtop.contract import discovery, wire
+from torchtop.contract.discovery import AgentInfo
+from torchtop.contract.private import fits_socket, short_private_tempdir
 from torchtop.monitor.relay import registry
 from torchtop.monitor.relay.summary import RankSummarizer
 
@@ -105,8 +105,8 @@ class Relay:
         import zmq.auth
         from zmq.auth.thread import ThreadAuthenticator
 
-        from torchtop.agent.contract import keys
-        from torchtop.agent.contract.net import tcp_address
+        from torchtop.contract import keys
+        from torchtop.contract.net import tcp_address
 
         curve = keys.load_server(bind)  # KeyConfigError: no keys, no TCP
         self._auth = ThreadAuthenticator(self.ctx)

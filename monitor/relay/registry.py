@@ -16,8 +16,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from torchtop.agent.contract import discovery
-from torchtop.agent.contract.private import create_file, open_private_dir
+from torchtop.contract import discovery
+from torchtop.contract.private import create_file, open_private_dir
 
 
 def job_tag(job_id: str) -> str:

@@ -26,7 +26,7 @@ def serve(
         return 1  # another relay of this job runs on this node
     relay = Relay(job_id, node)
     if tcp is not None:
-        from torchtop.agent.contract.keys import KeyConfigError
+        from torchtop.contract.curve_keys import KeyConfigError
 
         try:
             relay.listen_tcp(*tcp)

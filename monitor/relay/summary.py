@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.rank_stats import SIZE, RankStats
 

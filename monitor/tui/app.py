@@ -27,8 +27,8 @@ from textual.scrollbar import ScrollBar, ScrollBarRender
 from textual.widgets import Footer, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from torchtop.agent.contract.discovery import AgentInfo
-from torchtop.agent.contract.wire import CAPTURE_DEFAULT_STEPS
+from torchtop.contract.discovery import AgentInfo
+from torchtop.contract.wire import CAPTURE_DEFAULT_STEPS
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.diagnosis.why import why_facts
@@ -54,7 +54,7 @@ from torchtop.monitor.model.state import (
     retry_rate,
     timed,
 )
-from torchtop.monitor.tui import keys
+from torchtop.monitor.tui import bindings
 from torchtop.monitor.tui.capture_flow import CaptureApp
 from torchtop.monitor.tui.feed import (
     BatchesReceived,
@@ -109,7 +109,7 @@ class TorchtopApp(CaptureApp):
     CSS_PATH = "app.tcss"
     TITLE = "torchtop"
     ENABLE_COMMAND_PALETTE = False
-    BINDINGS = keys.BINDINGS
+    BINDINGS = bindings.BINDINGS
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     def __init__(
@@ -120,11 +120,11 @@ class TorchtopApp(CaptureApp):
         feed: bool = True,
         clock: Callable[[], float] = time.monotonic,
         log_path: Path | None = None,
-        leaving: keys.Leaving | None = None,
+        leaving: bindings.Leaving | None = None,
         record: Path | None = None,
     ) -> None:
         super().__init__()
-        self.leaving = leaving or keys.Leaving()
+        self.leaving = leaving or bindings.Leaving()
         self.record = record  # attach --record: the feed keeps what it receives here
         self.log_tail = LogTail(log_path, id="log-tail") if log_path is not None else None
         self.endpoint = endpoint
@@ -438,7 +438,7 @@ class TorchtopApp(CaptureApp):
         if isinstance(self.screen, HelpScreen):
             self.screen.dismiss(None)
         else:
-            self.push_screen(HelpScreen(keys.help_rows(self.check_action)))
+            self.push_screen(HelpScreen(bindings.help_rows(self.check_action)))
 
     def action_tab(self, tab: str) -> None:
         self.query_one("#tabs", TabbedContent).active = tab
@@ -452,13 +452,13 @@ def run_tui(
     endpoint: Endpoint | None,
     choices: list[AgentInfo] | None,
     log_path: Path | None = None,
-    mode: keys.LeaveMode = "attach",
+    mode: bindings.LeaveMode = "attach",
     record: Path | None = None,
 ) -> int:
     """Run the TUI on `endpoint`, or on one of `choices` (discovery entries); the exit code.
     With `log_path`, a Log tab follows the job's output; with `record`, what it receives is
-    recorded there. `mode` says what q and Ctrl-C do (keys.QUIT_WORDS); `torchtop run` builds
+    recorded there. `mode` says what q and Ctrl-C do (bindings.QUIT_WORDS); `torchtop run` builds
     its app itself, with the job's Ctrl-C callback."""
-    app = TorchtopApp(endpoint, choices, log_path=log_path, leaving=keys.Leaving(mode), record=record)
+    app = TorchtopApp(endpoint, choices, log_path=log_path, leaving=bindings.Leaving(mode), record=record)
     app.run()
     return app.return_code or 0

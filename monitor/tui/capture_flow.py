@@ -12,8 +12,8 @@ from typing import Any
 
 from textual.app import App
 
-from torchtop.agent.contract.request_commands import Command
-from torchtop.agent.contract.wire import Batch, CaptureKind, CaptureState
+from torchtop.contract.request_commands import Command
+from torchtop.contract.wire import Batch, CaptureKind, CaptureState
 from torchtop.monitor.link.targets import Endpoint
 from torchtop.monitor.model.captures import (
     CaptureBook,

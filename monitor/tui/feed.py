@@ -19,7 +19,7 @@ from typing import Any
 
 from textual.message import Message
 
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable, Received
 from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint

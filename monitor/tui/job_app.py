@@ -23,26 +23,26 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static, TabPane
 from textual.worker import get_current_worker
 
-from torchtop.agent.contract.request_commands import Command
+from torchtop.contract.request_commands import Command
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
-from torchtop.monitor.diagnosis.job import WINDOW_S, diagnose_job, rank_times, rank_view, window_end
+from torchtop.monitor.diagnosis.job_diagnosis import WINDOW_S, diagnose_job, rank_times, rank_view, window_end
 from torchtop.monitor.diagnosis.straggler import Straggler, scaling
-from torchtop.monitor.link.job import FOLLOW, JobLink, apply_events
+from torchtop.monitor.link.job_link import FOLLOW, JobLink, apply_events
 from torchtop.monitor.link.job_targets import JobPlan, ranks_text, short_job_id
 from torchtop.monitor.model.captures import capture_lines, fetch_from, progress_text
-from torchtop.monitor.model.job import JobState, Member
 from torchtop.monitor.model.job_captures import JobCaptures, round_summary, start_step
+from torchtop.monitor.model.job_state import JobState, Member
 from torchtop.monitor.model.ranks_view import ranks_view
 from torchtop.monitor.model.state import Link, RunState
-from torchtop.monitor.tui import keys
+from torchtop.monitor.tui import bindings
 from torchtop.monitor.tui.app import TorchtopApp
 from torchtop.monitor.tui.job_feed import JobEvents, JobFeedError, JobRequest, run_job_feed
 from torchtop.monitor.tui.widgets import CapturesScreen, HelpScreen
 from torchtop.monitor.tui.widgets.ranks_panel import RanksPanel, focus_text, head_lines
 
 if TYPE_CHECKING:
-    from torchtop.agent.contract.discovery import AgentInfo
+    from torchtop.contract.discovery import AgentInfo
     from torchtop.monitor.link.targets import Endpoint
 
 
@@ -74,7 +74,7 @@ class JobApp(TorchtopApp):
         clock: Callable[[], float] = time.monotonic,
         log_path: Path | None = None,
         baseline_ms: float | None = None,
-        leaving: keys.Leaving | None = None,
+        leaving: bindings.Leaving | None = None,
     ) -> None:
         super().__init__(None, None, feed=feed, clock=clock, log_path=log_path, leaving=leaving)
         self.plan = plan or JobPlan([])
@@ -213,7 +213,7 @@ class JobApp(TorchtopApp):
         if isinstance(self.screen, HelpScreen):
             self.screen.dismiss(None)
         else:
-            rows = keys.help_rows(self.check_action) + [
+            rows = bindings.help_rows(self.check_action) + [
                 (b.key_display or b.key, b.tooltip) for b in JOB_BINDINGS
             ]
             rows.append(("p m", "in the job view: the same N steps on every rank (or on the rank shown)"))
@@ -254,7 +254,7 @@ class JobApp(TorchtopApp):
         if self.shown_key not in keys:
             self.show_member(keys[0] if step > 0 else keys[-1])
         else:
-            self.show_member(keys[(keys.index(self.shown_key) + step) % len(keys)])
+            self.show_member(keys[(bindings.index(self.shown_key) + step) % len(keys)])
 
     def action_slowest(self) -> None:
         rank = self.straggler.rank if self.straggler is not None else None
@@ -383,9 +383,9 @@ def run_plan(
     plan: JobPlan,
     baseline_ms: float | None = None,
     log_path: Path | None = None,
-    mode: keys.LeaveMode = "attach",
+    mode: bindings.LeaveMode = "attach",
 ) -> int:
-    app = JobApp(plan, baseline_ms=baseline_ms, log_path=log_path, leaving=keys.Leaving(mode))
+    app = JobApp(plan, baseline_ms=baseline_ms, log_path=log_path, leaving=bindings.Leaving(mode))
     app.run()
     return app.return_code or 0
 
@@ -402,7 +402,7 @@ def job_plan_of(agents: list[AgentInfo]) -> JobPlan | None:
 
 
 def run_agents_tui(
-    agents: list[AgentInfo], log_path: Path | None = None, mode: keys.LeaveMode = "attach"
+    agents: list[AgentInfo], log_path: Path | None = None, mode: bindings.LeaveMode = "attach"
 ) -> int | None:
     """The job view when these discovery entries are the ranks of one job (`torchtop run`,
     `torchtop demo`); None otherwise (the caller opens the one-agent view)."""

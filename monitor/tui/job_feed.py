@@ -1,6 +1,6 @@
 """The job view's link to every rank: a loop for a Textual thread worker, and its message.
 
-Like feed.py for one agent, but over a JobLink (link/job.py): it never touches the JobState or a
+Like feed.py for one agent, but over a JobLink (link/job_link.py): it never touches the JobState or a
 widget; it posts what the link saw, batched per poll, and the app applies it on its own thread.
 Requests from the app (captures) arrive on a queue with the members they are for.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from textual.message import Message
 
-from torchtop.monitor.link.job import Event, JobLink
+from torchtop.monitor.link.job_link import Event, JobLink
 
 POLL_S = 0.25  # also how often `cancelled()` is checked
 

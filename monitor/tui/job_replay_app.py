@@ -17,7 +17,7 @@ from torchtop.monitor.model.job_playback import JobPlayback
 from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.playback import LEAD_S, parse_when
 from torchtop.monitor.tui.job_app import JobApp
-from torchtop.monitor.tui.replay_app import (
+from torchtop.monitor.tui.playback_app import (
     APPLY_BUDGET_S,
     PLAY_S,
     SEEK_LONG_S,

@@ -48,7 +48,7 @@ def block(step: Callable[[], tuple[int, ...]], n: int) -> list[int]:
 
 def capture_p(step: Callable[[], tuple[int, ...]], agent: Any) -> str:
     """The TUI's `p`: a capture request over the agent's socket; steps run until it is written."""
-    from torchtop.agent.contract.wire import CaptureState
+    from torchtop.contract.wire import CaptureState
     from torchtop.monitor.link.client import AgentClient
     from torchtop.monitor.link.targets import from_discovery
 

@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import zmq  # noqa: E402
 
-from torchtop.agent.contract import logcodes as lc  # noqa: E402
-from torchtop.agent.contract import wire  # noqa: E402
+from torchtop.contract import logcodes as lc  # noqa: E402
+from torchtop.contract import wire  # noqa: E402
 
 TICK_S = 0.1
 

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import zmq  # noqa: E402
 
 from tests.benchmarks.bench_job_monitor import TICK_S, _step, cpu_s  # noqa: E402
-from torchtop.agent.contract import wire  # noqa: E402
+from torchtop.contract import wire  # noqa: E402
 
 JOB = "bench@node0:29500"
 SLOW_RANK_DEFAULT = 777
@@ -129,7 +129,7 @@ def agents_feeder(directory: str, ranks: int, rate: float, seconds: float, ready
 
 
 def relay_process(directory: str, ranks: int) -> None:
-    from torchtop.agent.contract.discovery import AgentInfo
+    from torchtop.contract.discovery import AgentInfo
     from torchtop.monitor.relay.node import Relay
 
     entries = [
@@ -205,7 +205,7 @@ PHASE_MS = {"data": 0.1, "h2d": 0.0, "forward": 0.6, "backward": 2.5, "optimizer
 
 
 def _bucket(t: int, steps: int, step_ms: float, timed: int, slow: bool) -> list[float]:
-    from torchtop.agent.contract.logcodes import PHASES
+    from torchtop.contract.logcodes import PHASES
 
     phases = dict(PHASE_MS)
     if slow:

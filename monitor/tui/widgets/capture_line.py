@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchtop.agent.contract.wire import CAPTURE_ACTIVE, CAPTURE_DEFAULT_STEPS, CaptureInfo, CaptureState
+from torchtop.contract.wire import CAPTURE_ACTIVE, CAPTURE_DEFAULT_STEPS, CaptureInfo, CaptureState
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.captures import progress, progress_text
 

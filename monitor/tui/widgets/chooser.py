@@ -7,7 +7,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 
-from torchtop.agent.contract.discovery import AgentInfo
+from torchtop.contract.discovery import AgentInfo
 from torchtop.monitor.link.targets import describe
 
 

@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchtop.agent.contract.wire import GpuSample
+from torchtop.contract.wire import GpuSample
 from torchtop.monitor.diagnosis.gpm import counter_mfu, util_words
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.fmt import LEVELS, Level

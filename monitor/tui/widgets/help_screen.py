@@ -1,6 +1,6 @@
 """The `?` screen: the keys (as this TUI binds them), and what the panels measure.
 
-The key rows come from the app (keys.help_rows over its enabled bindings), so the help never
+The key rows come from the app (bindings.help_rows over its enabled bindings), so the help never
 names a tab or a quit behaviour that this TUI does not have.
 """
 

@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchtop.agent.contract.wire import HostSample
+from torchtop.contract.wire import HostSample
 from torchtop.monitor.model import fmt
 from torchtop.monitor.tui.widgets.meter import (
     LEVEL_STYLES,

@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchtop.agent.contract.wire import FragSample, MemorySample
+from torchtop.contract.wire import FragSample, MemorySample
 from torchtop.monitor.diagnosis.facts import THRESHOLDS
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.panel_data import memory_level
@@ -54,9 +54,7 @@ def device_lines(
         )
     )
     if frag is not None:
-        ext_style = (
-            "bold yellow" if frag.external >= THRESHOLDS["frag_external"] and frag.total_free else "bold"
-        )
+        ext_style = "bold yellow" if frag.external >= THRESHOLDS.frag_external and frag.total_free else "bold"
         lines.append(
             pairs(
                 ("largest free", fmt.size(frag.largest_free)),

@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchtop.agent.contract.logcodes import PHASES
+from torchtop.contract.logcodes import PHASES
 from torchtop.monitor.model import fmt
 
 #: (background, text) per phase; the 16 standard colours, so 16-colour terminals match.

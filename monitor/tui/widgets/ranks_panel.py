@@ -21,7 +21,7 @@ from torchtop.monitor.diagnosis.persistence import persistence
 from torchtop.monitor.diagnosis.straggler import Scaling
 from torchtop.monitor.link.job_targets import ranks_text
 from torchtop.monitor.model import fmt
-from torchtop.monitor.model.job import JobState, Member
+from torchtop.monitor.model.job_state import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
 from torchtop.monitor.model.ranks_view import COLUMNS, MANY, TOP_K, RankRow, RanksView, deviation
 from torchtop.monitor.model.relayed import coverage, coverage_line

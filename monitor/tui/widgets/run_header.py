@@ -14,7 +14,7 @@ from textual import events
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchtop.agent.contract.wire import Hello
+from torchtop.contract.wire import Hello
 from torchtop.monitor.model import fmt
 
 BADGE = " torchtop "

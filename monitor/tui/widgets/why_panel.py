@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchtop.agent.contract.logcodes import PHASES
+from torchtop.contract.logcodes import PHASES
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.why import WhyFacts, site_words
 from torchtop.monitor.model import fmt
@@ -77,13 +77,13 @@ def why_rows(w: WhyFacts | None, shares: dict[str, float], step_ms: float) -> li
         rows.append(("sync", sync.reason))
     elif sync is not None and sync.windows:
         rows.append(("sync", f"no waits on the GPU seen ({sync.windows} windows)"))
-    if fo.samples < T["min_stack_samples"]:
+    if fo.samples < T.min_stack_samples:
         rows.append(("code", f"{fo.samples} stack samples in the window so far ({w.stack_hz:g} Hz)"))
         return rows
     for phase in sorted(PHASES, key=lambda p: -shares.get(p, 0.0)):
         share = shares.get(phase, 0.0)
         sites = fo.sites.get(phase, [])
-        if share < SHOWN_PHASE or not sites or fo.by_phase.get(phase, 0) < T["min_phase_samples"]:
+        if share < SHOWN_PHASE or not sites or fo.by_phase.get(phase, 0) < T.min_phase_samples:
             continue
         rows.append(
             (f"{phase} {fmt.pct(share)}", " · ".join(site_words(s, " ") for s in sites[:SITES_A_PHASE]))

@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import DataTable
 
-from torchtop.agent.contract.wire import WorkerSample
+from torchtop.contract.wire import WorkerSample
 from torchtop.monitor.diagnosis.facts import THRESHOLDS, worker_busy
 from torchtop.monitor.model import fmt
 
@@ -18,7 +18,7 @@ COLUMNS = ("pid", "name", "role", "CPU %", "RSS")
 
 
 def worker_cells(w: WorkerSample) -> tuple[str | Text, ...]:
-    busy = (worker_busy(w.cpu_percent, w.wait_percent) or 0.0) >= THRESHOLDS["worker_saturated"]
+    busy = (worker_busy(w.cpu_percent, w.wait_percent) or 0.0) >= THRESHOLDS.worker_saturated
     role = Text("DataLoader worker", style="bold cyan") if w.dataloader else Text("child", style="dim")
     cpu = Text(f"{w.cpu_percent:.0f}", style="bold yellow" if busy and w.dataloader else "", justify="right")
     return str(w.pid), w.name or "?", role, cpu, Text(fmt.size(w.rss), justify="right")

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from torchtop.agent.contract.logcodes import PHASES
-from torchtop.agent.contract.wire import Batch, Hello, StepTally
+from torchtop.contract.logcodes import PHASES
+from torchtop.contract.wire import Batch, Hello, StepTally
 from torchtop.monitor.model.rank_stats import DEVICE_KEYS, RankStats
 from torchtop.monitor.model.relayed import RelayState
 from torchtop.monitor.model.state import RunState

@@ -32,7 +32,7 @@ from torchtop.monitor.diagnosis.report_types import (
 )
 from torchtop.monitor.diagnosis.selection import job_verdict
 from torchtop.monitor.diagnosis.straggler import Straggler, find_straggler, scaling, work_report
-from torchtop.monitor.model.job import JobState, Member
+from torchtop.monitor.model.job_state import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
 from torchtop.monitor.model.relayed import coverage, coverage_line, relay_status
 
@@ -69,7 +69,7 @@ def diagnose_job(
         return base, None
     found = None
     if verdict.kind in ("straggler", "work-imbalance"):
-        found = find_straggler(times, T["hysteresis"] if before == verdict.kind else 1.0)
+        found = find_straggler(times, T.hysteresis if before == verdict.kind else 1.0)
     return Diagnosis(verdict, base.flags, base.steps, base.step_ms), found
 
 

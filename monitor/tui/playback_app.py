@@ -45,7 +45,7 @@ def jump_target(playback: Playback, text: str, position: float) -> float:
     return playback.start + parse_when(text)
 
 
-class ReplayApp(Transport, TorchtopApp):
+class PlaybackApp(Transport, TorchtopApp):
     """The dashboard over a recording: space pauses, [ ] change speed, ← → seek, g jumps."""
 
     BINDINGS = [

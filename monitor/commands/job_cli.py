@@ -12,11 +12,11 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torchtop.agent.contract.discovery import AgentInfo
+    from torchtop.contract.discovery import AgentInfo
 
-from torchtop.monitor.link.job import JobLink, apply_events
+from torchtop.monitor.link.job_link import JobLink, apply_events
 from torchtop.monitor.link.job_targets import describe_job, group_by_job
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.job_state import JobState
 
 CONNECT_S = 10.0  # how long `report` waits for every rank's hello before it starts the clock
 

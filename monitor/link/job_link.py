@@ -20,11 +20,11 @@ from typing import Any, Literal, NamedTuple
 
 import zmq
 
-from torchtop.agent.contract import wire
+from torchtop.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable, Received
 from torchtop.monitor.link.relay_link import RelayReader
 from torchtop.monitor.link.targets import Endpoint
-from torchtop.monitor.model.job import JobState
+from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.relayed import RelayState, apply_summary
 from torchtop.monitor.model.steps import StepRecord
 
