@@ -28,7 +28,7 @@ def _demo(name: str, device: str) -> Iterator[Job]:
     argv = [sys.executable, "-m", f"torchtop.demos.{name}", "--device", device, "--seconds", "600"]
     with Job([*argv, "--log-every", "10"]) as job:
         deadline = time.monotonic() + 120
-        while not any(a.get("pid") == job.pid for a in discovery.list_agents()):
+        while not any(a.pid == job.pid for a in discovery.list_agents()):
             job._alive("its agent")
             assert time.monotonic() < deadline, f"{name}: no agent after 120 s"
             time.sleep(0.2)
