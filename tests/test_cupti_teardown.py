@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -31,10 +32,15 @@ class Prof:
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    before = os.environ.get("TEARDOWN_CUPTI")
     for name in ("TEARDOWN_CUPTI", "DISABLE_CUPTI_LAZY_REINIT", "TORCHTOP_CUPTI_TEARDOWN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(cupti, "_ours", False)
+    yield
+    os.environ.pop("TEARDOWN_CUPTI", None)  # ours stays set by design: not for the tests after these
+    if before is not None:
+        os.environ["TEARDOWN_CUPTI"] = before
 
 
 def test_a_cuda_session_of_ours_ends_with_cupti_torn_down_and_the_setting_stays() -> None:
