@@ -340,8 +340,6 @@ def tunnel(target: SshTarget, info: AgentInfo, options: Sequence[str] = ()) -> I
     """Forward local ends to the agent's two sockets on the host; an Endpoint while it lasts.
     A tunnel that dies meanwhile is rebuilt on the same local ends (`_Keeper`)."""
     try:
-        if info.unusable is not None:
-            raise ValueError(info.unusable)
         remote = agent_addresses(info)
     except ValueError as exc:
         raise SshError(f"the agent listing from {target.host} is unusable ({exc})") from None

@@ -107,7 +107,10 @@ REQ_SUFFIX, PUB_SUFFIX = ".req", ".pub"
 
 def agent_addresses(info: AgentInfo) -> tuple[str, str]:
     """(request, stream) addresses of a discovery entry, as seen on the agent's machine.
-    Entries of older agents have only bind and port. ValueError when it names neither."""
+    Entries of older agents have only bind and port. ValueError when it names neither, or when a
+    field of it is wrongly typed (`unusable`)."""
+    if info.unusable is not None:
+        raise ValueError(info.unusable)
     address, pub = info.address, info.pub_address
     if address is not None and pub is not None:
         if all(a.startswith("ipc://") or _TCP.match(a) for a in (address, pub)):
@@ -146,8 +149,6 @@ def from_discovery(
     from here when they are not its own (an ssh tunnel's local ends); `link`: the tunnel's health.
     An entry with a wrongly typed field (`unusable`) is refused in one line, as is one with no way in."""
     try:
-        if info.unusable is not None:
-            raise ValueError(info.unusable)
         address, pub = agent_addresses(info)
     except ValueError as exc:
         raise TargetError(f"the discovery entry of pid {info.pid} is unusable ({exc})") from None
