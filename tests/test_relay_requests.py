@@ -66,19 +66,19 @@ def test_hello_a_missing_rank_and_garbage(tmp_path: Path) -> None:
 @pytest.mark.slow  # among the fast subset's slowest, ~2.1 s here (issue 27: the subset under 60 s)
 def test_a_relay_on_tcp_serves_only_authorized_curve_keys(tmp_path: Path, monkeypatch) -> None:
     from tests.agent_util import free_port
-    from torchtop.contract import keys
+    from torchtop.contract import curve_keys
     from torchtop.monitor.commands import keys as keys_cli
     from torchtop.monitor.link.relay_link import RelayReader
     from torchtop.monitor.link.relay_targets import direct_endpoint, direct_target
 
     relay = Relay("job@h:1", "nodeY", tmp_path, source=lambda: [])
-    with pytest.raises(keys.KeyConfigError):
+    with pytest.raises(curve_keys.KeyConfigError):
         relay.listen_tcp("0.0.0.0", free_port())  # no keys: never on TCP
     assert relay.tcp is None and "server_key" not in relay.entry()
     server_cfg, monitor_cfg = tmp_path / "server", tmp_path / "monitor"
-    monkeypatch.setenv(keys.ENV_CONFIG, str(monitor_cfg))
+    monkeypatch.setenv(curve_keys.ENV_CONFIG, str(monitor_cfg))
     client_public = keys_cli.make_pair("client")[0]
-    monkeypatch.setenv(keys.ENV_CONFIG, str(server_cfg))
+    monkeypatch.setenv(curve_keys.ENV_CONFIG, str(server_cfg))
     keys_cli.make_pair("server")
     keys_cli.authorize(str(client_public), "monitor")
     port = free_port()
@@ -89,7 +89,7 @@ def test_a_relay_on_tcp_serves_only_authorized_curve_keys(tmp_path: Path, monkey
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop, 3600.0), daemon=True)
     thread.start()
-    monkeypatch.setenv(keys.ENV_CONFIG, str(monitor_cfg))
+    monkeypatch.setenv(curve_keys.ENV_CONFIG, str(monitor_cfg))
     target = direct_target(entry)
     assert target is not None
     good = RelayReader([direct_endpoint(target)])

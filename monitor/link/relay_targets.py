@@ -93,7 +93,7 @@ DIRECT = "relay+"  # a relay reached over TCP with CURVE: relay+<its 40-characte
 def direct_target(entry: dict[str, Any]) -> str | None:
     """A relay on TCP (CURVE) that this monitor's client key may reach (`torchtop keys`); None:
     through ssh. Opt out with TORCHTOP_RELAY_SSH=1."""
-    from torchtop.contract import keys
+    from torchtop.contract import curve_keys
 
     address, server_key = entry.get("tcp_address"), entry.get("server_key")
     if (
@@ -102,27 +102,27 @@ def direct_target(entry: dict[str, Any]) -> str | None:
         or not isinstance(server_key, str)
     ):
         return None
-    if len(server_key) != keys.Z85_KEY_LEN or not address.startswith("tcp://"):
+    if len(server_key) != curve_keys.Z85_KEY_LEN or not address.startswith("tcp://"):
         return None
     try:
-        keys.load_client(server_key)
-    except keys.KeyConfigError:
+        curve_keys.load_client(server_key)
+    except curve_keys.KeyConfigError:
         return None
     return f"{DIRECT}{server_key}{address}"
 
 
 def direct_endpoint(target: str) -> Endpoint:
     """The Endpoint of a DIRECT target: requests on its port, summaries on port + 1."""
-    from torchtop.contract import keys
+    from torchtop.contract import curve_keys
     from torchtop.monitor.link.targets import Endpoint as _Endpoint
 
     key, address = (
-        target[len(DIRECT) : len(DIRECT) + keys.Z85_KEY_LEN],
-        target[len(DIRECT) + keys.Z85_KEY_LEN :],
+        target[len(DIRECT) : len(DIRECT) + curve_keys.Z85_KEY_LEN],
+        target[len(DIRECT) + curve_keys.Z85_KEY_LEN :],
     )
     ep = _Endpoint(address, address, label="")
     try:
-        curve = keys.load_client(key)
-    except keys.KeyConfigError as exc:
+        curve = curve_keys.load_client(key)
+    except curve_keys.KeyConfigError as exc:
         raise TargetError(str(exc)) from None
     return _Endpoint.tcp(ep.host, ep.port, None, f"{ep.host}:{ep.port}", curve=curve)

@@ -105,10 +105,10 @@ class Relay:
         import zmq.auth
         from zmq.auth.thread import ThreadAuthenticator
 
-        from torchtop.contract import keys
+        from torchtop.contract import curve_keys
         from torchtop.contract.net import tcp_address
 
-        curve = keys.load_server(bind)  # KeyConfigError: no keys, no TCP
+        curve = curve_keys.load_server(bind)  # KeyConfigError: no keys, no TCP
         self._auth = ThreadAuthenticator(self.ctx)
         self._auth.start()
         self._auth.configure_curve(domain="torchtop", location=str(curve.authorized))
