@@ -96,7 +96,7 @@ def test_unmodified_script_under_run_no_tui(tmp_path: Path) -> None:
     )
     try:
         (agent,) = _wait_agents(1)
-        assert agent["argv"][0] == str(script)
+        assert agent.argv[0] == str(script)
         _wait_steps(agent, 20)  # the agent starts at `import torch`, before the model exists
         out = _torchtop("report", "--seconds", "2")
         assert out.returncode == 0, out.stderr
@@ -142,7 +142,7 @@ def test_module_form_and_chained_sitecustomize(tmp_path: Path) -> None:
     )
     try:
         (agent,) = _wait_agents(1)
-        assert agent["argv"][0].endswith("train_mod.py")
+        assert agent.argv[0].endswith("train_mod.py")
         job.communicate(timeout=60)
     finally:
         if job.poll() is None:
@@ -165,7 +165,7 @@ def test_torchtop_env_starts_the_agent_in_plain_python(tmp_path: Path) -> None:
     )
     try:
         (agent,) = _wait_agents(1)
-        assert agent["pid"] == job.pid
+        assert agent.pid == job.pid
     finally:
         job.communicate(timeout=60)
     assert job.returncode == 0

@@ -23,6 +23,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchtop.contract.discovery import AgentInfo
 from torchtop.monitor.commands.launch import (
     Job,
     LaunchError,
@@ -179,13 +180,13 @@ def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int
     elif job.poll() is None:
         print(
             f"torchtop: the job goes on (pid {job.pid}); its output: {log_path}\n"
-            f"          attach again with `torchtop attach {agents[0]['pid']}`; Ctrl-C stops the job",
+            f"          attach again with `torchtop attach {agents[0].pid}`; Ctrl-C stops the job",
             flush=True,
         )
     return _finish(job)
 
 
-def _wait_for_first_step(job: Job) -> list[dict[str, Any]]:
+def _wait_for_first_step(job: Job) -> list[AgentInfo]:
     """The job's agents once a process of it runs its model (zero-code agents are listed only
     then: a launcher or a helper that imports torch is not a rank); a line after a while, since
     a job may load data for minutes before its first step."""
@@ -201,7 +202,7 @@ def _wait_for_first_step(job: Job) -> list[dict[str, Any]]:
 
 
 def _app_for(
-    app_class: type[TorchtopApp], agents: list[dict[str, Any]], log_path: Path, leaving: Leaving
+    app_class: type[TorchtopApp], agents: list[AgentInfo], log_path: Path, leaving: Leaving
 ) -> TorchtopApp:
     """The job view when the agents are the ranks of one job (torchrun), else the one-agent view
     (a chooser for several)."""

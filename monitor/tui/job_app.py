@@ -254,7 +254,7 @@ class JobApp(TorchtopApp):
         if self.shown_key not in keys:
             self.show_member(keys[0] if step > 0 else keys[-1])
         else:
-            self.show_member(keys[(bindings.index(self.shown_key) + step) % len(keys)])
+            self.show_member(keys[(keys.index(self.shown_key) + step) % len(keys)])
 
     def action_slowest(self) -> None:
         rank = self.straggler.rank if self.straggler is not None else None
