@@ -304,3 +304,17 @@ def test_the_gpu_scripts_exposed_wait_from_a_trace(tmp_path) -> None:
     with gzip.open(path, "wt") as fh:
         json.dump({"traceEvents": events}, fh)
     assert profiler_exposed_ms(path) == {0: 0.030, 1: 0.020}
+
+
+def test_a_balanced_pipeline_is_its_bubble_not_communication() -> None:
+    from torchtop.monitor.diagnosis.job_rules import JobFacts, rule_communication, rule_pipeline_bubble
+
+    ranks = {r: times(50, 12) for r in range(2)}
+    j = JobFacts(ranks, "compute", {0: 11.0, 1: 12.0})
+    f = rule_pipeline_bubble(j)
+    assert f is not None and f.kind == "pipeline-bubble" and f.severity == "warning"  # 22% of the step
+    assert "pipeline bubble 24% of the step" in f.evidence[1]
+    assert rule_communication(j) is None  # the send/recv wait is the bubble, not collective wait
+    assert rule_communication(JobFacts(ranks, "compute")) is not None
+    assert rule_pipeline_bubble(JobFacts(ranks, "compute", {0: 2.0, 1: 12.0})) is None  # under 5% on one
+    assert rule_pipeline_bubble(JobFacts(ranks, "compute", {0: 11.0})) is None  # one stage seen

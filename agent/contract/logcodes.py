@@ -40,6 +40,8 @@ EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
 GRAD = 6  # opens BACKWARD for torch.autograd.grad: backward time, but not a micro-batch
 BACKWARD_STEPS = 18  # no optimizer.step() seen: from here each backward's end ends a step (BOUNDARY)
 COMM_GROUP = 19  # (stamp, group name): the collective just entered runs on this process group (dp, tp...)
+#: COMM_GROUP's name for a pipeline schedule's send/recv wait (the bubble), whatever its group's name
+PIPELINE = "pipeline"
 OPEN_STEP = 20  # `with step():` entered: explicit boundaries from now on
 BOUNDARY = 21  # a training step ends here
 SKIPPED = 22  # GradScaler skipped an optimizer step (inf/NaN gradients)

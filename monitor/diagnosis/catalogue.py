@@ -18,6 +18,7 @@ from torchtop.monitor.diagnosis.facts import Facts, Finding
 from torchtop.monitor.diagnosis.job_rules import (
     JobFacts,
     rule_communication,
+    rule_pipeline_bubble,
     rule_straggler,
     rule_work_imbalance,
 )
@@ -118,11 +119,20 @@ CATALOGUE: tuple[Entry, ...] = (
         "slower at the same work",
     ),
     Entry(
+        "pipeline-bubble", "verdict", "job", "Pipeline bubble",
+        "every pipeline stage idles waiting for its neighbour stages: the schedule's fill and drain",
+        "pipeline bubble",
+        rule_pipeline_bubble, IN_RULE,
+        "no straggler, and every pipeline stage (torch.distributed.pipelining) waits ≥ 5% of its step in "
+        "the schedule's send/recv (info; 20% warning, 50% critical); a slower stage is the straggler",
+        "GPipe's bubble (S-1)/(M+S-1) of the step for S stages and M micro-batches (Huang et al., 2019)",
+    ),
+    Entry(
         "communication", "verdict", "job", "Communication bound",
         "every rank waits in collectives its compute does not hide", "communication bound",
         rule_communication, IN_RULE,
         "no straggler, the aggregate's verdict `compute`, and every rank waits ≥ 5% of the step in "
-        "collectives (info; 20% warning, 50% critical)",
+        "collectives (info; 20% warning, 50% critical), a pipeline's send/recv wait left out",
     ),
     Entry(
         "waiting", "verdict", "job", "Waiting for a straggler",

@@ -2,8 +2,9 @@
 
 The job's verdict is the straggler when one rank holds the others back (straggler.py): a rank's
 slow loader is that rank's straggler reason, not a job-wide data-loading verdict. Without one,
-it is `communication` when every rank waits in collectives, else the verdict of the job's
-aggregate steps (the mean rank) as for one run.
+it is `pipeline-bubble` when every pipeline stage idles waiting for its neighbours (bubble.py),
+`communication` when every rank waits in collectives, else the verdict of the job's aggregate
+steps (the mean rank) as for one run. A pipeline rank's line says its bubble.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from torchtop.monitor.diagnosis.bubble import bubble_line, job_bubbles, rank_bubble
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis
@@ -63,13 +65,18 @@ def diagnose_job(
     job rules run through the catalogue's selection, with its hysteresis (`previous`)."""
     base = diagnose(job.job, previous)
     times = rank_times(job, seconds)
+    bubble = job_bubbles(job, seconds)
     before = previous.verdict.kind if previous is not None else None
-    verdict = job_verdict(JobFacts(times, base.verdict.kind), before)
+    verdict = job_verdict(JobFacts(times, base.verdict.kind, bubble), before)
     if verdict is None:
         return base, None
     found = None
     if verdict.kind in ("straggler", "work-imbalance"):
         found = find_straggler(times, T.hysteresis if before == verdict.kind else 1.0)
+        waiting = max((r for r in bubble if r in times), key=lambda r: bubble[r], default=None)
+        if found is not None and waiting is not None and waiting != found.rank:
+            line = bubble_line(waiting, bubble[waiting], times[waiting].step_ms, found.rank)
+            verdict = replace(verdict, evidence=(*verdict.evidence[:2], line, *verdict.evidence[2:]))
     return Diagnosis(verdict, base.flags, base.steps, base.step_ms), found
 
 
@@ -79,12 +86,17 @@ def rank_view(
     rank: int,
     found: Straggler | None = None,
     times: dict[int, RankTimes] | None = None,
+    bubble: float | None = None,
 ) -> Diagnosis:
     """What a rank's view says inside its job (one job, one answer: a rank alone cannot tell a
     straggler's wait or the collectives' cost): the line in_job.rank_diagnosis gives it (the job's
     verdict, or "waiting for rank N"), its own flags, and its own verdict as a line of evidence
     where that reads otherwise."""
     verdict = rank_diagnosis(own, rank, job_diagnosis, found, times or {}).verdict
+    t = (times or {}).get(rank)
+    if bubble is not None and t is not None and verdict.kind != "pipeline-bubble":
+        line = bubble_line(rank, bubble, t.step_ms, found.rank if found is not None else None)
+        verdict = replace(verdict, evidence=(verdict.evidence[0], line, *verdict.evidence[1:]))
     if own.verdict.kind not in (verdict.kind, "unknown"):
         line = (
             f"rank {rank} on its own reads {own.verdict.kind} ({own.verdict.severity}); the job rules decide"
@@ -117,8 +129,9 @@ def _rank_entry(
     job_diagnosis, found, times = judged
     # the rank's line agrees with the job's. m.rank is an int (-1 before a hello), never None: the
     # test is on the hello (job.ranked() hands only members with one, so none is skipped today)
+    bubble = rank_bubble(m, window)
     if m.hello is not None:
-        with_diagnosis(report, rank_view(job_diagnosis, diagnose(m.state), m.rank, found, times))
+        with_diagnosis(report, rank_view(job_diagnosis, diagnose(m.state), m.rank, found, times, bubble))
     t = m.stats.window(window)
     entry = RankEntry(
         rank=m.rank,
@@ -150,6 +163,8 @@ def _rank_entry(
         hook_errors=report.hook_errors,
         comm_by_group_ms=comm_by_group(m, window),
         work=work_json(t),
+        pipeline_bubble_ms=round(bubble, 4) if bubble is not None else None,
+        pipeline_bubble_share=round(bubble / t.step_ms, 4) if bubble is not None and t.step_ms > 0 else None,
     )
     if m.via:  # read through its node's relay: its figures are its buckets', it has no steps here
         entry.via = "relay"

@@ -282,6 +282,10 @@ class RankEntry(msgspec.Struct):
     hook_errors: int = 0
     comm_by_group_ms: dict[str, float] = field(default_factory=dict[str, float])
     work: WorkReport | None = None
+    # ms a timed step its pipeline schedule waited for its neighbour stages, and that over its
+    # step: the bubble (diagnosis/bubble.py); None: not a pipeline stage, or not known here
+    pipeline_bubble_ms: float | None = None
+    pipeline_bubble_share: float | None = None
     via: str | UnsetType = UNSET  # "relay": read through its node's relay
     error: str | UnsetType = UNSET
 

@@ -276,12 +276,16 @@ def scaling(ranks: dict[int, RankTimes], baseline_ms: float | None = None) -> Sc
     return Scaling(step, compute, floor, wait, baseline_ms)
 
 
-def rule_communication(ranks: dict[int, RankTimes], step_ms: float, scale: float = 1.0) -> Finding | None:
-    """Every rank waits in collectives (no one rank to blame): bandwidth, bucket sizes, overlap."""
-    judged = [t for t in ranks.values() if t.steps >= T.min_steps]
+def rule_communication(
+    ranks: dict[int, RankTimes], step_ms: float, scale: float = 1.0, bubble: dict[int, float] | None = None
+) -> Finding | None:
+    """Every rank waits in collectives (no one rank to blame): bandwidth, bucket sizes, overlap.
+    `bubble`: each pipeline rank's wait for its neighbour stages, not counted here (bubble.py)."""
+    judged = {r: t for r, t in ranks.items() if t.steps >= T.min_steps}
     if len(judged) < 2 or step_ms <= 0:
         return None
-    floor = min(t.comm_ms for t in judged)
+    less = bubble or {}
+    floor = max(0.0, min(t.comm_ms - less.get(r, 0.0) for r, t in judged.items()))
     share = floor / step_ms
     if share < T.input_moderate * scale:
         return None

@@ -1,0 +1,55 @@
+"""The pipeline bubble: the share of a pipeline stage's step spent waiting on its neighbours.
+
+A pipeline schedule (torch.distributed.pipelining) waits for its neighbour stages' send/recv in
+`_wait_batch_p2p`; the agent names that wait PIPELINE (agent/hooks/waits.py) and the replay
+counts it in the step's `comm_groups` apart from the collectives. It is the schedule's fill and
+drain (a balanced GPipe of S stages over M micro-batches idles about (S-1)/(M+S-1) of the step)
+plus any wait for a slower stage, which the straggler rule then names. Read from the last timed
+steps each rank's monitor state holds (a relayed rank has none here: unknown). Pure functions.
+"""
+
+from __future__ import annotations
+
+from torchtop.contract.logcodes import PIPELINE
+from torchtop.monitor.model.fmt import pct
+from torchtop.monitor.model.job_state import JobState, Member
+
+LAST_STEPS = 64  # the newest timed steps a rank's bubble is read from (the job view reads it twice a second)
+
+
+def rank_bubble(m: Member, seconds: float) -> float | None:
+    """Mean ms a timed step this rank's pipeline schedule waited for its neighbour stages over
+    its last `seconds`; None where no timed step of it waited in one (not a pipeline stage)."""
+    horizon = m.state.agent_time - seconds
+    ns = timed = seen = 0
+    for s in reversed(m.state.steps):
+        if s.t0 + s.wall_ns / 1e9 < horizon or timed >= LAST_STEPS:
+            break
+        if s.kind != "train" or not s.phases:
+            continue
+        timed += 1
+        wait = s.comm_groups.get(PIPELINE)
+        if wait is not None:
+            ns, seen = ns + wait, seen + 1
+    return ns / timed / 1e6 if seen else None
+
+
+def job_bubbles(job: JobState, seconds: float) -> dict[int, float]:
+    """Each running pipeline rank's bubble, ms a step (ranks without one left out)."""
+    out: dict[int, float] = {}
+    for m in job.live():
+        b = rank_bubble(m, seconds)
+        if b is not None:
+            out[m.rank] = b
+    return out
+
+
+def bubble_line(rank: int, bubble_ms: float, step_ms: float, straggler: int | None = None) -> str:
+    """The rank's bubble in words, and whom it waits for where a slower stage is known."""
+    share = bubble_ms / step_ms if step_ms > 0 else 0.0
+    whom = (
+        f"rank {rank} waits for the slower stage on rank {straggler}"
+        if straggler is not None and straggler != rank
+        else f"rank {rank} waits on its neighbour stages' send/recv"
+    )
+    return f"pipeline bubble {pct(share, 0)} of the step ({bubble_ms:.1f} ms of {step_ms:.1f} ms: {whom})"
