@@ -24,8 +24,7 @@ import msgspec
 from torchtop.agent.capture import cupti, files
 from torchtop.agent.hooks.step_hooks import Order
 from torchtop.agent.warn import ignore_warning, warn
-from torchtop.contract.request_commands import Command
-from torchtop.contract.wire import (
+from torchtop.contract.capture import (
     CAPTURE_ACTIVE,
     CAPTURE_DEFAULT_STEPS,
     MEMORY_MAX_STEPS,
@@ -35,6 +34,7 @@ from torchtop.contract.wire import (
     CaptureKind,
     CaptureState,
 )
+from torchtop.contract.request_commands import Command
 
 if TYPE_CHECKING:
     from collections.abc import Callable
