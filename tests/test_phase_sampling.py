@@ -258,7 +258,8 @@ def test_an_untimed_training_step_end_is_training_whatever_it_held() -> None:
 
 
 def test_the_replay_keeps_wall_time_and_drops_phases_of_untimed_steps() -> None:
-    from torchtop.monitor.model.replay import StepRecorder, to_record
+    from torchtop.monitor.model.replay import StepRecorder
+    from torchtop.monitor.model.step_pack import to_record
 
     t = 1_000_000
     e = lambda code, dt: (t + dt) << logcodes.SHIFT | code  # noqa: E731
