@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import torchtop.agent as ta  # noqa: E402
 from tests.agent_util import snapshot_steps, waited  # noqa: E402
+from torchtop.agent.hooks import phase_sampling  # noqa: E402
 from torchtop.agent.hooks import probe as probe_mod  # noqa: E402
 from torchtop.contract import logcodes  # noqa: E402
 from torchtop.monitor.model.state import breakdown  # noqa: E402
@@ -76,7 +77,7 @@ def _expected_share(steps: list) -> float:
     for k in range(0, len(steps), period):
         block = steps[k : k + period]
         mean_ns = sum(s.wall_ns for s in block) / len(block)
-        shares.append(min(1.0, max(1 / probe_mod.MAX_ONE_IN, mean_ns / probe_mod.FULL_STEP_NS)))
+        shares.append(min(1.0, max(1 / phase_sampling.MAX_ONE_IN, mean_ns / phase_sampling.FULL_STEP_NS)))
     return sum(shares) / len(shares)
 
 
