@@ -37,6 +37,7 @@ from torchtop.monitor.model.ranks_view import ranks_view
 from torchtop.monitor.model.state import Link, RunState
 from torchtop.monitor.tui import bindings
 from torchtop.monitor.tui.app import TorchtopApp
+from torchtop.monitor.tui.app_keys import scroll
 from torchtop.monitor.tui.job_feed import JobEvents, JobFeedError, JobRequest, run_job_feed
 from torchtop.monitor.tui.widgets import CapturesScreen, HelpScreen
 from torchtop.monitor.tui.widgets.ranks_panel import RanksPanel, focus_text, head_lines
@@ -224,10 +225,7 @@ class JobApp(TorchtopApp):
             super().action_scroll(key)
             return
         target = self.query_one("#ranks-scroll", VerticalScroll)
-        move = {"up": target.scroll_up, "down": target.scroll_down, "pageup": target.scroll_page_up,
-                "pagedown": target.scroll_page_down, "home": target.scroll_home, "end": target.scroll_end}.get(key)  # fmt: skip
-        if move is not None:
-            move(animate=False)
+        scroll(target, key)
 
     # -- focus ---------------------------------------------------------------------------------
     def shown_member(self) -> Member | None:
