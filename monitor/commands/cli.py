@@ -255,7 +255,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
                     "--record records one agent's stream; for a job, let each rank record its own "
                     "(TORCHTOP_RECORD=DIR, or `torchtop run --record DIR -- torchrun ...`)"
                 )
-            from torchtop.monitor.tui.job_app import run_job_tui
+            from torchtop.monitor.tui.job_launch import run_job_tui
 
             return run_job_tui(targets, args.job, args.ssh_option, args.baseline_ms)
         if args.target:
