@@ -14,7 +14,8 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torchtop.agent.core import VERSION, current, start, stop
+    from torchtop.agent.core import current, start, stop
+    from torchtop.agent.describe import VERSION
     from torchtop.agent.hooks.explicit import data, mark, phase, step
 
 __all__ = ["start", "stop", "step", "phase", "mark", "data", "current", "VERSION"]
@@ -22,7 +23,7 @@ _WHERE = {
     "start": "torchtop.agent.core",
     "stop": "torchtop.agent.core",
     "current": "torchtop.agent.core",
-    "VERSION": "torchtop.agent.core",
+    "VERSION": "torchtop.agent.describe",
     "step": "torchtop.agent.hooks.explicit",
     "phase": "torchtop.agent.hooks.explicit",
     "mark": "torchtop.agent.hooks.explicit",

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchtop.agent import identity
+from torchtop.agent import describe, identity, start_options
+from torchtop.agent.start_options import StartOptions
 from torchtop.agent.warn import announce, warn
 from torchtop.contract import discovery, wire
 
@@ -29,34 +28,16 @@ if TYPE_CHECKING:
     from torchtop.agent.telemetry.collector import TelemetryCollector
     from torchtop.agent.telemetry.why import WhyCollector
 
-VERSION = "0.1.0"
 IDENTITY_EVERY_S = 1.0  # the agent thread asks torch.distributed who this rank is this often
 _lock = threading.Lock()
 _agent: Agent | None = None
 
 
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 class Agent:
     """One running agent: probe + hooks on the training thread; sockets and loop on its own."""
 
-    def __init__(
-        self,
-        torch: ModuleType,
-        port: int | None,
-        bind: str | None,
-        auto: bool,
-        phase_every: int = 0,
-        record: str | os.PathLike[str] | None = None,
-        peak_tflops: float | None = None,
-        flops_per_step: float | None = None,
-        publish_when_active: bool = False,
-    ) -> None:
+    def __init__(self, torch: ModuleType, options: StartOptions) -> None:
+        """`options` resolved (StartOptions.resolved): the environment's defaults read."""
         from torchtop.agent.cuda_use import CudaUse
         from torchtop.agent.hooks.auto import AutoHooks
         from torchtop.agent.hooks.probe import Probe
@@ -72,12 +53,12 @@ class Agent:
         from torchtop.agent.loop.relay_start import RelayStarter
 
         self.relay = RelayStarter()  # local rank 0 starts its node's relay (docs/multi-rank.md)
-        if port is None and bind is None:  # the default: Unix sockets only this user can open
+        if options.port is None and options.bind is None:  # the default: Unix sockets only this user can open
             self.sockets = open_ipc(socket_dir(), self.pid)  # BindError propagates to start()
         else:  # TCP when asked for: always CURVE
-            self.sockets = open_sockets(bind or "127.0.0.1", port)
+            self.sockets = open_sockets(options.bind or "127.0.0.1", options.port)
         self.probe = Probe()
-        self.probe.phase_every = max(0, phase_every)
+        self.probe.phase_every = max(0, options.phase_every or 0)
         self.hooks: AutoHooks | None = None
         self.telemetry: TelemetryCollector | None = None
         self.recorder: Recorder | None = None
@@ -91,15 +72,17 @@ class Agent:
             from torchtop.agent.telemetry.collector import TelemetryCollector
 
             self.telemetry = TelemetryCollector(self.cuda)
-            self.recorder = _recorder(record, self.rank)
+            self.recorder = start_options.recorder(options.record, self.rank)
             self.telemetry.recording = self.recorder is not None
             self.telemetry.start()
-            if auto:
+            if options.auto:
                 self.hooks = AutoHooks(self.probe, torch, h2d=torch.cuda.is_available())
                 self.hooks.install()
             from torchtop.agent.telemetry.why import WhyCollector
 
-            self.why = WhyCollector(torch, self.probe, self.cuda, self.hooks, peak_tflops, flops_per_step)
+            self.why = WhyCollector(
+                torch, self.probe, self.cuda, self.hooks, options.peak_tflops, options.flops_per_step
+            )
             self.why.start()
             self.loop = AgentLoop(
                 self.probe,
@@ -123,8 +106,8 @@ class Agent:
         self.discovery_file: Path | None = None
         # zero-code agents are listed once they see the model run: a launcher that only spawns
         # ranks (mp.spawn), a compile worker or any other helper that imports torch stays unlisted
-        self.unpublished = publish_when_active
-        if not publish_when_active:
+        self.unpublished = options.publish_when_active
+        if not options.publish_when_active:
             self._publish()
 
     def _publish(self) -> None:
@@ -170,7 +153,7 @@ class Agent:
             self.loop.rank = self.loop.router.rank = self.identity.rank
             self.captures.rank = self.identity.rank if self.identity.world_size > 1 else None
             self._publish()
-            announce(_where(self), self.rank)
+            announce(describe.where(self), self.rank)
         now = time.monotonic()
         if now < self._identity_due:
             return
@@ -199,78 +182,14 @@ class Agent:
 
     def device(self) -> tuple[str, str]:
         """("cuda"|"cpu", device name) judged from the model's parameters, else CUDA's state."""
-        torch = self.torch
-        for module in self.hooks.root_modules() if self.hooks else []:
-            try:
-                param = next(module.parameters())
-            except (StopIteration, Exception):
-                continue
-            if param.device.type == "cuda":
-                return "cuda", torch.cuda.get_device_name(param.device)
-            return param.device.type, ""
-        try:
-            if torch.cuda.is_initialized():
-                return "cuda", torch.cuda.get_device_name()
-        except Exception:
-            pass
-        return "cpu", ""
+        return describe.device(self)
 
     def hello(self) -> wire.Hello:
-        device, name = self.device()
-        return wire.Hello(
-            v=wire.PROTOCOL_VERSION,
-            run_id=self.run_id,
-            pid=self.pid,
-            host=socket.gethostname(),
-            port=self.port,
-            pub_port=self.sockets.pub_port,
-            device=device,
-            device_name=name,
-            start_time=self.start_time,
-            rank=self.rank,
-            world_size=self.world_size,
-            local_rank=self.local_rank,
-            torch_version=str(getattr(self.torch, "__version__", "")),
-            agent_version=VERSION,
-            argv=list(sys.argv),
-            cuda_event_every=self.probe.event_every if self.probe.pool is not None else 0,
-            job_id=self.identity.job_id,
-            launcher=self.identity.launcher,
-            node_rank=self.identity.node_rank,
-            local_world_size=self.identity.local_world_size,
-            backend=self.identity.backend,
-        )
+        return describe.hello(self)
 
     def discovery_info(self) -> discovery.AgentInfo:
         """What the discovery file holds (0600): how local monitors of this user find and reach us."""
-        sockets = self.sockets
-        client = sockets.client
-        return discovery.AgentInfo(
-            pid=self.pid,
-            host=socket.gethostname(),
-            transport=sockets.transport,
-            address=sockets.address,
-            pub_address=sockets.pub_address,
-            bind=sockets.bind,
-            port=self.port or None,
-            pub_port=sockets.pub_port or None,
-            rank=self.rank,
-            world_size=self.world_size,
-            local_rank=self.local_rank,
-            local_world_size=self.identity.local_world_size,
-            node_rank=self.identity.node_rank,
-            job_id=self.identity.job_id,
-            launcher=self.identity.launcher,
-            argv=list(sys.argv),
-            start_time=self.start_time,
-            run_id=self.run_id,
-            version=VERSION,
-            # CURVE (TCP): the agent's public key, and the key pair it admits for this user's
-            # monitors. The secret is why this file is 0600 in a 0700 directory.
-            server_key=sockets.curve.public.decode() if sockets.curve else None,
-            client_key=client[0].decode() if client else None,
-            client_secret=client[1].decode() if client else None,
-        )
+        return describe.discovery_info(self)
 
     def _teardown(self) -> None:
         self.probe.disable()
@@ -315,23 +234,6 @@ class Agent:
             self.hooks.uninstall()
 
 
-def _recorder(record: str | os.PathLike[str] | None, rank: int) -> Recorder | None:
-    """The recorder thread (not started) for `record` or $TORCHTOP_RECORD; None when neither
-    asks for one or the directory cannot be written (said once: training goes on)."""
-    record = record or os.environ.get("TORCHTOP_RECORD") or None
-    if record is None:
-        return None
-    from torchtop.agent.loop.recorder import Recorder
-    from torchtop.contract.recording_store import DEFAULT_MAX_BYTES
-
-    max_mb = _env_int("TORCHTOP_RECORD_MB", 0)
-    try:
-        return Recorder(Path(record), rank, max_mb << 20 if max_mb > 0 else DEFAULT_MAX_BYTES)
-    except OSError as exc:
-        warn(f"cannot record to {record} ({exc.strerror or exc}); training goes on without a recording")
-        return None
-
-
 def start(
     port: int | None = None,
     bind: str | None = None,
@@ -363,6 +265,13 @@ def start(
     Never in a DataLoader worker; in a multiprocessing child still being set up, the start waits
     until it is (agent/spawned.py) and is skipped there if the child is a loader worker.
     """
+    options = StartOptions(
+        port, bind, auto, phase_every, record, peak_tflops, flops_per_step, publish_when_active
+    )
+    return _start(options)
+
+
+def _start(options: StartOptions) -> Agent | None:
     global _agent
     try:
         with _lock:
@@ -373,17 +282,7 @@ def start(
             if spawned.loader_worker():
                 return None  # a DataLoader worker only loads: the training process is watched
             if spawned.setting_up():  # its target is not known yet: start in _bootstrap, or not
-                args = (
-                    port,
-                    bind,
-                    auto,
-                    phase_every,
-                    record,
-                    peak_tflops,
-                    flops_per_step,
-                    publish_when_active,
-                )
-                spawned.when_set_up(lambda: start(*args))
+                spawned.when_set_up(lambda: _start(options))
                 return None
             try:
                 import torch
@@ -392,47 +291,20 @@ def start(
                     f"torch is not importable ({exc}); install torch (pip install 'torchtop[torch]'); the agent is off"
                 )
                 return None
-            env_port = os.environ.get("TORCHTOP_PORT", "").strip()
-            if port is None and env_port.isdigit():
-                port = int(env_port)
-            bind = bind or os.environ.get("TORCHTOP_BIND") or None
             from torchtop.agent.loop.sockets import BindError
 
             try:
-                if phase_every is None:
-                    phase_every = _env_int("TORCHTOP_PHASE_EVERY", 0)
-                _agent = Agent(
-                    torch,
-                    port,
-                    bind,
-                    auto,
-                    phase_every,
-                    record,
-                    peak_tflops,
-                    flops_per_step,
-                    publish_when_active,
-                )
+                _agent = Agent(torch, options.resolved())
             except BindError as exc:
                 warn(f"{exc}; training continues without torchtop")
                 return None
             if not _agent.unpublished:  # else said when it is listed
-                announce(_where(_agent), _agent.rank)
+                announce(describe.where(_agent), _agent.rank)
             return _agent
     except Exception as exc:  # never into training
         warn(f"agent failed to start ({type(exc).__name__}: {exc}); training continues without it")
         _agent = None
         return None
-
-
-def _where(agent: Agent) -> str:
-    """The start line: where to attach (to the job, when this is rank 0 of several)."""
-    recording = f"; recording to {agent.recorder.directory}" if agent.recorder is not None else ""
-    if agent.world_size > 1:
-        return (
-            f"agents on the {agent.world_size} ranks of this job (rank 0: pid {agent.pid} on {agent.sockets.address}); "
-            f"attach with: torchtop attach (the job's machine), torchtop attach {agent.pid} (rank 0){recording}"
-        )
-    return f"agent on {agent.sockets.address} (pid {agent.pid}); attach with: torchtop attach {agent.pid}{recording}"
 
 
 def stop() -> None:

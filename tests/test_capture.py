@@ -454,7 +454,7 @@ def test_a_capture_waits_for_its_step(controller) -> None:
 
 
 def test_at_step_must_be_a_step_number(controller) -> None:
-    from torchtop.agent.capture.controller import CaptureError
+    from torchtop.agent.capture.arguments import CaptureError
 
     with pytest.raises(CaptureError, match="at_step must be a step number"):
         controller.request("capture-profile", {"at_step": -1})

@@ -19,7 +19,8 @@ from torchtop.monitor.link.targets import TargetError
 from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.rank_stats import RankStats, RankTimes
 from torchtop.monitor.model.ranks_view import ranks_view
-from torchtop.monitor.model.replay import StepRecorder, to_record
+from torchtop.monitor.model.replay import StepRecorder
+from torchtop.monitor.model.step_pack import to_record
 
 
 # -- identity ------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from torchtop.monitor.diagnosis.facts import Diagnosis, Finding
 from torchtop.monitor.diagnosis.in_job import rank_diagnosis
 from torchtop.monitor.diagnosis.straggler import find_straggler, straggler_finding
 from torchtop.monitor.model.rank_stats import RankStats, RankTimes, Work
-from torchtop.monitor.model.replay import StepRecorder, to_record
+from torchtop.monitor.model.replay import StepRecorder
+from torchtop.monitor.model.step_pack import to_record
 
 
 def _at(t: int, code: int) -> int:

@@ -28,7 +28,7 @@ from tests.agent_util import (  # noqa: E402
     free_port_pair,
     snapshot_steps,
 )
-from torchtop.agent.core import VERSION  # noqa: E402
+from torchtop.agent.describe import VERSION  # noqa: E402
 from torchtop.contract import discovery, wire  # noqa: E402
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable  # noqa: E402
 from torchtop.monitor.link.targets import Endpoint  # noqa: E402

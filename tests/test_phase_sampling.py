@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import torchtop.agent as ta  # noqa: E402
 from tests.agent_util import snapshot_steps, waited  # noqa: E402
+from torchtop.agent.hooks import phase_sampling  # noqa: E402
 from torchtop.agent.hooks import probe as probe_mod  # noqa: E402
 from torchtop.contract import logcodes  # noqa: E402
 from torchtop.monitor.model.state import breakdown  # noqa: E402
@@ -76,7 +77,7 @@ def _expected_share(steps: list) -> float:
     for k in range(0, len(steps), period):
         block = steps[k : k + period]
         mean_ns = sum(s.wall_ns for s in block) / len(block)
-        shares.append(min(1.0, max(1 / probe_mod.MAX_ONE_IN, mean_ns / probe_mod.FULL_STEP_NS)))
+        shares.append(min(1.0, max(1 / phase_sampling.MAX_ONE_IN, mean_ns / phase_sampling.FULL_STEP_NS)))
     return sum(shares) / len(shares)
 
 
@@ -258,7 +259,8 @@ def test_an_untimed_training_step_end_is_training_whatever_it_held() -> None:
 
 
 def test_the_replay_keeps_wall_time_and_drops_phases_of_untimed_steps() -> None:
-    from torchtop.monitor.model.replay import StepRecorder, to_record
+    from torchtop.monitor.model.replay import StepRecorder
+    from torchtop.monitor.model.step_pack import to_record
 
     t = 1_000_000
     e = lambda code, dt: (t + dt) << logcodes.SHIFT | code  # noqa: E731

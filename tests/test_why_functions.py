@@ -12,7 +12,7 @@ import pytest
 from tests.test_why_agent import Blocked, line_of
 from torchtop.agent.hooks.frames import classifier_for
 from torchtop.agent.telemetry.stacks import OTHER, StackSampler
-from torchtop.contract.wire import StackSample, function_of
+from torchtop.contract.why import StackSample, function_of
 from torchtop.monitor.model.hotspots import fold, with_input_wait
 from torchtop.monitor.model.steps import StepRecord
 

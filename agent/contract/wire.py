@@ -2,17 +2,34 @@
 
 msgspec Structs encoded as msgpack, one tagged union (`Message`), a protocol version in every
 frame. Nothing is ever pickled; every frame is validated on decode. The log the messages carry
-is described in logcodes.py.
+is described in logcodes.py. The structs a message nests are grouped by what they carry:
+capture.py, telemetry.py, why.py (their names are importable from here too).
 """
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any, Union
 
 import msgspec
 
+from torchtop.contract.capture import CAPTURE_ACTIVE as CAPTURE_ACTIVE
+from torchtop.contract.capture import CAPTURE_DEFAULT_STEPS as CAPTURE_DEFAULT_STEPS
+from torchtop.contract.capture import CaptureInfo as CaptureInfo
+from torchtop.contract.capture import CaptureKind as CaptureKind
+from torchtop.contract.capture import CaptureState as CaptureState
 from torchtop.contract.numbers import FLOAT_LIMIT, bad_number
+from torchtop.contract.telemetry import FragSample as FragSample
+from torchtop.contract.telemetry import GpuSample as GpuSample
+from torchtop.contract.telemetry import HostSample as HostSample
+from torchtop.contract.telemetry import MemoryLow as MemoryLow
+from torchtop.contract.telemetry import MemorySample as MemorySample
+from torchtop.contract.telemetry import Telemetry as Telemetry
+from torchtop.contract.telemetry import WorkerSample as WorkerSample
+from torchtop.contract.why import FlopInfo as FlopInfo
+from torchtop.contract.why import StackSample as StackSample
+from torchtop.contract.why import SyncInfo as SyncInfo
+from torchtop.contract.why import SyncSite as SyncSite
+from torchtop.contract.why import Why as Why
 
 PROTOCOL_VERSION = 5
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -25,275 +42,9 @@ WATCH_TOPIC = b"\xfewatch"
 #: The most steps a `snapshot` request may ask for.
 SNAPSHOT_MAX_STEPS = 16_000
 
-# What a capture request may ask for: the agent refuses more, the TUI's keys and the CLI offer this.
-CAPTURE_DEFAULT_STEPS = 5
-PROFILE_MAX_STEPS = 100  # a profiler trace grows with every step it holds
-MEMORY_MAX_STEPS = 1000
-MEMORY_SECONDS = (0.1, 120.0)  # a memory capture by time: at least, at most
-
 
 class WireError(ValueError):
     """A frame that is not a valid torchtop message of this protocol version."""
-
-
-class _Name(str, Enum):
-    """A state named by its string on the wire (and in JSON); compares equal to that string."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-class CaptureKind(_Name):
-    PROFILE = "profile"  # a torch.profiler trace of N steps
-    MEMORY = "memory"  # a CUDA memory snapshot after N steps or S seconds of allocator history
-
-
-class CaptureState(_Name):
-    PENDING = "pending"  # armed: waits for the training thread's next step boundary
-    RUNNING = "running"
-    WRITING = "writing"  # the files are written off the training thread
-    DONE = "done"
-    FAILED = "failed"
-
-
-# tuples, not sets: a member's hash is its name's, so only equality matches a plain string
-CAPTURE_ACTIVE = (CaptureState.PENDING, CaptureState.RUNNING, CaptureState.WRITING)
-CAPTURE_FINISHED = (CaptureState.DONE, CaptureState.FAILED)
-
-
-class MemorySample(msgspec.Struct, omit_defaults=True):
-    """CUDA caching-allocator figures of one device (bytes), from memory_stats() at ~10 Hz."""
-
-    device: int
-    allocated: int
-    reserved: int
-    active: int
-    requested: int  # what tensors asked for; allocated - requested is rounding waste
-    inactive_split: int  # free inside split blocks: cached but not releasable
-    peak_allocated: int  # since start (or the user's last reset_peak_memory_stats)
-    peak_reserved: int
-    window_peak: int  # highest allocated seen since the previous sample
-    alloc_retries: int  # cudaMalloc failed, cache flushed, retried: a slowdown
-    ooms: int
-    # what this process may use: the device's memory from mem_get_info, or the share of it that
-    # torch.cuda.set_per_process_memory_fraction allows (then limit_fraction < 1)
-    device_total: int = 0
-    device_free: int = 0  # free on the device, for every process
-    limit_fraction: float = 1.0
-
-
-class FragSample(msgspec.Struct, omit_defaults=True):
-    """Allocator fragmentation from memory_snapshot() (without traces), at an adaptive rate."""
-
-    device: int
-    largest_free: int  # the largest inactive block inside a segment
-    total_free: int  # all inactive blocks inside segments
-    external: float  # 1 - largest_free / total_free (0 when nothing is free)
-    segments: int
-    segment_hist: dict[str, int] = {}  # segment count by size bucket
-    expandable: bool = False
-    cost_ms: float = 0.0  # what the snapshot call cost
-    interval_s: float = 0.0  # the rate it runs at, adapted to stay under 0.1% of wall time
-
-
-class GpuSample(msgspec.Struct, omit_defaults=True):
-    """One GPU's state from NVML."""
-
-    index: int  # the CUDA device index as the process sees it
-    name: str = ""
-    # None: NVML could not say (the device or driver does not report it)
-    util_gpu: float | None = None  # percent
-    util_mem: float | None = None
-    mem_used: int = 0
-    mem_total: int = 0
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    temp_c: float | None = None
-    sm_clock_mhz: float | None = None
-    throttle: list[str] = []
-    pcie_tx_kbs: float | None = None  # on the slow sampler thread: the call waits in the driver
-    pcie_rx_kbs: float | None = None
-    # GPM counters (Hopper+, the slow thread: agent/telemetry/gpm.py): percent, and MiB/s
-    sm_active: float | None = None  # share of SMs busy (NVML's util_gpu is "a kernel ran")
-    sm_occupancy: float | None = None
-    tensor_active: float | None = None  # tensor-pipe activity
-    dram_bw: float | None = None
-    nvlink_tx_mibs: float | None = None
-    nvlink_rx_mibs: float | None = None
-    sm_clock_max_mhz: float | None = None
-
-
-class WorkerSample(msgspec.Struct, omit_defaults=True):
-    """A child process of the training process (DataLoader workers among them)."""
-
-    pid: int
-    cpu_percent: float
-    rss: int
-    name: str = ""
-    dataloader: bool = False
-    # percent of the time its main thread was runnable but waiting for a CPU (Linux run-queue
-    # delay, /proc/PID/schedstat); with cpu_percent, how busy it is on a shared machine
-    wait_percent: float | None = None
-
-
-class HostSample(msgspec.Struct, omit_defaults=True):
-    """The training process and its machine, from psutil."""
-
-    proc_cpu: float  # percent of one core (can exceed 100)
-    proc_rss: int
-    threads: int
-    cpu_count: int
-    proc_rss_peak: int = 0  # the process's peak resident memory so far (getrusage), 0 unknown
-    cpu_per_core: list[float] = []
-    mem_total: int = 0
-    mem_available: int = 0
-    mem_percent: float = 0.0
-    workers: list[WorkerSample] = []
-
-
-class MemoryLow(msgspec.Struct, array_like=True):
-    """One second's low point of the training process's memory: RSS, and allocated CUDA memory
-    on the first device (0 when there is none). The agent keeps ten minutes of them
-    (agent/telemetry/memory_trend.py) for the leak rule of a monitor that joins later."""
-
-    time: float  # unix seconds, the start of that second's samples
-    rss: int
-    allocated: int = 0
-    steps: int | None = None  # training steps cut by then: a leak is judged per step
-
-
-class Telemetry(msgspec.Struct, omit_defaults=True):
-    """The latest samples; absent parts say why in `unavailable` (e.g. {"gpu": "no NVML"})."""
-
-    time: float
-    memory: list[MemorySample] = []
-    frag: list[FragSample] = []
-    gpus: list[GpuSample] = []
-    host: HostSample | None = None
-    unavailable: dict[str, str] = {}
-    steps: int | None = None  # training steps cut when these were sampled (the leak rule's x axis)
-
-
-class CaptureInfo(msgspec.Struct, omit_defaults=True, frozen=True):
-    """One on-demand capture (profiler trace or CUDA memory snapshot) and how far it got.
-
-    Frozen: the agent thread publishes a new one at each change (see capture/controller.py)."""
-
-    id: int
-    kind: CaptureKind
-    state: CaptureState
-    steps_total: int = 0
-    steps_done: int = 0
-    seconds: float = 0.0
-    path: str = ""  # on the agent's host
-    host: str = ""
-    error: str = ""
-    note: str = ""  # where files go when not where asked, and why (the directory was refused)
-    requested_at: float = 0.0
-    started_at: float = 0.0
-    finished_at: float = 0.0
-    summary: dict[str, Any] = {}
-    start_step: int = -1  # the run's step count where it started (the first step captured)
-
-
-_NESTED = (
-    ".<locals>.<genexpr>",
-    ".<locals>.<listcomp>",
-    ".<locals>.<dictcomp>",
-    ".<locals>.<setcomp>",
-    ".<locals>.<lambda>",
-)
-
-
-def function_of(qualname: str) -> str:
-    """The function a comprehension or lambda belongs to: "f.<locals>.<genexpr>" -> "f" (how
-    the monitor names a StackSample's function)."""
-    while qualname.endswith(_NESTED):
-        qualname = qualname.rsplit(".<locals>.", 1)[0]
-    return qualname
-
-
-class StackSample(msgspec.Struct, array_like=True):
-    """The training thread's Python stack, sampled from an agent thread (agent/telemetry/stacks.py).
-
-    `t` is the agent's perf_counter_ns (the log's clock); `phase` an index into logcodes.PHASES
-    (5: other), read off torchtop's wrapper frames on the stack (or the log's open explicit phase).
-    `site` is the innermost frame of the user's own code ("path:line function"; a library's when
-    none), `callee` the function it was in the middle of calling ("module:qualname"; "" when the
-    site is the innermost Python frame). `sync`: the innermost frame sat at a call that a sync
-    window saw synchronise the device, and the sample was taken on time (not `late`), so the
-    training thread was blocked there. `late`: the sample came over 1 ms after it was due (the
-    training thread held the GIL, so its stack was read where it let go of it).
-    `caller`: where the user's function at `site` was called from ("path:line function": the
-    next frame of the user's own code outward, past that function's own comprehensions and
-    lambdas; "" when none). `input`: the thread was resuming the loop's input generator from
-    the `for` statement of the loop that calls the model (a plain generator feeding the loop:
-    data wait that no hook times).
-    """
-
-    t: int
-    phase: int
-    site: str = ""
-    callee: str = ""
-    sync: bool = False
-    late: bool = False
-    caller: str = ""
-    input: bool = False
-
-
-class SyncSite(msgspec.Struct, omit_defaults=True):
-    """A place where the training thread synchronised the device, seen in a sync window."""
-
-    site: str  # the user's frame, "path:line function"
-    call: str = ""  # what synchronised, as called there (".item()", "print()"); "" unknown
-    via: str = ""  # the torch function that synchronised on its behalf ("module:qualname")
-    line: str = ""  # the source line
-    calls: int = 0  # synchronisations seen there, over all windows
-    steps: int = 0  # training steps those windows spanned
-
-
-class SyncInfo(msgspec.Struct, omit_defaults=True):
-    """Sync detection: short windows with torch.cuda.set_sync_debug_mode("warn") (docs/why.md)."""
-
-    state: str  # "off" (reason says why) | "waiting" | "window" (one is open) | "idle" (between)
-    reason: str = ""
-    windows: int = 0  # windows run so far
-    window_s: float = 0.0  # how long each lasts
-    every_s: float = 0.0  # how often one opens while a monitor listens
-    last_at: float | None = None  # unix time the last window closed
-    cost_us: float | None = None  # training-thread time torchtop spent per synchronisation seen
-    sites: list[SyncSite] = []
-
-
-class FlopInfo(msgspec.Struct, omit_defaults=True):
-    """The model's FLOPs per training step, counted once (FlopCounterMode over one step) or given."""
-
-    state: str  # "waiting" | "counting" | "done" | "off" | "failed" (reason says why)
-    reason: str = ""
-    source: str = ""  # "counted" (FlopCounterMode) | "given" (TORCHTOP_FLOPS_PER_STEP)
-    flops: int = 0  # per training step, every micro-batch's forward and backward
-    by_dtype: dict[
-        str, int
-    ] = {}  # FLOPs by the dtype of the op's first input ("bfloat16", ...; "tf32": CUDA convs under cuDNN's TF32)
-    tf32: bool = False  # float32 matmuls may use TF32 (torch.get_float32_matmul_precision() != "highest")
-    samples: int | None = None  # per step: the roots' inputs' first dimension, over micro-batches
-    tokens: int | None = None  # per step, when the input is a 2-D integer tensor (token ids)
-    input_shape: list[int] = []
-    input_dtype: str = ""
-    t0: int = 0  # perf_counter_ns: the counted step began (it and the next are kept out of stats)
-    t1: int = 0  # ... and the counter was taken down
-    cost_ms: float | None = None  # how long the counted step took
-    peak_tflops: float | None = None  # the user's peak (TORCHTOP_PEAK_TFLOPS), over the table's
-
-
-class Why(msgspec.Struct, omit_defaults=True):
-    """What says why: stack samples since the last batch, sync detection, the FLOP count."""
-
-    stacks: list[StackSample] = []
-    stack_hz: float = 0.0  # the sampler's rate (0: off)
-    stack_cost_us: float | None = None  # the sampler's CPU per sample (mostly holding the GIL)
-    sync: SyncInfo | None = None
-    flops: FlopInfo | None = None
 
 
 class LogChunk(msgspec.Struct, array_like=True):

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.hooks.optimizer import OptimizerSteps
-from torchtop.agent.hooks.probe import UNTIMED, Probe
+from torchtop.agent.hooks.phase_sampling import UNTIMED
+from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.timed import compiling_check, dynamo_check, timed, timed_forward
 from torchtop.agent.warn import ignore_warning
 from torchtop.contract.logcodes import BACKWARD, DATA, FORWARD, FORWARD_START, GRAD, MAX_SLOT, SKIPPED

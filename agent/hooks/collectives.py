@@ -18,7 +18,7 @@ Two places where a rank waits for the others, both timed with the probe's own en
 What it costs: one attribute test per timed backward when no process group is in use. In a
 distributed run the pre-hook's registration, queue_callback and our callback cost about twice
 what timing the step does (docs/benchmarks.md), so such a run times a third as many fast steps
-(probe.COMM_FULL_STEP_NS).
+(phase_sampling.COMM_FULL_STEP_NS).
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ described in docs/architecture.md.
 
 from __future__ import annotations
 
-import random
 import sys
 import threading
 from collections import deque
@@ -19,6 +18,7 @@ from time import perf_counter_ns
 from types import CodeType
 from typing import TYPE_CHECKING
 
+from torchtop.agent.hooks.phase_sampling import ALL_TIMED, PERIOD, NoneTimed, PhaseSampling
 from torchtop.agent.hooks.probe_drain import LogDrain
 from torchtop.agent.hooks.step_hooks import StepHooks
 from torchtop.contract.logcodes import (
@@ -43,33 +43,11 @@ if TYPE_CHECKING:
 
 LOG_CAP = 1 << 19  # items (two an entry, ~20 a step): a stalled agent thread costs at most ~10 MB
 MAX_FAILURES = 20
-PERIOD = 64  # steps between the boundary's housekeeping (sampling, shedding) when nothing is due
 FIRST_STEPS = 8  # steps with housekeeping at every boundary (discovery counts them)
-# Phase timing: timing a step's phases costs far more than ending it (docs/benchmarks.md), so on
-# steps shorter than FULL_STEP_NS only about one in FULL_STEP_NS / step time is timed, drawn at
-# random; every step's end and wall time are still logged.
-FULL_STEP_NS = 10_000_000  # steps at least this long: every one timed (1 in 2 at 5 ms, 1 in 5 at 2 ms)
-# a timed backward of a distributed run also arms the collective-wait callback (hooks/collectives.py),
-# which about triples what a timed step costs (docs/benchmarks.md): there, a third as many fast
-# steps are timed, so timing them costs what it costs elsewhere
-COMM_FULL_STEP_NS = 3 * FULL_STEP_NS
-MAX_ONE_IN = 64  # 1 step in 64 timed at least (steps of 0.16 ms or less)
-# values of `untimed` (0: a timed step); timed.py tests `>= UNTIMED`
-UNTIMED = 2
 # a loop with no optimizer.step() (weights updated by hand, an optimizer torchtop does not hook):
 # after this many backward passes with no optimizer step and no step end, each backward's end
 # ends a step (a few: gradient accumulation steps its optimizer after several backwards)
 NO_OPT_BACKWARDS = 4
-WAKE = 1  # set by the agent thread: time again from the next root forward (an eval loop?)
-_rand = random.Random().random  # our own generator: the user's seeded one is theirs
-_ALL_TIMED = [0] * (PERIOD + 1)  # `plan` while every step is timed
-
-
-class _NoneTimed:
-    """`plan` of a disabled probe, whose `left` is huge: any step, 0 (the wrappers do nothing)."""
-
-    def __getitem__(self, index: int) -> int:
-        return 0
 
 
 _current: ContextVar[Probe | None] = ContextVar("torchtop_probe", default=None)
@@ -81,7 +59,7 @@ if getattr(sys.flags, "thread_inherit_context", 0):  # new threads copy the cont
 _discard = deque(maxlen=0).append  # `put` of a disabled probe: takes an item, keeps nothing
 
 
-class Probe(LogDrain):
+class Probe(LogDrain, PhaseSampling):
     """What the hooks call on the training thread. `tid` is that thread (0: switched off).
 
     `put(item)` appends one item; on an event step (CUDA events) it is swapped for a method
@@ -168,7 +146,7 @@ class Probe(LogDrain):
         # UNTIMED or WAKE on another; `phase_every` is 1 for every step timed, 0 for automatic
         # (by step time), N for about 1 step in N
         self.untimed = 0
-        self.plan: list[int] = _ALL_TIMED  # `untimed` of the step after the boundary that leaves `left`
+        self.plan: list[int] = ALL_TIMED  # `untimed` of the step after the boundary that leaves `left`
         self.phase_every = 0
         self._hk_ns = 0
         self._hk_steps = 0
@@ -212,7 +190,7 @@ class Probe(LogDrain):
         self.put = self._append = _discard
         self.untimed = 0
         self.no_opt = 0
-        self.plan = _NoneTimed()  # type: ignore[assignment]
+        self.plan = NoneTimed()  # type: ignore[assignment]
         self.left = self._batch = 1 << 30
 
     def adopt(self, claim: bool = False) -> Probe | None:
@@ -358,27 +336,6 @@ class Probe(LogDrain):
                 self._nograd = (steps, code)
         except Exception:
             self.fail()
-
-    def _one_in_timed(self, steps: int) -> int:
-        """About 1 step in how many to time, from the mean step time since the last
-        housekeeping (or as `phase_every` says)."""
-        now = perf_counter_ns()
-        n, last = steps - self._hk_steps, self._hk_ns
-        self._hk_ns, self._hk_steps = now, steps
-        if self.phase_every or n <= 0 or not last:
-            return self.phase_every or 1
-        full = COMM_FULL_STEP_NS if self.comm else FULL_STEP_NS
-        return min(MAX_ONE_IN, -(-full * n // max(1, now - last)))
-
-    def _plan(self, one_in: int, batch: int) -> None:
-        """Which of the next `batch` steps are timed: each with chance 1 / `one_in`, drawn
-        independently (a loader's periodic stall does not alias with it); the first now."""
-        if one_in <= 1 or self.explicit or not self.opt_fast or self.on_step is not None:
-            self.plan = _ALL_TIMED
-            return
-        p = 1.0 / one_in
-        self.plan = plan = [0 if _rand() < p else UNTIMED for _ in range(batch)]
-        self.untimed = plan[0]  # then plan[batch - 1] .. plan[1], as `left` counts down
 
     def housekeep(self) -> None:
         """At a boundary, every `_batch` steps (each while something is due): end or start an

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from torchtop.agent.hooks.probe import UNTIMED, WAKE
+from torchtop.agent.hooks.phase_sampling import UNTIMED, WAKE
 from torchtop.agent.loop.cuda_events import EventPool, EventResolver
 from torchtop.agent.loop.history import LogHistory
 from torchtop.agent.loop.requests import WINDOW_S, RequestRouter

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from torchtop.agent.capture.controller import CaptureError
+from torchtop.agent.capture.arguments import CaptureError
 from torchtop.contract import wire
 from torchtop.contract.request_commands import CAPTURE_COMMANDS, Command
 

@@ -38,7 +38,7 @@ from torchtop.contract.logcodes import (
     OPTIMIZER,
     TIMED_PHASES,
 )
-from torchtop.contract.wire import StackSample, function_of
+from torchtop.contract.why import StackSample, function_of
 
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe

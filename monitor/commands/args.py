@@ -6,9 +6,17 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from typing import NoReturn
 
 MAX_SECONDS = 10 * 365 * 86400.0  # ten years: any longer is a typo
+EXIT_NO_AGENT = 2  # a command's bad input (unknown target, dead agent, closed port)
+
+
+def fail(message: str, code: int = EXIT_NO_AGENT) -> int:
+    """Say what is wrong in one line on stderr; the exit code."""
+    print(f"torchtop: {message}", file=sys.stderr)
+    return code
 
 
 class Parser(argparse.ArgumentParser):

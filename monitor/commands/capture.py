@@ -13,8 +13,7 @@ from typing import Any
 
 import msgspec
 
-from torchtop.contract.request_commands import Command
-from torchtop.contract.wire import (
+from torchtop.contract.capture import (
     CAPTURE_DEFAULT_STEPS,
     CAPTURE_FINISHED,
     MEMORY_MAX_STEPS,
@@ -22,6 +21,7 @@ from torchtop.contract.wire import (
     PROFILE_MAX_STEPS,
     CaptureState,
 )
+from torchtop.contract.request_commands import Command
 from torchtop.monitor.model.captures import capture_lines, fetch_from
 
 

@@ -1,4 +1,4 @@
-"""The `torchtop` command: ls, attach, report, demo.
+"""The `torchtop` command: ls, attach, report (report.py), demo.
 
 Bad input (unknown target, dead agent, closed port) is one line on stderr and exit code 2.
 """
@@ -8,20 +8,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from torchtop.monitor.commands.args import fail
+from torchtop.monitor.commands.report import cmd_report
 
 if TYPE_CHECKING:
     from torchtop.monitor.link.targets import Endpoint
 
-EXIT_NO_AGENT = 2
 ATTACH_HELLO_S = 5.0  # attach: how long the first hello may take before it is an error
-
-
-def _fail(message: str, code: int = EXIT_NO_AGENT) -> int:
-    print(f"torchtop: {message}", file=sys.stderr)
-    return code
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -35,7 +31,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     try:
         agents = local_agents() if not getattr(args, "target", None) else _remote_agents(args)
     except TargetError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if args.json:
         from torchtop.contract.discovery import listing
 
@@ -62,159 +58,6 @@ def _remote_agents(args: argparse.Namespace) -> list:
     if not ssh.is_ssh(args.target):
         raise ssh.SshError(f"`torchtop ls` takes an ssh://[user@]host target, not {args.target!r}")
     return ssh.remote_agents(ssh.parse(args.target), args.ssh_option)
-
-
-def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no-untyped-def]
-    """Connect, say hello, (with `history`, take the agent's retained steps), then feed
-    `seconds` of batches into a RunState. Subscribed before the snapshot, so nothing falls
-    between; batches the snapshot already covers are dropped by sequence number."""
-    from torchtop.monitor.link.client import AgentClient, AgentUnreachable
-    from torchtop.monitor.model.state import RunState
-
-    client = AgentClient(endpoint)
-    state = RunState()
-    try:
-        state.apply_hello(client.hello())
-        if history:
-            from torchtop.contract.wire import SNAPSHOT_MAX_STEPS
-
-            reply, steps = client.snapshot(max_steps=SNAPSHOT_MAX_STEPS, timeout=10.0)
-            if reply.ok:
-                state.apply_snapshot(steps, reply.seq, reply.tally, reply.wall_offset)
-                state.apply_memory(reply.memory)
-        else:  # the leak rule looks back a minute, further than a short report collects
-            try:
-                state.apply_memory(client.memory())
-            except AgentUnreachable:
-                pass  # the live points alone, then
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            for got in client.recv_batches(min(left, 0.5)):
-                state.apply_batch(got.batch, got.steps, time.monotonic(), got.log_errors)
-        state.bad_frames += client.bad_frames
-        state.last_error = state.last_error or client.last_error
-        return state
-    finally:
-        client.close()
-
-
-def _recording(target: str | None) -> bool:
-    from pathlib import Path
-
-    from torchtop.contract.recording_reader import is_recording
-
-    try:
-        return bool(target) and is_recording(Path(target))  # type: ignore[arg-type]
-    except (OSError, ValueError):  # a name too long for a path, a NUL: not a file, maybe a target
-        return False
-
-
-def report_file(args: argparse.Namespace) -> int:
-    """`report FILE`: the same JSON as live, over the recording's last S seconds (or up to --until)."""
-    from torchtop.contract.recording import RecordingError
-    from torchtop.monitor.diagnosis.report import build_report
-    from torchtop.monitor.model.playback import load, notes, resolve_until
-
-    try:
-        playback, ranks = load(args.target, args.rank)
-        until = resolve_until(playback, args.until)
-    except (RecordingError, ValueError) as exc:
-        return _fail(str(exc))
-    if len(ranks) > 1 and args.rank is None:
-        return _report_job_file(args, ranks, until)
-    for line in notes(playback, ranks, args.rank, "reporting"):
-        print(f"torchtop: {line}", file=sys.stderr)
-    state = playback.state_until(until)
-    window = float("inf") if args.history else args.seconds
-    report = build_report(state, args.seconds, str(args.target), window=window)
-    if len(ranks) > 1:  # one rank of a job carries the job's verdict
-        report["verdict"] = _job_verdict_for(ranks, until, window, state, args.rank)
-    print(json.dumps(report, indent=2 if args.pretty else None))
-    return 0
-
-
-def _job_verdict_for(ranks: dict, until: float | None, window: float, state, rank: int) -> dict:  # type: ignore[no-untyped-def]
-    from torchtop.monitor.diagnosis.diagnose import diagnose
-    from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job, rank_times, rank_view
-    from torchtop.monitor.model.job_playback import JobPlayback
-
-    job = JobPlayback(ranks).job_until(until)
-    job_diagnosis, found = diagnose_job(job, None, window)
-    return rank_view(job_diagnosis, diagnose(state), rank, found, rank_times(job, window)).verdict.to_json()
-
-
-def _report_job_file(args: argparse.Namespace, ranks: dict, until: float | None) -> int:
-    """`report DIR` of a job's recording: the job report, as `report` on the live job prints it."""
-    from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
-    from torchtop.monitor.model.job_playback import JobPlayback
-
-    played = JobPlayback(ranks)
-    for line in played.warnings:
-        print(f"torchtop: {line}", file=sys.stderr)
-    job = played.job_until(until)
-    window = float("inf") if args.history else args.seconds
-    now = played.end if until is None else min(until, played.end)
-    report = build_job_report(job, args.seconds, str(args.target), window, now, args.baseline_ms)
-    print(json.dumps(report, indent=2 if args.pretty else None))
-    return 0
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from torchtop.monitor.commands.job_cli import job_targets
-    from torchtop.monitor.diagnosis.report import build_report
-    from torchtop.monitor.link.client import AgentUnreachable
-    from torchtop.monitor.link.remote import open_target, target_options
-    from torchtop.monitor.link.targets import TargetError
-
-    if args.seconds <= 0:
-        return _fail("--seconds must be positive")
-    args.target = args.targets[0] if args.targets else None
-    if _recording(args.target):
-        return report_file(args)
-    if args.until is not None or args.rank is not None:
-        return _fail("--until and --rank are for a recording: give its path as the target")
-    try:
-        targets = job_targets(args)
-        if targets is not None:
-            return _report_job(args, targets)
-        with open_target(args.target, **target_options(args)) as endpoint:
-            state = collect(endpoint, args.seconds, history=args.history)
-    except (TargetError, AgentUnreachable) as exc:
-        return _fail(str(exc))
-    window = float("inf") if args.history else args.seconds
-    report = build_report(state, args.seconds, str(endpoint), window=window)
-    print(json.dumps(report, indent=2 if args.pretty else None))
-    return 0
-
-
-def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
-    """`report` over every rank of a job: one JSON object with a `ranks` list."""
-    from torchtop.contract.wire import SNAPSHOT_MAX_STEPS
-    from torchtop.monitor.commands.job_cli import collect_job
-    from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
-    from torchtop.monitor.link.job_link import JobLink
-    from torchtop.monitor.link.job_targets import open_job
-    from torchtop.monitor.model.job_state import JobState
-
-    with open_job(targets, args.job, args.ssh_option) as plan:
-        link = JobLink(
-            plan.endpoints, snapshot_steps=SNAPSHOT_MAX_STEPS if args.history else 0, relays=plan.relays
-        )
-        job = JobState(plan.job_id)
-        for line in plan.notes:
-            job.note(line)
-        try:
-            collect_job(link, job, args.seconds)
-        finally:
-            link.close()
-        label = ", ".join(targets) or "this machine"
-    if not job.ranked():  # nothing to report: say why, never an empty report that looks fine
-        why = "; ".join(job.notes) or "none answered"
-        return _fail(f"no rank of job {plan.job_id or label} answered ({why})")
-    window = float("inf") if args.history else args.seconds
-    report = build_job_report(job, args.seconds, label, window, time.monotonic(), args.baseline_ms)
-    print(json.dumps(report, indent=2 if args.pretty else None))
-    return 0
 
 
 def first_contact(endpoint: Endpoint, timeout: float = ATTACH_HELLO_S) -> None:
@@ -244,18 +87,18 @@ def cmd_attach(args: argparse.Namespace) -> int:
     try:
         require_tui()
     except TuiMissing as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     from torchtop.monitor.tui.app import run_tui
 
     try:
         targets = job_targets(args)
         if targets is not None:
             if record is not None:
-                return _fail(
+                return fail(
                     "--record records one agent's stream; for a job, let each rank record its own "
                     "(TORCHTOP_RECORD=DIR, or `torchtop run --record DIR -- torchrun ...`)"
                 )
-            from torchtop.monitor.tui.job_app import run_job_tui
+            from torchtop.monitor.tui.job_launch import run_job_tui
 
             return run_job_tui(targets, args.job, args.ssh_option, args.baseline_ms)
         if args.target:
@@ -264,11 +107,11 @@ def cmd_attach(args: argparse.Namespace) -> int:
                 return run_tui(endpoint, None, record=record)
         agents = local_agents()
         if not agents:
-            return _fail(no_agent_message())
+            return fail(no_agent_message())
         if len(agents) == 1:
             first_contact(from_discovery(agents[0]))
     except (TargetError, AgentUnreachable) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     return run_tui(None, agents, record=record)
 
 

@@ -210,7 +210,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
         for s, handler in previous.items():  # the TUI owns the terminal; PDEATHSIG covers the child
             signal.signal(s, handler)
-        from torchtop.monitor.tui.job_app import run_agents_tui
+        from torchtop.monitor.tui.job_launch import run_agents_tui
 
         code = None
         if (info.world_size or 1) > 1:  # a job of several ranks: the job view

@@ -207,7 +207,8 @@ def _app_for(
     """The job view when the agents are the ranks of one job (torchrun), else the one-agent view
     (a chooser for several)."""
     from torchtop.monitor.tui.app import TorchtopApp
-    from torchtop.monitor.tui.job_app import JobApp, job_plan_of
+    from torchtop.monitor.tui.job_app import JobApp
+    from torchtop.monitor.tui.job_launch import job_plan_of
 
     plan = job_plan_of(agents)
     if plan is not None and app_class is TorchtopApp:

@@ -25,13 +25,10 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from torchtop.contract.discovery import AgentInfo, entry
@@ -46,13 +43,12 @@ from torchtop.monitor.link.targets import (
     describe,
     from_discovery,
 )
+from torchtop.monitor.link.tunnel_process import TUNNEL_TIMEOUT_S, Keeper, launch, stop, wait_up
 
 ENV_OPTS = "TORCHTOP_SSH_OPTS"
 ENV_REMOTE_CMD = "TORCHTOP_REMOTE_CMD"
 LIST_TIMEOUT_S = 30.0
-TUNNEL_TIMEOUT_S = 20.0
 _USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")  # never a leading '-': ssh would read an option
-RESTART_MIN_S, RESTART_MAX_S = 0.5, 8.0  # backoff between attempts to rebuild a dead tunnel
 
 
 class SshError(TargetError):
@@ -208,99 +204,6 @@ def _free_port_pair() -> int:
     raise SshError("found no two free adjacent local ports for the ssh tunnel")
 
 
-def _accepts(local: str) -> bool:
-    """Whether a local end of the tunnel (tcp://127.0.0.1:PORT or ipc://PATH) takes a connection."""
-    try:
-        if local.startswith("ipc://"):
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(0.2)
-                s.connect(local.removeprefix("ipc://"))
-        else:
-            with socket.create_connection(("127.0.0.1", int(local.rsplit(":", 1)[1])), timeout=0.2):
-                pass
-        return True
-    except OSError:
-        return False
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(3)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _launch(cmd: list[str], err: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-
-
-def _wait_up(proc: subprocess.Popen[bytes], local: tuple[str, str], timeout: float) -> bool:
-    """True once both local ends accept; False if ssh exited or the time ran out."""
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        if all(_accepts(end) for end in local):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-class _Keeper:
-    """Brings a tunnel that died (network drop, sshd restart, laptop sleep) back up on the same
-    local ends, with backoff, for as long as it is in use. ZeroMQ reconnects by itself, so
-    the monitor's sockets carry on once they forward again."""
-
-    def __init__(
-        self, cmd: list[str], proc: subprocess.Popen[bytes], local: tuple[str, str], host: str
-    ) -> None:
-        self.cmd, self.proc, self.local, self.host = cmd, proc, local, host
-        self.down_since: float | None = None  # monotonic time the tunnel went down; None while up
-        self.attempts = 0  # rebuilds tried since then
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="torchtop-ssh-keeper", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        delay = RESTART_MIN_S
-        while not self._stop.is_set():
-            if self.proc.poll() is None:
-                try:
-                    self.proc.wait(0.5)
-                except subprocess.TimeoutExpired:
-                    continue
-            if self.down_since is None:
-                self.down_since = time.monotonic()
-            if self._stop.wait(delay):
-                return
-            self.attempts += 1
-            proc = _launch(self.cmd, subprocess.DEVNULL)
-            self.proc = proc
-            if self._stop.is_set():
-                return  # close() may have stopped the old one while this one started
-            if _wait_up(proc, self.local, TUNNEL_TIMEOUT_S):
-                delay = RESTART_MIN_S
-                self.down_since, self.attempts = None, 0
-                continue
-            _stop(proc)  # the host is still out of reach: try again later
-            delay = min(delay * 2, RESTART_MAX_S)
-
-    def trouble(self) -> str:
-        """What the monitor shows while the tunnel is down ("" while it is up)."""
-        since = self.down_since
-        if since is None:
-            return ""
-        tried = f", {self.attempts} attempt{'s' if self.attempts != 1 else ''}" if self.attempts else ""
-        return f"ssh tunnel to {self.host} down {time.monotonic() - since:.0f}s, rebuilding{tried}"
-
-    def close(self) -> None:
-        self._stop.set()
-        _stop(self.proc)
-        self._thread.join(5)
-        _stop(self.proc)  # one the keeper launched just as it was told to stop
-
-
 def _tcp_forward(remote: str) -> tuple[str, str]:
     """`-L` spec parts for a remote tcp://host:port: (host, port), the host bracketed for IPv6."""
     host, port = remote.removeprefix("tcp://").rsplit(":", 1)
@@ -338,7 +241,7 @@ def _label(target: SshTarget, info: AgentInfo, remote: str, local: str) -> str:
 @contextmanager
 def tunnel(target: SshTarget, info: AgentInfo, options: Sequence[str] = ()) -> Iterator[Endpoint]:
     """Forward local ends to the agent's two sockets on the host; an Endpoint while it lasts.
-    A tunnel that dies meanwhile is rebuilt on the same local ends (`_Keeper`)."""
+    A tunnel that dies meanwhile is rebuilt on the same local ends (`Keeper`, tunnel_process.py)."""
     try:
         remote = agent_addresses(info)
     except ValueError as exc:
@@ -380,9 +283,9 @@ def _open_tunnel(
             target.destination,
         ]
         with tempfile.TemporaryFile() as err:
-            proc = _launch(cmd, err)
+            proc = launch(cmd, err)
             try:
-                up = _wait_up(proc, local, TUNNEL_TIMEOUT_S)
+                up = wait_up(proc, local, TUNNEL_TIMEOUT_S)
                 if not up and proc.poll() is None:
                     raise SshError(
                         f"the ssh tunnel to {target.destination} was not up within {TUNNEL_TIMEOUT_S:g}s"
@@ -394,9 +297,9 @@ def _open_tunnel(
                         continue
                     raise SshError(f"ssh tunnel to {target.destination} failed: {last_error}")
             except BaseException:
-                _stop(proc)
+                stop(proc)
                 raise
-        keeper = _Keeper(cmd, proc, local, target.destination)
+        keeper = Keeper(cmd, proc, local, target.destination)
         try:
             label = _label(target, info, remote[0], local[0])
             yield from_discovery(info, via=local, label=label, link=keeper.trouble)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit
 
-from torchtop.contract.net import url_host
-from torchtop.contract.wire import (
+from torchtop.contract.capture import (
     CAPTURE_ACTIVE,
     CAPTURE_FINISHED,
     PROFILE_MAX_STEPS,
@@ -19,6 +18,7 @@ from torchtop.contract.wire import (
     CaptureKind,
     CaptureState,
 )
+from torchtop.contract.net import url_host
 from torchtop.monitor.model import fmt
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from torchtop.contract.logcodes import PHASES
-from torchtop.contract.wire import StackSample, function_of
+from torchtop.contract.why import StackSample, function_of
 from torchtop.monitor.model.steps import StepRecord
 
 TOP_SITES = 5

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from torchtop.contract.wire import CAPTURE_ACTIVE as ACTIVE
-from torchtop.contract.wire import CAPTURE_FINISHED as FINISHED
-from torchtop.contract.wire import CaptureInfo, CaptureState
+from torchtop.contract.capture import CAPTURE_ACTIVE as ACTIVE
+from torchtop.contract.capture import CAPTURE_FINISHED as FINISHED
+from torchtop.contract.capture import CaptureInfo, CaptureState
 from torchtop.monitor.model.captures import CaptureBook
 from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.state import step_stats

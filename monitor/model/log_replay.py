@@ -13,7 +13,8 @@ from typing import Any
 
 from torchtop.contract.logcodes import RESET, STEP_ENDS, code_of, to_entries
 from torchtop.contract.wire import LogChunk
-from torchtop.monitor.model.replay import StepRecorder, to_record
+from torchtop.monitor.model.replay import StepRecorder
+from torchtop.monitor.model.step_pack import to_record
 from torchtop.monitor.model.steps import StepRecord
 
 

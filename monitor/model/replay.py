@@ -15,7 +15,6 @@ all-reduce). Details: docs/architecture.md, "The log".
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from torchtop.contract.logcodes import (
@@ -46,9 +45,10 @@ from torchtop.contract.logcodes import (
     UNTIMED_END,
     WORK,
 )
-from torchtop.monitor.model.steps import StepKind, StepRecord
+from torchtop.monitor.model.step_pack import finite_ms, phase_ms
+from torchtop.monitor.model.steps import StepKind
 
-__all__ = ["BACKWARD", "COMM", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder", "to_record"]
+__all__ = ["BACKWARD", "COMM", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder"]
 N_PHASES = len(TIMED_PHASES)
 
 
@@ -149,7 +149,7 @@ class StepRecorder:
         """Any entry, tuples included (those carry device times, bytes, marks)."""
         if now < 0:
             raise ValueError("negative time stamp")
-        ms = _ms(e[1]) if e is not None and len(e) == 2 and code != COMM_GROUP else None
+        ms = finite_ms(e[1]) if e is not None and len(e) == 2 and code != COMM_GROUP else None
         if code < GRAD:
             self.enter(code, now, ms)
         elif code == GRAD:
@@ -159,9 +159,9 @@ class StepRecorder:
         elif code >= FORWARD_START:
             self.forward_start((code - FORWARD_START) >> 1, code & 1, now, ms)
         elif code == BOUNDARY:
-            self.boundary("train", now, _ms(e[1]) if e is not None else None)
+            self.boundary("train", now, finite_ms(e[1]) if e is not None else None)
         elif code == STEP_END:  # the optimizer's end and the step's: one time, one event
-            ms = _ms(e[1]) if e is not None else None
+            ms = finite_ms(e[1]) if e is not None else None
             self.exit(OPTIMIZER, now, ms)
             self.boundary("train", now, ms)
         elif code == UNTIMED_END:
@@ -179,7 +179,7 @@ class StepRecorder:
         elif code == H2D_COPY:
             assert e is not None
             _, dt, nbytes, pinned, device_ms = e
-            self.add_h2d(int(dt), int(nbytes), bool(pinned), _ms(device_ms))
+            self.add_h2d(int(dt), int(nbytes), bool(pinned), finite_ms(device_ms))
         elif code == MARK:
             assert e is not None
             self.add_mark(str(e[1]), e[2])
@@ -360,7 +360,7 @@ class StepRecorder:
         device_ms = None
         if self._events is not None and end_ms is not None:  # an eval cut has no end event
             self._events[0] = (-1, self._events[0][1], end_ms)
-            device_ms = _device_ms(self._events)
+            device_ms = phase_ms(self._events)
         if self._eval_fwd and not self._has_train and timed:  # UNTIMED_END: a training step's end
             kind = "eval"
         if self.by_backward and kind == "train":
@@ -396,53 +396,3 @@ class StepRecorder:
         self._events = None
         self._has_train = self._eval_fwd = self._untimed = self._split = False
         self._extra = None
-
-
-def _ms(value: Any) -> float | None:
-    """A device time from the log: a finite float, else None."""
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _device_ms(events: list[tuple[int, float, float | None]]) -> dict[str, float]:
-    ms: dict[str, float] = {}
-    for phase, start, end in events:
-        if end is None:
-            continue
-        name = "step" if phase < 0 else TIMED_PHASES[phase]
-        ms[name] = ms.get(name, 0.0) + (end - start)
-    return ms
-
-
-def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
-    """A replayed step as the monitor keeps it; `other` is the step's unaccounted rest."""
-    index, kind, t0_ns, wall_ns, acc, micro, device_ms, extra = raw
-    if acc is None:  # not timed (phase sampling): its wall time only
-        phases: dict[str, int] = {}
-        micro = 0
-    else:
-        data, h2d, forward, backward, optimizer, comm = acc
-        phases = {
-            "data": data,
-            "h2d": h2d,
-            "forward": forward,
-            "backward": backward,
-            "optimizer": optimizer,
-            "comm": comm,
-            "other": max(0, wall_ns - data - h2d - forward - backward - optimizer - comm),
-        }
-    record = StepRecord(index, t0_ns / 1e9 + wall_offset, wall_ns, phases, kind, micro, device_ms or {}, rank)
-    if extra:
-        record.skipped = extra.get("skipped", 0)
-        record.h2d_bytes = {k: extra[k] for k in ("pinned", "pageable") if k in extra}
-        record.marks = dict(extra.get("marks", {}))
-        record.samples, record.tokens, record.seq = (
-            extra.get("samples", 0),
-            extra.get("tokens", 0),
-            extra.get("seq", 0),
-        )
-        record.comm_groups = dict(extra.get("comm_groups", {}))
-        record.at_backward = bool(extra.get("at_backward", False))
-    return record

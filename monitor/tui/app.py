@@ -34,15 +34,10 @@ from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.diagnosis.why import why_facts
 from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint, from_discovery
-from torchtop.monitor.model import fmt
 from torchtop.monitor.model.captures import CaptureBook
 from torchtop.monitor.model.panel_data import (
-    PLOT_S,
     mark_rows,
-    memory_series,
     step_counts,
-    worker_rows,
-    y_top,
 )
 from torchtop.monitor.model.state import (
     Link,
@@ -51,10 +46,10 @@ from torchtop.monitor.model.state import (
     device_ms,
     phase_ms,
     recent_points,
-    retry_rate,
     timed,
 )
-from torchtop.monitor.tui import bindings
+from torchtop.monitor.tui import bindings, telemetry_panels
+from torchtop.monitor.tui.app_keys import AppKeys
 from torchtop.monitor.tui.capture_flow import CaptureApp
 from torchtop.monitor.tui.feed import (
     BatchesReceived,
@@ -67,7 +62,6 @@ from torchtop.monitor.tui.widgets import (
     CaptureLine,
     ChooserScreen,
     GpuPanel,
-    HelpScreen,
     HostFigures,
     LogTail,
     MarksPanel,
@@ -86,9 +80,6 @@ WINDOW_S = 10.0  # seconds of agent time the panels summarise
 REFRESH_S = 0.25  # widget refresh period (4 Hz)
 SPARK_POINTS = 2000  # most step times handed to the sparkline (it buckets them to its width)
 MAX_CPU_SHARE = 0.05  # of one core, for recomputing the panels (see TorchtopApp._tick)
-PLOT_REFRESH_S = 1.0  # the memory plot (5 minutes wide) is redrawn at most this often
-NO_TELEMETRY = "no telemetry received yet"
-SCROLLERS = {"overview": "#overview-scroll", "memory": "#memory-scroll", "gpu-host": "#gpu-host-scroll"}
 
 
 class WholeCellScrollBar(ScrollBarRender):
@@ -102,7 +93,7 @@ class WholeCellScrollBar(ScrollBarRender):
 ScrollBar.renderer = WholeCellScrollBar  # the monitor's process draws only this app
 
 
-class TorchtopApp(CaptureApp):
+class TorchtopApp(AppKeys, CaptureApp):
     """The dashboard. `feed=False` starts no worker, so tests can post messages themselves;
     `clock` replaces time.monotonic (staleness), so snapshot tests render the same every time."""
 
@@ -331,45 +322,12 @@ class TorchtopApp(CaptureApp):
         self.diagnosis = self.judge(state)
         self.verdict_panel.diagnosis = self.diagnosis
         self.marks_panel.rows = mark_rows(state.steps)
-        self._refresh_telemetry()
+        telemetry_panels.fill(self, WINDOW_S)
         self._refresh_status()
 
     def judge(self, state: RunState) -> Diagnosis:
         """The verdict panel's diagnosis of `state` (the previous one gives hysteresis)."""
         return diagnose(state, self.diagnosis)
-
-    def _refresh_telemetry(self) -> None:
-        """The latest samples into the memory, GPU and host panels (the plot only while shown)."""
-        state = self.state
-        tel = state.telemetry
-        missing = tel.unavailable if tel is not None else {}
-        mem = self.memory_figures
-        mem.memory = tel.memory if tel is not None else []
-        mem.frag = tel.frag if tel is not None else []
-        mem.peak_window = dict(state.peak_window)
-        mem.retry_rate = retry_rate(state, WINDOW_S)
-        mem.reason = missing.get("memory", "") if tel is not None else NO_TELEMETRY
-        if self._tab() == "memory" and time.perf_counter() >= self._plot_due:
-            # plotext takes milliseconds to draw: once a second keeps it a small share of a core
-            self._plot_due = time.perf_counter() + PLOT_REFRESH_S
-            total = tel.memory[0].device_total if tel is not None and tel.memory else 0
-            cuda = bool(tel is not None and tel.memory)
-            series = memory_series(recent_points(state, PLOT_S), cuda, total)
-            self.memory_plot.series = series
-            full = bool(series.limit) and y_top(series) == series.limit
-            self.query_one("#memory-panel").border_subtitle = (
-                f"plot: last {PLOT_S / 60:.0f} min{', top =' if full else ' ·'} device total {fmt.size(total)}"
-                if cuda
-                else "no CUDA: the plot shows the process RSS"
-            )
-        self.gpu_panel.gpus = tel.gpus if tel is not None else []
-        self.gpu_panel.reason = missing.get("gpu", "") if tel is not None else NO_TELEMETRY
-        self.host_figures.host = tel.host if tel is not None else None
-        self.host_figures.reason = missing.get("host", "") if tel is not None else NO_TELEMETRY
-        self.worker_table.processes = worker_rows(tel.host if tel is not None else None)
-
-    def _tab(self) -> str:
-        return self.query_one("#tabs", TabbedContent).active if self.is_mounted else "overview"
 
     def _refresh_status(self) -> None:
         state = self.state
@@ -402,46 +360,6 @@ class TorchtopApp(CaptureApp):
         if action == "scroll" and type(self) is not TorchtopApp:  # a subclass's own key wins
             return all(str(parameters[0]) not in b.key.split(",") for b in type(self).BINDINGS)
         return True
-
-    def action_leave(self, _mode: str) -> None:
-        self.exit(0)  # `torchtop demo` stops its job once the TUI is closed; attach and run do not
-
-    def action_interrupt(self, _mode: str) -> None:
-        if self.leaving.stop_job is not None:
-            try:
-                self.leaving.stop_job()
-            except Exception as exc:  # the job may be gone already: say so, and stay
-                self.notify(f"could not signal the job: {exc}", severity="error", timeout=10)
-                return
-        self.exit(0)
-
-    def action_scroll(self, key: str) -> None:
-        """Scroll the tab on screen, whichever widget has the focus (the tab bar, after a click)."""
-        if len(self.screen_stack) > 1:
-            return  # help, captures, chooser: their own widgets scroll
-        tab = self._tab()
-        target = self.log_tail if tab == "log" else self.query_one(SCROLLERS.get(tab, "#overview-scroll"))
-        if target is None:
-            return
-        move = {
-            "up": target.scroll_up,
-            "down": target.scroll_down,
-            "pageup": target.scroll_page_up,
-            "pagedown": target.scroll_page_down,
-            "home": target.scroll_home,
-            "end": target.scroll_end,
-        }.get(key)
-        if move is not None:
-            move(animate=False)
-
-    def action_help(self) -> None:
-        if isinstance(self.screen, HelpScreen):
-            self.screen.dismiss(None)
-        else:
-            self.push_screen(HelpScreen(bindings.help_rows(self.check_action)))
-
-    def action_tab(self, tab: str) -> None:
-        self.query_one("#tabs", TabbedContent).active = tab
 
     def on_tabbed_content_tab_activated(self, _event: TabbedContent.TabActivated) -> None:
         self._plot_due = 0.0

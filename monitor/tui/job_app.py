@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,12 +37,12 @@ from torchtop.monitor.model.ranks_view import ranks_view
 from torchtop.monitor.model.state import Link, RunState
 from torchtop.monitor.tui import bindings
 from torchtop.monitor.tui.app import TorchtopApp
+from torchtop.monitor.tui.app_keys import scroll
 from torchtop.monitor.tui.job_feed import JobEvents, JobFeedError, JobRequest, run_job_feed
 from torchtop.monitor.tui.widgets import CapturesScreen, HelpScreen
 from torchtop.monitor.tui.widgets.ranks_panel import RanksPanel, focus_text, head_lines
 
 if TYPE_CHECKING:
-    from torchtop.contract.discovery import AgentInfo
     from torchtop.monitor.link.targets import Endpoint
 
 
@@ -224,10 +224,7 @@ class JobApp(TorchtopApp):
             super().action_scroll(key)
             return
         target = self.query_one("#ranks-scroll", VerticalScroll)
-        move = {"up": target.scroll_up, "down": target.scroll_down, "pageup": target.scroll_page_up,
-                "pagedown": target.scroll_page_down, "home": target.scroll_home, "end": target.scroll_end}.get(key)  # fmt: skip
-        if move is not None:
-            move(animate=False)
+        scroll(target, key)
 
     # -- focus ---------------------------------------------------------------------------------
     def shown_member(self) -> Member | None:
@@ -363,50 +360,3 @@ class JobApp(TorchtopApp):
         status.error = self.feed_error or (errors[0] if errors else "")
         self.capture_line.capture = self.job_captures.current()
         self.capture_line.count = self.job_captures.count()
-
-
-def run_job_tui(
-    targets: Sequence[str],
-    job: str | None = None,
-    ssh_options: Sequence[str] = (),
-    baseline_ms: float | None = None,
-    log_path: Path | None = None,
-) -> int:
-    """Open the job view on the job these targets name (nothing: this machine's)."""
-    from torchtop.monitor.link.job_targets import open_job
-
-    with open_job(targets, job, ssh_options) as plan:
-        return run_plan(plan, baseline_ms, log_path)
-
-
-def run_plan(
-    plan: JobPlan,
-    baseline_ms: float | None = None,
-    log_path: Path | None = None,
-    mode: bindings.LeaveMode = "attach",
-) -> int:
-    app = JobApp(plan, baseline_ms=baseline_ms, log_path=log_path, leaving=bindings.Leaving(mode))
-    app.run()
-    return app.return_code or 0
-
-
-def job_plan_of(agents: list[AgentInfo]) -> JobPlan | None:
-    """The plan of one job when these discovery entries are its ranks (two or more); else None."""
-    from torchtop.monitor.link.job_targets import group_by_job
-    from torchtop.monitor.link.targets import from_discovery
-
-    groups = group_by_job(agents)
-    if len(groups) != 1 or len(groups[0].agents) < 2:
-        return None
-    return JobPlan([from_discovery(a) for a in groups[0].agents], groups[0].job_id)
-
-
-def run_agents_tui(
-    agents: list[AgentInfo], log_path: Path | None = None, mode: bindings.LeaveMode = "attach"
-) -> int | None:
-    """The job view when these discovery entries are the ranks of one job (`torchtop run`,
-    `torchtop demo`); None otherwise (the caller opens the one-agent view)."""
-    plan = job_plan_of(agents)
-    if plan is None:
-        return None
-    return run_plan(plan, log_path=log_path, mode=mode)

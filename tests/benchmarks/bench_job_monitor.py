@@ -76,7 +76,7 @@ def feeder(
     host = wire.HostSample(proc_cpu=99.0, proc_rss=2**31, threads=12, cpu_count=96)
     next_tick = time.monotonic()
     rng = random.Random(0)
-    from torchtop.agent.hooks.probe import COMM_FULL_STEP_NS
+    from torchtop.agent.hooks.phase_sampling import COMM_FULL_STEP_NS
 
     # the agent's phase sampling (probe.py), unless --timed says
     timed_share = min(1.0, step_ns / COMM_FULL_STEP_NS) if timed is None else timed

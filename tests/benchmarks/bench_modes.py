@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 import torchtop.agent as ta
+from torchtop.agent.hooks import phase_sampling
 from torchtop.agent.hooks import probe as probe_mod
 from torchtop.agent.loop import cuda_events as cuda_timing
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             return us
 
         session("A/A: the originals on both sides", None, None, aa=True)
-        untimed = session("every step untimed", probe_mod.UNTIMED, 0)
+        untimed = session("every step untimed", phase_sampling.UNTIMED, 0)
         timed = session("every step timed", 0, 0)
         evented = session("every step with CUDA events", None, 1) if every else 0.0
         if every:

@@ -55,7 +55,7 @@ def _hello(rank: int, world: int, host: str, start: float) -> wire.Hello:
 
 # -- relay: 8 agents on ipc, one real relay --------------------------------------------------------
 def agents_feeder(directory: str, ranks: int, rate: float, seconds: float, ready, sent) -> None:
-    from torchtop.agent.hooks.probe import COMM_FULL_STEP_NS
+    from torchtop.agent.hooks.phase_sampling import COMM_FULL_STEP_NS
 
     ctx = zmq.Context()
     start = time.time()
