@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from torchtop.contract.logcodes import PIPELINE
 from torchtop.monitor.diagnosis.bubble import bubble_line, job_bubbles, rank_bubble
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
@@ -129,7 +130,10 @@ def _rank_entry(
     job_diagnosis, found, times = judged
     # the rank's line agrees with the job's. m.rank is an int (-1 before a hello), never None: the
     # test is on the hello (job.ranked() hands only members with one, so none is skipped today)
-    bubble = rank_bubble(m, window)
+    groups = comm_by_group(m, window)
+    # the report's bubble is its comm's pipeline part over the same steps as its phases (the live
+    # view's rank_bubble reads the newest steps only, so it could exceed the window's comm)
+    bubble = groups.get(PIPELINE) if groups else rank_bubble(m, window)
     if m.hello is not None:
         with_diagnosis(report, rank_view(job_diagnosis, diagnose(m.state), m.rank, found, times, bubble))
     t = m.stats.window(window)
@@ -161,7 +165,7 @@ def _rank_entry(
         gaps=report.gaps,
         bad_frames=report.bad_frames,
         hook_errors=report.hook_errors,
-        comm_by_group_ms=comm_by_group(m, window),
+        comm_by_group_ms=groups,
         work=work_json(t),
         pipeline_bubble_ms=round(bubble, 4) if bubble is not None else None,
         pipeline_bubble_share=round(bubble / t.step_ms, 4) if bubble is not None and t.step_ms > 0 else None,
