@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from torchtop.contract.logcodes import PIPELINE
-from torchtop.monitor.diagnosis.bubble import bubble_line, job_bubbles, rank_bubble
+from torchtop.monitor.diagnosis.bubble import bubble_line, job_bubbles
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis
@@ -133,7 +133,7 @@ def _rank_entry(
     groups = comm_by_group(m, window)
     # the report's bubble is its comm's pipeline part over the same steps as its phases (the live
     # view's rank_bubble reads the newest steps only, so it could exceed the window's comm)
-    bubble = groups.get(PIPELINE) if groups else rank_bubble(m, window)
+    bubble = groups.get(PIPELINE)
     if m.hello is not None:
         with_diagnosis(report, rank_view(job_diagnosis, diagnose(m.state), m.rank, found, times, bubble))
     t = m.stats.window(window)
