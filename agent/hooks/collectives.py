@@ -65,7 +65,13 @@ COLLECTIVES = (
 _BACKWARD = (
     _TIMED.replace(
         "        _tt_put(_tt_enter)\n",
-        "        _tt_put(_tt_enter)\n        if _tt_probe.comm:\n            _tt_arm({first})\n",
+        "        _tt_put(_tt_enter)\n        if _tt_probe.comm:\n            _tt_arm({first})\n"
+        "            _tt_probe.engine = True\n",
+        1,
+    )
+    .replace(  # the engine's thread logs waits only while a timed backward runs (waits.py)
+        "    finally:\n        try:\n",
+        "    finally:\n        _tt_probe.engine = False\n        try:\n",
         1,
     )
     .replace("_tt_probe.adopt()", "_tt_probe.adopt(True)", 1)
@@ -78,6 +84,7 @@ _BACKWARD = (
     )
 )
 assert "backward_ended" in _BACKWARD and "adopt(True)" in _BACKWARD
+assert _BACKWARD.count("_tt_probe.engine") == 2
 _ASYNC = _TIMED.replace("if _tt_probe.untimed or", "if _tt_probe.untimed or async_op or", 1)
 # a collective that takes `group`: its process group named after the entry (groups.py)
 _GROUP = "        _tt_put(_tt_enter)\n        _tt_group(_tt_probe, group)\n"

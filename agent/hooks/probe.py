@@ -110,6 +110,7 @@ class Probe(LogDrain, PhaseSampling):
         "tail",
         "event_put",
         "no_opt",
+        "engine",
         "callers",
     )
 
@@ -163,6 +164,10 @@ class Probe(LogDrain, PhaseSampling):
         # backward passes left (+1) before steps are cut at each backward (NO_OPT_BACKWARDS); 1: they
         # are; 0: an optimizer stepped, or step() is explicit (the backward wrapper tests this)
         self.no_opt = NO_OPT_BACKWARDS + 1
+        # a timed backward runs now: on CUDA the autograd engine runs its nodes on a thread of
+        # its own, where FSDP2's backward all-gathers wait; the wait hooks log from it meanwhile
+        # (hooks/waits.py), while the training thread is blocked in that backward
+        self.engine = False
         # the code of the frames that called the first root module found (auto.py, once): where
         # the stack sampler finds the training loop (agent/telemetry/stacks.py)
         self.callers: tuple[CodeType, ...] = ()
@@ -190,6 +195,7 @@ class Probe(LogDrain, PhaseSampling):
         self.put = self._append = _discard
         self.untimed = 0
         self.no_opt = 0
+        self.engine = False
         self.plan = NoneTimed()  # type: ignore[assignment]
         self.left = self._batch = 1 << 30
 

@@ -40,11 +40,43 @@ if TYPE_CHECKING:
 
     from torchtop.agent.hooks.probe import Probe
 
+# the training thread, or the autograd engine's thread while a timed backward runs (on CUDA the
+# engine runs backward nodes there: FSDP2's backward all-gathers, DDP's bucket waits)
+_ENGINE = "_tt_current() is not _tt_probe and not (_tt_probe.engine and _tt_task() >= 0) and"
 _WAIT = _TIMED.replace(
     "    if _tt_probe.untimed or",
     "    if _tt_dynamo():\n        return _tt_orig({call})\n    if _tt_probe.untimed or",
     1,
-)
+).replace("_tt_current() is not _tt_probe and", _ENGINE, 1)
+assert _ENGINE in _WAIT
+# FSDP2's copy-out of an all-gather (`foreach_all_gather_copy_out`, called by wait_for_unshard): the
+# compute stream's wait for the all-gather stream is timed alone as COMM (the same `wait_event`,
+# made first; the original's own is then a no-op), its copies stay in the phase around it
+_COPY_OUT = """
+def {name}({params}):
+    if _tt_dynamo():
+        return _tt_orig({call})
+    _tt_ev = _tt_event({first})
+    if _tt_ev is None or _tt_probe.untimed or (ENGINE _tt_probe.adopt() is None):
+        return _tt_orig({call})
+    try:
+        _tt_put = _tt_probe.put
+        _tt_put(_tt_pc())
+        _tt_put(_tt_enter)
+    except Exception:
+        _tt_probe.fail()
+    try:
+        _tt_ev[0].wait_event(_tt_ev[1])
+    except Exception:
+        pass  # the original waits all the same
+    try:
+        _tt_put = _tt_probe.put
+        _tt_put(_tt_pc())
+        _tt_put(_tt_leave)
+    except Exception:
+        _tt_probe.fail()
+    return _tt_orig({call})
+""".replace("ENGINE", _ENGINE)
 # the schedule's wait on a list of P2P works: a COMM named PIPELINE; an empty list is no wait
 _PIPE_WAIT = _WAIT.replace(
     "    if _tt_probe.untimed or", "    if not {first} or _tt_probe.untimed or", 1
@@ -57,13 +89,41 @@ assert "_tt_pipe" in _PIPE_WAIT and "not {first}" in _PIPE_WAIT
 FUNCOL = "torch.distributed._functional_collectives"
 PIPELINING = "torch.distributed.pipelining.schedules"
 FSDP2 = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+COPY_OUT = "foreach_all_gather_copy_out"  # FSDP2's copy-out, a global of FSDP2's module
 
 
-def timed_wait(probe: Probe, orig: Any, dynamo: Callable[[], bool], pipeline: bool = False) -> Any:
-    """`orig` timed as COMM on timed steps of the training thread; with `pipeline`, a pipeline
-    schedule's wait for its neighbour stages (its first argument: the works)."""
+def _graph_task(torch: ModuleType) -> Callable[[], int]:
+    """The autograd engine's graph task on this thread (-1 outside a backward)."""
+    return getattr(torch._C, "_current_graph_task_id", None) or (lambda: -1)
+
+
+def _all_gather_event(torch: ModuleType) -> Callable[[Any], tuple[Any, Any] | None]:
+    """(the current stream, the event it must wait for) of an FSDP2 all-gather result, or None
+    (an async all-gather waits in `Work.wait`, timed there; a CPU one has no stream)."""
+
+    def event(result: Any) -> tuple[Any, Any] | None:
+        ev = getattr(result, "all_gather_event", None)
+        if ev is None:
+            return None
+        device = getattr(getattr(result, "all_gather_output", None), "device", None)
+        handle = getattr(torch, getattr(device, "type", ""), None)
+        current_stream = getattr(handle, "current_stream", None)
+        return None if current_stream is None else (current_stream(), ev)
+
+    return event
+
+
+def timed_wait(
+    probe: Probe, orig: Any, torch: ModuleType, dynamo: Callable[[], bool], how: str = "wait"
+) -> Any:
+    """`orig` timed as COMM on timed steps of the training thread (and of the autograd engine's
+    thread during a timed backward). `how`: "wait" (the call is the wait), "pipeline" (a
+    pipeline schedule's wait for its neighbour stages; its first argument: the works), or
+    "copy_out" (FSDP2's all-gather copy-out: only the stream's wait in it)."""
     names: dict[str, Any] = {
         "_tt_dynamo": dynamo,
+        "_tt_task": _graph_task(torch),
+        "_tt_event": _all_gather_event(torch),
         "_tt_current": current,
         "_tt_probe": probe,
         "_tt_pc": perf_counter_ns,
@@ -71,7 +131,7 @@ def timed_wait(probe: Probe, orig: Any, dynamo: Callable[[], bool], pipeline: bo
         "_tt_leave": EXIT | COMM,
         "_tt_pipe": (COMM_GROUP, PIPELINE),
     }
-    template = _PIPE_WAIT if pipeline else _WAIT
+    template = {"wait": _WAIT, "pipeline": _PIPE_WAIT, "copy_out": _COPY_OUT}[how]
     fn = signature_wrapper(orig, template, names, getattr(orig, "__name__", "wait"))
     return note_phase(fn, COMM)
 
@@ -104,17 +164,20 @@ class Waits:
             if funcol is not None:
                 self._patch(funcol, "wait_tensor", FUNCOL)
         if FSDP2 not in self.patched:
-            group = getattr(sys.modules.get(FSDP2), "FSDPParamGroup", None)
+            module = sys.modules.get(FSDP2)
+            group = getattr(module, "FSDPParamGroup", None)
             if group is not None:
-                if self._cuda():  # on CPU its wait is Work.wait's, and the rest is copies
-                    self._patch(group, "wait_for_unshard", FSDP2)
-                else:
+                if not self._cuda():  # on CPU its wait is Work.wait's, and the rest is copies
                     self.patched.add(FSDP2)
+                elif callable(getattr(module, COPY_OUT, None)):
+                    self._patch(module, COPY_OUT, FSDP2, "copy_out")
+                else:  # another torch: the whole unshard wait, its copy-out included
+                    self._patch(group, "wait_for_unshard", FSDP2)
         if PIPELINING not in self.patched:
             schedules = sys.modules.get(PIPELINING)
             # a module still being imported (by the training thread) may not define it yet
             if callable(getattr(schedules, "_wait_batch_p2p", None)):
-                self._patch(schedules, "_wait_batch_p2p", PIPELINING, True)
+                self._patch(schedules, "_wait_batch_p2p", PIPELINING, "pipeline")
 
     def _cuda(self) -> bool:
         try:
@@ -122,12 +185,12 @@ class Waits:
         except Exception:
             return False
 
-    def _patch(self, owner: Any, name: str, key: str, pipeline: bool = False) -> None:
+    def _patch(self, owner: Any, name: str, key: str, how: str = "wait") -> None:
         self.patched.add(key)
         orig = getattr(owner, name, None)
         if not callable(orig):
             return
         try:
-            self._setattr(owner, name, timed_wait(self.probe, orig, self._dynamo, pipeline))
+            self._setattr(owner, name, timed_wait(self.probe, orig, self.torch, self._dynamo, how))
         except Exception:
             pass  # a class that refuses new attributes: its waits stay in their phase

@@ -52,6 +52,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(device="cuda", delay_ms=40.0, extra=48)
     p.add_argument("--report-seconds", type=float, default=8.0)
     p.add_argument("--window", type=int, default=WINDOW, help="steps compared with the profiler")
+    p.add_argument("--keep", default=None, help="a folder: keep each rank's trace and torchtop's steps there")
     return p
 
 
@@ -188,6 +189,11 @@ def main() -> int:
     steps(10)  # the window's events resolve and ship meanwhile
     ours = torchtop_steps(agent, first, args.window)
     theirs = profiler_exposed_ms(trace)
+    if args.keep:  # for tests/gpu/exposed_where.py: the trace and torchtop's device ms of its steps
+        keep = Path(args.keep)
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / trace.name).write_bytes(trace.read_bytes())
+        (keep / f"rank{rank}.torchtop.json").write_text(json.dumps({"first": first, "steps": ours}))
     rows = []
     for k in range(args.window):
         tt = ours.get(first + k, {}).get("comm")
