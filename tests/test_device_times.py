@@ -149,6 +149,46 @@ def test_device_times_wait_for_the_gpu_then_reach_the_monitor() -> None:
     assert all(r.h2d_bytes == {"pinned": 4096} for r in records[1:])
 
 
+def test_a_wait_inside_forward_and_backward_leaves_them_their_compute_on_the_gpu_too() -> None:
+    """FSDP2 on CUDA: the compute stream waits for an all-gather inside forward and backward.
+    Device forward and backward are their compute, as on the host; the waits are comm (before,
+    a forward read its wait too, and a rank held by a slower one looked as slow as it)."""
+    probe, gpu, _pool, resolver = _setup()
+    comm = logcodes.COMM
+    for _ in range(4):
+        probe.enter(FORWARD)
+        gpu.launch(1.0)
+        for wait in (4.0, 0.5):  # the compute stream waits for two all-gathers
+            probe.enter(comm)
+            gpu.launch(wait)
+            probe.exit(comm)
+            gpu.launch(1.0)
+        probe.exit(FORWARD)
+        probe.enter(BACKWARD)
+        gpu.launch(2.0)
+        probe.enter(comm)
+        gpu.launch(3.0)
+        probe.exit(comm)
+        gpu.launch(2.0)
+        probe.exit(BACKWARD)
+        probe.enter(OPTIMIZER)
+        gpu.launch(1.0)
+        probe.exit(OPTIMIZER)
+        probe.cut()
+    entries, steps = probe.drain()
+    resolver.run(entries, steps)
+    gpu.done_ms = gpu.queued_ms
+    records = LogReplay().feed(_ship(resolver.poll()), wall_offset=0.0, rank=0, flush=True)
+    evented = [r for r in records if r.device_ms]
+    assert evented
+    for r in evented:
+        dev = r.device_ms
+        assert abs(dev["forward"] - 3.0) < 1e-9, dev
+        assert abs(dev["backward"] - 4.0) < 1e-9, dev
+        assert abs(dev["comm"] - 7.5) < 1e-9, dev
+        assert abs(dev["forward"] + dev["backward"] + dev["comm"] + dev["optimizer"] - dev["step"]) < 1e-9
+
+
 def test_the_stride_follows_the_recording_cost_and_is_worked_out_once_per_new_sample(
     monkeypatch: Any,
 ) -> None:

@@ -223,6 +223,8 @@ class StepRecorder:
         self._cur = phase
         self._cur_t = now
         if ms is not None and self._events is not None:
+            if phase == COMM and cur >= 0:  # a wait inside forward/backward: the GPU's too
+                _close(self._events, cur, ms)
             self._events.append((phase, ms, None))
 
     def comm_ready(self, now: int, ms: float | None = None) -> None:
@@ -252,15 +254,16 @@ class StepRecorder:
         if cur >= 0:
             self._acc[cur] += now - self._cur_t
         if self._events is not None and ms is not None and phase == cur:
-            # close the most recent open pair of this phase
-            evs = self._events
-            for k in range(len(evs) - 1, 0, -1):
-                p, start, end = evs[k]
-                if p == phase and end is None:
-                    evs[k] = (p, start, ms)
-                    break
+            _close(self._events, phase, ms)
         self._cur = self._stack.pop() if self._stack else -1
         self._cur_t = now
+        evs = self._events
+        if evs is not None and ms is not None and phase == COMM and self._cur >= 0:
+            # the phase a wait paused goes on on the GPU too (if it had device times at all)
+            if any(p == self._cur for p, _, _ in evs) and not any(
+                p == self._cur and e is None for p, _, e in evs
+            ):
+                evs.append((self._cur, ms, None))
 
     def forward_start(self, root: int, grad: int, now: int, ms: float | None = None) -> None:
         """A root module's forward begins: tells train from evaluation, then opens FORWARD.
@@ -396,3 +399,12 @@ class StepRecorder:
         self._events = None
         self._has_train = self._eval_fwd = self._untimed = self._split = False
         self._extra = None
+
+
+def _close(events: list[tuple[int, float, float | None]], phase: int, ms: float) -> None:
+    """Close the most recent open device pair of `phase` at `ms` (the step's own, index 0, never)."""
+    for k in range(len(events) - 1, 0, -1):
+        p, start, end = events[k]
+        if p == phase and end is None:
+            events[k] = (p, start, ms)
+            return

@@ -236,6 +236,29 @@ class Hooked:
         self.cell.cell_contents = fns[-1]
 
 
+# `--floor`: the same hook points doing only what the hot-path rules allow and nothing else, a
+# clock read and two appends on each side (no thread check, no sampling, no step logic): the
+# physical floor of a Python-level hook, beside which the agent's own figure is read
+_FLOOR = """
+def {name}({params}):
+    _tt_a(_tt_pc())
+    _tt_a(1)
+    try:
+        return _tt_orig({call})
+    finally:
+        _tt_a(_tt_pc())
+        _tt_a(2)
+"""
+
+
+def floor_wrappers(fns: list[Any], sink: list[int]) -> list[Any]:
+    """Append-only wrappers of `fns` (Hooked's originals), appending to `sink`."""
+    from torchtop.agent.hooks.wrap import signature_wrapper
+
+    names = {"_tt_a": sink.append, "_tt_pc": time.perf_counter_ns}
+    return [signature_wrapper(fn, _FLOOR, names, getattr(fn, "__name__", "f"), True) for fn in fns]
+
+
 class CommToggle:
     """`--comm-only`: the wrappers stay; a timed backward arms the collective-wait callback
     (probe.comm) on one step of each pair and not on the other."""
@@ -354,6 +377,12 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="--after-capture: off keeps CUPTI attached after the capture (TORCHTOP_CUPTI_TEARDOWN=0)",
     )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="the paired side runs append-only wrappers at the same hook points instead of the agent's: "
+        "the floor any Python hook pays (the agent's threads run as usual)",
+    )
     p.add_argument("--markdown", action="store_true", help="also print the row for docs/benchmarks.md")
     p.add_argument(
         "--record", metavar="PATH", default=None, help="the agent records the run into PATH meanwhile"
@@ -408,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.comm_only:
             hooked = CommToggle(probe)  # type: ignore[assignment]
+        sink: list[int] = []
+        if args.floor:
+            hooked.wrapped = floor_wrappers(hooked.orig, sink)
         cpu0, busy0, wall0, ticks0 = (
             agent_threads_cpu_ns(),
             agent_busy_ns(agent),
@@ -439,6 +471,11 @@ def main(argv: list[str] | None = None) -> int:
             + (f", CUDA events on 1 step in {every}" if every else "")
             + f"; paired with phase_every={probe.phase_every}; hook failures {probe.failures}"
         )
+        if args.floor:
+            calls = len(sink) // (4 * args.pairs)
+            print(f"  FLOOR: the paired side ran append-only wrappers ({calls} hooked calls a step), not the agent's")
+            if not calls:
+                raise SystemExit("--floor: no floor wrapper ran: the figure would measure nothing")
         lo, hi = trimmed_ci(diffs[5])
         for k, name in enumerate(PARTS):
             ci = f", 95% CI {lo / 1e3:+.2f} .. {hi / 1e3:+.2f}" if name == "step" else ""
