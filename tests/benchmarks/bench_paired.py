@@ -473,7 +473,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.floor:
             calls = len(sink) // (4 * args.pairs)
-            print(f"  FLOOR: the paired side ran append-only wrappers ({calls} hooked calls a step), not the agent's")
+            print(
+                f"  FLOOR: the paired side ran append-only wrappers ({calls} hooked calls a step), not the agent's"
+            )
             if not calls:
                 raise SystemExit("--floor: no floor wrapper ran: the figure would measure nothing")
         lo, hi = trimmed_ci(diffs[5])
