@@ -306,3 +306,79 @@ def test_the_slow_samplers_rest_while_nobody_is_watching(monkeypatch) -> None:
     assert unattended <= 60 // telemetry.UNATTENDED_SLOW_PERIODS + 2, unattended
     assert attended >= 8, attended
     assert tc.busy_ns > 0
+
+
+def test_pcie_throughput_is_read_every_ten_seconds_not_every_slow_tick(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """NVML's PCIe throughput costs ~1 ms of CPU a call (and waits ~20 ms in the driver): at 1 Hz
+    it was most of the slow thread's cost while a monitor listened."""
+    from torchtop.agent.telemetry import collector
+
+    tc = TelemetryCollector(CudaUse(torch), enable_host=False)
+    calls: list[int] = []
+
+    class Nvml:
+        def pcie(self, d: int) -> tuple[float, float]:
+            calls.append(d)
+            return 1.0, 2.0
+
+        def close(self) -> None:
+            pass
+
+    class Mem:
+        def snapshot_due(self) -> bool:
+            return False
+
+    tc._nvml, tc._cuda_mem, tc._devices = Nvml(), Mem(), [0]  # type: ignore[assignment]
+    now = [1000.0]
+    monkeypatch.setattr(collector.time, "monotonic", lambda: now[0])
+    for _ in range(5):  # five slow ticks a second apart
+        tc.slow()
+        now[0] += collector.SLOW_PERIOD_S
+    assert calls == [0] and tc._pcie[0] == (1.0, 2.0)
+    now[0] += collector.PCIE_PERIOD_S
+    tc.slow()
+    assert calls == [0, 0]
+    tc.stop()
+
+
+def test_memory_figures_from_the_allocators_nested_stats_match_memory_stats() -> None:
+    """The allocator's figures are read from the nested dict torch builds, not flattened in
+    Python by memory_stats() (~0.2 ms of GIL a tick): the same numbers either way."""
+    from types import SimpleNamespace
+
+    from torchtop.agent.telemetry.cuda_memory import CudaMemorySampler
+
+    nested = {
+        "allocated_bytes": {"all": {"current": 100, "peak": 300}, "large_pool": {"current": 90}},
+        "reserved_bytes": {"all": {"current": 512, "peak": 1024}},
+        "active_bytes": {"all": {"current": 120}},
+        "requested_bytes": {"all": {"current": 99}},
+        "inactive_split_bytes": {"all": {"current": 7}},
+        "num_alloc_retries": 3,
+        "num_ooms": 1,
+    }
+
+    def flat(d: dict, prefix: str = "") -> dict:  # type: ignore[type-arg]
+        out: dict = {}  # type: ignore[type-arg]
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    def flattened_in_python(device: int) -> dict:  # type: ignore[type-arg]
+        raise AssertionError("memory_stats() called where the nested stats exist")
+
+    def fake(with_nested: bool) -> object:
+        cuda = SimpleNamespace(
+            memory_stats=(lambda device: flat(nested)) if not with_nested else flattened_in_python,
+            is_initialized=lambda: True,
+            mem_get_info=lambda device: (1 << 30, 1 << 34),
+            get_per_process_memory_fraction=lambda device: 1.0,
+        )
+        c = SimpleNamespace(_cuda_memoryStats=lambda device: nested) if with_nested else SimpleNamespace()
+        return SimpleNamespace(cuda=cuda, _C=c)
+
+    via_nested = CudaMemorySampler(fake(True)).stats(0)  # type: ignore[arg-type]
+    via_flat = CudaMemorySampler(fake(False)).stats(0)  # type: ignore[arg-type]
+    assert via_nested == via_flat
+    assert (via_nested.allocated, via_nested.peak_allocated, via_nested.reserved) == (100, 300, 512)
+    assert (via_nested.alloc_retries, via_nested.ooms, via_nested.inactive_split) == (3, 1, 7)

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 SLOW_PERIOD_S = 1.0
 UNATTENDED_SLOW_PERIODS = 10  # nobody subscribed: the slow samplers run every this many periods
 DEVICE_REFRESH_S = 5.0
+# NVML's PCIe throughput waits ~20 ms in the driver a direction and costs ~1 ms of CPU a call on
+# an H200 (bench_samplers.py): at 1 Hz that was most of the slow thread's cost a step; every 10 s
+# it is a link's steady rate all the same
+PCIE_PERIOD_S = 10.0
 MAX_FAILURES = 5
 
 
@@ -70,6 +74,7 @@ class TelemetryCollector:
         self._frag: list[FragSample] = []
         self._gpus: list[GpuSample] = []
         self._pcie: dict[int, tuple[float | None, float | None]] = {}
+        self._pcie_due = 0.0  # monotonic time of the next PCIe reading
         self._gpm: dict[int, GpmReading] = {}
         self._gpm_sampler: GpmSampler | None = None
         self._host: HostSample | None = None
@@ -193,7 +198,8 @@ class TelemetryCollector:
         if self._cuda_mem is None or host_only:
             return
         devices = list(self._devices)
-        if self._nvml is not None and self._breakers["pcie"].on:
+        if self._nvml is not None and self._breakers["pcie"].on and time.monotonic() >= self._pcie_due:
+            self._pcie_due = time.monotonic() + PCIE_PERIOD_S
             for d in devices:
                 got = self._breakers["pcie"].run(self._nvml.pcie, d)
                 if got is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchtop.contract.wire import FragSample, MemorySample
@@ -77,10 +78,29 @@ class CudaMemorySampler:
         found = [i for i in range(cuda.device_count()) if cuda.memory_reserved(i) > 0]
         return found or [cuda.current_device()]
 
+    def _flat(self, device: int) -> Callable[[str, int], Any]:
+        """A getter of the allocator's statistics by memory_stats()'s dotted keys. From the
+        nested dict torch builds (torch._C._cuda_memoryStats) where this torch has it:
+        memory_stats() flattens every key in Python, ~0.2 ms of GIL a tick for the dozen read."""
+        cuda = self.torch.cuda
+        nested = getattr(getattr(self.torch, "_C", None), "_cuda_memoryStats", None)
+        if nested is None or not cuda.is_initialized():
+            return cuda.memory_stats(device).get
+        st = nested(device)
+
+        def get(key: str, default: int) -> Any:
+            node: Any = st
+            for part in key.split("."):
+                if not isinstance(node, dict) or part not in node:
+                    return default
+                node = node[part]
+            return node
+
+        return get
+
     def stats(self, device: int) -> MemorySample:
         cuda = self.torch.cuda
-        st = cuda.memory_stats(device)
-        g = st.get
+        g = self._flat(device)
         peak = int(g("allocated_bytes.all.peak", 0))
         current = int(g("allocated_bytes.all.current", 0))
         last_peak = self._last_peak.get(device)
