@@ -444,3 +444,23 @@ def test_why_round_trips_and_is_left_out_when_absent() -> None:
     bare = wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=1, time=1.0)
     assert b"why" not in wire.encode(bare) and wire.decode(wire.encode(bare)).why is None
     assert wire.FlopInfo(state="waiting").samples is None  # unknown is None
+
+
+def test_log_pairs_with_event_tuples_convert_block_by_block_to_the_same_entries() -> None:
+    """On CUDA nearly every tick's log holds an event step's (time, event) tuples: only their
+    block takes the Python path; the entries and step ends are those of converting it whole."""
+    ms = 1_000_000
+    raw: list = []
+    for step in range(300):
+        t = step * 10 * ms
+        event = step % 97 == 5  # an event step now and then: its times carry a (fake) event
+        for k, code in enumerate(
+            (logcodes.FORWARD_START + 3, logcodes.EXIT | logcodes.FORWARD, logcodes.STEP_END)
+        ):
+            raw += [(t + k * ms, f"ev{step}.{k}") if event else t + k * ms, code]
+    assert len(raw) > 3 * logcodes.CONVERT_BLOCK
+    whole = logcodes._block_entries(raw)
+    assert logcodes.to_entries(raw) == whole
+    entries, cuts = whole
+    assert cuts == 300 and len(entries) == 900
+    assert entries[3 * 5] == ((5 * 10 * ms) << logcodes.SHIFT | (logcodes.FORWARD_START + 3), "ev5.0")
