@@ -24,10 +24,10 @@ RESTART_AFTER_S = 10.0  # a relay that died is started again after this (its nod
 
 
 def wanted(ident: Identity, env: dict[str, str] | None = None) -> bool:
-    env = dict(os.environ) if env is None else env
-    if env.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return bool(ident.job_id) and ident.world_size > 1 and ident.local_rank == 0
+    if not (ident.job_id and ident.world_size > 1 and ident.local_rank == 0):
+        return False  # first: asked once a second, and os.environ decodes what it reads
+    value = (os.environ if env is None else env).get(ENV, "1")
+    return value.strip().lower() not in ("0", "false", "no", "off")
 
 
 class RelayStarter:
