@@ -149,6 +149,13 @@ def test_device_times_wait_for_the_gpu_then_reach_the_monitor() -> None:
     assert all(r.h2d_bytes == {"pinned": 4096} for r in records[1:])
 
 
+def _stamp_item(probe: Probe, item: object) -> None:
+    from time import perf_counter_ns
+
+    probe._append(perf_counter_ns())
+    probe._append(item)  # type: ignore[arg-type]
+
+
 def test_a_wait_inside_forward_and_backward_leaves_them_their_compute_on_the_gpu_too() -> None:
     """FSDP2 on CUDA: the compute stream waits for an all-gather inside forward and backward.
     Device forward and backward are their compute, as on the host; the waits are comm (before,
@@ -158,8 +165,10 @@ def test_a_wait_inside_forward_and_backward_leaves_them_their_compute_on_the_gpu
     for _ in range(4):
         probe.enter(FORWARD)
         gpu.launch(1.0)
-        for wait in (4.0, 0.5):  # the compute stream waits for two all-gathers
+        for wait in (4.0, 0.5):  # the compute stream waits for two all-gathers, the first dp's
             probe.enter(comm)
+            if wait == 4.0:
+                _stamp_item(probe, (logcodes.COMM_GROUP, "dp"))  # as groups.log_group logs it
             gpu.launch(wait)
             probe.exit(comm)
             gpu.launch(1.0)
@@ -187,6 +196,7 @@ def test_a_wait_inside_forward_and_backward_leaves_them_their_compute_on_the_gpu
         assert abs(dev["backward"] - 4.0) < 1e-9, dev
         assert abs(dev["comm"] - 7.5) < 1e-9, dev
         assert abs(dev["forward"] + dev["backward"] + dev["comm"] + dev["optimizer"] - dev["step"]) < 1e-9
+        assert r.device_groups == {"dp": 4.0}  # the named wait's device time, by its group
 
 
 def test_the_stride_follows_the_recording_cost_and_is_worked_out_once_per_new_sample(

@@ -18,11 +18,12 @@ from typing import Any
 from torchtop.agent.hooks.collectives import timed_backward
 from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.waits import timed_wait
-from torchtop.contract.logcodes import BACKWARD, COMM, EXIT
+from torchtop.contract.logcodes import BACKWARD, COMM, COMM_GROUP, EXIT
 
 
 def _codes(probe: Probe) -> list[int]:
-    return [int(x) for x in probe.log[1::2]]
+    """The log's plain codes (a COMM_GROUP entry, a tuple, left out)."""
+    return [int(x) for x in probe.log[1::2] if not isinstance(x, tuple)]
 
 
 def _engine_stub(probe: Probe, task: int = 0) -> Any:
@@ -117,8 +118,8 @@ def _copy_out_case(event: Any) -> tuple[Probe, list[tuple[str, int]], Any]:
 def test_fsdp2_copy_out_times_the_streams_wait_alone() -> None:
     probe, calls, _ = _copy_out_case("ag-event")
     assert _codes(probe) == [COMM, EXIT | COMM]
-    # the wait is made between the two entries; the copies after the second
-    assert calls == [("wait ag-event", 2), ("copy-out", 4)]
+    # the wait is made between the two entries (and the group's); the copies after the last
+    assert calls == [("wait ag-event", 4), ("copy-out", 6)]
 
 
 def test_fsdp2_copy_out_without_an_event_passes_through() -> None:
@@ -126,3 +127,25 @@ def test_fsdp2_copy_out_without_an_event_passes_through() -> None:
     probe, calls, _ = _copy_out_case(None)
     assert _codes(probe) == []
     assert calls == [("copy-out", 0)]
+
+
+def test_fsdp2_copy_out_names_its_process_group() -> None:
+    """The copy-out's `group` (FSDP2's dp group from the device mesh) follows the COMM entry, so
+    the wait counts for that group (on the GPU too: the replay splits device comm by group)."""
+    probe = Probe()
+    stream = _Stream(probe, [])
+    stub = SimpleNamespace(
+        _C=SimpleNamespace(_current_graph_task_id=lambda: -1),
+        fake=SimpleNamespace(current_stream=lambda: stream),
+    )
+
+    def copy_out(all_gather_result: Any, fsdp_params: Any, group: Any) -> None:
+        pass
+
+    wrapped = timed_wait(probe, copy_out, stub, lambda: False, "copy_out")
+    result = SimpleNamespace(
+        all_gather_event="ev", all_gather_output=SimpleNamespace(device=SimpleNamespace(type="fake"))
+    )
+    wrapped(result, [], SimpleNamespace(group_desc="mesh_dp"))
+    assert _codes(probe) == [COMM, EXIT | COMM]
+    assert probe.log[3] == (COMM_GROUP, "dp")

@@ -30,9 +30,11 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+from torchtop.agent.hooks.collectives import _GROUP
+from torchtop.agent.hooks.groups import log_group
 from torchtop.agent.hooks.probe import current
 from torchtop.agent.hooks.timed import _TIMED, dynamo_check
-from torchtop.agent.hooks.wrap import note_phase, signature_wrapper
+from torchtop.agent.hooks.wrap import mirror, note_phase, signature_wrapper
 from torchtop.contract.logcodes import COMM, COMM_GROUP, EXIT, PIPELINE
 
 if TYPE_CHECKING:
@@ -132,6 +134,12 @@ def timed_wait(
         "_tt_pipe": (COMM_GROUP, PIPELINE),
     }
     template = {"wait": _WAIT, "pipeline": _PIPE_WAIT, "copy_out": _COPY_OUT}[how]
+    parts = mirror(orig, True)
+    params = [] if parts is None else [p.split("=")[0].lstrip("*") for p in parts[0].split(", ")]
+    if how == "copy_out" and "group" in params:
+        # the all-gather's process group (dp from the device mesh...): the wait counts for it
+        template = template.replace("        _tt_put(_tt_enter)\n", _GROUP, 1)
+        names["_tt_group"] = log_group
     fn = signature_wrapper(orig, template, names, getattr(orig, "__name__", "wait"))
     return note_phase(fn, COMM)
 

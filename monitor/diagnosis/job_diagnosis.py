@@ -195,13 +195,23 @@ def work_json(t: RankTimes) -> WorkReport | None:
 
 
 def comm_by_group(m: Member, window: float) -> dict[str, float]:
-    """Host ms a timed step in the named collectives of each process group (dp, tp, pp...)."""
-    timed = [s for s in m.state.summary(window).in_full if s.phases]
+    """Ms a step in the named collectives of each process group (dp, tp, pp...): the compute
+    stream's wait on the steps sampled for CUDA events where a group has one (NCCL: the host
+    only enqueues), else the host's over the timed steps."""
+    steps = m.state.summary(window).in_full
+    timed = [s for s in steps if s.phases]
     total: dict[str, int] = {}
     for s in timed:
         for name, ns in s.comm_groups.items():
             total[name] = total.get(name, 0) + ns
-    return {k: round(v / len(timed) / 1e6, 4) for k, v in sorted(total.items())} if timed else {}
+    out = {k: round(v / len(timed) / 1e6, 4) for k, v in total.items()} if timed else {}
+    sampled = [s for s in steps if s.device_ms]
+    device: dict[str, float] = {}
+    for s in sampled:
+        for name, ms in s.device_groups.items():
+            device[name] = device.get(name, 0.0) + ms
+    out.update({k: round(v / len(sampled), 4) for k, v in device.items()})
+    return dict(sorted(out.items()))
 
 
 def _straggler_json(job: JobState, found: Straggler | None) -> StragglerReport | None:

@@ -45,7 +45,8 @@ from torchtop.contract.logcodes import (
     UNTIMED_END,
     WORK,
 )
-from torchtop.monitor.model.step_pack import finite_ms, phase_ms
+from torchtop.monitor.model.step_pack import close_pair as _close
+from torchtop.monitor.model.step_pack import finite_ms, open_start, phase_ms, resume
 from torchtop.monitor.model.steps import StepKind
 
 __all__ = ["BACKWARD", "COMM", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder"]
@@ -108,7 +109,8 @@ class StepRecorder:
         self._fresh = False  # nothing happened since the last boundary
         self._untimed = False  # the open step's phases were not all timed (TIMING_RESUMED in it)
         self._split = False  # the open `comm` is the rest of a backward (COMM_READY): its exit closes it
-        self._group: tuple[str, int, int] | None = None  # the open collective's (group, start, depth)
+        # the open collective's (group, start, depth, device start ms or None)
+        self._group: tuple[str, int, int, float | None] | None = None
         # the agent saw no optimizer.step(): steps end at each backward (BACKWARD_STEPS) until one is
         self.by_backward = False
 
@@ -186,7 +188,7 @@ class StepRecorder:
         elif code == COMM_GROUP:
             assert e is not None
             if self._cur == COMM and self._t0:
-                self._group = (str(e[1]), now, len(self._stack))
+                self._group = (str(e[1]), now, len(self._stack), open_start(self._events, COMM))
         elif code == WORK:
             assert e is not None
             self.add_work(int(e[1]), int(e[2]), int(e[3]))
@@ -246,7 +248,7 @@ class StepRecorder:
     def exit(self, phase: int, now: int, ms: float | None = None) -> None:
         cur = self._cur
         if self._group is not None and phase == COMM and len(self._stack) == self._group[2]:
-            self._close_group(now)
+            self._close_group(now, ms)
         if phase == OPTIMIZER:
             self.by_backward = False  # an optimizer stepped: steps end there from now
         if self._split and phase == BACKWARD and cur == COMM:
@@ -257,13 +259,8 @@ class StepRecorder:
             _close(self._events, phase, ms)
         self._cur = self._stack.pop() if self._stack else -1
         self._cur_t = now
-        evs = self._events
-        if evs is not None and ms is not None and phase == COMM and self._cur >= 0:
-            # the phase a wait paused goes on on the GPU too (if it had device times at all)
-            if any(p == self._cur for p, _, _ in evs) and not any(
-                p == self._cur and e is None for p, _, e in evs
-            ):
-                evs.append((self._cur, ms, None))
+        if self._events is not None and ms is not None and phase == COMM and self._cur >= 0:
+            resume(self._events, self._cur, ms)  # the phase the wait paused goes on, on the GPU too
 
     def forward_start(self, root: int, grad: int, now: int, ms: float | None = None) -> None:
         """A root module's forward begins: tells train from evaluation, then opens FORWARD.
@@ -306,14 +303,18 @@ class StepRecorder:
         extra = self._extras()
         extra["skipped"] = extra.get("skipped", 0) + 1
 
-    def _close_group(self, now: int) -> None:
-        """The collective named by COMM_GROUP returns: its time counts for its process group."""
+    def _close_group(self, now: int, ms: float | None) -> None:
+        """The collective named by COMM_GROUP returns: its time counts for its process group, on
+        the host and, on an event step, on the GPU (the compute stream's wait for it)."""
         assert self._group is not None
-        name, start, _ = self._group
+        name, start, _, start_ms = self._group
         self._group = None
         groups = self._extras().setdefault("comm_groups", {})
         if len(groups) < 16 or name in groups:
             groups[name] = groups.get(name, 0) + max(0, now - start)
+            if start_ms is not None and ms is not None:
+                dev = self._extras().setdefault("device_groups", {})
+                dev[name] = dev.get(name, 0.0) + max(0.0, ms - start_ms)
 
     def add_work(self, samples: int, tokens: int, seq: int) -> None:
         """A root forward's batch: samples and tokens add up over micro-batches."""
@@ -399,12 +400,3 @@ class StepRecorder:
         self._events = None
         self._has_train = self._eval_fwd = self._untimed = self._split = False
         self._extra = None
-
-
-def _close(events: list[tuple[int, float, float | None]], phase: int, ms: float) -> None:
-    """Close the most recent open device pair of `phase` at `ms` (the step's own, index 0, never)."""
-    for k in range(len(events) - 1, 0, -1):
-        p, start, end = events[k]
-        if p == phase and end is None:
-            events[k] = (p, start, ms)
-            return

@@ -30,6 +30,29 @@ def phase_ms(events: list[tuple[int, float, float | None]]) -> dict[str, float]:
     return ms
 
 
+def close_pair(events: list[tuple[int, float, float | None]], phase: int, ms: float) -> None:
+    """Close the most recent open device pair of `phase` at `ms` (the step's own, index 0, never)."""
+    for k in range(len(events) - 1, 0, -1):
+        p, start, end = events[k]
+        if p == phase and end is None:
+            events[k] = (p, start, ms)
+            return
+
+
+def resume(events: list[tuple[int, float, float | None]], phase: int, ms: float) -> None:
+    """Reopen `phase` at `ms` after a wait paused it (only if it had device times at all)."""
+    if any(p == phase for p, _, _ in events) and not any(p == phase and e is None for p, _, e in events):
+        events.append((phase, ms, None))
+
+
+def open_start(events: list[tuple[int, float, float | None]] | None, phase: int) -> float | None:
+    """The device start of `phase`'s open pair on an event step, else None."""
+    for p, start, end in reversed(events or ()):
+        if p == phase and end is None:
+            return start
+    return None
+
+
 def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
     """A replayed step as the monitor keeps it; `other` is the step's unaccounted rest."""
     index, kind, t0_ns, wall_ns, acc, micro, device_ms, extra = raw
@@ -58,5 +81,6 @@ def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
             extra.get("seq", 0),
         )
         record.comm_groups = dict(extra.get("comm_groups", {}))
+        record.device_groups = dict(extra.get("device_groups", {}))
         record.at_backward = bool(extra.get("at_backward", False))
     return record

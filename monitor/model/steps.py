@@ -35,4 +35,5 @@ class StepRecord(msgspec.Struct, omit_defaults=True, gc=False):
     tokens: int = 0
     seq: int = 0  # the longest sequence
     comm_groups: dict[str, int] = {}  # host ns of the named collectives, by process group (dp, tp, pp...)
+    device_groups: dict[str, float] = {}  # an event step's device ms of the same, by process group
     at_backward: bool = False  # ended at a backward's end: no optimizer.step() was seen (replay.py)
