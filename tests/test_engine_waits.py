@@ -139,6 +139,9 @@ def test_fsdp2_copy_out_names_its_process_group() -> None:
         fake=SimpleNamespace(current_stream=lambda: stream),
     )
 
+    import torch
+
+    @torch.no_grad()  # as FSDP2's is: its own signature is (*args, **kwargs)
     def copy_out(all_gather_result: Any, fsdp_params: Any, group: Any) -> None:
         pass
 
@@ -147,5 +150,6 @@ def test_fsdp2_copy_out_names_its_process_group() -> None:
         all_gather_event="ev", all_gather_output=SimpleNamespace(device=SimpleNamespace(type="fake"))
     )
     wrapped(result, [], SimpleNamespace(group_desc="mesh_dp"))
+    assert probe.failures == 0
     assert _codes(probe) == [COMM, EXIT | COMM]
     assert probe.log[3] == (COMM_GROUP, "dp")

@@ -140,7 +140,8 @@ def timed_wait(
         # the all-gather's process group (dp from the device mesh...): the wait counts for it
         template = template.replace("        _tt_put(_tt_enter)\n", _GROUP, 1)
         names["_tt_group"] = log_group
-    fn = signature_wrapper(orig, template, names, getattr(orig, "__name__", "wait"))
+    # FSDP2's copy-out is wrapped in torch.no_grad(): its own signature is (*args, **kwargs)
+    fn = signature_wrapper(orig, template, names, getattr(orig, "__name__", "wait"), how == "copy_out")
     return note_phase(fn, COMM)
 
 
