@@ -11,8 +11,13 @@ backward): the replay pauses that phase for it, so forward and backward keep onl
   current stream wait: a sampled step's CUDA events around it show that stream's wait.
 - `torch.distributed._functional_collectives.wait_tensor`: where tensor parallel (DTensor) and
   functional collectives wait (an AsyncCollectiveTensor's first use).
-- On CUDA, FSDP2's `FSDPParamGroup.wait_for_unshard`: the compute stream waits there for the
-  all-gather stream (an event, not `Work.wait`); its copy-out, a few memcpys, counts with it.
+- On CUDA, FSDP2's all-gather copy-out (`foreach_all_gather_copy_out`, from wait_for_unshard):
+  the compute stream's wait for the all-gather stream (an event, not `Work.wait`) is made first
+  and timed alone, named by the all-gather's group; the copies stay in their phase. Another torch
+  without that function: the whole `wait_for_unshard`.
+- On CUDA the autograd engine runs backward nodes on a thread of its own (FSDP2's backward
+  all-gathers wait there): during a timed backward of a distributed run (`probe.engine`) the
+  wait hooks log from a thread inside the engine (its graph task id >= 0) as well.
 - `torch.distributed.pipelining.schedules._wait_batch_p2p`: where a pipeline schedule waits for
   its neighbour stages' send/recv (the bubble). Timed as COMM around the `Work.wait`s it makes,
   with a COMM_GROUP entry named PIPELINE (logcodes.py): the replay counts it apart from the
