@@ -30,6 +30,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+from torchtop.agent.hooks.pipeline import patch_pipeline_work
 from torchtop.agent.hooks.probe import current
 from torchtop.agent.hooks.timed import _TIMED, dynamo_check
 from torchtop.agent.hooks.wrap import note_phase, signature_wrapper
@@ -178,6 +179,10 @@ class Waits:
             # a module still being imported (by the training thread) may not define it yet
             if callable(getattr(schedules, "_wait_batch_p2p", None)):
                 self._patch(schedules, "_wait_batch_p2p", PIPELINING, "pipeline")
+                # posting them: on gloo a send or recv blocks there on the transport's thread
+                self._patch(schedules, "_batch_p2p", PIPELINING, "pipeline")
+                # the stage's forward and backward chunks and the loss, as their phases (pipeline.py)
+                patch_pipeline_work(self.probe, self._setattr, self._dynamo)
 
     def _cuda(self) -> bool:
         try:
