@@ -19,9 +19,10 @@ for a nested one and counts only an outermost backward as a micro-batch. A chunk
 event of its own on an event step (the nested forward and backward do), so the device time of a
 phase is not counted twice; the loss and the gradients' scaling, which nest in nothing, do.
 `backward_weight_one_chunk` and `perform_reduce_grad` open the backward as `autograd.grad` does:
-backward time, not another micro-batch. What stays `other` is the schedule's own loop: posting
-its send/recv (`_sorted_batch_p2p`: async, like any `async_op=True` collective), splitting the
-batch into micro-batches and merging the last stage's outputs.
+backward time, not another micro-batch. Posting the schedule's send/recv (`_batch_p2p`) is the
+pipeline's `comm` (waits.py: on gloo a send or recv blocks there on the transport). What stays
+`other` is the schedule's own loop: building the send/recv ops, splitting the batch into
+micro-batches, merging the last stage's outputs.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ backward): the replay pauses that phase for it, so forward and backward keep onl
   its neighbour stages' send/recv (the bubble). Timed as COMM around the `Work.wait`s it makes,
   with a COMM_GROUP entry named PIPELINE (logcodes.py): the replay counts it apart from the
   collectives, whatever the mesh calls the stage group. An empty list (no send in flight) passes.
+  Its `_batch_p2p`, which posts them, likewise: on gloo an isend/irecv blocks in the call on the
+  transport's thread (milliseconds a step on a loaded host); on NCCL it launches. The stage's
+  own work in the schedule (its chunks, the loss) is timed by pipeline.py.
 
 Each is timed like the other hooks (timed.py: only on timed steps, only on the training thread),
 with a dynamo check first so that compiled code traces straight through. Modules a job imports
