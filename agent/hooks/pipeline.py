@@ -86,11 +86,11 @@ def patch_pipeline_work(
     if schedules is None or not callable(getattr(schedules, "_wait_batch_p2p", None)):
         return False
     for module_name, cls_name, name, phase, enter, events in WORK:
-        cls = getattr(sys.modules.get(module_name), cls_name, None)
-        orig = cls.__dict__.get(name) if isinstance(cls, type) else None
-        if not callable(orig) or getattr(orig, "_tt_pipeline", False):
-            continue
         try:
+            cls = getattr(sys.modules.get(module_name), cls_name, None)
+            orig = cls.__dict__.get(name) if isinstance(cls, type) else None
+            if not callable(orig) or getattr(orig, "_tt_pipeline", False):
+                continue
             fn = timed_chunk(probe, orig, phase, enter, events, dynamo)
             fn._tt_pipeline = True  # type: ignore[attr-defined]
             setattr_(cls, name, fn)
