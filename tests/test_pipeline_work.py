@@ -92,6 +92,9 @@ def test_the_chunks_are_ours_once_and_restored(agent, group) -> None:
         (schedules._PipelineSchedule, "_compute_loss"),
     ]:
         assert cls.__dict__[name].__code__.co_filename.startswith("<torchtop"), name
+    # the schedule's send/recv, posted and waited for: the pipeline's comm (waits.py)
+    for name in ("_batch_p2p", "_wait_batch_p2p"):
+        assert getattr(schedules, name).__code__.co_filename.startswith("<torchtop"), name
     agent.hooks.waits.tick()  # a second tick wraps nothing twice
     assert stage._PipelineStageBase.__dict__["forward_one_chunk"] is ours
     agent.hooks.uninstall()
