@@ -44,9 +44,15 @@ def analyse(trace: Path) -> None:
         if "nccl" in str(k.get("name", "")).lower()
     )
     nccl_spans = [(s, t) for s, t, _, _ in nccl]
-    runtime = {e["args"]["correlation"]: e for e in _x(events, "cuda_runtime", "cuda_driver") if "correlation" in e.get("args", {})}
+    runtime = {
+        e["args"]["correlation"]: e
+        for e in _x(events, "cuda_runtime", "cuda_driver")
+        if "correlation" in e.get("args", {})
+    }
     waits = sorted(
-        (float(e["ts"]), e) for e in _x(events, "cuda_runtime", "cuda_driver") if "StreamWaitEvent" in e["name"]
+        (float(e["ts"]), e)
+        for e in _x(events, "cuda_runtime", "cuda_driver")
+        if "StreamWaitEvent" in e["name"]
     )
     wait_ts = [w[0] for w in waits]
     labels = [
@@ -89,7 +95,9 @@ def analyse(trace: Path) -> None:
         total += held
     steps = [e for e in _x(events, "user_annotation", "cpu_op") if str(e["name"]).startswith("ProfilerStep#")]
     n = max(1, len({e["name"] for e in steps}))
-    print(f"{trace.name}: compute stream {compute}; {gaps} gaps held by NCCL, {total / 1000 / n:.2f} ms a step")
+    print(
+        f"{trace.name}: compute stream {compute}; {gaps} gaps held by NCCL, {total / 1000 / n:.2f} ms a step"
+    )
     print("  by the range that launched the kernel after the gap (ms a step):")
     for k, v in sorted(by_label.items(), key=lambda kv: -kv[1])[:12]:
         print(f"    {v / 1000 / n:8.3f}  {k}")
@@ -99,7 +107,9 @@ def analyse(trace: Path) -> None:
     by_stream: dict[Any, float] = defaultdict(float)
     for s, t, stream, _name in nccl:
         by_stream[stream] += t - s
-    print("  NCCL kernel time by stream (ms a step):", {k: round(v / 1000 / n, 3) for k, v in by_stream.items()})
+    print(
+        "  NCCL kernel time by stream (ms a step):", {k: round(v / 1000 / n, 3) for k, v in by_stream.items()}
+    )
 
 
 def main() -> int:
