@@ -22,6 +22,9 @@ backward): the replay pauses that phase for it, so forward and backward keep onl
   its neighbour stages' send/recv (the bubble). Timed as COMM around the `Work.wait`s it makes,
   with a COMM_GROUP entry named PIPELINE (logcodes.py): the replay counts it apart from the
   collectives, whatever the mesh calls the stage group. An empty list (no send in flight) passes.
+  Its `_batch_p2p`, which posts them, likewise: on gloo an isend/irecv blocks in the call on the
+  transport's thread (milliseconds a step on a loaded host); on NCCL it launches. The stage's
+  own work in the schedule (its chunks, the loss) is timed by pipeline.py.
 
 Each is timed like the other hooks (timed.py: only on timed steps, only on the training thread),
 with a dynamo check first so that compiled code traces straight through. Modules a job imports
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchtop.agent.hooks.collectives import _GROUP
 from torchtop.agent.hooks.groups import log_group
+from torchtop.agent.hooks.pipeline import patch_pipeline_work
 from torchtop.agent.hooks.probe import current
 from torchtop.agent.hooks.timed import _TIMED, dynamo_check
 from torchtop.agent.hooks.wrap import mirror, note_phase, signature_wrapper
@@ -192,6 +196,10 @@ class Waits:
             # a module still being imported (by the training thread) may not define it yet
             if callable(getattr(schedules, "_wait_batch_p2p", None)):
                 self._patch(schedules, "_wait_batch_p2p", PIPELINING, "pipeline")
+                # posting them: on gloo a send or recv blocks there on the transport's thread
+                self._patch(schedules, "_batch_p2p", PIPELINING, "pipeline")
+                # the stage's forward and backward chunks and the loss, as their phases (pipeline.py)
+                patch_pipeline_work(self.probe, self._setattr, self._dynamo)
 
     def _cuda(self) -> bool:
         try:

@@ -46,8 +46,13 @@ def main() -> int:
     mix = torch.randn(h, h) / h**0.5
 
     class Block(nn.Module):
+        """A pre-norm MLP block. The norm's weight makes even the first stage, whose input needs
+        no gradient, compute `up`'s input gradient: every stage's backward does the same work (a
+        bare Linear first would leave the first stage a matmul short, a real imbalance)."""
+
         def __init__(self) -> None:
             super().__init__()
+            self.norm = nn.LayerNorm(h)
             self.up, self.down = nn.Linear(h, 2 * h), nn.Linear(2 * h, h)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,7 +62,7 @@ def main() -> int:
                     for _ in range(args.extra):
                         w = torch.tanh(w @ mix)
                 x = x + 0.0 * w
-            return self.down(torch.relu(self.up(x)))
+            return self.down(torch.relu(self.up(self.norm(x))))
 
     torch.manual_seed(rank)
     block = Block()
