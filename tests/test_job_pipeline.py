@@ -7,10 +7,10 @@ straggler for its forward, and the other stage's line says it waits for it; a ba
 shows its inherent fill and drain as `pipeline-bubble`, names no straggler, and is not called
 `communication`. Balanced means equal work: the job's pre-norm block gives the first stage the
 input-gradient matmul it would skip; what the last stage alone does (its loss, taking in the
-activations it receives, merging its outputs: about 1 ms at hidden 512) is then about 4% of the
-step, under the straggler rule's 5%, so that case runs at hidden 512. Load-sensitive: another
-process sharing one rank's core on this 2-core machine can tip that rank over. The assertions
-are about order and ratios.
+activations it receives, merging its outputs: about 1 ms at hidden 512) is then about 4-6% of
+the step, under the straggler rule's lowest band for a pipeline's stages (10%: a partition by
+whole layers is no finer; the bubble is that job's verdict). The assertions are about order and
+ratios.
 """
 
 from __future__ import annotations

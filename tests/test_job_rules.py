@@ -319,3 +319,20 @@ def test_a_balanced_pipeline_is_its_bubble_not_communication() -> None:
     assert rule_communication(JobFacts(ranks, "compute")) is not None
     assert rule_pipeline_bubble(JobFacts(ranks, "compute", {0: 2.0, 1: 12.0})) is None  # under 5% on one
     assert rule_pipeline_bubble(JobFacts(ranks, "compute", {0: 11.0})) is None  # one stage seen
+
+
+def test_pipeline_stages_within_a_tenth_are_balanced_not_a_straggler() -> None:
+    """A pipeline is split by whole layers and its last stage also runs the loss: stages ~7%
+    apart are as balanced as a partition gets (the bubble is the verdict). DDP ranks that far
+    apart are a straggler; a stage 20% slower is one too."""
+    from torchtop.monitor.diagnosis.job_rules import JobFacts, rule_pipeline_bubble, rule_straggler
+
+    ranks = {0: times(50, 15.5), 1: times(50, 12, forward=6.5)}  # rank 0 waits 3.5 ms (7%) more
+    assert rule_straggler(JobFacts(ranks, "compute")) is not None  # data parallel: named
+    piped = JobFacts(ranks, "compute", {0: 15.5, 1: 12.0})
+    assert rule_straggler(piped) is None
+    f = rule_pipeline_bubble(piped)
+    assert f is not None and f.kind == "pipeline-bubble"
+    slow = {0: times(50, 22), 1: times(50, 12, forward=13)}  # 20%: the slower stage is named
+    found = rule_straggler(JobFacts(slow, "compute", {0: 22.0, 1: 12.0}))
+    assert found is not None and "rank 1" in found.evidence[0]

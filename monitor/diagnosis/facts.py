@@ -80,6 +80,9 @@ class Thresholds:
     straggler_warning: float = 0.10
     straggler_critical: float = 0.20
     straggler_min_ms: float = 0.2  # ... and at least this long (sub-ms jitter on fast steps is noise)
+    # ... of a pipeline's stages: split by whole layers, and the last one also runs the loss, so
+    # stages within this share are as balanced as a partition gets (its bubble is the verdict)
+    straggler_pipeline: float = 0.10
     straggler_explained: float = 0.3
     # the straggler's work a step (tokens, else samples) vs the median other rank's: at or above
     # this ratio it is given more work (uneven packing), within `work_same` it is slower at the same

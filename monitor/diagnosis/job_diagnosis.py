@@ -73,7 +73,7 @@ def diagnose_job(
         return base, None
     found = None
     if verdict.kind in ("straggler", "work-imbalance"):
-        found = find_straggler(times, T.hysteresis if before == verdict.kind else 1.0)
+        found = find_straggler(times, T.hysteresis if before == verdict.kind else 1.0, bool(bubble))
         waiting = max((r for r in bubble if r in times), key=lambda r: bubble[r], default=None)
         if found is not None and waiting is not None and waiting != found.rank:
             line = bubble_line(waiting, bubble[waiting], times[waiting].step_ms, found.rank)

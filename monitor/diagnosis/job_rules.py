@@ -33,13 +33,13 @@ class JobFacts:
 
 def rule_straggler(j: JobFacts, scale: float = 1.0) -> Finding | None:
     """A rank slower at the same work (its GPU or its host)."""
-    found = find_straggler(j.times, scale)
+    found = find_straggler(j.times, scale, bool(j.bubble))
     return straggler_finding(found) if found is not None and not found.imbalance else None
 
 
 def rule_work_imbalance(j: JobFacts, scale: float = 1.0) -> Finding | None:
     """A rank given more work a step than the others (uneven packing, a heavier batch)."""
-    found = find_straggler(j.times, scale)
+    found = find_straggler(j.times, scale, bool(j.bubble))
     return straggler_finding(found) if found is not None and found.imbalance else None
 
 

@@ -140,9 +140,12 @@ def _severity(share: float) -> Severity | None:
     return None
 
 
-def find_straggler(ranks: dict[int, RankTimes], scale: float = 1.0) -> Straggler | None:
+def find_straggler(
+    ranks: dict[int, RankTimes], scale: float = 1.0, pipeline: bool = False
+) -> Straggler | None:
     """The rank the others wait for, if their extra wait is a real share of the step (`scale`: the
-    thresholds' factor; the straggler in force keeps its verdict at x0.8, at its lowest band)."""
+    thresholds' factor; the straggler in force keeps its verdict at x0.8, at its lowest band).
+    `pipeline`: the ranks are a pipeline's stages (T.straggler_pipeline is the lowest band)."""
     judged = {r: t for r, t in ranks.items() if t.steps >= T.min_steps}
     if len(judged) < 2:
         return None
@@ -151,7 +154,8 @@ def find_straggler(ranks: dict[int, RankTimes], scale: float = 1.0) -> Straggler
     others = [t for r, t in judged.items() if r != slow]
     wait = median(t.comm_ms - floor for t in others)
     step = median(t.step_ms for t in judged.values())
-    if step <= 0 or wait < T.straggler_min_ms * scale or wait / step < T.straggler_info * scale:
+    least = T.straggler_pipeline if pipeline else T.straggler_info
+    if step <= 0 or wait < T.straggler_min_ms * scale or wait / step < least * scale:
         return None
     severity = (
         _severity(wait / step) or "info"
