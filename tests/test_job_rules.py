@@ -336,3 +336,30 @@ def test_pipeline_stages_within_a_tenth_are_balanced_not_a_straggler() -> None:
     slow = {0: times(50, 22), 1: times(50, 12, forward=13)}  # 20%: the slower stage is named
     found = rule_straggler(JobFacts(slow, "compute", {0: 22.0, 1: 12.0}))
     assert found is not None and "rank 1" in found.evidence[0]
+
+
+def test_a_pipeline_bubble_on_nccl_is_the_compute_streams_wait() -> None:
+    """On NCCL the host only posts a stage's send/recv (~0 ms); the compute stream waits. Where
+    steps were sampled for CUDA events the bubble is that device wait (9.1 ms a step on an
+    H200 where the host read ~0), over the sampled steps; elsewhere the host's."""
+    from types import SimpleNamespace
+
+    from torchtop.contract.logcodes import PIPELINE
+    from torchtop.monitor.diagnosis.bubble import rank_bubble
+    from torchtop.monitor.model.steps import StepRecord
+
+    ms = 1_000_000
+    steps = []
+    for i in range(20):
+        s = StepRecord(
+            i, 100.0 + i * 0.02, 14 * ms, {"forward": 2 * ms, "comm": ms}, comm_groups={PIPELINE: 50_000}
+        )
+        if i % 4 == 0:  # sampled for CUDA events: the compute stream waited 9 ms in the schedule's wait
+            s.device_ms = {"step": 14.0, "comm": 9.2, "forward": 1.6}
+            s.device_groups = {PIPELINE: 9.0}
+        steps.append(s)
+    member = SimpleNamespace(state=SimpleNamespace(agent_time=100.5, steps=steps))
+    assert rank_bubble(member, 60.0) == 9.0  # type: ignore[arg-type]
+    for s in steps:  # on gloo (no CUDA events): the host's wait
+        s.device_ms, s.device_groups = {}, {}
+    assert abs((rank_bubble(member, 60.0) or 0.0) - 0.05) < 1e-9  # type: ignore[arg-type]
