@@ -18,8 +18,10 @@ from torchtop.contract.wire import FragSample, MemorySample
 if TYPE_CHECKING:
     from types import ModuleType
 
-SNAPSHOT_BUDGET = 0.001  # share of wall time the snapshot may take
-SNAPSHOT_MIN_INTERVAL = 1.0
+# share of wall time the snapshot and its reading may take: fragmentation moves over minutes, and
+# at 0.1% it was most of the slow thread's cost while a monitor listened (~1 ms a second on an H200)
+SNAPSHOT_BUDGET = 0.0002
+SNAPSHOT_MIN_INTERVAL = 2.0
 SNAPSHOT_MAX_INTERVAL = 30.0
 _BUCKETS = ((2 << 20, "<=2MiB"), (20 << 20, "<=20MiB"), (200 << 20, "<=200MiB"), (2 << 30, "<=2GiB"))
 
@@ -150,15 +152,13 @@ class CudaMemorySampler:
             segments = cuda.memory_snapshot(include_traces=False)
         except TypeError:  # torch without include_traces
             segments = cuda.memory_snapshot()
-        cost = time.perf_counter() - t
+        out = [fragmentation(segments, d) for d in devices]
+        cost = time.perf_counter() - t  # the reading of the segments in Python included
         self.snapshot_interval = min(
             SNAPSHOT_MAX_INTERVAL, max(SNAPSHOT_MIN_INTERVAL, cost / SNAPSHOT_BUDGET)
         )
         self._next_snapshot = time.monotonic() + self.snapshot_interval
-        out = []
-        for d in devices:
-            sample = fragmentation(segments, d)
+        for sample in out:
             sample.cost_ms = cost * 1000
             sample.interval_s = self.snapshot_interval
-            out.append(sample)
         return out
