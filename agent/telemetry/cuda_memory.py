@@ -2,7 +2,7 @@
 
 `memory_stats()` is too costly for every step, so it runs with the agent's tick; the cost of
 `memory_snapshot()` (without traces) grows with the blocks, so its interval adapts to stay under
-0.1% of wall time (figures: docs/benchmarks.md). Neither waits for queued GPU work. Nothing here initialises CUDA: the
+0.02% of wall time, every 2 s at most (figures: docs/benchmarks.md). Neither waits for queued GPU work. Nothing here initialises CUDA: the
 sampler is created only once the user's code has.
 """
 
