@@ -111,3 +111,18 @@ def agent():
     assert a is not None
     yield a
     ta.stop()
+
+
+@pytest.fixture
+def group():  # type: ignore[no-untyped-def]
+    """A one-rank gloo process group (a real one; world size 1): a collective, a pipeline stage
+    that is first and last, with no peer."""
+    import torch.distributed as dist
+
+    from tests.agent_util import free_port
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

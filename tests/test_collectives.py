@@ -12,20 +12,10 @@ import time
 
 import pytest
 
-from tests.agent_util import free_port, mlp, snapshot_steps, tensor_loader
+from tests.agent_util import mlp, snapshot_steps, tensor_loader
 
 torch = pytest.importorskip("torch")
 dist = torch.distributed
-
-
-@pytest.fixture
-def group():
-    """A one-rank gloo group (a real process group; world size 1)."""
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _loop(n: int, after_backward=None, during_backward=None) -> None:  # type: ignore[no-untyped-def]

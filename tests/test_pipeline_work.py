@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent_util import free_port, snapshot_steps
+from tests.agent_util import snapshot_steps
 
 torch = pytest.importorskip("torch")
 dist = torch.distributed
@@ -24,16 +24,6 @@ dist = torch.distributed
 MICRO = 4
 LOSS_S = 0.003  # each micro-batch's loss sleeps this long
 DW_S = 0.002  # and its weight-gradient function this long
-
-
-@pytest.fixture
-def group():
-    """A one-rank gloo group: one stage, first and last, with no send/recv."""
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _schedule() -> tuple[Any, Any]:
