@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
 import pytest
+
+# A suite started as a background job of a non-interactive shell (`.ci/run &`) has SIGINT ignored,
+# and every process a test starts inherits that across exec: a test's Ctrl-C would reach nothing.
+# A Python handler is not inherited: the processes the tests start get the default again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _cuda_available() -> bool:

@@ -10,7 +10,9 @@ input-gradient matmul it would skip; what the last stage alone does (its loss, t
 activations it receives, merging its outputs: about 1 ms at hidden 512) is then about 4-6% of
 the step, under the straggler rule's lowest band for a pipeline's stages (10%: a partition by
 whole layers is no finer; the bubble is that job's verdict). The assertions are about order and
-ratios.
+ratios. On this 2-core machine the two ranks, the report and the node's relay share the cores:
+a window where the scheduler favoured one rank can name the other, so the balanced case reads
+up to three windows and needs one without a straggler.
 """
 
 from __future__ import annotations
@@ -106,10 +108,17 @@ def test_slow_stage_is_named_with_the_bubble(tmp_path: Path, subprocess_env: dic
 def test_balanced_pipeline_shows_the_bubble_without_a_straggler(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
+    named = []
     with pipeline_job(tmp_path, subprocess_env, "--hidden", "512"):
-        r = report(subprocess_env)
+        for _ in range(3):  # two ranks, a report and a relay share 2 cores: one window may favour a rank
+            r = report(subprocess_env)
+            if r["straggler"] is None:
+                break
+            named.append(r["straggler"])
     ranks = {e["rank"]: e for e in r["ranks"]}
-    assert r["straggler"] is None, r["straggler"]
+    # a misreading (the last stage's loss in `other`, a rule that takes a partition's grain for a
+    # straggler) names one in every window; the machine's contention does not
+    assert r["straggler"] is None, named
     assert r["verdict"]["kind"] == "pipeline-bubble", r["verdict"]
     # GPipe, 2 stages, 4 micro-batches: fill and drain about 1/5 of an ideal step on each stage
     assert all(
