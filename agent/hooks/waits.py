@@ -36,7 +36,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from torchtop.agent.hooks.collectives import _GROUP
 from torchtop.agent.hooks.groups import log_group
@@ -67,8 +67,10 @@ _COPY_OUT = """
 def {name}({params}):
     if _tt_dynamo():
         return _tt_orig({call})
-    _tt_ev = _tt_event({first})
-    if _tt_ev is None or _tt_probe.untimed or (ENGINE _tt_probe.adopt() is None):
+    if _tt_probe.untimed or (ENGINE _tt_probe.adopt() is None):
+        return _tt_orig({call})
+    _tt_ev = _tt_event({first})  # after the cheap tests: it looks up the current stream
+    if _tt_ev is None:
         return _tt_orig({call})
     try:
         _tt_put = _tt_probe.put
@@ -124,8 +126,11 @@ def _all_gather_event(torch: ModuleType) -> Callable[[Any], tuple[Any, Any] | No
     return event
 
 
+How = Literal["wait", "pipeline", "copy_out"]
+
+
 def timed_wait(
-    probe: Probe, orig: Any, torch: ModuleType, dynamo: Callable[[], bool], how: str = "wait"
+    probe: Probe, orig: Any, torch: ModuleType, dynamo: Callable[[], bool], how: How = "wait"
 ) -> Any:
     """`orig` timed as COMM on timed steps of the training thread (and of the autograd engine's
     thread during a timed backward). `how`: "wait" (the call is the wait), "pipeline" (a
@@ -207,7 +212,7 @@ class Waits:
         except Exception:
             return False
 
-    def _patch(self, owner: Any, name: str, key: str, how: str = "wait") -> None:
+    def _patch(self, owner: Any, name: str, key: str, how: How = "wait") -> None:
         self.patched.add(key)
         orig = getattr(owner, name, None)
         if not callable(orig):
