@@ -199,6 +199,45 @@ def test_a_wait_inside_forward_and_backward_leaves_them_their_compute_on_the_gpu
         assert r.device_groups == {"dp": 4.0}  # the named wait's device time, by its group
 
 
+def test_a_wait_in_a_phase_without_device_times_reopens_nothing() -> None:
+    """A pipeline chunk opens forward without CUDA events (its nested root forward has them); a
+    wait inside the chunk but outside that root forward pauses no device pair, so none reopens
+    (a stray one, closed later by the next micro-batch's forward, counted its wait twice)."""
+    from time import perf_counter_ns
+
+    probe, gpu, _pool, resolver = _setup()
+    comm = logcodes.COMM
+    for _ in range(4):
+        probe.enter(FORWARD)  # the root forward: device times
+        gpu.launch(2.0)
+        probe.exit(FORWARD)
+        probe._append(perf_counter_ns())  # the chunk's own forward: no event
+        probe._append(FORWARD)
+        probe.enter(comm)
+        gpu.launch(1.0)
+        probe.exit(comm)
+        probe._append(perf_counter_ns())
+        probe._append(logcodes.EXIT | FORWARD)
+        probe.enter(FORWARD)  # the next micro-batch's root forward, with a wait of its own
+        gpu.launch(1.0)
+        probe.enter(comm)
+        gpu.launch(1.0)
+        probe.exit(comm)
+        gpu.launch(1.0)
+        probe.exit(FORWARD)
+        gpu.launch(0.5)  # the optimizer's, as far as the step's events go
+        probe.cut()
+    entries, steps = probe.drain()
+    resolver.run(entries, steps)
+    gpu.done_ms = gpu.queued_ms
+    records = LogReplay().feed(_ship(resolver.poll()), wall_offset=0.0, rank=0, flush=True)
+    evented = [r for r in records if r.device_ms]
+    assert evented
+    for r in evented:
+        assert abs(r.device_ms["forward"] - 4.0) < 1e-9, r.device_ms
+        assert abs(r.device_ms["comm"] - 2.0) < 1e-9, r.device_ms
+
+
 def test_the_stride_follows_the_recording_cost_and_is_worked_out_once_per_new_sample(
     monkeypatch: Any,
 ) -> None:

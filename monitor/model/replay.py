@@ -7,8 +7,8 @@ exclusive phases (entering one pauses the one open, so they add up to the wall t
 is the rest), evaluation iterations are cut at the next data fetch or forward of the same root,
 and an untimed step (UNTIMED_END) keeps its wall time only; it always ends a training step
 (the no-grad forwards an untimed stretch logs, a teacher's or an eval pass's first, do not make
-it an eval step). Device times arrive resolved: each entry of an event step carries its event's
-ms from the step's start. A malformed entry is counted and forgets the open step. COMM_READY
+it an eval step). Device times arrive resolved (each event's ms from the step's start); a wait
+pauses the phase around it on the GPU as on the host. A malformed entry is counted and forgets the open step. COMM_READY
 inside a backward ends its compute: the rest of that backward is `comm` (the wait for DDP's
 all-reduce). Details: docs/architecture.md, "The log".
 """
@@ -46,7 +46,7 @@ from torchtop.contract.logcodes import (
     WORK,
 )
 from torchtop.monitor.model.step_pack import close_pair as _close
-from torchtop.monitor.model.step_pack import finite_ms, open_start, phase_ms, resume
+from torchtop.monitor.model.step_pack import finite_ms, open_start, phase_ms
 from torchtop.monitor.model.steps import StepKind
 
 __all__ = ["BACKWARD", "COMM", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder"]
@@ -80,6 +80,7 @@ class StepRecorder:
         "_untimed",
         "_split",
         "_group",
+        "_paused",
         "by_backward",
     )
 
@@ -111,6 +112,7 @@ class StepRecorder:
         self._split = False  # the open `comm` is the rest of a backward (COMM_READY): its exit closes it
         # the open collective's (group, start, depth, device start ms or None)
         self._group: tuple[str, int, int, float | None] | None = None
+        self._paused: list[bool] = []  # per open wait: it paused its phase's device pair
         # the agent saw no optimizer.step(): steps end at each backward (BACKWARD_STEPS) until one is
         self.by_backward = False
 
@@ -224,10 +226,11 @@ class StepRecorder:
         self._stack.append(cur)
         self._cur = phase
         self._cur_t = now
-        if ms is not None and self._events is not None:
-            if phase == COMM and cur >= 0:  # a wait inside forward/backward: the GPU's too
-                _close(self._events, cur, ms)
-            self._events.append((phase, ms, None))
+        evs = self._events
+        if phase == COMM:  # a wait inside forward/backward pauses them on the GPU too
+            self._paused.append(ms is not None and evs is not None and cur >= 0 and _close(evs, cur, ms))
+        if ms is not None and evs is not None:
+            evs.append((phase, ms, None))
 
     def comm_ready(self, now: int, ms: float | None = None) -> None:
         """The open backward's compute is done (an autograd final callback ran before DDP's):
@@ -247,6 +250,7 @@ class StepRecorder:
 
     def exit(self, phase: int, now: int, ms: float | None = None) -> None:
         cur = self._cur
+        paused = phase == COMM and bool(self._paused) and self._paused.pop()
         if self._group is not None and phase == COMM and len(self._stack) == self._group[2]:
             self._close_group(now, ms)
         if phase == OPTIMIZER:
@@ -259,8 +263,8 @@ class StepRecorder:
             _close(self._events, phase, ms)
         self._cur = self._stack.pop() if self._stack else -1
         self._cur_t = now
-        if self._events is not None and ms is not None and phase == COMM and self._cur >= 0:
-            resume(self._events, self._cur, ms)  # the phase the wait paused goes on, on the GPU too
+        if paused and self._events is not None and ms is not None and self._cur >= 0:
+            self._events.append((self._cur, ms, None))  # the phase the wait paused goes on
 
     def forward_start(self, root: int, grad: int, now: int, ms: float | None = None) -> None:
         """A root module's forward begins: tells train from evaluation, then opens FORWARD.
@@ -395,6 +399,7 @@ class StepRecorder:
         self._t0 = 0
         self._cur = -1
         self._stack.clear()
+        self._paused.clear()
         self._acc = [0] * N_PHASES
         self._micro = 0
         self._events = None

@@ -30,19 +30,15 @@ def phase_ms(events: list[tuple[int, float, float | None]]) -> dict[str, float]:
     return ms
 
 
-def close_pair(events: list[tuple[int, float, float | None]], phase: int, ms: float) -> None:
-    """Close the most recent open device pair of `phase` at `ms` (the step's own, index 0, never)."""
+def close_pair(events: list[tuple[int, float, float | None]], phase: int, ms: float) -> bool:
+    """Close the most recent open device pair of `phase` at `ms` (the step's own, index 0, never);
+    whether there was one."""
     for k in range(len(events) - 1, 0, -1):
         p, start, end = events[k]
         if p == phase and end is None:
             events[k] = (p, start, ms)
-            return
-
-
-def resume(events: list[tuple[int, float, float | None]], phase: int, ms: float) -> None:
-    """Reopen `phase` at `ms` after a wait paused it (only if it had device times at all)."""
-    if any(p == phase for p, _, _ in events) and not any(p == phase and e is None for p, _, e in events):
-        events.append((phase, ms, None))
+            return True
+    return False
 
 
 def open_start(events: list[tuple[int, float, float | None]] | None, phase: int) -> float | None:
