@@ -156,6 +156,17 @@ def _stamp_item(probe: Probe, item: object) -> None:
     probe._append(item)  # type: ignore[arg-type]
 
 
+def _event_steps(probe: Probe, gpu: FakeGpu, resolver: EventResolver) -> list[Any]:
+    """The logged steps, their events completed, resolved and replayed: those with device times."""
+    entries, steps = probe.drain()
+    resolver.run(entries, steps)
+    gpu.done_ms = gpu.queued_ms
+    records = LogReplay().feed(_ship(resolver.poll()), wall_offset=0.0, rank=0, flush=True)
+    evented = [r for r in records if r.device_ms]
+    assert evented
+    return evented
+
+
 def test_a_wait_inside_forward_and_backward_leaves_them_their_compute_on_the_gpu_too() -> None:
     """FSDP2 on CUDA: the compute stream waits for an all-gather inside forward and backward.
     Device forward and backward are their compute, as on the host; the waits are comm (before,
@@ -184,12 +195,7 @@ def test_a_wait_inside_forward_and_backward_leaves_them_their_compute_on_the_gpu
         gpu.launch(1.0)
         probe.exit(OPTIMIZER)
         probe.cut()
-    entries, steps = probe.drain()
-    resolver.run(entries, steps)
-    gpu.done_ms = gpu.queued_ms
-    records = LogReplay().feed(_ship(resolver.poll()), wall_offset=0.0, rank=0, flush=True)
-    evented = [r for r in records if r.device_ms]
-    assert evented
+    evented = _event_steps(probe, gpu, resolver)
     for r in evented:
         dev = r.device_ms
         assert abs(dev["forward"] - 3.0) < 1e-9, dev
@@ -227,12 +233,7 @@ def test_a_wait_in_a_phase_without_device_times_reopens_nothing() -> None:
         probe.exit(FORWARD)
         gpu.launch(0.5)  # the optimizer's, as far as the step's events go
         probe.cut()
-    entries, steps = probe.drain()
-    resolver.run(entries, steps)
-    gpu.done_ms = gpu.queued_ms
-    records = LogReplay().feed(_ship(resolver.poll()), wall_offset=0.0, rank=0, flush=True)
-    evented = [r for r in records if r.device_ms]
-    assert evented
+    evented = _event_steps(probe, gpu, resolver)
     for r in evented:
         assert abs(r.device_ms["forward"] - 4.0) < 1e-9, r.device_ms
         assert abs(r.device_ms["comm"] - 2.0) < 1e-9, r.device_ms
