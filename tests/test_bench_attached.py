@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import torchtop.agent as ta  # noqa: E402
+from torchtop.agent.telemetry.host import child_pids  # noqa: E402
 
 BENCH = Path(__file__).parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -37,6 +38,8 @@ def test_the_monitor_attaches_by_pid_and_receives_every_step(port: int | None) -
     assert agent is not None
     _steps(5)
     monitor = Monitor(os.getpid()).start()
+    # not our child, as a real monitor is not: a child is sampled every second as a worker
+    assert monitor.subscriber > 0 and monitor.subscriber not in (child_pids(os.getpid()) or [])
     try:
         before = agent.probe.steps
         _steps(60)
@@ -79,11 +82,11 @@ def test_bench_paired_attached_reports_what_its_monitor_received(transport: str)
 
 def test_watched_ticks_slow_down_to_keep_their_cpu_under_the_share() -> None:
     """A tick's CPU mostly holds the GIL training needs: while watched, the agent ticks at
-    RATE_HZ if that costs under TICK_SHARE of the time, slower (QUIET_RATE_HZ at the slowest)
+    RATE_HZ if that costs under TICK_SHARE of the time, slower (SLOWEST_RATE_HZ at the slowest)
     if not; unwatched, at QUIET_RATE_HZ."""
     from types import SimpleNamespace
 
-    from torchtop.agent.loop.loop import QUIET_RATE_HZ, RATE_HZ, TICK_SHARE, AgentLoop
+    from torchtop.agent.loop.loop import QUIET_RATE_HZ, RATE_HZ, SLOWEST_RATE_HZ, TICK_SHARE, AgentLoop
 
     def period(watched: bool, tick_s: float, subscribed: bool | None = None) -> float:
         loop = SimpleNamespace(
@@ -98,7 +101,8 @@ def test_watched_ticks_slow_down_to_keep_their_cpu_under_the_share() -> None:
     cheap = TICK_SHARE / RATE_HZ / 2  # a tick this cheap costs half the share at RATE_HZ
     assert period(True, cheap) == pytest.approx(1 / RATE_HZ)
     assert period(True, 4 * cheap) == pytest.approx(4 * cheap / TICK_SHARE)  # 5 Hz: the share kept
-    assert period(True, 0.01) == pytest.approx(1 / QUIET_RATE_HZ)  # dear ticks: 2 Hz at the slowest
+    assert period(True, 0.01) == pytest.approx(1 / SLOWEST_RATE_HZ)  # dear ticks: 1 Hz at the slowest
+    assert period(True, 0.3 * TICK_SHARE) == pytest.approx(0.3)  # between: the share kept
     assert period(False, 0.0) == pytest.approx(1 / QUIET_RATE_HZ)
     # a node's relay alone on the stream (not watching: wire.WATCH_TOPIC): the quiet rate
     assert period(False, 0.0, subscribed=True) == pytest.approx(1 / QUIET_RATE_HZ)

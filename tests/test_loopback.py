@@ -133,9 +133,9 @@ def test_batches_arrive_in_order_and_carry_every_step_once(agent, client) -> Non
     assert all(b.v == V and b.dropped == 0 and b.hook_errors == 0 for b in batches)
     assert seen == list(range(25))
     assert client.bad_frames == 0
-    # 2 to 10 a second (slower where ticks cost more: loop.TICK_SHARE): the stream is also the heartbeat
+    # 1 to 10 a second (slower where ticks cost more: loop.TICK_SHARE): the stream is also the heartbeat
     span = batches[-1].time - batches[0].time
-    assert span > 0 and 1.5 <= (len(batches) - 1) / span <= 30
+    assert span > 0 and 0.8 <= (len(batches) - 1) / span <= 30
 
 
 @pytest.mark.slow  # counts wakes over 1.5 s: load-sensitive

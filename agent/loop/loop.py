@@ -39,10 +39,14 @@ if TYPE_CHECKING:
 
 RATE_HZ = 10.0  # the fastest tick, while a monitor watches and a tick costs little
 QUIET_RATE_HZ = 2.0  # ticks while nobody is subscribed: the log still drains into the history
-# While watched, the ticks slow down (to QUIET_RATE_HZ at most) so that their CPU time, which
+# While watched, the ticks slow down (to SLOWEST_RATE_HZ at most) so that their CPU time, which
 # mostly holds the GIL that training needs, stays under this share of the wall clock: fewer,
 # larger ticks carry the same steps for less fixed work (docs/benchmarks.md, the attached cost).
 TICK_SHARE = 0.0005
+# the slowest watched rate: a tick is ~0.3-0.9 ms of fixed work (telemetry, encoding, the send)
+# whatever the steps it carries; at 2 Hz that was ~0.1-0.2% of a launch-bound step. Once a second
+# is htop's own pace, and the replay shows every step all the same
+SLOWEST_RATE_HZ = 1.0
 CATCH_UP_CHUNKS = 30  # re-sent when the first subscriber arrives: covers a snapshot taken before it
 CATCH_UP_ENTRIES = 500_000  # ... and at most this many entries (~5 MB: a frame's limit is 16 MiB)
 STREAM_FRAMES_PER_WINDOW = 100  # frames read off the stream socket per request window (requests.py)
@@ -122,11 +126,12 @@ class AgentLoop(threading.Thread):
         self.tick_ns = 0.0  # a tick's CPU time (a moving average): sets the watched tick rate
 
     def tick_period(self) -> float:
-        """Seconds to the next tick: RATE_HZ while watched if the ticks are cheap, slower so that
-        they take at most TICK_SHARE of the time, QUIET_RATE_HZ when nobody is subscribed."""
-        slowest = max(self.period, 1.0 / QUIET_RATE_HZ)
+        """Seconds to the next tick: RATE_HZ while watched if the ticks are cheap, slower (down to
+        SLOWEST_RATE_HZ) so that they take at most TICK_SHARE of the time, QUIET_RATE_HZ when
+        nobody is subscribed."""
         if not self.watched:  # nobody, or only a node's relay (its summaries are 1-2 Hz)
-            return slowest
+            return max(self.period, 1.0 / QUIET_RATE_HZ)
+        slowest = max(self.period, 1.0 / SLOWEST_RATE_HZ)
         return min(slowest, max(self.period, self.tick_ns / 1e9 / TICK_SHARE))
 
     @property

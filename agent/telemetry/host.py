@@ -1,8 +1,9 @@
-"""Host figures from psutil: the training process, the machine, and each child process.
+"""Host figures: the training process, the machine, and each child process.
 
 DataLoader workers are children of the training process (their main thread is named
 `pt_data_worker`); their CPU % is the first thing to look at when a run is data-bound.
-Runs on the agent's slow sampler thread (~1 Hz): psutil's per-core CPU is too slow for the tick.
+Runs on the agent's slow sampler thread (~1 Hz). On Linux every figure is read from /proc on
+descriptors kept open (procfs.py), a child's too; psutil where that does not work.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Protocol
 
-from torchtop.agent.telemetry.procfs import ProcFs
+from torchtop.agent.telemetry.procfs import ChildStat, ProcFs
 from torchtop.contract.wire import HostSample, WorkerSample
 
 MAX_WORKERS = 64
@@ -93,6 +94,41 @@ except (AttributeError, ValueError, OSError):
     _PAGE = 4096
 
 
+class Child(Protocol):
+    """A child process's figures: (name, CPU %, RSS bytes, run-queue wait %) since the last read."""
+
+    def read(self) -> tuple[str, float | None, int, float | None]: ...
+
+    def close(self) -> None: ...
+
+
+class _PsutilChild:
+    """`Child` through psutil, where /proc is not read directly (not Linux, or it surprised us)."""
+
+    def __init__(self, psutil: Any, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.pid = pid
+        self._first = True
+        self._wait: tuple[float, int] | None = None
+
+    def read(self) -> tuple[str, float | None, int, float | None]:
+        with self.proc.oneshot():
+            cpu: float | None = self.proc.cpu_percent(None)
+            name = self.proc.name()
+            rss = self.proc.memory_info().rss
+        if self._first:  # psutil's first CPU % is always 0
+            self._first, cpu = False, None
+        now, ns = time.monotonic(), runqueue_wait_ns(self.pid)
+        last, self._wait = self._wait, (None if ns is None else (now, ns))
+        wait = None
+        if ns is not None and last is not None and now > last[0]:
+            wait = max(0.0, min(100.0, (ns - last[1]) / 1e9 / (now - last[0]) * 100.0))
+        return name, cpu, rss, wait
+
+    def close(self) -> None:
+        pass
+
+
 class HostSampler:
     def __init__(self, pid: int | None = None) -> None:
         import psutil
@@ -101,10 +137,8 @@ class HostSampler:
         self.proc = psutil.Process(pid or os.getpid())
         self.proc.cpu_percent(None)  # prime: the first call always says 0
         psutil.cpu_percent(percpu=True)
-        self._children: dict[int, Any] = {}
-        self._new: set[int] = set()
+        self._children: dict[int, Child] = {}
         self._children_due = 0.0
-        self._waits: dict[int, tuple[float, int]] = {}  # pid -> (when, run-queue wait ns then)
         self.cpu_count = psutil.cpu_count() or 1
         self._procfs: ProcFs | None = None
         self._self_rss = SelfRss()
@@ -115,31 +149,27 @@ class HostSampler:
                 self._procfs = None  # psutil it is
 
     def _workers(self) -> list[WorkerSample]:
-        psutil = self.psutil
         now = time.monotonic()
         if now >= self._children_due:  # listing children scans all of /proc: not every time
             self._children_due = now + CHILDREN_REFRESH_S
-            fresh = {}
+            fresh: dict[int, Child] = {}
             for pid in self._child_pids()[:MAX_WORKERS]:
-                try:
-                    fresh[pid] = self._children.get(pid) or psutil.Process(pid)
-                except psutil.Error:
-                    continue  # gone already
-            self._new = {pid for pid in fresh if pid not in self._children}
+                child = self._children.get(pid) or self._open_child(pid)
+                if child is not None:
+                    fresh[pid] = child
+            for pid, child in self._children.items():
+                if pid not in fresh:
+                    child.close()
             self._children = fresh
         out = []
-        for pid, proc in list(self._children.items()):
+        for pid, child in list(self._children.items()):
             try:
-                with proc.oneshot():
-                    cpu = proc.cpu_percent(None)
-                    name = proc.name()
-                    rss = proc.memory_info().rss
-            except psutil.Error:
+                name, cpu, rss, wait = child.read()
+            except (OSError, ValueError, IndexError, self.psutil.Error):
                 self._children.pop(pid, None)  # exited
+                child.close()
                 continue
-            wait = self._wait_percent(pid, time.monotonic())
-            if pid in self._new:
-                self._new.discard(pid)
+            if cpu is None:
                 continue  # its CPU % is meaningful from the next sample on
             out.append(
                 WorkerSample(
@@ -151,9 +181,20 @@ class HostSampler:
                     wait_percent=wait,
                 )
             )
-        for pid in [p for p in self._waits if p not in self._children]:
-            del self._waits[pid]
         return out
+
+    def _open_child(self, pid: int) -> Child | None:
+        """A reader of `pid`'s figures: /proc on descriptors kept open where this process reads
+        its own figures there, else psutil; None if it is gone already."""
+        if self._procfs is not None:
+            try:
+                return ChildStat(pid)
+            except OSError:
+                return None  # gone already (or no /proc: then _procfs is None)
+        try:
+            return _PsutilChild(self.psutil, pid)
+        except self.psutil.Error:
+            return None
 
     def _child_pids(self) -> list[int]:
         pids = child_pids(self.proc.pid)
@@ -163,17 +204,6 @@ class HostSampler:
             return [k.pid for k in self.proc.children(recursive=False)]
         except self.psutil.Error:
             return []
-
-    def _wait_percent(self, pid: int, now: float) -> float | None:
-        """Percent of the time since the last sample that `pid` waited for a CPU (None: unknown)."""
-        ns = runqueue_wait_ns(pid)
-        if ns is None:
-            return None
-        last = self._waits.get(pid)
-        self._waits[pid] = (now, ns)
-        if last is None or now <= last[0]:
-            return None
-        return max(0.0, min(100.0, (ns - last[1]) / 1e9 / (now - last[0]) * 100.0))
 
     def sample(self) -> HostSample:
         fs = self._procfs
@@ -212,6 +242,9 @@ class HostSampler:
         if self._procfs is not None:
             self._procfs.close()
         self._self_rss.close()
+        for child in self._children.values():
+            child.close()
+        self._children = {}
 
     def _sample_psutil(self) -> HostSample:
         psutil = self.psutil

@@ -9,6 +9,10 @@ reads the batch stream with the monitor's own client (`AgentClient`), replaying 
 into steps. It prints one JSON line when its first batch arrived and one with its counts when
 told to stop (SIGTERM). `Monitor.finish` fails the run (SystemExit) unless it received every step
 the agent cut while it watched.
+
+The subscriber is not the training process's child, as a real monitor is not: a child is
+sampled every second as a DataLoader worker would be, which a real attach does not cost. It is
+started through a launcher that forks it and exits (`--detach`), so it belongs to init.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 READY_TIMEOUT_S = 60.0  # start-up of a Python process importing the monitor, on a loaded machine
-FLUSH_S = 2.0  # two ticks at the slowest watched rate (2 Hz) and margin: the last step is sent and replayed
+FLUSH_S = 2.5  # two ticks at the slowest watched rate (1 Hz) and margin: the last step is sent and replayed
 
 
 @dataclass
@@ -39,15 +43,21 @@ class Monitor:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: subprocess.Popen[str] | None = None  # the launcher; its pipe is the subscriber's
+        self.subscriber = 0  # the subscriber's pid (not our child)
         self.transport = ""
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> Monitor:
         here = os.path.abspath(__file__)
         self.proc = subprocess.Popen(
-            [sys.executable, here, str(self.pid)], stdout=subprocess.PIPE, text=True, bufsize=1
+            [sys.executable, here, "--detach", str(self.pid)], stdout=subprocess.PIPE, text=True, bufsize=1
         )
-        line = _read_line(self.proc, timeout)
+        try:
+            self.subscriber = int(json.loads(_read_line(self.proc, timeout) or "{}").get("pid", 0))
+        except (ValueError, AttributeError):
+            self.subscriber = 0
+        self.proc.wait()  # the launcher exits at once: the subscriber is init's child now
+        line = _read_line(self.proc, timeout) if self.subscriber else ""
         try:
             ready = json.loads(line)
         except ValueError:
@@ -78,8 +88,7 @@ class Monitor:
         if proc is None:
             return None
         time.sleep(FLUSH_S)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        _signal(self.subscriber, signal.SIGTERM)
         try:
             out, _ = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
@@ -96,10 +105,30 @@ class Monitor:
         return None
 
     def kill(self) -> None:
+        _signal(self.subscriber, signal.SIGKILL)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+def _signal(pid: int, sig: int) -> None:
+    """`sig` to the subscriber if it still runs (init reaps it: no zombie to wait for)."""
+    if pid > 0:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _detach(pid: int) -> int:
+    """The launcher: fork the subscriber, say its pid, exit (it is reparented to init)."""
+    child = os.fork()
+    if child:
+        print(json.dumps({"pid": child}), flush=True)
+        os._exit(0)
+    os.setsid()
+    return subscribe(pid)
 
 
 def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
@@ -154,4 +183,6 @@ def subscribe(pid: int) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--detach":
+        sys.exit(_detach(int(sys.argv[2])))
     sys.exit(subscribe(int(sys.argv[1])))

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,9 @@ def main() -> int:
     p.add_argument("--extra", type=int, default=40)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--seconds", type=float, default=25.0)
+    p.add_argument(
+        "--window", type=int, default=0, help="then compare N steps' exposed wait with torch.profiler"
+    )
     args = p.parse_args()
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -145,9 +149,63 @@ def main() -> int:
                     f"{json.dumps(e['comm_by_group_ms'])}, device {json.dumps(e['device_ms'])}; "
                     f"verdict {e['verdict']['kind']}: {e['verdict']['evidence'][0]}"
                 )
+    ok = compare(step, rank, args.window, args.slow_rank) if args.window else True
     dist.barrier()
     dist.destroy_process_group()
-    return 0
+    return 0 if ok else 1
+
+
+def compare(step: Any, rank: int, window: int, slow_rank: int | None) -> bool:
+    """Every step sampled for CUDA events, torch.profiler on `window` of them: this rank's exposed
+    wait (torchtop's device comm) against the profiler's NCCL kernel time not overlapped by any
+    other kernel, step by step (job_nccl.py's measure). True where the means agree within 10%
+    (the slow rank, which waits least, is printed but not judged)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    import torchtop.agent as ta
+    from tests.gpu.job_nccl import profiler_exposed_ms, torchtop_steps
+
+    agent = ta.current()
+    assert agent is not None
+    agent.loop.resolver.stride = lambda current: 1  # keep 1: every step sampled
+    agent.probe.phase_every = agent.probe.event_every = 1
+    for _ in range(150):  # the stride and the sampling plan in force before run out first
+        step()
+    trace = Path(tempfile.mkdtemp(prefix="torchtop-groups-")) / f"rank{rank}.pt.trace.json.gz"
+    prof = profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+        schedule=schedule(wait=0, warmup=0, active=window, repeat=1),
+    )
+    first = agent.probe.steps
+    prof.start()
+    for _ in range(window):
+        step()
+        prof.step()
+    prof.stop()
+    prof.export_chrome_trace(str(trace))
+    torch.cuda.synchronize()
+    for _ in range(10):  # the window's events resolve and ship meanwhile
+        step()
+    ours, theirs = torchtop_steps(agent, first, window), profiler_exposed_ms(trace)
+    rows = [
+        (ours[first + k]["comm"], theirs[k])
+        for k in range(window)
+        if "comm" in ours.get(first + k, {}) and k in theirs
+    ]
+    if not rows:
+        print(f"rank {rank}: no step to compare (torchtop {len(ours)}, profiler {len(theirs)})", flush=True)
+        return False
+    mt, mp = sum(r[0] for r in rows) / len(rows), sum(r[1] for r in rows) / len(rows)
+    rel = (mt - mp) / mp if mp else 0.0
+    judged = rank != slow_rank
+    print(
+        f"rank {rank}: exposed wait over {len(rows)} steps: torchtop {mt:.3f} ms, profiler {mp:.3f} ms "
+        f"({rel:+.1%}){'' if judged else ' (the slow rank: not judged)'}",
+        flush=True,
+    )
+    return not judged or abs(rel) <= 0.10
 
 
 if __name__ == "__main__":
