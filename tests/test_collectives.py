@@ -9,6 +9,7 @@ from torch.distributed once its group exists.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,84 @@ def test_functional_collectives_wait_is_comm(agent, group) -> None:
     steps = snapshot_steps(agent, 8)
     assert len(steps) == 8
     assert all(s.phases["comm"] > 0 for s in steps), [s.phases for s in steps]
+
+
+def test_a_functional_collectives_wait_is_named_by_the_group_it_was_issued_on(agent) -> None:
+    """Tensor parallel's waits (wait_tensor, given only the tensor) counted for their group: the
+    device mesh's `tp` dimension, as the issue resolved it, not `comm` alone (issue 29)."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tests.agent_util import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        agent.hooks.waits.tick()  # imported after start(): the agent thread patches it within a tick
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x, y in tensor_loader(8):
+            h = funcol.all_reduce(x, "sum", (mesh, 0))  # as DTensor issues it: (mesh, dim)
+            loss = torch.nn.functional.cross_entropy(model(h * 1.0), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        steps = snapshot_steps(agent, 8)
+    finally:
+        dist.destroy_process_group()
+    assert len(steps) == 8
+    assert all(set(s.comm_groups) == {"tp"} for s in steps), [s.comm_groups for s in steps]
+    assert all(0 < s.comm_groups["tp"] <= s.phases["comm"] for s in steps)
+
+
+def _tp_rank(rank: int, port: int, out: Any) -> None:
+    """One rank of a 2-way tensor-parallel block (DTensor over gloo), its agent's steps to `out`."""
+    import torch.distributed as dist_
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    import torchtop.agent as ta
+
+    torch.set_num_threads(1)
+    agent = ta.start()
+    dist_.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        block = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+        model = parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(16, 32)
+        for i in range(30):
+            if i == 3:
+                agent.hooks.waits.tick()  # DTensor imported after start(): patched within a tick
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        steps = snapshot_steps(agent, 20)
+        out.put([(dict(s.comm_groups), s.phases.get("comm", 0.0)) for s in steps[-15:]])
+    finally:
+        dist_.destroy_process_group()
+        ta.stop()
+
+
+@pytest.mark.slow  # two processes
+def test_tensor_parallel_waits_count_for_the_tp_group_on_both_ranks() -> None:
+    """A real 2-way tensor-parallel block (ColwiseParallel then RowwiseParallel): each rank's
+    collective wait, in wait_tensor, is counted for the mesh's `tp` group."""
+    import multiprocessing as mp
+
+    from tests.agent_util import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_tp_rank, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    for steps in got:
+        assert steps and all(set(groups) == {"tp"} for groups, _ in steps), steps
+        assert all(0 < groups["tp"] <= comm + 1e-9 for groups, comm in steps), steps

@@ -112,6 +112,7 @@ class Probe(LogDrain, PhaseSampling):
         "no_opt",
         "engine",
         "callers",
+        "funcol_group",
     )
 
     def __init__(self, thread_id: int | None = None) -> None:
@@ -171,6 +172,9 @@ class Probe(LogDrain, PhaseSampling):
         # the code of the frames that called the first root module found (auto.py, once): where
         # the stack sampler finds the training loop (agent/telemetry/stacks.py)
         self.callers: tuple[CodeType, ...] = ()
+        # the process group of the functional collective issued last on a timed step: its
+        # wait_tensor names it (hooks/funcol_groups.py)
+        self.funcol_group: object | None = None
         if thread_id is None:
             _current.set(self)
 

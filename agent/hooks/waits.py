@@ -39,6 +39,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, Literal
 
 from torchtop.agent.hooks.collectives import _GROUP
+from torchtop.agent.hooks.funcol_groups import GROUP_ENTRY, patch_resolver
 from torchtop.agent.hooks.groups import log_group
 from torchtop.agent.hooks.pipeline import patch_pipeline_work
 from torchtop.agent.hooks.probe import current
@@ -126,7 +127,7 @@ def _all_gather_event(torch: ModuleType) -> Callable[[Any], tuple[Any, Any] | No
     return event
 
 
-How = Literal["wait", "pipeline", "copy_out"]
+How = Literal["wait", "pipeline", "copy_out", "funcol"]
 
 
 def timed_wait(
@@ -134,8 +135,9 @@ def timed_wait(
 ) -> Any:
     """`orig` timed as COMM on timed steps of the training thread (and of the autograd engine's
     thread during a timed backward). `how`: "wait" (the call is the wait), "pipeline" (a
-    pipeline schedule's wait for its neighbour stages; its first argument: the works), or
-    "copy_out" (FSDP2's all-gather copy-out: only the stream's wait in it)."""
+    pipeline schedule's wait for its neighbour stages; its first argument: the works),
+    "copy_out" (FSDP2's all-gather copy-out: only the stream's wait in it), or "funcol" (a
+    functional collective's wait, named by the group its issue left: funcol_groups.py)."""
     names: dict[str, Any] = {
         "_tt_dynamo": dynamo,
         "_tt_task": _graph_task(torch),
@@ -147,7 +149,10 @@ def timed_wait(
         "_tt_leave": EXIT | COMM,
         "_tt_pipe": (COMM_GROUP, PIPELINE),
     }
-    template = {"wait": _WAIT, "pipeline": _PIPE_WAIT, "copy_out": _COPY_OUT}[how]
+    template = {"wait": _WAIT, "pipeline": _PIPE_WAIT, "copy_out": _COPY_OUT, "funcol": _WAIT}[how]
+    if how == "funcol":
+        template = template.replace("        _tt_put(_tt_enter)\n", GROUP_ENTRY, 1)
+        names["_tt_group"] = log_group
     parts = mirror(orig, True)
     params = [] if parts is None else [p.split("=")[0].lstrip("*") for p in parts[0].split(", ")]
     if how == "copy_out" and "group" in params:
@@ -185,7 +190,11 @@ class Waits:
         if FUNCOL not in self.patched:
             funcol = sys.modules.get(FUNCOL)
             if funcol is not None:
-                self._patch(funcol, "wait_tensor", FUNCOL)
+                self._patch(funcol, "wait_tensor", FUNCOL, "funcol")
+                try:  # where each collective's group is resolved at its issue: names its wait
+                    patch_resolver(self.probe, self.torch, funcol, self._setattr)
+                except Exception:
+                    pass  # its waits stay in comm, unnamed
         if FSDP2 not in self.patched:
             module = sys.modules.get(FSDP2)
             group = getattr(module, "FSDPParamGroup", None)
