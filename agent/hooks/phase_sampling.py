@@ -11,11 +11,14 @@ from collections.abc import Callable
 from time import perf_counter_ns
 
 PERIOD = 64  # steps between the boundary's housekeeping (sampling, shedding) when nothing is due
-FULL_STEP_NS = 10_000_000  # steps at least this long: every one timed (1 in 2 at 5 ms, 1 in 5 at 2 ms)
+# steps at least this long: every one timed (1 in 4 at 5 ms, 1 in 10 at 2 ms). A timed step costs the
+# training thread ~20 us of cold-cache work on an H200 host (the paired benchmark, all timed vs all
+# untimed: docs/benchmarks.md): at most 50 timed steps a second keep that near 0.1% of the wall clock
+FULL_STEP_NS = 20_000_000
 # a timed backward of a distributed run also arms the collective-wait callback (hooks/collectives.py),
-# which about triples what a timed step costs (docs/benchmarks.md): there, a third as many fast
-# steps are timed, so timing them costs what it costs elsewhere
-COMM_FULL_STEP_NS = 3 * FULL_STEP_NS
+# which costs about as much again: there, at most ~33 timed steps a second (its job tests and
+# relays' figures were measured at this value)
+COMM_FULL_STEP_NS = 30_000_000
 MAX_ONE_IN = 64  # 1 step in 64 timed at least (steps of 0.16 ms or less)
 # values of `untimed` (0: a timed step); timed.py tests `>= UNTIMED`
 UNTIMED = 2
