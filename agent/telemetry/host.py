@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, Protocol
 
-from torchtop.agent.telemetry.procfs import ChildStat, ProcFs
+from torchtop.agent.telemetry.procfs import PAGE, ChildStat, ProcFs
 from torchtop.contract.wire import HostSample, WorkerSample
 
 MAX_WORKERS = 64
@@ -75,7 +75,7 @@ class SelfRss:
         if self._fd is None:
             return 0
         try:
-            return int(os.pread(self._fd, 128, 0).split()[1]) * _PAGE
+            return int(os.pread(self._fd, 128, 0).split()[1]) * PAGE
         except (OSError, ValueError, IndexError):
             return 0
 
@@ -86,12 +86,6 @@ class SelfRss:
             except OSError:
                 pass
             self._fd = None
-
-
-try:
-    _PAGE = os.sysconf("SC_PAGE_SIZE")
-except (AttributeError, ValueError, OSError):
-    _PAGE = 4096
 
 
 class Child(Protocol):

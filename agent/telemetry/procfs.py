@@ -14,6 +14,10 @@ import os
 import time
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+try:
+    PAGE = os.sysconf("SC_PAGE_SIZE")
+except (AttributeError, ValueError, OSError):
+    PAGE = 4096
 
 
 class ProcFs:
@@ -120,7 +124,7 @@ class ChildStat:
         head, _, tail = raw.rpartition(b")")
         name = head.partition(b"(")[2].decode(errors="replace")
         fields = tail.split()
-        ticks, rss = int(fields[11]) + int(fields[12]), int(fields[21]) * _PAGE
+        ticks, rss = int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE
         wait = None
         if self._sched is not None:
             try:
@@ -146,9 +150,3 @@ class ChildStat:
                 except OSError:
                     pass
         self._sched = None
-
-
-try:
-    _PAGE = os.sysconf("SC_PAGE_SIZE")
-except (AttributeError, ValueError, OSError):
-    _PAGE = 4096
