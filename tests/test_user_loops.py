@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.job_util import SEVERE, Job, report, show
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]  # real loops; the default policy
 
@@ -46,8 +47,11 @@ def _healthy(r: dict[str, Any]) -> None:
     assert r["verdict"]["kind"] == "compute" and r["verdict"]["severity"] == "ok", r["verdict"]
     assert not [f for f in r["flag_details"] if f["severity"] in SEVERE], r["flag_details"]
     assert "dataloader-workers" not in r["flags"], r["flag_details"]
+    # the verdict judges its own window (the last 10 s or 50 steps past warm-up), the breakdown
+    # covers the report's: at the note's 5% bar the two can fall on either side (5.07% in the
+    # breakdown, no note, in one CI run), so the note is required a point past it
     share = r["breakdown"]["data"]
-    if share >= 0.05:
+    if share >= T.input_moderate + 0.01:
         assert any(line.startswith("note: data wait") for line in r["verdict"]["evidence"]), r["verdict"]
 
 
