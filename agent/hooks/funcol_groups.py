@@ -15,6 +15,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from torchtop.agent.hooks.timed import dynamo_check
+
 if TYPE_CHECKING:
     from types import ModuleType
 
@@ -60,8 +62,6 @@ def patch_resolver(
             break
     else:
         return False
-    from torchtop.agent.hooks.timed import dynamo_check
-
     dynamo = dynamo_check(torch)
 
     @functools.wraps(orig)

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, Protocol
 
-from torchtop.agent.telemetry.procfs import PAGE, ChildStat, ProcFs
+from torchtop.agent.telemetry.procfs import PAGE, ChildStat, ProcFs, wait_percent
 from torchtop.contract.wire import HostSample, WorkerSample
 
 MAX_WORKERS = 64
@@ -116,7 +116,7 @@ class _PsutilChild:
         last, self._wait = self._wait, (None if ns is None else (now, ns))
         wait = None
         if ns is not None and last is not None and now > last[0]:
-            wait = max(0.0, min(100.0, (ns - last[1]) / 1e9 / (now - last[0]) * 100.0))
+            wait = wait_percent(ns - last[1], now - last[0])
         return name, cpu, rss, wait
 
     def close(self) -> None:

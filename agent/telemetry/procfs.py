@@ -99,6 +99,11 @@ class ProcFs:
         self._fds = {}
 
 
+def wait_percent(waited_ns: int, seconds: float) -> float:
+    """Percent of `seconds` that `waited_ns` of run-queue delay is (a child waiting for a CPU)."""
+    return max(0.0, min(100.0, waited_ns / 1e9 / seconds * 100.0))
+
+
 class ChildStat:
     """One child process's figures (a DataLoader worker's) from its /proc/PID/stat and schedstat,
     on descriptors kept open: two `pread`s a sample where psutil spent ~0.3-1 ms of GIL-holding
@@ -110,7 +115,7 @@ class ChildStat:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-        self._stat = os.open(f"/proc/{pid}/stat", flags)
+        self._stat: int | None = os.open(f"/proc/{pid}/stat", flags)
         try:
             self._sched: int | None = os.open(f"/proc/{pid}/schedstat", flags)
         except OSError:
@@ -120,6 +125,8 @@ class ChildStat:
     def read(self) -> tuple[str, float | None, int, float | None]:
         """(name, CPU % of one core, resident bytes, % of the time waiting for a CPU) since the
         last call; the percentages are None on the first call (nothing to compare with)."""
+        if self._stat is None:
+            raise OSError("closed")
         raw = os.pread(self._stat, 1024, 0)
         head, _, tail = raw.rpartition(b")")
         name = head.partition(b"(")[2].decode(errors="replace")
@@ -139,14 +146,15 @@ class ChildStat:
         cpu = round((ticks - last[1]) / _CLK_TCK / dt * 100.0, 1)
         waited = None
         if wait is not None and last[2] is not None:
-            waited = max(0.0, min(100.0, (wait - last[2]) / 1e9 / dt * 100.0))
+            waited = wait_percent(wait - last[2], dt)
         return name, cpu, rss, waited
 
     def close(self) -> None:
+        """Idempotent: a descriptor number closed twice could be another file's by then."""
         for fd in (self._stat, self._sched):
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self._sched = None
+        self._stat = self._sched = None
