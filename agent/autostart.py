@@ -56,10 +56,10 @@ def _start() -> None:
             torchtop.agent.start(port=base, publish_when_active=True)
         else:
             torchtop.agent.start(publish_when_active=True)
-    except Exception as exc:  # never into the user's program
+    except Exception as exc:  # broad: never into the user's program
         try:
             print(f"torchtop: autostart failed ({type(exc).__name__}: {exc})", file=sys.stderr)
-        except Exception:
+        except Exception:  # broad: stderr may be closed; never into the user's program
             pass
 
 
@@ -99,5 +99,5 @@ def arm() -> None:
             _start()
         else:
             sys.meta_path.insert(0, _AfterTorchImport())
-    except Exception:
+    except Exception:  # broad: autostart is optional; never into the user's program
         pass

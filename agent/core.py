@@ -100,7 +100,7 @@ class Agent:
             if self.recorder is not None:
                 self.recorder.start()
             self.loop.start()
-        except BaseException:
+        except BaseException:  # broad: tears down what started on any exit, then re-raises
             self._teardown()
             raise
         self.discovery_file: Path | None = None
@@ -169,7 +169,7 @@ class Agent:
             self.probe.comm = bool(
                 self.probe.active and ident.world_size > 1 and dist is not None and dist.is_initialized()
             )
-        except Exception:
+        except Exception:  # broad: a process group that cannot say is one rank; never into training
             self.probe.comm = False
 
     def _rewrite_discovery(self) -> None:
@@ -211,7 +211,7 @@ class Agent:
         if self.recorder is not None and self.telemetry is not None:
             try:  # the recording ends with the host as it is now (unattended it is read every 10 s)
                 self.telemetry.slow(host_only=True)
-            except Exception:
+            except Exception:  # broad: best-effort last host sample at stop
                 pass
         if loop is not None:
             loop.stop()
@@ -286,7 +286,7 @@ def _start(options: StartOptions) -> Agent | None:
                 return None
             try:
                 import torch
-            except Exception as exc:
+            except Exception as exc:  # broad: a broken torch may raise anything at import
                 warn(
                     f"torch is not importable ({exc}); install torch (pip install 'torchtop[torch]'); the agent is off"
                 )
@@ -301,7 +301,7 @@ def _start(options: StartOptions) -> Agent | None:
             if not _agent.unpublished:  # else said when it is listed
                 announce(describe.where(_agent), _agent.rank)
             return _agent
-    except Exception as exc:  # never into training
+    except Exception as exc:  # broad: never into training
         warn(f"agent failed to start ({type(exc).__name__}: {exc}); training continues without it")
         _agent = None
         return None
@@ -315,7 +315,7 @@ def stop() -> None:
             agent, _agent = _agent, None
             if agent is not None:
                 agent.stop()
-    except Exception as exc:
+    except Exception as exc:  # broad: stop never raises into the user's program
         warn(f"agent stop failed ({type(exc).__name__}: {exc})")
 
 
@@ -330,7 +330,7 @@ def _after_fork_in_child() -> None:
     if agent is not None:
         try:
             agent.abandon_after_fork()
-        except Exception:
+        except Exception:  # broad: the forked child runs whatever state the agent was in
             pass
 
 

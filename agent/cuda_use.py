@@ -35,7 +35,7 @@ class CudaUse:
         try:
             cuda = self.torch.cuda
             self._initialised = bool(cuda.is_available() and cuda.is_initialized())
-        except Exception:
+        except Exception:  # broad: a torch without usable CUDA may raise anything: not initialised
             return False
         return self._initialised
 
@@ -51,6 +51,6 @@ class CudaUse:
         try:
             cuda = self.torch.cuda
             self._holds = any(cuda.memory_reserved(i) > 0 for i in range(cuda.device_count()))
-        except Exception:
+        except Exception:  # broad: a torch without usable CUDA may raise anything: no memory held
             return False
         return self._holds

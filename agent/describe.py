@@ -21,7 +21,7 @@ def device(agent: Agent) -> tuple[str, str]:
     for module in agent.hooks.root_modules() if agent.hooks else []:
         try:
             param = next(module.parameters())
-        except (StopIteration, Exception):
+        except (StopIteration, Exception):  # broad: a module that cannot list its parameters: the next one
             continue
         if param.device.type == "cuda":
             return "cuda", torch.cuda.get_device_name(param.device)
@@ -29,7 +29,7 @@ def device(agent: Agent) -> tuple[str, str]:
     try:
         if torch.cuda.is_initialized():
             return "cuda", torch.cuda.get_device_name()
-    except Exception:
+    except Exception:  # broad: CUDA that cannot say is taken as not in use
         pass
     return "cpu", ""
 

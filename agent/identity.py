@@ -99,7 +99,7 @@ def refresh_from_dist(ident: Identity, torch: Any) -> bool:
             if address:
                 ident.job_id, changed = address, True
         return changed
-    except Exception:
+    except Exception:  # broad: a process group that cannot say: the identity stays
         return False
 
 
@@ -111,5 +111,5 @@ def _store_address(dist: Any) -> str:
             store = store.underlying_store
         host, port = getattr(store, "host", ""), getattr(store, "port", 0)
         return f"{host}:{port}" if host and port else ""
-    except Exception:
+    except Exception:  # broad: store internals vary by version: no address
         return ""

@@ -29,7 +29,7 @@ def setting_up() -> bool:
     process = sys.modules.get("multiprocessing.process")
     try:
         return process is not None and bool(getattr(process.current_process(), "_inheriting", False))
-    except Exception:
+    except Exception:  # broad: multiprocessing internals vary: not setting up
         return False
 
 
@@ -57,7 +57,7 @@ def when_set_up(start: Callable[[], object]) -> None:
                 for fn in starts:
                     try:
                         fn()
-                    except Exception:
+                    except Exception:  # broad: a watcher never breaks the child's start
                         pass
                 return run()
 

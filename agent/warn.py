@@ -11,13 +11,14 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
+from typing import Any, cast
 
 
 def warn(message: str) -> None:
     """One line on stderr; never raises (stderr may be closed)."""
     try:
         print(f"torchtop: {message}", file=sys.stderr, flush=True)
-    except Exception:
+    except Exception:  # broad: stderr may be closed; a warning never raises
         pass
 
 
@@ -62,7 +63,8 @@ def ignore_warning(message: str = "", module: str = "") -> Callable[[], None]:
 
     def remove() -> None:
         try:
-            warnings.filters.remove(entry)  # equal entries do the same: which one goes is moot
+            # a list (typeshed says Sequence); equal entries do the same: which one goes is moot
+            cast("list[Any]", warnings.filters).remove(entry)
         except ValueError:
             return
         mutated = getattr(warnings, "_filters_mutated", None)

@@ -48,7 +48,8 @@ def build(device: torch.device, batch: int, width: int, depth: int = DEPTH) -> t
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = MatmulChain(width, depth).to(device=device, dtype=dtype)
     for layer in model.layers:  # keep activations near unit scale through the chain
-        nn.init.normal_(layer.weight, std=width**-0.5)
+        if isinstance(layer, nn.Linear):  # all of them: says so to the type checker
+            nn.init.normal_(layer.weight, std=width**-0.5)
     return model, torch.randn(batch, width, device=device, dtype=dtype)
 
 

@@ -90,6 +90,8 @@ class _Extra(torch.autograd.Function):
 class Net(nn.Module):
     """`blocks` hidden blocks; `extra` more matmuls in the backward, `extra_fwd` in the forward."""
 
+    mix: torch.Tensor  # a buffer (register_buffer): Module's __getattr__ types it Tensor | Module
+
     def __init__(
         self, dim: int, hidden: int, classes: int, extra: int, extra_fwd: int = 0, blocks: int = 1
     ) -> None:

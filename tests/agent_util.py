@@ -123,7 +123,7 @@ def waited(items: Iterable[Any], waits: list[int]) -> Iterator[Any]:
 
 
 # -- a small CPU training loop (torch imported on use: monitor-only tests import this module too) -
-def mlp() -> nn.Module:
+def mlp() -> nn.Sequential:
     import torch
     from torch import nn
 

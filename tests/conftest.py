@@ -21,6 +21,13 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: at most two workers, fewer on fewer cores. The slow tests start jobs of two to
+    eight processes each, and assert shares of a step: more workers than two buy no time on a
+    small machine and crowd the jobs on a big one."""
+    return max(1, min(2, len(os.sched_getaffinity(0))))
+
+
 def _cuda_available() -> bool:
     try:
         import torch
@@ -32,9 +39,36 @@ def _cuda_available() -> bool:
         return False
 
 
+# an extra's marker -> the modules its tests import; the README's test line runs without the
+# extras (they skip, with this reason), and .ci/run runs these markers again once it installs them
+EXTRAS = {
+    "integrations": ("lightning", "transformers", "accelerate"),
+    "export": ("prometheus_client", "opentelemetry.sdk"),
+}
+
+
+def _missing(modules: tuple[str, ...]) -> list[str]:
+    from importlib.util import find_spec
+
+    out = []
+    for name in modules:
+        try:
+            found = find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package missing
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("cuda") is not None and not _cuda_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for extra, modules in EXTRAS.items():
+        if item.get_closest_marker(extra) is not None and len(_missing(modules)) == len(modules):
+            pytest.skip(
+                f"needs the [{extra}] extra (pip install -e '.[{extra}]'): none of {', '.join(modules)}"
+            )
     if item.get_closest_marker("tmux") is not None and shutil.which("tmux") is None:
         pytest.skip("needs tmux (not on PATH)")
 

@@ -33,7 +33,7 @@ def batch(
     agent ships them): forward 30% of each step, the data wait `data_share` of it."""
     step_ns = int(BATCH_S * 1e9) // steps_per_chunk
     base = int(1e9) + k * steps_per_chunk * step_ns
-    items: list[int] = []
+    items: list[logcodes.Item] = []
     for s in range(steps_per_chunk):
         t = base + s * step_ns
         d = int(step_ns * data_share)

@@ -37,7 +37,7 @@ while time.monotonic() < end:
 @contextmanager
 def training_agent(
     tmp_path: Path, env: dict[str, str], seconds: float = 120.0
-) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
+) -> Iterator[tuple[subprocess.Popen[bytes], discovery.AgentInfo]]:
     """Start the loop (agent inside) and yield (process, its discovery entry); kill it afterwards."""
     script = tmp_path / "train_tiny.py"
     script.write_text(TRAIN)

@@ -12,6 +12,7 @@ import queue
 import time
 import types
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -30,10 +31,10 @@ pytestmark = pytest.mark.usefixtures("one_thread_warm_torch")
 
 
 # -- start / stop --------------------------------------------------------------------------------
-def patched_state() -> dict[str, object]:
+def patched_state() -> dict[str, Any]:
     """Everything the hooks may touch: whole class and module namespaces, and the hook registries."""
+    import torch.optim.optimizer as optim_mod  # torch.optim dels the name `optimizer`
     from torch.nn.modules import module as module_mod
-    from torch.optim import optimizer as optim_mod
 
     owners = {
         "base_iter": dataloader_mod._BaseDataLoaderIter,
@@ -47,7 +48,7 @@ def patched_state() -> dict[str, object]:
         "module": nn.Module,
     }
     # submodules that a lazy import adds to a namespace are not patches
-    state: dict[str, object] = {
+    state: dict[str, Any] = {
         name: {k: id(v) for k, v in vars(owner).items() if not isinstance(v, types.ModuleType)}
         for name, owner in owners.items()
     }
@@ -166,9 +167,11 @@ def test_failing_replay_is_counted_and_recovers(method: str, monkeypatch: pytest
 
         monkeypatch.setattr(StepRecorder, method, boom)
         model = mlp()
-        w0 = model[0].weight.detach().clone()
+        first = model[0]
+        assert isinstance(first, nn.Linear)
+        w0 = first.weight.detach().clone()
         assert train(model, tensor_loader(30)) == 30
-        assert not torch.equal(w0, model[0].weight)
+        assert not torch.equal(w0, first.weight)
         errors, steps = 0, []
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not (calls and errors >= len(calls)):
@@ -290,7 +293,7 @@ def test_ignore_warning_removes_its_own_filter_and_no_other() -> None:
         remove()  # twice: nothing more goes
         assert warnings.filters == [users, *before]
     finally:
-        warnings.filters[:] = before
+        cast("list[Any]", warnings.filters)[:] = before  # a list; typeshed says Sequence
 
 
 def test_notices_are_quiet_when_asked_and_problems_are_not(

@@ -7,7 +7,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import torch
@@ -15,6 +15,9 @@ import torch
 import torchtop.agent as ta
 from tests.agent_util import client_for, endpoint_for
 from torchtop.agent.capture.trace_summary import summarize
+
+if TYPE_CHECKING:
+    from torchtop.agent.hooks.probe import Probe
 
 
 @pytest.fixture
@@ -130,6 +133,7 @@ def test_garbage_on_the_request_socket_is_refused(agent) -> None:
         from torchtop.contract import wire
 
         reply = wire.decode(sock.recv())
+        assert isinstance(reply, wire.Reply)
         assert not reply.ok and "bad request" in reply.error
     finally:
         sock.close()
@@ -155,16 +159,21 @@ def test_unusable_output_directory_falls_back_or_is_refused(tmp_path, monkeypatc
     (locked / "captures").write_text("a file where the directory should be")
     monkeypatch.setenv("TORCHTOP_DIR", str(locked / "captures"))
     agent = ta.start()
+    assert agent is not None
+    captures = agent.captures
     client = client_for(agent)
     try:  # files go to the private fallback, and the reply says where and why
         reply = client.request("capture-profile", {"steps": 2}, timeout=5)
-        assert reply.ok, reply.error
+        assert reply.ok and reply.capture is not None, reply.error
         note = reply.capture.note
         assert str(runtime_dir / "captures") in note and str(locked / "captures") in note
         assert "TORCHTOP_DIR" in note
-        _run_until(Loop(), lambda: agent.captures.current.state in ("done", "failed"))
-        assert agent.captures.current.state == "done", agent.captures.current.error
-        assert Path(agent.captures.current.path).parent == runtime_dir / "captures"
+        _run_until(
+            Loop(), lambda: captures.current is not None and captures.current.state in ("done", "failed")
+        )
+        current = captures.current
+        assert current is not None and current.state == "done", current and current.error
+        assert Path(current.path).parent == runtime_dir / "captures"
         # and when the fallback cannot be used either, the request is refused, saying why
         monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(locked / "captures" / "rt"))
         reply = client.request("capture-profile", {"steps": 2}, timeout=5)
@@ -238,7 +247,7 @@ def controller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from torchtop.agent.cuda_use import CudaUse
 
     monkeypatch.setenv("TORCHTOP_DIR", str(tmp_path / "captures"))
-    return CaptureController(CudaUse(torch), _Probe())
+    return CaptureController(CudaUse(torch), cast("Probe", _Probe()))  # the part of a Probe it uses
 
 
 def test_the_capture_record_has_one_owner_the_agent_thread(controller) -> None:
@@ -297,14 +306,15 @@ def test_a_failing_profiler_step_fails_the_capture_and_stops_the_profiler(contro
     probe = controller.probe
     controller.request("capture-profile", {"steps": 3})
     probe.on_step()  # started
-    assert torch.autograd._profiler_enabled()
+    assert torch.autograd._profiler_enabled()  # pyright: ignore[reportPrivateImportUsage]  # torch re-exports it
 
     def broken() -> None:
         raise RuntimeError("profiler step broke")
 
     controller._run.prof.step = broken
     probe.on_step()  # never raises into the training loop
-    assert probe.on_step is None and not torch.autograd._profiler_enabled()
+    profiling = torch.autograd._profiler_enabled()  # pyright: ignore[reportPrivateImportUsage]  # torch re-exports it
+    assert probe.on_step is None and not profiling
     controller.poll()
     assert (
         controller.current.state == CaptureState.FAILED and "profiler step broke" in controller.current.error
@@ -333,8 +343,11 @@ def test_the_agent_leaves_the_warning_filters_as_it_found_them(tmp_path, monkeyp
     asker.join()
     client.close()
     assert box["r"].ok, box["r"].error
-    _run_until(loop, lambda: agent.captures.current.state in (CaptureState.DONE, CaptureState.FAILED))
-    assert agent.captures.current.state == CaptureState.DONE, agent.captures.current.error
+    captures = agent.captures
+    ended = (CaptureState.DONE, CaptureState.FAILED)
+    _run_until(loop, lambda: captures.current is not None and captures.current.state in ended)
+    current = captures.current
+    assert current is not None and current.state == CaptureState.DONE, current and current.error
     ta.stop()
     assert warnings.filters == before
 

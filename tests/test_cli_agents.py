@@ -65,6 +65,7 @@ def training_run(tmp_path: Path, runtime_dir: Path, request: pytest.FixtureReque
     if request.param == "tcp":
         env["TORCHTOP_PORT"] = str(free_port_pair())
     proc = subprocess.Popen([sys.executable, str(script), "60"], stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None  # piped
     try:
         path = runtime_dir / f"agent-{proc.pid}.json"
         deadline = time.monotonic() + 60
@@ -124,6 +125,7 @@ def _check_report(report: dict, pid: int) -> None:
 @pytest.mark.slow  # a training subprocess
 def test_report_and_ls_against_a_running_training_process(training_run: discovery.AgentInfo) -> None:
     pid, port = training_run.pid, training_run.port
+    assert pid is not None  # a live agent's entry
     if port:  # TCP: the loopback HOST:PORT forms find the CURVE keys in this user's discovery entry
         targets = [str(pid), f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", f"localhost:{port}", None]
     else:

@@ -15,8 +15,9 @@ import pytest
 
 from tests.agent_util import mlp, snapshot_steps, tensor_loader
 
-torch = pytest.importorskip("torch")
-dist = torch.distributed
+pytest.importorskip("torch")
+import torch  # noqa: E402  # a module, not a variable: its classes narrow below
+import torch.distributed as dist  # noqa: E402
 
 
 def _loop(n: int, after_backward=None, during_backward=None) -> None:  # type: ignore[no-untyped-def]
@@ -25,7 +26,9 @@ def _loop(n: int, after_backward=None, during_backward=None) -> None:  # type: i
     for x, y in tensor_loader(n):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         if during_backward is not None:
-            model[0].weight.register_hook(during_backward)
+            first = model[0]
+            assert isinstance(first, torch.nn.Linear)
+            first.weight.register_hook(during_backward)
         loss.backward()
         if after_backward is not None:
             after_backward(model)
@@ -40,7 +43,9 @@ def test_blocking_collectives_are_comm(agent, group) -> None:
         t = time.perf_counter_ns()
         for p in model.parameters():
             dist.all_reduce(p.grad)
-        dist.all_reduce(torch.ones(1), async_op=True).wait()  # its wait() is comm too
+        work = dist.all_reduce(torch.ones(1), async_op=True)
+        assert work is not None  # async_op: a Work
+        work.wait()  # its wait() is comm too
         waits.append(time.perf_counter_ns() - t)
 
     _loop(12, after_backward=all_reduce_grads)
@@ -100,7 +105,9 @@ class _WaitsInForward(torch.nn.Module):
         self.body = mlp()
 
     def forward(self, x):  # type: ignore[no-untyped-def]
-        dist.all_reduce(torch.ones(1), async_op=True).wait()
+        work = dist.all_reduce(torch.ones(1), async_op=True)
+        assert work is not None  # async_op: a Work
+        work.wait()
         return self.body(x)
 
 
@@ -129,8 +136,10 @@ def test_functional_collectives_wait_is_comm(agent, group) -> None:
     agent.hooks.waits.tick()  # imported after start(): the agent thread patches it within a tick
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    world = dist.group.WORLD
+    assert world is not None  # the group exists
     for x, y in tensor_loader(8):
-        h = funcol.all_reduce(x, "sum", dist.group.WORLD)
+        h = funcol.all_reduce(x, "sum", world)
         loss = torch.nn.functional.cross_entropy(model(h * 1.0), y)
         loss.backward()
         opt.step()
@@ -178,6 +187,7 @@ def _tp_rank(rank: int, port: int, out: Any) -> None:
 
     torch.set_num_threads(1)
     agent = ta.start()
+    assert agent is not None
     dist_.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
@@ -187,6 +197,7 @@ def _tp_rank(rank: int, port: int, out: Any) -> None:
         x = torch.randn(16, 32)
         for i in range(30):
             if i == 3:
+                assert agent.hooks is not None and agent.hooks.waits is not None  # auto hooks, installed
                 agent.hooks.waits.tick()  # DTensor imported after start(): patched within a tick
             loss = model(x).pow(2).mean()
             loss.backward()

@@ -120,7 +120,7 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
     torch 2.11 + H100 the op links (a record_function's kernels) put a backward GEMM under the
     forward in about half of the steps (+1.3 ms); the stream order has no such ambiguity.
     """
-    from torch.autograd import DeviceType
+    from torch.autograd import DeviceType  # pyright: ignore[reportPrivateImportUsage]  # torch re-exports it
     from torch.profiler import ProfilerActivity, profile
 
     torch.manual_seed(0)
@@ -156,11 +156,13 @@ def test_event_timing_matches_profiler_kernel_time(agent: Any) -> None:
         for _ in range(n):
             step()
     # (prof's exit synchronised: every event of the window has completed)
+    events = prof.events()
+    assert events is not None  # a finished profile has its events
 
     kernels = sorted(
         (
             e
-            for e in prof.events()
+            for e in events
             if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
         ),
         key=lambda e: e.time_range.start,

@@ -8,10 +8,14 @@ import os
 import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
 from torchtop.agent.capture import cupti
+
+if TYPE_CHECKING:
+    from torchtop.agent.hooks.probe import Probe
 
 torch = pytest.importorskip("torch")
 
@@ -117,11 +121,12 @@ def test_the_capture_controller_stops_its_profiler_through_the_rule(
             seen.append(cuda and last_step) or real(prof, t, cuda, last_step)
         ),
     )
-    c = CaptureController(CudaUse(torch), _Probe())
+    probe = _Probe()
+    c = CaptureController(CudaUse(torch), cast("Probe", probe))  # the part of a Probe it uses
     c.request("capture-profile", {"steps": 1})
-    c.probe.on_step()  # the profiler starts at a boundary...
+    probe.on_step()  # the profiler starts at a boundary...
     torch.nn.Linear(4, 4)(torch.randn(2, 4)).sum().backward()
-    c.probe.on_step()  # ...and stops at the next
+    probe.on_step()  # ...and stops at the next
     on_gpu = torch.cuda.is_available()  # a CUDA session is torn down at its last step; a CPU one has no CUPTI
     assert seen == [on_gpu]
     assert c.cupti_kept == ("" if on_gpu else "no CUDA activity was recorded")

@@ -9,7 +9,7 @@ passed the moment it was recorded, as a real one does once the stream reaches it
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torchtop.agent.hooks.probe import Probe
 from torchtop.agent.hooks.timed import timed
@@ -17,6 +17,9 @@ from torchtop.agent.loop import cuda_events as cuda_timing
 from torchtop.agent.loop.cuda_events import EventResolver
 from torchtop.contract import logcodes, wire
 from torchtop.monitor.model.log_replay import LogReplay
+
+if TYPE_CHECKING:
+    from torchtop.agent.loop.cuda_events import EventPool
 
 BACKWARD, FORWARD, OPTIMIZER = logcodes.BACKWARD, logcodes.FORWARD, logcodes.OPTIMIZER
 
@@ -100,9 +103,10 @@ def probe_stamp() -> int:
 def _setup() -> tuple[Probe, FakeGpu, FakePool, EventResolver]:
     gpu = FakeGpu()
     pool = FakePool(gpu)
+    as_pool = cast("EventPool", pool)  # the calls of an EventPool, on a fake GPU
     probe = Probe()
-    probe.pool, probe.event_every = pool, 2
-    return probe, gpu, pool, EventResolver(pool)
+    probe.pool, probe.event_every = as_pool, 2
+    return probe, gpu, pool, EventResolver(as_pool)
 
 
 def _ship(chunks: list[tuple[list[Any], int]], first_seq: int = 0) -> list[wire.LogChunk]:
@@ -276,7 +280,7 @@ def test_an_event_step_records_events_around_compute_but_not_the_data_wait() -> 
             next(e for e in entries if type(e) is tuple and e[0] & logcodes.MASK == logcodes.STEP_EVENT)
         ) :
     ]
-    codes = [(e if type(e) is int else e[0]) & logcodes.MASK for e in evented]
+    codes = [(e if isinstance(e, int) else e[0]) & logcodes.MASK for e in evented]
     assert codes[1:6] == [
         logcodes.DATA,
         logcodes.EXIT | logcodes.DATA,
@@ -347,7 +351,7 @@ def test_cuda_marks_are_read_once_their_copy_landed() -> None:
     probe.enter(FORWARD)
     probe.exit(FORWARD)
     probe.cut()
-    probe.mark("loss", (Pinned(), done))
+    probe.mark("loss", cast("Any", (Pinned(), done)))  # a pinned scalar and its copy's event, faked
     probe.mark("lr", 0.1)
     assert resolver.run(*probe.drain()) == []
     gpu.done_ms = 1.0

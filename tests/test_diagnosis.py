@@ -18,7 +18,7 @@ from torchtop.contract.wire import (
 )
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Facts, Growth
+from torchtop.monitor.diagnosis.facts import Facts, Finding, Growth
 from torchtop.monitor.diagnosis.flags import (
     flag_dataloader_workers,
     flag_fragmentation,
@@ -43,6 +43,12 @@ def facts(**shares: float) -> Facts:
     base.update(shares)
     base["other"] = max(0.0, 1.0 - sum(v for k, v in base.items() if k != "other"))
     return Facts(steps=50, step_ms=100.0, shares=base, ms={k: v * 100 for k, v in base.items()})
+
+
+def found(finding: Finding | None) -> Finding:
+    """A rule's finding where the test expects one."""
+    assert finding is not None
+    return finding
 
 
 @pytest.mark.parametrize(
@@ -103,7 +109,7 @@ def test_host_overhead_needs_cuda_and_low_util() -> None:
     f.gpu_util = T.gpu_util_low
     assert rule_host_overhead(f) is None
     f.gpu_util = T.gpu_util_very_low - 1
-    assert rule_host_overhead(f).severity == "critical"
+    assert found(rule_host_overhead(f)).severity == "critical"
     f.shares["data"] = 0.3  # a data wait explains idle GPU: not host overhead
     assert rule_host_overhead(f) is None
 
@@ -215,9 +221,9 @@ def test_memory_pressure_threshold() -> None:
     f.mem_total, f.reserved = 80 * GIB, int(80 * GIB * 0.89)
     assert flag_memory_pressure(f) is None
     f.reserved = int(80 * GIB * 0.90) + 1
-    assert flag_memory_pressure(f).severity == "warning"
+    assert found(flag_memory_pressure(f)).severity == "warning"
     f.reserved = int(80 * GIB * 0.98)
-    assert flag_memory_pressure(f).severity == "critical"
+    assert found(flag_memory_pressure(f)).severity == "critical"
     f.reserved, f.retry_rate = 10 * GIB, 0.5
     got = flag_memory_pressure(f)
     assert got is not None and "retries" in got.evidence[1]
@@ -233,7 +239,7 @@ def test_fragmentation_flag() -> None:
     assert got is not None and got.severity == "warning"
     assert any("expandable_segments" in a for a in got.advice)
     f.expandable = True
-    assert not any("expandable_segments" in a for a in flag_fragmentation(f).advice)
+    assert not any("expandable_segments" in a for a in found(flag_fragmentation(f)).advice)
     f.frag_external = 0.49
     assert flag_fragmentation(f) is None
     f.allocated, f.reserved = 12 * GIB, 25 * GIB  # reserved >= 2x allocated and >= 30% of device
@@ -288,7 +294,7 @@ def test_a_saturated_worker_on_a_busy_machine_is_recognised() -> None:
     assert "more workers would not help" in got.advice[0]  # the cores are taken
     f.cores, f.worker_wait = 16, 2.0
     f.worker_cpu = 96.0
-    assert "toward 15" in flag_dataloader_workers(f).advice[0]
+    assert "toward 15" in found(flag_dataloader_workers(f)).advice[0]
     f.worker_cpu, f.worker_wait = 12.0, 1.0  # idle workers, an empty queue: waiting on I/O
     got = flag_dataloader_workers(f)
     assert got is not None and "disk, network" in got.evidence[0]
@@ -477,7 +483,7 @@ def test_unknown_figures_are_none_and_change_no_verdict() -> None:
     data = rule_data(f)
     assert data is not None and not any("workers" in e for e in data.evidence)
     f.workers = 0
-    assert "no DataLoader worker processes" in " ".join(rule_data(f).evidence)
+    assert "no DataLoader worker processes" in " ".join(found(rule_data(f)).evidence)
     assert flag_dataloader_workers(f) is not None
 
 

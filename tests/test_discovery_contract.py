@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,8 +69,19 @@ def test_a_wrongly_typed_field_is_listed_and_refused_in_one_line(runtime_dir: Pa
 @pytest.mark.parametrize("doc", [[1, 2], "text", {"pid": "12"}, {"pid": True, "port": 1}, {"port": 1}])
 def test_files_that_are_not_objects_or_name_no_int_pid_are_skipped(runtime_dir: Path, doc: object) -> None:
     path = _file(runtime_dir, doc)
-    assert discovery.list_agents() == []
-    assert not path.exists() or not isinstance(doc, dict)  # an object naming no live pid: cleaned
+    agents, skipped = discovery.scan()
+    assert agents == [] and [s.file for s in skipped] == [str(path)]
+    assert path.exists()  # not provably a stale entry of ours (issue 37): said, never removed
+
+
+def test_a_stale_entry_of_ours_is_removed_and_one_named_otherwise_is_not(runtime_dir: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ours = _file(runtime_dir, {"pid": dead.pid}, pid=dead.pid)
+    other = runtime_dir / "agent-other.json"
+    other.write_text(json.dumps({"pid": dead.pid}))
+    assert discovery.scan() == ([], [])
+    assert not ours.exists() and other.exists()
 
 
 def test_a_listing_never_names_the_ssh_target() -> None:

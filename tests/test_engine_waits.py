@@ -12,8 +12,8 @@ backward, and its exposed wait read 5.9 ms a step where torch.profiler's kernel 
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
-from typing import Any
+from types import ModuleType, SimpleNamespace
+from typing import Any, cast
 
 from torchtop.agent.hooks.collectives import timed_backward
 from torchtop.agent.hooks.probe import Probe
@@ -107,7 +107,7 @@ def _copy_out_case(event: Any) -> tuple[Probe, list[tuple[str, int]], Any]:
     def copy_out(all_gather_result: Any, fsdp_params: Any, group: Any) -> None:
         calls.append(("copy-out", len(probe.log)))
 
-    wrapped = timed_wait(probe, copy_out, stub, lambda: False, "copy_out")
+    wrapped = timed_wait(probe, copy_out, cast("ModuleType", stub), lambda: False, "copy_out")
     result = SimpleNamespace(
         all_gather_event=event, all_gather_output=SimpleNamespace(device=SimpleNamespace(type="fake"))
     )
@@ -145,7 +145,7 @@ def test_fsdp2_copy_out_names_its_process_group() -> None:
     def copy_out(all_gather_result: Any, fsdp_params: Any, group: Any) -> None:
         pass
 
-    wrapped = timed_wait(probe, copy_out, stub, lambda: False, "copy_out")
+    wrapped = timed_wait(probe, copy_out, cast("ModuleType", stub), lambda: False, "copy_out")
     result = SimpleNamespace(
         all_gather_event="ev", all_gather_output=SimpleNamespace(device=SimpleNamespace(type="fake"))
     )

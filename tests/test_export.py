@@ -122,7 +122,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 def wait_for_ranks(port: int, timeout: float = 60.0) -> dict:
     """The parsed /metrics once both ranks have steps, a rate and a verdict."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.parser import text_string_to_metric_families  # pyright: ignore[reportMissingImports]  # optional
 
     deadline = time.monotonic() + timeout
     families: dict = {}
@@ -144,6 +144,7 @@ def wait_for_ranks(port: int, timeout: float = 60.0) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.export
 def test_metrics_of_a_two_rank_job_read_by_prometheus_clients_parser(job: dict) -> None:
     families = wait_for_ranks(job["port"])
     steps = {
@@ -163,6 +164,7 @@ def test_metrics_of_a_two_rank_job_read_by_prometheus_clients_parser(job: dict) 
 
 
 @pytest.mark.slow
+@pytest.mark.export
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="no Prometheus server binary")
 def test_a_real_prometheus_server_scrapes_the_exporter(job: dict) -> None:
     wait_for_ranks(job["port"])
@@ -207,8 +209,9 @@ def test_a_real_prometheus_server_scrapes_the_exporter(job: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.export
 def test_otlp_metrics_carry_both_ranks(job: dict) -> None:
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest  # pyright: ignore[reportMissingImports]  # optional
 
     wait_for_ranks(job["port"])
     deadline = time.monotonic() + 30

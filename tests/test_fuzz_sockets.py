@@ -65,7 +65,7 @@ subscriptions = st.lists(
 raw = st.binary(max_size=512)
 # multipart bombs past the agent's discard bound (requests.DISCARD_MAX): the socket is renewed
 bombs = st.none() | st.none() | st.integers(10_000, 60_000)
-FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))  # pyright: ignore[reportArgumentType]  # hypothesis: its enum metaclass has an untyped __iter__
 
 
 class SocketFuzzer:

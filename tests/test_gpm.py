@@ -103,7 +103,7 @@ def test_counter_mfu_is_tensor_activity_scaled_by_the_clock() -> None:
 def _facts(counter: float, flop: float) -> Facts:
     f = Facts(steps=50, step_ms=10.0, shares={}, ms={}, device="cuda")
     f.gpm = GpmFigures(90.0, counter * 100, counter)
-    f.why = SimpleNamespace(throughput=SimpleNamespace(mfu=flop))  # type: ignore[assignment]
+    f.why = SimpleNamespace(throughput=SimpleNamespace(mfu=flop, flop_mfu=flop))  # type: ignore[assignment]
     return f
 
 

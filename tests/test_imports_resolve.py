@@ -13,7 +13,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OPTIONAL = ("torch", "textual", "prometheus_client", "opentelemetry", "lightning", "transformers")
+# the extras' packages (pyproject's optional-dependencies) and the names they import under
+OPTIONAL = (
+    "torch",
+    "textual",
+    "textual_plotext",
+    "prometheus_client",
+    "opentelemetry",
+    "lightning",
+    "pytorch_lightning",
+    "transformers",
+    "accelerate",
+)
 
 
 def _sources() -> list[Path]:

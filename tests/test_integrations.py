@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import torchtop.agent as ta
 from tests.agent_util import snapshot_steps
 
-pytestmark = pytest.mark.slow  # real Lightning / Hugging Face loops
+pytestmark = [pytest.mark.slow, pytest.mark.integrations]  # real Lightning / Hugging Face loops
 
 
 def _data(n: int = 32) -> TensorDataset:
@@ -63,6 +63,7 @@ def test_huggingface_trainer_callback(tmp_path) -> None:
             self.net = nn.Linear(16, 3)
 
         def forward(self, x, labels=None):
+            assert labels is not None  # the Trainer passes each row's
             logits = self.net(x)
             return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
 

@@ -66,7 +66,7 @@ def agree(job_kind: str, rank_kinds: list[str]) -> bool:
 
 def _verdicts(port: int) -> dict[str, str]:
     """rank -> the verdict kind its torchtop_verdict series carries."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.parser import text_string_to_metric_families  # pyright: ignore[reportMissingImports]  # optional
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
@@ -97,6 +97,7 @@ async def _replayed_views(rec: Path) -> tuple[str, list[str]]:
         return job_kind, ranks
 
 
+@pytest.mark.export
 async def test_a_ddp_job_reads_the_same_everywhere(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     pytest.importorskip("prometheus_client")
     script, rec = tmp_path / "comm.py", tmp_path / "rec"

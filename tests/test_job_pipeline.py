@@ -125,3 +125,17 @@ def test_balanced_pipeline_shows_the_bubble_without_a_straggler(
         e["pipeline_bubble_share"] is not None and e["pipeline_bubble_share"] > 0.05 for e in ranks.values()
     )
     assert len({e["verdict"]["kind"] for e in ranks.values()}) == 1
+
+
+def test_a_heavier_stage_is_named_by_its_parameters(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """Issue 35 item 6: rank 1's stage holds three blocks, rank 0's one: not "slower at the same
+    work (its GPU or its host)" but the parameters its stage holds, and where to move layers."""
+    with pipeline_job(tmp_path, subprocess_env, "--heavy-rank", "1", "--blocks", "3"):
+        r = report(subprocess_env)
+    assert r["straggler"] is not None and r["straggler"]["rank"] == 1, r["straggler"]
+    evidence = r["verdict"]["evidence"]
+    line = next((e for e in evidence if e.startswith("the stage on rank 1 holds")), None)
+    assert line is not None, evidence
+    ratio = float(line.split(" holds ")[1].split("x")[0])
+    assert 2.7 <= ratio <= 3.3 and "move layers to the earlier stage" in line, line
+    assert not any("slower at the same work" in e for e in evidence), evidence

@@ -28,7 +28,7 @@ SLOW_RANK = 1
 
 
 @contextmanager
-def ddp_job(tmp_path: Path, env: dict[str, str], *demo_args: str) -> Iterator[list[dict]]:
+def ddp_job(tmp_path: Path, env: dict[str, str], *demo_args: str) -> Iterator[list[discovery.AgentInfo]]:
     """torchrun of the straggler demo on CPU; yields the 4 agents' discovery entries."""
     log = (tmp_path / "job.log").open("wb")
     cmd = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rank_util import JOB, hello, rank_steps
+from tests.rank_util import JOB, T0, hello, rank_steps
 from torchtop.contract import wire
 from torchtop.monitor.model.relayed import apply_summary
 from torchtop.monitor.relay.summary import RankSummarizer
@@ -32,7 +32,7 @@ async def test_a_1024_rank_job_on_one_screen() -> None:
             h = hello(r, world=NODES * PER_NODE, host=f"node{n:03d}", job_id=JOB)
             ranks.append(wire.RankSummary(rank=r, run_id=h.run_id, age=0.1, hello=h, buckets=base[r == SLOW]))
         summary = wire.NodeSummary(
-            v=wire.PROTOCOL_VERSION, job_id=JOB, node=f"node{n:03d}", seq=1, time=0.0, ranks=ranks
+            v=wire.PROTOCOL_VERSION, job_id=JOB, node=f"node{n:03d}", seq=1, time=T0 + 10, ranks=ranks
         )
         apply_summary(app.job, f"relay{n}", summary, 80.0 if n == 17 else 100.0)  # node 17 silent 20 s
     async with app.run_test(size=(120, 40)) as pilot:

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from torchtop.contract.logcodes import BOUNDARY, COMM, EXIT, FORWARD, FORWARD_START, SHIFT, WORK
-from torchtop.monitor.diagnosis.facts import Diagnosis, Finding
+from torchtop.monitor.diagnosis.facts import Diagnosis, Finding, Severity
 from torchtop.monitor.diagnosis.in_job import rank_diagnosis
 from torchtop.monitor.diagnosis.straggler import find_straggler, straggler_finding
 from torchtop.monitor.model.rank_stats import RankStats, RankTimes, Work
@@ -101,7 +101,7 @@ def test_without_batches_seen_nothing_is_said_about_work() -> None:
     assert f.kind == "straggler" and not any("work" in e for e in f.evidence)
 
 
-def _own(kind: str, severity: str = "critical") -> Diagnosis:
+def _own(kind: str, severity: Severity = "critical") -> Diagnosis:
     return Diagnosis(Finding(kind, severity, 0.5, (f"{kind} evidence",)), (), 50)
 
 

@@ -14,6 +14,7 @@ from torchtop.agent.loop import history
 from torchtop.agent.loop import loop as agent_loop
 from torchtop.contract.wire import SNAPSHOT_MAX_STEPS
 from torchtop.monitor.diagnosis.report import build_report
+from torchtop.monitor.link.client import AgentClient
 from torchtop.monitor.model.state import RunState
 
 
@@ -27,7 +28,7 @@ def _train(n: int) -> None:
         opt.zero_grad()
 
 
-def _join(agent) -> tuple[RunState, object]:
+def _join(agent) -> tuple[RunState, AgentClient]:
     """What the TUI and `report --history` do: subscribe, hello, snapshot, then the stream."""
     client = client_for(agent)
     state = RunState()
@@ -133,8 +134,9 @@ def test_a_late_monitor_gets_the_agents_per_second_memory_lows() -> None:
         assert all(a.time < b.time for a, b in zip(lows, lows[1:]))
         assert all(m.rss > 10 * 2**20 and m.allocated == 0 for m in lows)
         assert lows[-1].rss > lows[0].rss
-        counts = [m.steps for m in lows]  # the step count with each low: the leak rule's x axis
-        assert None not in counts and counts == sorted(counts) and counts[-1] > counts[0], counts
+        steps = [m.steps for m in lows]  # the step count with each low: the leak rule's x axis
+        counts = [c for c in steps if c is not None]
+        assert len(counts) == len(steps) and counts == sorted(counts) and counts[-1] > counts[0], steps
         reply, _ = client.snapshot(max_steps=10)
         assert reply.ok and [m.time for m in reply.memory][: len(lows)] == [m.time for m in lows]
     finally:

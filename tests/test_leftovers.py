@@ -21,6 +21,7 @@ from tests.agent_util import free_port
 from torchtop.contract import discovery
 
 
+@pytest.mark.export
 @pytest.mark.slow  # among the fast subset's slowest, ~1.6 s here (issue 27: the subset under 60 s)
 def test_idle_exporter_connections_time_out_and_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("prometheus_client")

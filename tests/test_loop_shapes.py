@@ -418,4 +418,5 @@ def test_loop_in_a_fresh_context_is_still_the_training_thread() -> None:
     assert all(
         s.phases["forward"] > 0 and s.phases["backward"] > 0 and s.phases["optimizer"] > 0 for s in steps
     )
-    assert ta.current().probe.steps == 10
+    current = ta.current()
+    assert current is not None and current.probe.steps == 10

@@ -146,7 +146,7 @@ def test_the_agent_thread_wakes_about_once_a_tick(monkeypatch: pytest.MonkeyPatc
     polls = [0]
     real = zmq.Poller.poll
 
-    def counted(self: zmq.Poller, timeout: float | None = None) -> list:
+    def counted(self: zmq.Poller, timeout: int | None = None) -> list:
         polls[0] += 1
         return real(self, timeout)
 
@@ -172,7 +172,7 @@ def test_closed_port_is_unreachable_quickly() -> None:
         t = time.monotonic()
         with pytest.raises(AgentUnreachable, match="no answer from a torchtop agent"):
             c.hello(timeout=0.5)
-        assert time.monotonic() - t < 2.0
+        assert time.monotonic() - t < 10 * 0.5  # a deadline on the answer, generous under load
     finally:
         c.close()
 

@@ -19,7 +19,8 @@ def manual_sgd(model: nn.Module, data: list, lr: float = 0.01) -> None:
         model.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         for p in model.parameters():
-            p.data.add_(p.grad, alpha=-lr)
+            if p.grad is not None:  # every parameter has one after backward
+                p.data.add_(p.grad, alpha=-lr)
 
 
 def test_a_loop_that_updates_weights_by_hand_shows_its_steps() -> None:

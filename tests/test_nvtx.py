@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from tests.test_device_times import FakeGpu, FakePool, _one_step
 from torchtop.agent.hooks import nvtx
 from torchtop.agent.hooks.probe import Probe
 from torchtop.contract.logcodes import BACKWARD, COMM_READY, EXIT
+
+if TYPE_CHECKING:
+    from torchtop.agent.loop.cuda_events import EventPool
 
 
 class FakeNvtx:
@@ -27,7 +32,7 @@ class FakeNvtx:
 def test_event_steps_push_a_range_per_phase_and_other_steps_none() -> None:
     gpu = FakeGpu()
     probe = Probe()
-    probe.pool, probe.event_every = FakePool(gpu), 2
+    probe.pool, probe.event_every = cast("EventPool", FakePool(gpu)), 2  # the calls of an EventPool
     fake = FakeNvtx()
     assert nvtx.enable(probe, fake)
     for _ in range(6):

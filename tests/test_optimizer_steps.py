@@ -4,8 +4,8 @@ an optimizer's step is reached that a wrapper on the class alone would miss or c
 from __future__ import annotations
 
 import torch
+import torch.optim.optimizer as optim_mod  # torch.optim dels the name `optimizer`
 from torch import nn
-from torch.optim import optimizer as optim_mod
 
 import torchtop.agent as ta
 from tests.agent_util import inner_step, snapshot_steps
@@ -21,7 +21,12 @@ def model_and_batches(n: int) -> tuple[nn.Module, list[tuple[torch.Tensor, torch
     ]
 
 
-def train(model: nn.Module, opt: torch.optim.Optimizer, data: list, sched: object = None) -> None:
+def train(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    data: list,
+    sched: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> None:
     for x, y in data:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()

@@ -252,7 +252,7 @@ def _link(dists: list[importlib.metadata.Distribution], into: Path) -> None:
     """Symlink each distribution's top-level files (packages, modules, its dist-info) into `into`."""
     into.mkdir(parents=True, exist_ok=True)
     for dist in dists:
-        site = Path(dist.locate_file(""))
+        site = Path(str(dist.locate_file("")))  # a path-like; typeshed's SimplePath is no StrPath
         for top in {f.parts[0] for f in dist.files or [] if f.parts and f.parts[0] != ".."}:
             if not (into / top).exists() and (site / top).exists():
                 (into / top).symlink_to(site / top)

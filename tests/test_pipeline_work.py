@@ -63,10 +63,12 @@ def test_a_stages_chunks_and_its_loss_are_forward_and_backward(agent, group) -> 
         ph = s.phases
         assert ph["forward"] >= MICRO * LOSS_S * 1e9, ph  # the loss is the last stage's forward
         assert ph["backward"] >= MICRO * DW_S * 1e9, ph  # the backward chunk's own work
-        # what is left is the schedule's loop: far less than either sleep
-        assert ph["other"] < MICRO * DW_S * 1e9, ph
         # an autograd.backward nested in a backward chunk is not a second micro-batch
         assert s.micro == MICRO, s.micro
+    # what is left is the schedule's loop: less than the sleeps it no longer holds (a ratio of
+    # medians, not a bound in ms: a loaded machine stretches the loop's Python, not the sleeps)
+    med = {k: sorted(s.phases[k] for s in steps[1:])[len(steps[1:]) // 2] for k in ("forward", "other")}
+    assert med["other"] < med["forward"], med
 
 
 def test_the_chunks_are_ours_once_and_restored(agent, group) -> None:

@@ -46,7 +46,8 @@ def test_the_readme_opens_with_two_commands_demo_then_tests() -> None:
         assert command.startswith(VENV), command  # the venv step, shown
     assert demo.endswith("&& torchtop demo")
     assert tests.endswith("&& python -m pytest -q")
-    assert "tui" in re.search(r"\.\[([\w,]+)\]", demo).group(1).split(",")  # the whole tool
+    extras = re.search(r"\.\[([\w,]+)\]", demo)
+    assert extras and "tui" in extras.group(1).split(",")  # the whole tool
 
 
 def test_torch_is_pinned_and_the_cpu_way_is_told_before_the_commands() -> None:
@@ -59,19 +60,32 @@ def test_torch_is_pinned_and_the_cpu_way_is_told_before_the_commands() -> None:
 
 def test_the_python_versions_and_the_suite_time_are_stated() -> None:
     before, _ = opening()
-    low = re.search(r'requires-python = "([^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    requires = re.search(r'requires-python = "([^"]+)"', (REPO / "pyproject.toml").read_text())
+    assert requires
+    low = requires.group(1)
     stated = re.search(r"Python (3\.\d+) to (3\.\d+)", before)
     assert stated and low == f">={stated.group(1)}", (low, before)
     assert re.search(r"takes\s+about \d+ minutes", README), "the README says how long the suite takes"
 
 
-def test_ci_runs_the_readme_test_command_and_installs_what_the_readme_says_it_skips() -> None:
+def test_ci_runs_the_readme_test_line_first_in_its_own_environment_then_the_extras() -> None:
     _, (_, tests) = opening()
     ci_lines = [line.strip() for line in CI.splitlines() if line.strip() and not line.startswith("#")]
-    installs = [pip_args(line) for line in ci_lines if line.startswith("python -m pip install ")]
-    assert pip_args(tests) in installs, (pip_args(tests), installs)  # the README's install, as written
-    pytest_runs = [line for line in ci_lines if re.match(r"(python -m )?pytest\b", line)]
-    assert pytest_runs == ["python -m pytest -q"] and tests.endswith(pytest_runs[0])
+    installs = [
+        (k, pip_args(line)) for k, line in enumerate(ci_lines) if line.startswith("python -m pip install ")
+    ]
+    pytest_runs = [(k, line) for k, line in enumerate(ci_lines) if re.match(r"(python -m )?pytest\b", line)]
+    # the README's install is the first, and the README's test line runs before any other install
+    assert installs and installs[0][1] == pip_args(tests), (pip_args(tests), installs)
+    first_run, readme_run = pytest_runs[0]
+    assert readme_run == "python -m pytest -q" and tests.endswith(readme_run), pytest_runs
+    assert all(k > first_run for k, _ in installs[1:]), "an install before the README's test line"
+    # then the extras, and only their marked tests again
+    extras = {e for _, args in installs[1:] for e in re.findall(r"\.\[(\w+)\]", " ".join(args))}
+    assert extras == {"integrations", "export"}, extras
+    assert [line for _, line in pytest_runs[1:]] == ['python -m pytest -q -m "integrations or export"']
+    markers = (REPO / "pyproject.toml").read_text()
+    assert all(f'"{e}: needs the [{e}] extra' in markers for e in extras)
     # the optional parts: CI installs each; the README names each as skipped without it
     for ci_says, readme_says in (
         ("'.[integrations]'", "'.[integrations]'"),

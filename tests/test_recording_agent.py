@@ -120,7 +120,8 @@ def test_report_file_equals_the_live_report(tmp_path: Path, subprocess_env: dict
         assert main(["report", str(record), "--seconds", "4", "--until", repr(live_state.agent_time)]) == 0
     from_file = json.loads(out.getvalue())
     for key in ("target", "batches"):
-        live.pop(key), from_file.pop(key)
+        live.pop(key)
+        from_file.pop(key)
     assert from_file == live
 
 

@@ -97,10 +97,10 @@ def test_size_is_bounded_and_the_past_is_thinned(tmp_path: Path) -> None:
     pb, _ = load(tmp_path)
     until = pb.recording.thinned_until
     assert until is not None
-    played = [p for p in pb.play() if isinstance(p.msg, wire.Batch)]
-    thinned = [s for p in played if p.msg.time < until for s in p.steps]
-    recent = [s.i for p in played if p.msg.time >= until for s in p.steps]
-    thin_batches = sum(1 for p in played if p.msg.time < until)
+    played = [(p.msg.time, p.steps) for p in pb.play() if isinstance(p.msg, wire.Batch)]
+    thinned = [s for t, steps in played if t < until for s in steps]
+    recent = [s.i for t, steps in played if t >= until for s in steps]
+    thin_batches = sum(1 for t, _ in played if t < until)
     assert thinned and recent and len(thinned) <= thin_batches  # at most one step a batch back there
     assert recent == list(range(recent[0], 800_000))  # every step since, up to the newest
     assert recent[0] - thinned[0].i > 5 * len(recent)  # the thin past reaches much further back

@@ -22,7 +22,7 @@ from torchtop.monitor.commands.cli import main
 from torchtop.monitor.model.playback import load
 
 pytestmark = pytest.mark.slow
-FUZZ = settings(deadline=None, database=None, max_examples=30, suppress_health_check=list(HealthCheck))
+FUZZ = settings(deadline=None, database=None, max_examples=30, suppress_health_check=list(HealthCheck))  # pyright: ignore[reportArgumentType]  # hypothesis: its enum metaclass has an untyped __iter__
 NAN, INF = float("nan"), float("inf")
 
 

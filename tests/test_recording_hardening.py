@@ -56,10 +56,12 @@ def test_a_non_finite_or_huge_number_is_refused_at_decode(bad: dict[str, object]
 
 def test_a_users_nan_mark_is_kept() -> None:
     """A diverged loss is news: the mark's value passes, its stamp is still checked."""
-    entries = [(1 << 40 | logcodes.MARK, "loss", NAN)]
+    entries: list[logcodes.Item] = [(1 << 40 | logcodes.MARK, "loss", NAN)]
     ok = msgspec.structs.replace(batch(0), log=[wire.LogChunk(0, 0, entries, False)])
     got = wire.decode(wire.encode(ok))
-    assert isinstance(got, wire.Batch) and math.isnan(got.log[0].entries[0][2])
+    assert isinstance(got, wire.Batch)
+    mark = got.log[0].entries[0]
+    assert isinstance(mark, tuple) and math.isnan(mark[2])
     pairs = msgspec.structs.replace(
         batch(0), log=[wire.LogChunk(0, 0, [5, (logcodes.MARK, "loss", INF)], True)]
     )

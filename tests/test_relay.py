@@ -20,6 +20,7 @@ from remote_util import TRAIN
 
 from tests.agent_util import free_port
 from torchtop.contract import discovery
+from torchtop.contract.relay import RelayInfo
 from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
 from torchtop.monitor.link import store
 from torchtop.monitor.link.job_link import FOLLOW, JobLink, apply_events
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.slow
 def master() -> Iterator[tuple[str, int]]:
     import torch.distributed as dist
 
-    s = dist.TCPStore(
+    s = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]  # torch re-exports it
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10)
     )
     yield "127.0.0.1", s.port
@@ -90,12 +91,12 @@ def test_a_relay_serves_its_node_and_its_death_is_shown(
     try:
         assert _wait(lambda: len(list_relays()) == 1, 90), (tmp_path / "rank0.log").read_text()[-800:]
         (entry,) = list_relays()
-        assert entry["job_id"] == "relaytest@127.0.0.1:" + str(master[1])
+        assert entry.job_id == "relaytest@127.0.0.1:" + str(master[1])
         # registered in the job's store, read back without torch: endpoints, no secrets
-        assert _wait(lambda: store.read_relays(*master, entry["job_id"]) != [], 30)
-        (stored,) = store.read_relays(*master, entry["job_id"])
-        assert stored["address"] == entry["address"] and not any("secret" in k for k in stored)
-        link = JobLink([], relays=[from_discovery(discovery.entry(entry), label="node-a")])
+        assert _wait(lambda: store.read_relays(*master, entry.job_id).entries != [], 30)
+        (stored,) = store.read_relays(*master, entry.job_id).entries
+        assert stored.address == entry.address and not any("secret" in k for k in stored.to_json())
+        link = JobLink([], relays=[from_discovery(discovery.entry(entry.to_json()), label="node-a")])
         job = JobState()
         _feed(
             link,
@@ -132,7 +133,7 @@ def test_a_relay_serves_its_node_and_its_death_is_shown(
         ]
         assert all(e.reply.capture is not None and e.reply.capture.kind == "profile" for e in answers)
         # the relay dies: its ranks are not reporting, the view says so and goes on
-        os.kill(entry["pid"], signal.SIGKILL)
+        os.kill(entry.pid, signal.SIGKILL)
         _feed(
             link,
             job,
@@ -153,7 +154,7 @@ def test_a_relay_serves_its_node_and_its_death_is_shown(
             build_job_report(job, 3, "x", 10, time.monotonic())["coverage"]["line"]
             == "2 of 2 ranks reporting"
         )
-        assert list_relays()[0]["pid"] != entry["pid"]
+        assert list_relays()[0].pid != entry.pid
     finally:
         if link is not None:
             link.close()
@@ -181,16 +182,20 @@ def test_no_relay_when_turned_off(
 def test_the_store_client_speaks_torchs_protocol(master: tuple[str, int]) -> None:
     import torch.distributed as dist
 
-    torch_side = dist.TCPStore(*master, is_master=False, timeout=datetime.timedelta(seconds=10))
-    store.publish_relay(*master, "j@h:1", {"job_id": "j@h:1", "node": "a", "address": "ipc:///x"})
-    torch_side.append(store.relays_key("j@h:1"), json.dumps({"job_id": "j@h:1", "node": "b"}) + "\n")
-    torch_side.append(store.relays_key("j@h:1"), json.dumps({"job_id": "other", "node": "c"}) + "\n")
-    assert [e["node"] for e in store.read_relays(*master, "j@h:1")] == [
-        "a",
-        "b",
-    ]  # another job's line left out
+    torch_side = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]  # torch re-exports it
+        *master, is_master=False, timeout=datetime.timedelta(seconds=10)
+    )
+    append = torch_side.append  # pyright: ignore[reportAttributeAccessIssue]  # the stub lacks Store.append
+    entry = RelayInfo(pid=7, job_id="j@h:1", node="a", address="ipc:///x", pub_address="ipc:///y")
+    store.publish_relay(*master, "j@h:1", entry)
+    b = {**entry.to_json(), "node": "b"}
+    append(store.relays_key("j@h:1"), json.dumps(b) + "\n")
+    append(store.relays_key("j@h:1"), json.dumps({**b, "job_id": "other", "node": "c"}) + "\n")
+    got = store.read_relays(*master, "j@h:1")
+    assert [e.node for e in got.entries] == ["a", "b"]  # another job's line left out, and counted
+    assert got.skipped == 1 and "an entry of job other" in got.reasons[0]
     assert json.loads(torch_side.get(store.relays_key("j@h:1")).splitlines()[0])["node"] == "a"
-    assert store.read_relays(*master, "nothing@h:1") == []
+    assert store.read_relays(*master, "nothing@h:1").entries == []
 
 
 def test_an_unreachable_store_is_one_line_that_says_what_to_do() -> None:

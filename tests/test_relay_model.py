@@ -13,15 +13,20 @@ from torchtop.contract import wire
 from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
 from torchtop.monitor.diagnosis.persistence import persistence
 from torchtop.monitor.model.job_state import JobState
-from torchtop.monitor.model.rank_stats import RankStats
+from torchtop.monitor.model.rank_stats import RankStats, slots
 from torchtop.monitor.model.ranks_view import ranks_view
 from torchtop.monitor.model.relayed import coverage, coverage_line, member_key
 from torchtop.monitor.relay.summary import RankSummarizer
 
 
 def _summary(node: str, seq: int, ranks: list[wire.RankSummary], job_id: str = JOB) -> wire.NodeSummary:
-    s = wire.NodeSummary(v=wire.PROTOCOL_VERSION, job_id=job_id, node=node, seq=seq, time=T0, ranks=ranks)
-    return wire.decode(wire.encode(s))  # through the wire, as the monitor gets it
+    last = max(
+        (b.t + 1 for rs in ranks for b in rs.buckets), default=T0
+    )  # the relay's clock: its last second
+    s = wire.NodeSummary(v=wire.PROTOCOL_VERSION, job_id=job_id, node=node, seq=seq, time=last, ranks=ranks)
+    got = wire.decode(wire.encode(s))  # through the wire, as the monitor gets it
+    assert isinstance(got, wire.NodeSummary)
+    return got
 
 
 def _relayed(summarizer: RankSummarizer, steps: list, chunk: int = 20) -> list[wire.RankSummary]:
@@ -42,7 +47,7 @@ def test_put_replaces_the_open_second_and_rolls_the_closed_one() -> None:
         direct.add(steps[k : k + 7])
         s.stats.add(steps[k : k + 7])
         for b in s.summary(0.0).buckets:
-            relayed.put(int(b[0]), b[1:])
+            relayed.put(int(b.t), slots(b))
     assert relayed.window(10) == direct.window(10)
     assert relayed.window(10).steps > 150
     assert [b.v for b in relayed.levels[1]] == [b.v for b in direct.levels[1]]
@@ -163,9 +168,13 @@ def test_a_straggler_is_chronic_or_one_off(slow_spans: range, kind: str) -> None
 
 
 def test_summary_buckets_have_the_slots_the_monitor_reads() -> None:
-    from torchtop.monitor.model.rank_stats import SIZE
+    from torchtop.contract.relay import SECOND_FIELDS
+    from torchtop.monitor.model.rank_stats import DEVICE_KEYS, SIZE
 
-    assert wire.SUMMARY_SLOTS == SIZE == 4 + len(lc.PHASES) + 1 + 6 + 4  # + the work slots
+    assert len(SECOND_FIELDS) == SIZE + 1 == 1 + 4 + len(lc.PHASES) + 1 + 6 + 4  # + the work slots
+    named = ["t", "steps", "wall_ns", "timed", "timed_wall_ns", *(f"{p}_ns" for p in lc.PHASES), "sampled"]
+    named += [f"dev_{k}_ms" for k in DEVICE_KEYS] + ["worked", "samples", "tokens", "seq"]
+    assert list(SECOND_FIELDS) == named  # the contract's names in rank_stats' slot order
 
 
 def test_the_export_carries_each_ranks_series_and_the_jobs_verdict() -> None:

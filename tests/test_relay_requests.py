@@ -3,6 +3,7 @@ rank it does not have in one line, and survives garbage on its ROUTER and XPUB (
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -38,7 +39,8 @@ def test_hello_a_missing_rank_and_garbage(tmp_path: Path) -> None:
     try:
         dealer.send(b"\x00garbage")
         assert dealer.poll(5000)
-        assert not wire.decode(dealer.recv()).ok  # a bad frame: refused with its reason
+        refused = wire.decode(dealer.recv())
+        assert isinstance(refused, wire.Reply) and not refused.ok  # a bad frame: refused with its reason
         dealer.send_multipart([b"a", b"b", b"c"])  # the wrong shape: dropped
         for junk in (b"\x01", b"\x01Rx.", b"\x00R", b"\x01R99999999999999999999."):
             xsub.send(junk)
@@ -74,7 +76,7 @@ def test_a_relay_on_tcp_serves_only_authorized_curve_keys(tmp_path: Path, monkey
     relay = Relay("job@h:1", "nodeY", tmp_path, source=lambda: [])
     with pytest.raises(curve_keys.KeyConfigError):
         relay.listen_tcp("0.0.0.0", free_port())  # no keys: never on TCP
-    assert relay.tcp is None and "server_key" not in relay.entry()
+    assert relay.tcp is None and "server_key" not in relay.entry().to_json()
     server_cfg, monitor_cfg = tmp_path / "server", tmp_path / "monitor"
     monkeypatch.setenv(curve_keys.ENV_CONFIG, str(monitor_cfg))
     client_public = keys_cli.make_pair("client")[0]
@@ -84,12 +86,16 @@ def test_a_relay_on_tcp_serves_only_authorized_curve_keys(tmp_path: Path, monkey
     port = free_port()
     relay.listen_tcp("127.0.0.1", port)
     entry = relay.entry()
-    assert entry["tcp_address"] == f"tcp://127.0.0.1:{port}" and len(entry["server_key"]) == 40
-    assert not any("secret" in k or k == "client_key" for k in entry)  # what goes into the store
+    assert entry.tcp_address == f"tcp://127.0.0.1:{port}" and len(entry.server_key or "") == 40
+    assert not any("secret" in k or k == "client_key" for k in entry.to_json())  # what goes into the store
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop, 3600.0), daemon=True)
     thread.start()
     monkeypatch.setenv(curve_keys.ENV_CONFIG, str(monitor_cfg))
+    assert direct_target(entry) is None  # a key only the entry (the store) gives: not trusted
+    known = monitor_cfg / "keys" / curve_keys.KNOWN_SERVERS
+    known.mkdir(parents=True)
+    shutil.copy(server_cfg / "keys" / "server.key", known / "nodeY.key")  # the user's own copy
     target = direct_target(entry)
     assert target is not None
     good = RelayReader([direct_endpoint(target)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from textual.widgets import TabbedContent
 
 from tests.recording_util import T0, write
 from tests.tui_util import wait_for
@@ -114,10 +115,11 @@ async def test_replay_of_a_job_recording_shows_the_job_view(tmp_path: Path) -> N
         assert app.paused
         app.seek(T0 + 6)
         await pilot.pause()
-        assert app.query_one("#tabs").active == "ranks"
+        assert app.query_one("#tabs", TabbedContent).active == "ranks"
         assert app.job.job.steps and abs(app.position - (T0 + 6)) < 0.01
         await pilot.press("right_square_bracket")
-        assert app.shown_member() is not None and app.shown_member().rank == 0
+        member = app.shown_member()
+        assert member is not None and member.rank == 0
         await pilot.press("p")
         await pilot.pause(0.2)
         assert "replay of a 2-rank job" in app.status_line.connection

@@ -96,7 +96,7 @@ def test_unmodified_script_under_run_no_tui(tmp_path: Path) -> None:
     )
     try:
         (agent,) = _wait_agents(1)
-        assert agent.argv[0] == str(script)
+        assert agent.argv is not None and agent.argv[0] == str(script)
         _wait_steps(agent, 20)  # the agent starts at `import torch`, before the model exists
         out = _torchtop("report", "--seconds", "2")
         assert out.returncode == 0, out.stderr
@@ -142,7 +142,7 @@ def test_module_form_and_chained_sitecustomize(tmp_path: Path) -> None:
     )
     try:
         (agent,) = _wait_agents(1)
-        assert agent.argv[0].endswith("train_mod.py")
+        assert agent.argv is not None and agent.argv[0].endswith("train_mod.py")
         job.communicate(timeout=60)
     finally:
         if job.poll() is None:
@@ -178,7 +178,9 @@ def test_no_agent_without_the_variable(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(script), "1", "0"], env=env, capture_output=True, text=True, timeout=60
     )
-    assert out.returncode == 0 and "torchtop" not in out.stderr
+    # the agent's own lines start "torchtop:" (agent/warn.py); the bare word can be in a warning's
+    # path (a clone in a folder named torchtop, torch's "numpy not found" line)
+    assert out.returncode == 0 and "torchtop:" not in out.stderr, out.stderr
     assert discovery.list_agents() == []
 
 
@@ -303,8 +305,9 @@ async def test_log_tab_follows_the_job_output(tmp_path: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("4")
         await pilot.pause(0.7)
-        assert app.log_tail.lines[:2] == ["epoch 1", "step 10 loss 2.3"]
+        assert app.log_tail is not None and app.log_tail.lines[:2] == ["epoch 1", "step 10 loss 2.3"]
         with open(log, "a") as fh:
             fh.write("step 20 loss 1.9\npartial")
         await pilot.pause(0.7)
+        assert app.log_tail is not None
         assert app.log_tail.lines[-1] == "step 20 loss 1.9"  # the unfinished line waits for its end

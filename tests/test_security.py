@@ -264,7 +264,7 @@ random_map = st.dictionaries(st.text(max_size=8), values, max_size=6).map(msgspe
 frames = st.lists(st.binary(max_size=512) | random_map | bad_request(), min_size=1, max_size=4)
 ZMTP = b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f\x03\x00"
 raw_stream = st.binary(max_size=256) | st.binary(max_size=200).map(lambda b: ZMTP + b)
-FUZZ = settings(max_examples=250, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=250, deadline=None, database=None, suppress_health_check=list(HealthCheck))  # pyright: ignore[reportArgumentType]  # hypothesis: its enum metaclass has an untyped __iter__
 
 
 class Fuzzer:

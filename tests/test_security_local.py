@@ -454,7 +454,7 @@ def test_run_passes_signals_on_to_the_job_and_returns_its_status(signum: int, tm
         os.kill(launcher.pid, signum)
         _, err = launcher.communicate(timeout=60)
         assert launcher.returncode == 128 + signum, (launcher.returncode, err[-2000:])
-        assert _gone(job_pid)
+        assert job_pid is not None and _gone(job_pid)
         assert discovery.list_agents() == []
     finally:
         if launcher.poll() is None:
@@ -540,7 +540,7 @@ def test_run_with_the_tui_passes_sigterm_on_and_closes(tmp_path: Path) -> None:
         time.sleep(3)  # the TUI is up (settle 2 s after the agent showed)
         os.kill(launcher.pid, signal.SIGTERM)
         assert launcher.wait(60) == 128 + signal.SIGTERM, bytes(term.output[-2000:])
-        assert _gone(job_pid)
+        assert job_pid is not None and _gone(job_pid)
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)

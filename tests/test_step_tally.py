@@ -57,7 +57,8 @@ def test_agent_counter_keeps_a_point_a_width_and_coarsens_past_its_limit() -> No
     gaps = [b - a for a, b in zip(tally.ends[:-2], tally.ends[1:-1])]
     assert min(gaps) >= tally.width_ns
     counter.keep(pairs_chunk(200, 1000, []))  # a tick without a step end adds nothing
-    assert counter.tally().counts[-1] == 1000
+    tally = counter.tally()
+    assert tally is not None and tally.counts[-1] == 1000
 
 
 def test_the_run_starts_at_its_first_step_not_at_copies_logged_before_the_loop() -> None:

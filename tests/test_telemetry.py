@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import time
+from types import ModuleType
+from typing import cast
 
 import pytest
 import torch
@@ -92,12 +94,14 @@ def test_the_fast_tick_reads_rss_between_the_slow_samples() -> None:
     """RSS at 10 Hz (the fast tick), so the leak rule's per-second low points are lows."""
     tc = TelemetryCollector(CudaUse(torch))
     tc.slow()
-    before = tc.latest().host.proc_rss
+    host = tc.latest().host
+    assert host is not None
+    before = host.proc_rss
     block = torch.ones(64 * MIB // 4)  # 64 MiB, touched
     tc.fast()
-    tel = tc.latest()
-    assert tel.host.proc_rss - before >= 48 * MIB, (before, tel.host.proc_rss)
-    assert tc._host.proc_rss == before  # the slow sample itself is left as it was
+    host = tc.latest().host
+    assert host is not None and host.proc_rss - before >= 48 * MIB, (before, host and host.proc_rss)
+    assert tc._host is not None and tc._host.proc_rss == before  # the slow sample itself is left as it was
     del block
     tc.stop()
 
@@ -123,7 +127,7 @@ def test_failing_sampler_is_switched_off_with_its_reason() -> None:
         def sample(self):
             raise RuntimeError("psutil exploded")
 
-    tc._host_sampler = Broken()
+    tc._host_sampler = cast("HostSampler", Broken())  # its one call, failing
     for _ in range(6):
         tc.slow()  # never raises
     assert "psutil exploded" in tc.latest().unavailable["host"]
@@ -183,7 +187,7 @@ def test_memory_capped_by_set_per_process_memory_fraction() -> None:
         "reserved_bytes.all.current": 38 * gib,
         "reserved_bytes.all.peak": 38 * gib,
     }
-    fraction = {"value": 0.5}
+    fraction: dict[str, float | None] = {"value": 0.5}
 
     def get_fraction(device: int) -> float:
         if fraction["value"] is None:
@@ -195,7 +199,7 @@ def test_memory_capped_by_set_per_process_memory_fraction() -> None:
         mem_get_info=lambda d: (20 * gib, 80 * gib),
         get_per_process_memory_fraction=get_fraction,
     )
-    sampler = CudaMemorySampler(SimpleNamespace(cuda=cuda))
+    sampler = CudaMemorySampler(cast("ModuleType", SimpleNamespace(cuda=cuda)))  # torch.cuda's calls
     m = sampler.stats(0)
     assert (m.device_total, m.limit_fraction, m.device_free) == (40 * gib, 0.5, 20 * gib)
 

@@ -131,7 +131,7 @@ def test_demo_in_tmux_shows_live_panels_and_quits_cleanly(
         new_session(tmux, session, size, runtime_dir, command)
         # the TUI opens once the job runs its model: steps show at once, the footer a frame later
         screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)) and "Stop job" in text)
-        pids = [a.pid for a in discovery.list_agents()]
+        pids = [a.pid for a in discovery.list_agents() if a.pid is not None]
         logs_text = "\n".join(p.read_text() for p in logs.glob("*.log"))
         assert tmux.alive(session), (
             f"the launcher exited early (rc {rc_file.read_text().strip() if rc_file.exists() else '?'}); "
@@ -208,7 +208,7 @@ def test_ctrl_c_in_the_tui_of_torchtop_run_stops_the_job(tmp_path: Path, runtime
         new_session(tmux, session, (80, 24), runtime_dir, command)
         # the TUI opens once the job runs its model: steps show at once, the footer a frame later
         screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)) and "Stop job" in text)
-        pids = [a.pid for a in discovery.list_agents()]
+        pids = [a.pid for a in discovery.list_agents() if a.pid is not None]
         assert step_time_shown(screen), f"no steps on screen:\n{screen}"
         tmux("send-keys", "-t", session, "C-c")
         deadline = time.monotonic() + EXIT_TIMEOUT_S
@@ -277,7 +277,7 @@ def test_torchrun_under_torchtop_run_opens_the_job_view_in_tmux(
     try:
         new_session(tmux, session, (120, 40), runtime_dir, command)
         screen = wait_screen(tmux, session, lambda text: ranks_listed(text) == {0, 1})
-        pids = [a.pid for a in discovery.list_agents()]
+        pids = [a.pid for a in discovery.list_agents() if a.pid is not None]
         log = "\n".join(p.read_text() for p in logs.glob("*.log"))
         assert tmux.alive(session), (
             f"the launcher exited (rc {rc_file.read_text().strip() if rc_file.exists() else '?'}):\n"

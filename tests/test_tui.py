@@ -13,15 +13,17 @@ import textwrap
 import time
 import traceback
 from pathlib import Path
+from typing import cast
 
 import pytest
 from rich.console import Console
+from textual.widgets import OptionList
 
 from tests.agent_util import free_port_pair
 from tests.tui_util import TRAIN, wait_for
 from torchtop.contract import wire
 from torchtop.contract.discovery import AgentInfo
-from torchtop.monitor.link.client import AgentUnreachable, Received, Snapshot
+from torchtop.monitor.link.client import AgentClient, AgentUnreachable, Received, Snapshot
 from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model import state as state_mod
@@ -78,9 +80,9 @@ def batch(recs: list[StepRecord], seq: int = 1, run_id: str = "run000000001") ->
 
 
 def text_of(renderable, width: int = 100) -> str:
-    console = Console(file=io.StringIO(), width=width, color_system=None)
-    console.print(renderable)
-    return console.file.getvalue()
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(renderable)
+    return out.getvalue()
 
 
 async def fed_app(pilot, *messages) -> None:
@@ -262,7 +264,7 @@ async def test_chooser_lists_agents_and_attaches_to_the_one_picked() -> None:
     async with app.run_test() as pilot:
         await pilot.pause()
         assert isinstance(app.screen, ChooserScreen)
-        options = app.screen.query_one("#chooser-list")
+        options = app.screen.query_one("#chooser-list", OptionList)
         prompts = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
         assert len(prompts) == 2 and "pid 111" in prompts[0] and "b.py" in prompts[1]
         assert app.endpoint is None
@@ -317,9 +319,9 @@ def test_feed_retries_hello_then_streams_and_stops_when_cancelled(monkeypatch) -
     posted: list = []
     clients: list[FakeClient] = []
 
-    def factory(endpoint):
+    def factory(endpoint: Endpoint) -> AgentClient:
         clients.append(FakeClient(endpoint))
-        return clients[-1]
+        return cast("AgentClient", clients[-1])  # the calls the feed makes, faked
 
     feed.run_feed(Endpoint.tcp("127.0.0.1", 1), posted.append, lambda: len(posted) >= 5, factory)
     kinds = [type(m).__name__ for m in posted]

@@ -14,6 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.tui_util import GIB, HOST, MIB, T0, TRAIN, steps, wait_for
@@ -24,6 +25,7 @@ from torchtop.monitor.model.steps import StepRecord
 from torchtop.monitor.tui.app import TorchtopApp
 from torchtop.monitor.tui.feed import BatchesReceived, HelloReceived, RequestAnswered
 from torchtop.monitor.tui.widgets import CapturesScreen, VerdictPanel
+from torchtop.monitor.tui.widgets.captures_screen import CaptureList
 from torchtop.monitor.tui.widgets.step_panel import step_line
 
 
@@ -117,9 +119,7 @@ def fed_batches(recs: list[StepRecord], tel: wire.Telemetry | None = None) -> Ba
             batch(
                 chunk,
                 seq=k // 10 + 1,
-                tel=None
-                if tel is None
-                else wire.Telemetry(**{f: getattr(tel, f) for f in tel.__struct_fields__} | {"time": t}),
+                tel=None if tel is None else msgspec.structs.replace(tel, time=t),
             )
         )
     return BatchesReceived(out)
@@ -329,7 +329,12 @@ async def test_capture_keys_queue_requests_and_show_answers_and_progress() -> No
         assert ("profile refused", "busy: capture 1 (profile) is running, 2/5 steps", "warning") in notes
 
         running = wire.CaptureInfo(
-            id=1, kind="profile", state="running", steps_total=5, steps_done=2, host="gpu7"
+            id=1,
+            kind=wire.CaptureKind.PROFILE,
+            state=wire.CaptureState.RUNNING,
+            steps_total=5,
+            steps_done=2,
+            host="gpu7",
         )
         await fed(
             pilot,
@@ -341,8 +346,8 @@ async def test_capture_keys_queue_requests_and_show_answers_and_progress() -> No
 
         done = wire.CaptureInfo(
             id=1,
-            kind="profile",
-            state="done",
+            kind=wire.CaptureKind.PROFILE,
+            state=wire.CaptureState.DONE,
             steps_total=5,
             steps_done=5,
             host="gpu7",
@@ -367,7 +372,7 @@ async def test_capture_keys_queue_requests_and_show_answers_and_progress() -> No
         await fed(
             pilot, RequestAnswered("capture-status", {}, wire.Reply(v=1, id=5, ok=True, captures=[done]))
         )
-        listing = app.screen.query_one("#captures-list").plain()
+        listing = app.screen.query_one("#captures-list", CaptureList).plain()
         assert "profile capture 1: done" in listing
         assert "file: ana@gpu7:/w/torchtop-captures/profile-4242-1.pt.trace.json.gz" in listing
         assert "fetch: scp ana@gpu7:/w/torchtop-captures/profile-4242-1.pt.trace.json.gz ." in listing
@@ -417,7 +422,7 @@ async def test_real_agent_profile_capture_and_memory_refusal(tmp_path: Path, sub
 
             def listing() -> str:
                 return (
-                    app.screen.query_one("#captures-list").plain()
+                    app.screen.query_one("#captures-list", CaptureList).plain()
                     if isinstance(app.screen, CapturesScreen)
                     else ""
                 )

@@ -79,8 +79,8 @@ def test_capture_steps_and_where_files_are() -> None:
     assert fetch_from(label, "127.0.0.1", "gpu7.internal", local_host="box") == ("ana@gpu7", ["-P", "2222"])
     done = wire.CaptureInfo(
         id=3,
-        kind="profile",
-        state="done",
+        kind=wire.CaptureKind.PROFILE,
+        state=wire.CaptureState.DONE,
         steps_total=5,
         steps_done=5,
         host="gpu7",
@@ -97,12 +97,21 @@ def test_capture_steps_and_where_files_are() -> None:
 
 def test_capture_book_announces_only_captures_that_end_while_watched() -> None:
     book = CaptureBook()
-    old = wire.CaptureInfo(id=1, kind="profile", state="done", path="/x")
+    old = wire.CaptureInfo(id=1, kind=wire.CaptureKind.PROFILE, state=wire.CaptureState.DONE, path="/x")
     assert book.see(old) is None  # finished before we attached: not news
-    running = wire.CaptureInfo(id=2, kind="profile", state="running", steps_total=5, steps_done=2)
+    running = wire.CaptureInfo(
+        id=2, kind=wire.CaptureKind.PROFILE, state=wire.CaptureState.RUNNING, steps_total=5, steps_done=2
+    )
     assert book.see(running) is None and book.active == running
     assert progress_text(running) == "profile #2: step 2/5"
-    finished = wire.CaptureInfo(id=2, kind="profile", state="done", steps_total=5, steps_done=5, path="/y")
+    finished = wire.CaptureInfo(
+        id=2,
+        kind=wire.CaptureKind.PROFILE,
+        state=wire.CaptureState.DONE,
+        steps_total=5,
+        steps_done=5,
+        path="/y",
+    )
     assert book.see(finished) == finished and book.see(finished) is None  # announced once
     assert [c.id for c in book.listing()] == [2, 1] and book.active is None
 

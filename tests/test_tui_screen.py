@@ -210,8 +210,8 @@ async def test_help_lists_the_tabs_this_tui_has(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["attach", "demo"])
 async def test_ctrl_c_quits_like_q_when_the_tui_started_no_job(mode: bindings.LeaveMode) -> None:
-    how = {"leaving": bindings.Leaving(mode)} if mode != "attach" else {}  # attach: the default
-    app = TorchtopApp(endpoint=ENDPOINT, feed=False, **how)
+    leaving = bindings.Leaving(mode) if mode != "attach" else None  # attach: the default
+    app = TorchtopApp(endpoint=ENDPOINT, feed=False, leaving=leaving)
     async with app.run_test(size=SMALL) as pilot:
         await pilot.press("ctrl+c")
         await pilot.pause()

@@ -30,9 +30,10 @@ def ours(where: str) -> bool:
     """A site or callee in torchtop's agent or monitor (its demos are the user's code here)."""
     import os
 
+    import torchtop.agent
     import torchtop.monitor
 
-    dirs = [os.path.dirname(m.__file__) for m in (torchtop.agent, torchtop.monitor)]
+    dirs = [os.path.dirname(m.__file__ or "") for m in (torchtop.agent, torchtop.monitor)]
     return any(d in where for d in dirs) or where.startswith(("torchtop.agent", "torchtop.monitor"))
 
 

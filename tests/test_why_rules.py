@@ -109,7 +109,13 @@ def test_a_gap_between_steps_is_not_a_steps_time() -> None:
 
 
 # -- rules -----------------------------------------------------------------------------------------
-def facts_with(other: float, samples: list[tuple[int, str, str, bool]], n: int = 40, **kw: object) -> Facts:
+def facts_with(
+    other: float,
+    samples: list[tuple[int, str, str, bool]],
+    n: int = 40,
+    sync: SyncInfo | None = None,
+    throughput: Throughput | None = None,
+) -> Facts:
     """Facts of a 100 ms step with `other` of it outside the phases, and `n` samples cycling `samples`."""
     recs = steps(n=n, wall_ms=100.0)
     f = Facts(
@@ -120,9 +126,7 @@ def facts_with(other: float, samples: list[tuple[int, str, str, bool]], n: int =
         device="cuda",
     )  # fmt: skip
     fo = fold([(s.t / 1e9, s) for s in spread(recs, samples)], recs)
-    f.why = WhyFacts(
-        fold=fo, sync=kw.get("sync"), stack_hz=20.0, throughput=kw.get("throughput") or Throughput()
-    )  # type: ignore[arg-type]
+    f.why = WhyFacts(fold=fo, sync=sync, stack_hz=20.0, throughput=throughput or Throughput())
     return f
 
 

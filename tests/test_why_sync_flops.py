@@ -8,6 +8,7 @@ a known line (what torch's warning handler does on CUDA). On a real GPU: tests/t
 from __future__ import annotations
 
 import dis
+import sys
 import threading
 import time
 import warnings
@@ -144,6 +145,8 @@ def calls(loss: Any, x: Any, mask: Any, m: Any) -> None:
     ],
 )
 def test_call_name(text: str, name: str) -> None:
+    if sys.version_info < (3, 11):
+        pytest.skip("instructions have source positions from Python 3.11")
     code = calls.__code__
     line = line_of(calls, text)
     ops = [i for i in dis.get_instructions(code) if i.positions and i.positions.lineno == line]
@@ -181,6 +184,31 @@ def test_the_flops_of_one_step_are_counted_and_that_step_kept_out(agent: Any) ->
     assert sum(state.why.excluded(s) for s in state.steps) == 2  # the counted step and the next
     assert not any(state.why.excluded(s) for s in state.window(60.0))
     assert agent.probe.on_step is None and agent.probe.failures == 0
+
+
+@pytest.mark.slow
+def test_the_roots_parameters_are_counted_once_and_reach_the_monitor(agent: Any) -> None:
+    """Issue 35 item 6: the modules the loop calls, their parameters counted on the agent thread
+    (a pipeline stage's work); a weight shared by two roots counts once."""
+    from torchtop.monitor.model.state import RunState
+
+    torch.set_num_threads(1)
+    shared = torch.nn.Linear(16, 16)
+    head = torch.nn.Sequential(shared, torch.nn.Linear(16, 4))
+    aux = torch.nn.Sequential(shared, torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD([*head.parameters(), *aux.parameters()], lr=1e-3)
+    x = torch.randn(8, 16)
+    client = client_for(agent)
+    state = RunState()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and state.why.params is None:
+        (head(x).sum() + aux(x).sum()).backward()
+        opt.step()
+        opt.zero_grad()
+        for got in client.recv_batches(0.0):
+            state.apply_batch(got.batch, got.steps, time.monotonic())
+    client.close()
+    assert state.why.params == 16 * 16 + 16 + (16 * 4 + 4) + (16 * 2 + 2), state.why.params
 
 
 def test_a_capture_waits_while_the_flop_count_runs() -> None:

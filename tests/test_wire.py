@@ -113,9 +113,11 @@ MESSAGES = [
         relay_pid=7,
         ranks=[
             wire.RankSummary(rank=0, run_id="r", seq=3, age=0.1, batches=4, steps=80, last_i=79, hello=HELLO),
-            wire.RankSummary(rank=1, run_id="s", buckets=[[1e9] + [1.0] * wire.SUMMARY_SLOTS], gone=True),
+            wire.RankSummary(rank=1, run_id="s", buckets=[wire.Second(1e9, 1.0, 5e7, timed=1.0)], gone=True),
         ],
         received=8,
+        summary_v=wire.SUMMARY_VERSION,
+        duplicates=["rank 1: pids 41, 97"],
     ),
 ]
 
@@ -302,23 +304,27 @@ def test_pair_chunks_replay_like_entries_and_bad_pairs_are_counted() -> None:
         6 * ms,
         logcodes.STEP_END,
     ]
-    entries, cuts = logcodes.to_entries(pairs)
+    entries, cuts = logcodes.to_entries([*pairs])
     assert cuts == 1 and entries[-1] == 6 * ms << logcodes.SHIFT | logcodes.STEP_END
     one = wire.decode(
         wire.encode(
             wire.Batch(
-                v=wire.PROTOCOL_VERSION, run_id="r", seq=0, time=0.0, log=[wire.LogChunk(0, 1, pairs, True)]
+                v=wire.PROTOCOL_VERSION,
+                run_id="r",
+                seq=0,
+                time=0.0,
+                log=[wire.LogChunk(0, 1, [*pairs], True)],
             )
         )
     )
-    assert one.log[0].pairs is True
+    assert isinstance(one, wire.Batch) and one.log[0].pairs is True
     a, b = LogReplay(), LogReplay()
     steps_a = a.feed([wire.LogChunk(0, 1, entries)], 0.0, 0, flush=True)
     steps_b = b.feed(one.log, 0.0, 0, flush=True)
     assert steps_a == steps_b and len(steps_b) == 1
     assert steps_b[0].phases["optimizer"] == 1 * ms and steps_b[0].phases["forward"] == 3 * ms
 
-    def later(k: int) -> list[int]:
+    def later(k: int) -> list[logcodes.Item]:
         return [p + k * 10 * ms if i % 2 == 0 else p for i, p in enumerate(pairs)]
 
     got = b.feed(
@@ -369,7 +375,7 @@ def test_a_held_step_goes_out_with_the_next_batch_even_an_empty_one() -> None:
         3 * ms,
         logcodes.BOUNDARY,
     ]
-    assert replay.feed([wire.LogChunk(0, 1, step, True)], 0.0, 0) == []
+    assert replay.feed([wire.LogChunk(0, 1, [*step], True)], 0.0, 0) == []
     assert [s.i for s in replay.feed([], 0.0, 0)] == [0]  # a heartbeat: no mark came in a tick
     assert replay.feed([], 0.0, 0) == []
 
@@ -387,7 +393,9 @@ def test_unknown_gpu_figures_are_none_on_the_wire_and_left_out_of_the_panel() ->
             telemetry=wire.Telemetry(time=1.0, gpus=[wire.GpuSample(index=0, name="T4", mem_total=1 << 34)]),
         )
     )
-    (gpu,) = wire.decode(frame).telemetry.gpus
+    got = wire.decode(frame)
+    assert isinstance(got, wire.Batch) and got.telemetry is not None
+    (gpu,) = got.telemetry.gpus
     assert gpu.util_gpu is None and gpu.power_w is None and gpu.temp_c is None and gpu.pcie_tx_kbs is None
     text = "\n".join(t.plain for t in gpu_lines(gpu, 100))
     assert "util" not in text and "power" not in text and "temp" not in text and "PCIe" not in text
@@ -399,7 +407,9 @@ def test_unknown_gpu_figures_are_none_on_the_wire_and_left_out_of_the_panel() ->
 
 def test_capture_states_are_enums_that_compare_as_their_names() -> None:
     info = wire.CaptureInfo(id=1, kind=wire.CaptureKind.PROFILE, state=wire.CaptureState.RUNNING)
-    back = wire.decode(wire.encode(wire.Reply(v=V, id=1, ok=True, capture=info))).capture
+    reply = wire.decode(wire.encode(wire.Reply(v=V, id=1, ok=True, capture=info)))
+    assert isinstance(reply, wire.Reply) and reply.capture is not None
+    back = reply.capture
     assert back.state is wire.CaptureState.RUNNING and back.state == "running" and f"{back.kind}" == "profile"
     assert msgspec.to_builtins(back)["state"] == "running"
     bad = msgspec.msgpack.encode(
@@ -442,7 +452,8 @@ def test_why_round_trips_and_is_left_out_when_absent() -> None:
     batch = wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=1, time=1.0, why=why)
     assert wire.decode(wire.encode(batch)) == batch
     bare = wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=1, time=1.0)
-    assert b"why" not in wire.encode(bare) and wire.decode(wire.encode(bare)).why is None
+    decoded = wire.decode(wire.encode(bare))
+    assert b"why" not in wire.encode(bare) and isinstance(decoded, wire.Batch) and decoded.why is None
     assert wire.FlopInfo(state="waiting").samples is None  # unknown is None
 
 
@@ -464,3 +475,22 @@ def test_log_pairs_with_event_tuples_convert_block_by_block_to_the_same_entries(
     entries, cuts = whole
     assert cuts == 300 and len(entries) == 900
     assert entries[3 * 5] == ((5 * 10 * ms) << logcodes.SHIFT | (logcodes.FORWARD_START + 3), "ev5.0")
+
+
+def test_the_roots_parameters_ride_on_why_and_an_older_monitor_ignores_them() -> None:
+    """Issue 35 item 6: `Why.params` is optional (absent: not counted yet, or an older agent)."""
+    import msgspec
+
+    why = wire.Why(params=1_234_567)
+    batch = wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=1, time=1.0, why=why)
+    got = wire.decode(wire.encode(batch))
+    assert isinstance(got, wire.Batch) and got.why == why
+    assert b"params" not in wire.encode(
+        wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=1, time=1.0, why=wire.Why())
+    )
+
+    class OlderWhy(msgspec.Struct, omit_defaults=True):  # Why as a monitor before the field knew it
+        stacks: list[wire.StackSample] = []
+        stack_hz: float = 0.0
+
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(why), type=OlderWhy) == OlderWhy()

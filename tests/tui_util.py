@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from torchtop.contract import wire
-from torchtop.monitor.model.steps import StepRecord
+from torchtop.monitor.model.steps import StepKind, StepRecord
 
 GIB, MIB = 2**30, 2**20
 T0 = 1_000.0
@@ -44,7 +44,7 @@ def steps(
     wall_ms: float = 10.0,
     marks: bool = False,
     first: int = 0,
-    kind: str = "train",
+    kind: StepKind = "train",
     skipped_every: int = 0,
 ) -> list[StepRecord]:
     """`n` steps of `wall_ms`, `data` of it waiting on the loader, the rest split over compute."""

@@ -20,7 +20,7 @@ def _chain() -> None:
                 sys.modules["sitecustomize"] = module
                 spec.loader.exec_module(module)
                 return
-    except Exception as exc:
+    except Exception as exc:  # broad: the environment's own sitecustomize may fail any way; ours still runs
         print(f"torchtop: the environment's own sitecustomize failed: {exc}", file=sys.stderr)
     finally:
         if "sitecustomize" not in sys.modules and ours is not None:
@@ -31,7 +31,7 @@ try:
     from torchtop.agent.autostart import arm
 
     arm()
-except Exception as exc:  # torchtop missing in this interpreter: run the program anyway
+except Exception as exc:  # broad: torchtop missing in this interpreter: run the program anyway
     if os.environ.get("TORCHTOP"):
         print(f"torchtop: cannot start the agent in {sys.executable} ({exc})", file=sys.stderr)
 _chain()

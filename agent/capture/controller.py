@@ -205,7 +205,7 @@ class CaptureController:
                     run.prof.stop()
                 elif run.kind == CaptureKind.MEMORY:
                     self.torch.cuda.memory._record_memory_history(enabled=None)
-            except Exception:
+            except Exception:  # broad: best-effort stop of a capture left running
                 pass
         self._apply_news()
         c = self.current
@@ -241,14 +241,14 @@ class CaptureController:
                 else:
                     self._news.append((run.id, {"state": WRITING}))
                     self._spawn(self._write_memory, run.id, run.kind, run.started_at, dest)
-        except Exception as exc:
+        except Exception as exc:  # broad: a capture's failure is reported, never raised into training
             self._disarm()
             run.over = True
             prof, run.prof = run.prof, None
             try:
                 if prof is not None:
                     prof.stop()  # a profiler left running would slow every step after
-            except Exception:
+            except Exception:  # broad: best-effort stop of the failed capture's profiler
                 pass
             self._news.append((run.id, {"state": FAILED, "error": f"{type(exc).__name__}: {exc}"}))
 
@@ -308,7 +308,7 @@ class CaptureController:
             )
             summary = summarize(events) | _top_ops(prof)
             self._news.append((cid, {"state": DONE, "path": str(path), "summary": summary}))
-        except Exception as exc:
+        except Exception as exc:  # broad: any export failure is the capture's error, not the writer's end
             self._news.append(
                 (cid, {"state": FAILED, "error": f"export failed: {type(exc).__name__}: {exc}"})
             )
@@ -335,10 +335,10 @@ class CaptureController:
                 "segments": len(snapshot.get("segments", [])),
             }
             self._news.append((cid, {"state": DONE, "path": str(path), "summary": summary}))
-        except Exception as exc:
+        except Exception as exc:  # broad: any snapshot failure is the capture's error, not the writer's end
             try:
                 torch.cuda.memory._record_memory_history(enabled=None)
-            except Exception:
+            except Exception:  # broad: best-effort: allocator history off
                 pass
             self._news.append(
                 (cid, {"state": FAILED, "error": f"snapshot failed: {type(exc).__name__}: {exc}"})

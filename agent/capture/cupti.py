@@ -37,7 +37,7 @@ def cuda_graphs_in_use(torch: Any) -> str:
     try:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return "a CUDA graph is being captured"
-    except Exception:
+    except Exception:  # broad: a torch that cannot say is taken as capturing no graph
         pass
     config = sys.modules.get("torch._inductor.config")
     if config is not None and getattr(getattr(config, "triton", None), "cudagraphs", False):

@@ -144,6 +144,29 @@ def load_server(bind: str) -> ServerCurve:
     return ServerCurve(public, secret, auth_dir)
 
 
+KNOWN_SERVERS = "known_servers"  # keys/known_servers/*.key: servers' public keys this user trusts
+
+
+def known_server_keys() -> set[str]:
+    """The server public keys (Z85) the user's own keys directory holds: its server.key (the
+    same on every node that shares the home directory) and each *.key in keys/known_servers/
+    (a node's server.key, copied). A key only a job's store names is not among them."""
+    d = keys_dir()
+    paths = [d / "server.key"]
+    try:
+        paths += sorted(p for p in (d / KNOWN_SERVERS).iterdir() if p.name.endswith(".key"))[:4096]
+    except OSError:
+        pass
+    out: set[str] = set()
+    for path in paths:
+        try:
+            if path.is_file() and path.stat().st_size <= 4096:
+                out.add(read_cert(path)[0].decode("ascii"))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def load_client(server_key: str) -> ClientCurve:
     """The monitor's CURVE configuration for an agent whose public key is `server_key`."""
     server_public = read_public(server_key)

@@ -25,6 +25,7 @@ from torchtop.contract.logcodes import MARK, MASK
 
 FLOAT_LIMIT = 1e15
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1
+COUNT_MAX = 1 << 53  # a log chunk's seq and step count: a step a nanosecond for 100 days is less
 # the builtin, typed: type(x) of an Any is type[Unknown] to pyright, and a cast() costs a call a number
 _type: Callable[[object], type[Any]] = type
 
@@ -100,7 +101,7 @@ def _check(obj: Any) -> list[Any] | None:
         return None
     if isinstance(obj, msgspec.Struct):
         if _is_log(kind):
-            return _tail(_bad_entries(obj.entries), ".entries")  # type: ignore[attr-defined]
+            return _bad_chunk(obj)
         for name in _fields(kind):
             bad = _check(getattr(obj, name))
             if bad is not None:
@@ -109,8 +110,8 @@ def _check(obj: Any) -> list[Any] | None:
     if isinstance(obj, (list, tuple)):
         seq = cast("Sequence[Any]", obj)  # an isinstance leaves list[Unknown]
         kinds = set(map(type, seq))
-        if kinds <= _PLAIN:  # the usual case, at C speed
-            return None
+        if kinds <= _PLAIN and (int not in kinds or (kinds == _INTS and _ints_in_range(seq))):
+            return None  # the usual case, at C speed (a mix of ints and text: item by item)
         if kinds <= _NUMBERS and _all_in_range(seq):  # figures (per-core CPU): at C speed too
             return None
         for k, item in enumerate(seq):
@@ -130,7 +131,12 @@ def _check(obj: Any) -> list[Any] | None:
 
 
 _PLAIN = {int, str, bool}
+_INTS = {int}
 _NUMBERS = {int, float, bool}
+
+
+def _ints_in_range(xs: Sequence[int]) -> bool:
+    return _INT_MIN <= min(xs) and max(xs) <= _INT_MAX
 
 
 def _all_in_range(xs: Sequence[float]) -> bool:
@@ -145,16 +151,30 @@ def _tail(found: list[Any] | None, part: str) -> list[Any] | None:
     return found
 
 
+def _bad_chunk(chunk: Any) -> list[Any] | None:
+    """A LogChunk: its seq and step count (0..COUNT_MAX: replays index arrays of int64 by them),
+    then its entries."""
+    for name in ("seq", "steps"):
+        value = getattr(chunk, name)
+        if type(value) is not int or not 0 <= value <= COUNT_MAX:
+            return [value, f".{name}"]
+    return _tail(_bad_entries(chunk.entries), ".entries")
+
+
 def _bad_entries(entries: list[Any]) -> list[Any] | None:
-    """A log's entries: ints (at C speed), and tuples whose numbers are checked, except a
-    mark's value (its third item)."""
+    """A log's entries: ints (at C speed) within int64, and tuples whose numbers are checked,
+    except a mark's value (its third item)."""
     try:  # msgspec made each an int or a tuple; ints alone sum at C speed, a tuple stops it
         sum(entries)
-        return None
     except TypeError:
         pass
+    else:
+        if not entries or _ints_in_range(entries):
+            return None
     for k, e in enumerate(entries):
         if type(e) is int:
+            if not _INT_MIN <= e <= _INT_MAX:
+                return [e, f"[{k}]"]
             continue
         if isinstance(e, (tuple, list)):
             t = cast("Sequence[Any]", e)  # an isinstance leaves list[Unknown]

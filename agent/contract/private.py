@@ -65,7 +65,7 @@ def open_private_dir(
             os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o700)  # drop group/other, keep what the owner had
         elif not narrow and st.st_mode & 0o022:
             raise NotPrivate(f"{path} can be written by other users (mode {stat.S_IMODE(st.st_mode):o})")
-    except BaseException:
+    except BaseException:  # broad: closes the descriptor on any exit, then re-raises
         os.close(fd)
         raise
     return fd

@@ -63,7 +63,7 @@ def _this_version() -> str:
         from importlib.metadata import version
 
         return version("torchtop")
-    except Exception:
+    except Exception:  # broad: no package metadata (a source tree): version unknown
         return ""
 
 

@@ -118,16 +118,39 @@ def is_recording(path: Path) -> bool:
 
 def ranks(path: Path) -> dict[int, Path]:
     """A job recording's rank directories (rank -> directory); {} for a single rank's."""
+    return rank_dirs(path)[0]
+
+
+MAX_RANK_DIGITS = 9  # a rank of a billion is no job's
+
+
+def rank_dirs(path: Path) -> tuple[dict[int, Path], list[str]]:
+    """A job recording's rank directories, and a line for each entry named like one that is not
+    read: not a directory (a file, a FIFO, a dangling link), or a second name of a rank already
+    there (rank01 beside rank1: rank1 is read)."""
     out: dict[int, Path] = {}
+    notes: list[str] = []
     try:
-        names = os.listdir(path)
+        names = sorted(os.listdir(path))
     except OSError:
-        return {}
+        return {}, []
     for name in names:
         m = RANK_DIR.match(name)
-        if m and (path / name).is_dir():
-            out[int(m.group(1))] = path / name
-    return dict(sorted(out.items()))
+        if not m:
+            continue
+        where = path / name
+        if len(m.group(1)) > MAX_RANK_DIGITS or not where.is_dir():
+            notes.append(f"{where}: not a rank's directory; left out")
+            continue
+        r = int(m.group(1))
+        other = out.get(r)
+        if other is not None:
+            keep, drop = (where, other) if name == f"rank{r}" else (other, where)
+            out[r] = keep
+            notes.append(f"rank {r} recorded twice ({keep.name}/ and {drop.name}/): {drop.name}/ left out")
+            continue
+        out[r] = where
+    return dict(sorted(out.items())), notes
 
 
 class _Reader:

@@ -124,7 +124,7 @@ class RecordingWriter:
         try:
             self.full = _Track(self._fd, self.directory, "full", int(max_bytes * FULL_SHARE))
             self.thin = _Track(self._fd, self.directory, "thin", max_bytes - self.full.budget)
-        except BaseException:
+        except BaseException:  # broad: closes the descriptor on any exit, then re-raises
             os.close(self._fd)
             raise
         self.thinner = Thinner()

@@ -103,3 +103,6 @@ class Why(msgspec.Struct, omit_defaults=True):
     stack_cost_us: float | None = None  # the sampler's CPU per sample (mostly holding the GIL)
     sync: SyncInfo | None = None
     flops: FlopInfo | None = None
+    # the parameters of the modules the loop calls (its roots: a pipeline stage's own module), each
+    # counted once; None: no root seen yet (an older agent sends none)
+    params: int | None = None

@@ -18,6 +18,8 @@ from torchtop.contract.capture import CaptureInfo as CaptureInfo
 from torchtop.contract.capture import CaptureKind as CaptureKind
 from torchtop.contract.capture import CaptureState as CaptureState
 from torchtop.contract.numbers import FLOAT_LIMIT, bad_number
+from torchtop.contract.relay import SUMMARY_VERSION as SUMMARY_VERSION
+from torchtop.contract.relay import Second as Second
 from torchtop.contract.telemetry import FragSample as FragSample
 from torchtop.contract.telemetry import GpuSample as GpuSample
 from torchtop.contract.telemetry import HostSample as HostSample
@@ -161,9 +163,9 @@ class RankSummary(msgspec.Struct, omit_defaults=True):
     steps: int = 0  # its train steps the relay counted
     last_i: int = -1  # its highest train step index
     hello: Hello | None = None  # sent while new and every few seconds
-    # its 1-second step buckets since the relay's previous summary, the open second last:
-    # [unix second, *sums] in monitor/model/rank_stats.py's slot order (SUMMARY_SLOTS of them)
-    buckets: list[list[float]] = []
+    # its 1-second step buckets since the relay's previous summary, the open second last
+    # (relay.py: named, append-only; on the wire the list of numbers they always were)
+    buckets: list[Second] = []
     telemetry: Telemetry | None = None  # the latest samples (no workers, no per-core figures)
 
 
@@ -179,12 +181,11 @@ class NodeSummary(msgspec.Struct, tag="summary", omit_defaults=True):
     ranks: list[RankSummary] = []
     received: int = 0  # batches the relay received from its ranks, cumulative
     bad_frames: int = 0  # frames from its ranks it refused, cumulative
+    # the buckets' layout (relay.py; absent: 1, before they had names); a newer one's extra
+    # figures are ignored, an older one's missing ones unknown
+    summary_v: int = 1
+    duplicates: list[str] = []  # ranks two of its node's agents claim: "rank 1: pids 41, 97"
 
-
-#: Values in a summary bucket after its second: steps, wall, timed, their wall, 7 phases,
-#: sampled, 6 device keys, steps whose batch was seen and their samples, tokens, sequence
-#: (rank_stats.SIZE; a test holds the two equal).
-SUMMARY_SLOTS = 22
 
 Message = Union[Hello, Batch, Request, Reply, NodeSummary]
 
@@ -206,7 +207,7 @@ def encode(msg: Message) -> bytes:
     return _encoder.encode(msg)
 
 
-def decode(frame: bytes, versions: tuple[int, ...] = (PROTOCOL_VERSION,)) -> Message:
+def decode(frame: bytes | bytearray | memoryview, versions: tuple[int, ...] = (PROTOCOL_VERSION,)) -> Message:
     """Decode and validate one frame (its numbers too: numbers.py); raise WireError with a
     readable reason otherwise. `versions`: the protocol versions accepted (a recording's
     reader accepts older ones it can upgrade: recording_compat.py)."""

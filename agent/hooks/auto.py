@@ -97,7 +97,7 @@ class AutoHooks:
             undo = self._undo.pop()
             try:
                 undo()
-            except Exception:
+            except Exception:  # broad: best-effort undo; the other undos still run
                 pass
         self._roots.clear()
         self._slots.clear()
@@ -196,7 +196,7 @@ class AutoHooks:
             # this call's forward was chosen before this hook ran: time it with a one-shot hook
             self.root_enter(module)
             self._once.append(module.register_forward_hook(self._once_post, always_call=True))
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             probe.fail()
 
     def add_root(self, module: nn.Module) -> None:
@@ -209,7 +209,7 @@ class AutoHooks:
     def _once_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         try:
             self._once.pop().remove()
-        except Exception:
+        except Exception:  # broad: best-effort removal of a one-shot hook
             pass
         self.root_leave(module)
 
@@ -271,7 +271,7 @@ class AutoHooks:
                     probe.nograd_untimed(code)
                 probe.forward(code + grad)
             probe.depth += 1
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             probe.fail()
 
     def root_leave(self, module: nn.Module) -> None:
@@ -281,7 +281,7 @@ class AutoHooks:
                 probe.depth -= 1
                 if probe.depth == 0:
                     probe.exit(FORWARD)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             probe.fail()
 
     # -- backward ------------------------------------------------------------------------------
@@ -319,7 +319,7 @@ class AutoHooks:
                 if not probe.opt_ran and probe.on_thread() and probe.steps == before:
                     probe.stamp(SKIPPED)
                     hooks.optimizers.cycle_done(optimizer)
-            except Exception:
+            except Exception:  # broad: never into the training loop (probe.fail counts it)
                 probe.fail()
             return out
 

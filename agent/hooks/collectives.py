@@ -150,14 +150,14 @@ class BackwardWait:
             put = self.probe.put
             put(perf_counter_ns())
             put(COMM_READY)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             self.probe.fail()
 
     def _pre(self, grad_outputs: Any) -> None:
         """The loss's grad_fn pre-hook: the engine is running this backward now."""
         try:
             self._queue(self._ready)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             self.probe.fail()
 
     def arm(self, tensors: Any) -> None:
@@ -167,7 +167,7 @@ class BackwardWait:
             fn = getattr(t, "grad_fn", None)
             if fn is not None:
                 fn.register_prehook(self._pre)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             self.probe.fail()
 
 
@@ -177,7 +177,7 @@ def patch_collectives(probe: Probe, torch: Any, setattr_: Callable[[Any, str, An
     try:
         if dist is None or not dist.is_available():
             return 0
-    except Exception:
+    except Exception:  # broad: a torch without distributed may raise anything: nothing to patch
         return 0
     watch_meshes(torch, setattr_)
     n = 0

@@ -36,7 +36,7 @@ def patch_module_compile(hooks: AutoHooks, torch: ModuleType, setattr_: SetAttr,
         out = orig(module, *args, **kwargs)
         try:
             _time_compiled_call(hooks, module, wrapped)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             hooks.probe.fail()
         return out
 

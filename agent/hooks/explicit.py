@@ -39,7 +39,7 @@ class _Step:
         try:
             if probe.on_thread():
                 probe.open_step()
-        except Exception:
+        except Exception:  # broad: torchtop's API never raises into user code (probe.fail counts it)
             probe.fail()
 
     def __exit__(self, *exc: object) -> None:
@@ -50,7 +50,7 @@ class _Step:
         try:
             if probe.on_thread():
                 probe.cut()
-        except Exception:
+        except Exception:  # broad: torchtop's API never raises into user code (probe.fail counts it)
             probe.fail()
 
 
@@ -71,7 +71,7 @@ class _Phase:
                     probe.forward(FORWARD_START + agent.torch.is_grad_enabled())  # root slot 0
                 else:
                     probe.enter(self.index)
-        except Exception:
+        except Exception:  # broad: torchtop's API never raises into user code (probe.fail counts it)
             probe.fail()
 
     def __exit__(self, *exc: object) -> None:
@@ -82,7 +82,7 @@ class _Phase:
         try:
             if probe.on_thread():
                 probe.exit(self.index)
-        except Exception:
+        except Exception:  # broad: torchtop's API never raises into user code (probe.fail counts it)
             probe.fail()
 
 
@@ -139,7 +139,7 @@ def mark(name: str, value: float | Tensor) -> None:
             probe.mark(name, (pinned, done))
         else:
             probe.mark(name, float(value))
-    except Exception:
+    except Exception:  # broad: torchtop's API never raises into user code (probe.fail counts it)
         probe.fail()
 
 

@@ -85,7 +85,7 @@ def batch_dim(module: Any) -> int:
             first = getattr(m, "batch_first", None)
             if isinstance(first, bool):
                 return 0 if first else 1
-    except Exception:
+    except Exception:  # broad: a module that cannot say: batch dimension unknown
         pass
     return 0
 
@@ -95,7 +95,7 @@ def flops_inside_modules(counter: Any) -> int:
     it tracked none (a model of plain functions: then every op counts)."""
     try:
         counts = counter.get_flop_counts()
-    except Exception:
+    except Exception:  # broad: another torch's counter: no per-module split
         return 0
     return int(sum(sum(ops.values()) for name, ops in counts.items() if name != "Global" and "." not in name))
 
@@ -120,7 +120,7 @@ class FlopStep:
                 for k, v in flop_registry.items()
             }
             self.counter: Any = FlopCounterMode(display=False, custom_mapping=mapping)
-        except Exception:  # another torch's registry: FLOPs without the dtype split
+        except Exception:  # broad: another torch's registry: FLOPs without the dtype split
             self.counter = FlopCounterMode(display=False)
         self.entered = False
         self.finished = False
@@ -160,7 +160,7 @@ class FlopStep:
             self.counter.__enter__()
             self.entered = True
             self.tid = threading.get_ident()
-        except Exception as exc:
+        except Exception as exc:  # broad: an optional count: any failure disarms it
             self._remove_hooks()
             self.disarm()
             r.error = f"{type(exc).__name__}: {exc}"[:200]
@@ -192,7 +192,7 @@ class FlopStep:
                 for k in r.by_dtype:  # the dtype split scaled alike (it is counted per op, not per module)
                     r.by_dtype[k] = r.by_dtype[k] * inside // r.flops
                 r.flops = inside
-        except Exception as exc:
+        except Exception as exc:  # broad: any failure is the count's error, never raised into training
             r.error = f"{type(exc).__name__}: {exc}"[:200]
         self._remove_hooks()
         self.disarm()
@@ -204,7 +204,7 @@ class FlopStep:
         for h in self._handles:
             try:
                 h.remove()
-            except Exception:
+            except Exception:  # broad: best-effort hook removal
                 pass
         self._handles.clear()
 

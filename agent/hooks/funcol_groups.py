@@ -44,7 +44,7 @@ def process_group(resolved: Any, torch: ModuleType) -> Any:
         find = getattr(torch.distributed.distributed_c10d, "_resolve_process_group", None)
         try:
             group = find(resolved) if find is not None else None
-        except Exception:
+        except Exception:  # broad: torch internals vary by version: group unknown
             group = None
         if group is not None and len(_by_name) < 1024:
             _by_name[resolved] = group
@@ -70,7 +70,7 @@ def patch_resolver(
         if not dynamo() and not probe.untimed:  # only a timed step's wait logs it; dynamo traces through
             try:
                 probe.funcol_group = process_group(out, torch)
-            except Exception:
+            except Exception:  # broad: never into the training loop (probe.fail counts it)
                 probe.fail()
         return out
 

@@ -39,24 +39,25 @@ def watch_meshes(torch: Any, setattr_: Callable[[Any, str, Any], None]) -> None:
             _meshes[:] = [m for m in _meshes if m() is not None]  # meshes gone (a test, a restart)
             if len(_meshes) < 64:
                 _meshes.append(weakref.ref(self))
-        except Exception:
+        except Exception:  # broad: mesh names are optional; the user's mesh is made regardless
             pass
 
     try:
         setattr_(cls, "__init__", __init__)
-    except Exception:
+    except Exception:  # broad: a class that refuses the patch: meshes stay unnamed
         pass
 
 
 def _mesh_dim(group: Any) -> str | None:
     for ref in _meshes:
         mesh = ref()
-        names = getattr(mesh, "mesh_dim_names", None) if mesh is not None else None
-        for i, name in enumerate(names or ()):
+        if mesh is None:
+            continue
+        for i, name in enumerate(getattr(mesh, "mesh_dim_names", None) or ()):
             try:
                 if mesh.get_group(i) is group:
                     return str(name)
-            except Exception:
+            except Exception:  # broad: a mesh that cannot say: the dimension stays unnamed
                 break
     return None
 
@@ -76,7 +77,7 @@ def group_name(group: Any) -> str:
 
         if group is dist.group.WORLD or desc == "default_pg":
             return "world"
-    except Exception:
+    except Exception:  # broad: torch internals vary by version: the group stays unnamed
         pass
     return desc or str(getattr(group, "group_name", "") or "group")
 
@@ -86,7 +87,7 @@ def _default() -> Any:
         import torch.distributed as dist
 
         return dist.group.WORLD
-    except Exception:
+    except Exception:  # broad: no usable distributed in this torch: no default group
         return None
 
 

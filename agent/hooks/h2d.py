@@ -48,7 +48,7 @@ def patch_h2d(probe: Probe, torch: ModuleType, setattr_: SetAttr) -> None:
     def begin() -> Event | None:
         try:
             return probe.record() if probe.event_step else None
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             probe.fail()
             return None
 
@@ -59,9 +59,9 @@ def patch_h2d(probe: Probe, torch: ModuleType, setattr_: SetAttr) -> None:
                 probe.h2d(
                     t, dt, src.nbytes, src.is_pinned(), ev0, probe.record() if ev0 is not None else None
                 )
-            elif ev0 is not None:
+            elif ev0 is not None and probe.pool is not None:
                 probe.pool.give(ev0)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             probe.fail()
 
     orig_to, orig_cuda, orig_copy = tensor_cls.to, tensor_cls.cuda, tensor_cls.copy_

@@ -73,7 +73,7 @@ class OptimizerSteps:
 
     # -- install / uninstall -------------------------------------------------------------------
     def install(self, setattr_: SetAttr, undo: Undo) -> None:
-        from torch.optim import optimizer as optim_mod
+        import torch.optim.optimizer as optim_mod  # torch.optim dels the name `optimizer`
 
         base = optim_mod.Optimizer
         setattr_(base, MARK, None)  # unmarked optimizers read None
@@ -90,7 +90,7 @@ class OptimizerSteps:
             orig(opt)
             try:
                 steps._wrap_class(type(opt))
-            except Exception:
+            except Exception:  # broad: never into the training loop (probe.fail counts it)
                 steps.probe.fail()
 
         setattr_(base, "_patch_step_function", _patch_step_function)
@@ -184,7 +184,7 @@ class OptimizerSteps:
                 self._go_fast(opt)  # the one optimizer (again): the fast path from now
             self._seen.add(oid)
             probe.enter(OPTIMIZER)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             probe.fail()
 
     def post(self, opt: Optimizer) -> None:
@@ -200,13 +200,13 @@ class OptimizerSteps:
             else:
                 probe.exit(OPTIMIZER)
                 self.cycle_done(opt)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             probe.fail()
 
     def _go_fast(self, opt: Optimizer) -> None:
         try:
             setattr(opt, MARK, self.probe)
-        except Exception:
+        except Exception:  # broad: an optimizer may refuse attributes any way
             return  # an optimizer that takes no attribute stays on the general path
         self._marked.append(weakref.ref(opt))
         self.probe.opt_fast = True

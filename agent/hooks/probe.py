@@ -270,8 +270,11 @@ class Probe(LogDrain, PhaseSampling):
     # -- CUDA events ---------------------------------------------------------------------------
     def record(self) -> torch.cuda.Event | None:
         """A pooled event recorded now on this step's stream (None if the pool ran dry)."""
+        pool = self.pool
+        if pool is None:  # only event steps record, and they need a pool
+            return None
         t = perf_counter_ns()
-        ev = self.pool.recorded(self._stream)  # looked up once a step: current_stream() is slow
+        ev = pool.recorded(self._stream)  # looked up once a step: current_stream() is slow
         self._record_ns += perf_counter_ns() - t
         return ev
 
@@ -284,7 +287,7 @@ class Probe(LogDrain, PhaseSampling):
                 self._append((item, self._record_ns))
             else:
                 self._append(item)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             self._append(item)
             self.fail()
 
@@ -317,7 +320,7 @@ class Probe(LogDrain, PhaseSampling):
                 self.stamp(BACKWARD_STEPS)
             if n == 1 and not self.explicit and not self.opt_depth:
                 self.cut()
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             self.fail()
 
     def wake(self) -> None:
@@ -329,7 +332,7 @@ class Probe(LogDrain, PhaseSampling):
         self.untimed = 0
         try:
             self.stamp(TIMING_RESUMED)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             self.fail()
 
     def nograd_untimed(self, code: int) -> None:
@@ -344,7 +347,7 @@ class Probe(LogDrain, PhaseSampling):
                 self.wake()
             else:
                 self._nograd = (steps, code)
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             self.fail()
 
     def housekeep(self) -> None:
@@ -383,12 +386,12 @@ class Probe(LogDrain, PhaseSampling):
             self.left = self._batch = batch
             if n > LOG_CAP:
                 self._shed()
-        except Exception:
+        except Exception:  # broad: never into the training loop (probe.fail counts it)
             self.left = self._batch = 1
             self.fail()
         run = self.on_step
         if run is not None:
             try:
                 run()
-            except Exception:
+            except Exception:  # broad: never into the training loop (probe.fail counts it)
                 self.fail()

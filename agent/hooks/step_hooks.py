@@ -162,14 +162,14 @@ class StepHooks:
         for h in self._hooks:
             try:
                 h.callback()
-            except Exception as exc:
+            except Exception as exc:  # broad: a hook's failure is counted, never raised
                 try:
                     h.failures += 1
                     if h.failures >= MAX_FAILURES:
                         with self._lock:
                             if self._remove(h.name, h.callback):
                                 self.removed[h.name] = f"{type(exc).__name__}: {exc}"[:200]
-                except Exception:
+                except Exception:  # broad: counting a failure must not fail the step
                     pass
 
     # -- under the lock ----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import warnings
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torchtop.agent.hooks.frames import Kind
 from torchtop.agent.warn import ignore_warning
@@ -62,10 +62,12 @@ class Site:
 def call_name(code: CodeType, lasti: int) -> str:
     """The call at instruction `lasti` of `code` as written in the source: "loss.item()",
     "print()", "x[mask]" (from the instruction's source position); "" when it cannot tell."""
+    if sys.version_info < (3, 11):  # instructions have no source positions before 3.11
+        return ""
     try:  # a frame in a Python call stands past the CALL, on its inline caches: the last one before
         op = [i for i in dis.get_instructions(code) if i.offset <= lasti][-1]
         pos = op.positions
-    except Exception:
+    except Exception:  # broad: code that cannot be disassembled: no name
         return ""
     if pos is None or pos.lineno is None or pos.lineno != pos.end_lineno or pos.col_offset is None:
         return ""
@@ -110,7 +112,7 @@ class SyncWindow:
             )
         try:
             mode = self.torch.cuda.get_sync_debug_mode()
-        except Exception as exc:
+        except Exception as exc:  # broad: any failure is why sync windows are off
             return f"torch.cuda.get_sync_debug_mode() failed ({type(exc).__name__})"
         if mode != 0 and not self.is_open:
             return "the run set torch.cuda.set_sync_debug_mode() itself: left alone"
@@ -132,7 +134,7 @@ class SyncWindow:
         self.is_open = True
         try:
             self._set_mode(WARN_MODE)
-        except Exception as exc:
+        except Exception as exc:  # broad: any failure closes the window and says why
             self.reason = f"torch.cuda.set_sync_debug_mode() failed ({type(exc).__name__})"
             self.close()
             return False
@@ -154,13 +156,13 @@ class SyncWindow:
         try:
             if self.torch.cuda.get_sync_debug_mode() == WARN_MODE:
                 self._set_mode(0)
-        except Exception:
+        except Exception:  # broad: best-effort: the debug mode back off
             pass
         self.is_open = False
         if warnings.showwarning is self._hook:
             warnings.showwarning = self._prev
         try:
-            warnings.filters.remove(self._filter)
+            cast("list[Any]", warnings.filters).remove(self._filter)  # a list; typeshed says Sequence
             mutated = getattr(warnings, "_filters_mutated", None)
             if mutated is not None:
                 mutated()
@@ -200,7 +202,7 @@ class SyncWindow:
         t = perf_counter_ns()
         try:
             self._seen(sys._getframe(1))
-        except Exception:
+        except Exception:  # broad: a warning hook never raises into the user's code
             pass
         self.seen += 1
         self.cost_ns += perf_counter_ns() - t

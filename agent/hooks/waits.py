@@ -180,7 +180,7 @@ class Waits:
             if dist is None or not dist.is_available():
                 return
             work = dist.distributed_c10d.Work
-        except Exception:
+        except Exception:  # broad: a torch without distributed may raise anything: nothing to patch
             return
         self._patch(work, "wait", "Work.wait")
         self.tick()
@@ -193,7 +193,7 @@ class Waits:
                 self._patch(funcol, "wait_tensor", FUNCOL, "funcol")
                 try:  # where each collective's group is resolved at its issue: names its wait
                     patch_resolver(self.probe, self.torch, funcol, self._setattr)
-                except Exception:
+                except Exception:  # broad: torch internals vary by version: the waits stay unnamed
                     pass  # its waits stay in comm, unnamed
         if FSDP2 not in self.patched:
             module = sys.modules.get(FSDP2)
@@ -218,7 +218,7 @@ class Waits:
     def _cuda(self) -> bool:
         try:
             return bool(self.torch.cuda.is_available())
-        except Exception:
+        except Exception:  # broad: a torch without usable CUDA may raise anything: no CUDA
             return False
 
     def _patch(self, owner: Any, name: str, key: str, how: How = "wait") -> None:
@@ -228,5 +228,5 @@ class Waits:
             return
         try:
             self._setattr(owner, name, timed_wait(self.probe, orig, self.torch, self._dynamo, how))
-        except Exception:
+        except Exception:  # broad: a class may refuse new attributes any way
             pass  # a class that refuses new attributes: its waits stay in their phase

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback  # pyright: ignore[reportMissingImports]  # optional
 
 import torchtop.agent as agent
 

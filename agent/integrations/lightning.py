@@ -6,12 +6,15 @@ callback starts the agent with the Trainer and attaches the logged training loss
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-try:
-    from lightning.pytorch.callbacks import Callback
-except ImportError:  # the older package name
-    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+if TYPE_CHECKING:  # one base for the checker; at run time whichever package is installed
+    from lightning.pytorch.callbacks import Callback  # pyright: ignore[reportMissingImports]  # optional
+else:
+    try:
+        from lightning.pytorch.callbacks import Callback
+    except ImportError:  # the older package name
+        from pytorch_lightning.callbacks import Callback
 
 import torchtop.agent as agent
 

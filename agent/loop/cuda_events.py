@@ -160,7 +160,7 @@ class EventResolver:
                 if type(value) is tuple:  # (pinned copy, event) of a CUDA tensor
                     try:
                         value = float(value[0]) if done else None
-                    except Exception:
+                    except Exception:  # broad: a mark's value that cannot be read is unknown
                         value = None
                     entries[k] = (head, e[1], value)
             elif code == COMM_GROUP:  # a name, no event
@@ -189,7 +189,7 @@ def _elapsed(start: Event | None, end: Event | None) -> float | None:
         return None
     try:
         return start.elapsed_time(end)
-    except Exception:
+    except Exception:  # broad: an event not recorded, or on another device: unknown
         return None
 
 

@@ -204,7 +204,7 @@ class AgentLoop(threading.Thread):
                         self.tick_ns = ticked if not self.tick_ns else 0.8 * self.tick_ns + 0.2 * ticked
                     next_tick = max(next_tick + self.tick_period(), now)
                 self.busy_ns += time.thread_time_ns() - busy
-            except Exception as exc:
+            except Exception as exc:  # broad: the agent thread outlives a tick's failure
                 self.errors += 1
                 if self.errors == 1:  # say it once: a silent agent looks like a stuck run
                     warn(f"agent loop error ({type(exc).__name__}: {exc}); retrying")
@@ -214,7 +214,7 @@ class AgentLoop(threading.Thread):
         try:
             self._telemetry_due = self._hello_due = 0.0  # a recording ends with the latest of both
             self._tick()  # the last steps before stop
-        except Exception:
+        except Exception:  # broad: the last tick at stop is best effort
             pass
 
     # -- publishing ----------------------------------------------------------------------------
@@ -233,7 +233,7 @@ class AgentLoop(threading.Thread):
                 if nvtx.wanted():  # TORCHTOP_NVTX=1: the phases as NVTX ranges on event steps
                     nvtx.enable(self.probe, self.cuda.torch.cuda.nvtx)
                 self._hello_due = 0.0  # the run is on CUDA now: a recording's Hello says so
-        except Exception:
+        except Exception:  # broad: CUDA timing is optional: a failure is counted
             self.errors += 1
 
     def _subscriptions(self) -> bool:
@@ -281,7 +281,7 @@ class AgentLoop(threading.Thread):
         if self.chores is not None:
             try:
                 self.chores()
-            except Exception:
+            except Exception:  # broad: the hooks' chores never end the agent thread (counted)
                 self.errors += 1
         probe, resolver = self.probe, self.resolver
         if resolver.pool is None and not probe.cuda_marks:

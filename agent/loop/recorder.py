@@ -55,14 +55,14 @@ class Recorder(threading.Thread):
     def run(self) -> None:
         while True:
             item = self.queue.get()
-            if item is _STOP:
+            if item is None:  # _STOP
                 break
             if self.failed:
                 continue
             busy = time.thread_time_ns()
             try:
                 self.writer.write(*item)
-            except Exception as exc:
+            except Exception as exc:  # broad: a failing disk stops the recording, never training
                 self.failed = f"{type(exc).__name__}: {exc}"
                 warn(f"recording to {self.directory} stopped ({self.failed}); training goes on")
             self.busy_ns += time.thread_time_ns() - busy

@@ -62,7 +62,7 @@ class RelayStarter:
                 close_fds=True,
             )
             atexit.register(self._leave_running)
-        except Exception:
+        except Exception:  # broad: no relay on any failure: monitors reach the ranks one by one
             self.proc = None  # no relay: monitors reach this node's ranks one by one, as before
 
     def _leave_running(self) -> None:

@@ -117,7 +117,7 @@ class AgentSockets:
         for sock in (self.router, self.pub):
             try:
                 sock.close(linger=0)
-            except Exception:
+            except Exception:  # broad: best-effort cleanup
                 pass
         _stop_private(self.ctx, self.auth)
         for path in self.files if os.getpid() == self.owner else []:
@@ -141,7 +141,7 @@ def release_freed_memory() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except Exception:
+    except Exception:  # broad: not glibc, or no ctypes: nothing to do
         pass  # not glibc: nothing to do
 
 
@@ -192,7 +192,7 @@ def _stop_private(ctx: Any, auth: Any) -> None:
         if auth is not None:
             auth.stop()
         ctx.term()  # every socket of it is closed (linger 0): returns once they are gone
-    except Exception:
+    except Exception:  # broad: best-effort cleanup
         pass
 
 

@@ -84,7 +84,7 @@ def first_time(chunk: wire.LogChunk) -> int | None:
             try:
                 c = logcodes.code_of(code)
                 stamp = _time(t)
-            except Exception:
+            except Exception:  # broad: a malformed entry is skipped
                 continue
             if stamp > 0 and opens(c):
                 return stamp
@@ -93,7 +93,7 @@ def first_time(chunk: wire.LogChunk) -> int | None:
         try:
             c = logcodes.code_of(item)
             stamp = _time(item) >> logcodes.SHIFT
-        except Exception:
+        except Exception:  # broad: a malformed entry is skipped
             continue
         if stamp > 0 and opens(c):
             return stamp
@@ -110,7 +110,7 @@ def last_step_end(chunk: wire.LogChunk) -> int | None:
             low = max(0, pairs - SCAN_ITEMS)
             for p in range(pairs - 1, low - 1, -1):
                 code = entries[2 * p + 1]
-                if (code if type(code) is int else code[0]) in ends:
+                if (code if isinstance(code, int) else code[0]) in ends:
                     return _time(entries[2 * p])
             codes = entries[1 : 2 * low : 2][::-1]  # pairs low-1 .. 0, at C speed
             found = []
@@ -123,6 +123,6 @@ def last_step_end(chunk: wire.LogChunk) -> int | None:
         for entry in reversed(entries):  # a CUDA run's entries (already walked once by the resolver)
             if logcodes.code_of(entry) in ends:
                 return _time(entry) >> logcodes.SHIFT
-    except Exception:
+    except Exception:  # broad: a malformed chunk: no step end
         return None
     return None

@@ -56,7 +56,7 @@ class _Breaker:
     def run(self, fn: Callable[..., T], *args: Any) -> T | None:
         try:
             return fn(*args)
-        except Exception as exc:
+        except Exception as exc:  # broad: a sampler's failure is counted and trips the breaker, never raised
             self.failures += 1
             if not self.on:
                 self.unavailable[self.name] = f"disabled after errors: {type(exc).__name__}: {exc}"[:200]
@@ -133,10 +133,10 @@ class TelemetryCollector:
                 self.unavailable["gpu"] = nvml.reason
         return True
 
-    def _devices_now(self) -> list[int]:
+    def _devices_now(self, cuda_mem: CudaMemorySampler) -> list[int]:
         now = time.monotonic()
         if not self._devices or now - self._devices_at > DEVICE_REFRESH_S:
-            found = self._breakers["memory"].run(self._cuda_mem.devices)
+            found = self._breakers["memory"].run(cuda_mem.devices)
             if found:
                 self._devices = found
             self._devices_at = now
@@ -158,18 +158,19 @@ class TelemetryCollector:
     def _steps(self) -> int | None:
         try:
             return self.step_count() if self.step_count is not None else None
-        except Exception:
+        except Exception:  # broad: a step-count callback's failure: unknown
             return None
 
     def _fast_cuda(self) -> None:
-        if not self._cuda_ready():
+        cuda_mem = self._cuda_mem if self._cuda_ready() else None
+        if cuda_mem is None:
             if self.enable_gpu and "gpu" not in self.unavailable:
                 self.unavailable["gpu"] = "CUDA not in use"
             return
-        devices = self._devices_now()
+        devices = self._devices_now(cuda_mem)
         mem = self._breakers["memory"]
         if mem.on:
-            samples = [s for s in (mem.run(self._cuda_mem.stats, d) for d in devices) if s is not None]
+            samples = [s for s in (mem.run(cuda_mem.stats, d) for d in devices) if s is not None]
             self._memory = samples
         gpu = self._breakers["gpu"]
         if self._nvml is not None and gpu.on:
@@ -249,7 +250,7 @@ class TelemetryCollector:
         if self.recording:  # a short run's recording has the host's figures too
             try:
                 self.slow(host_only=True)
-            except Exception:
+            except Exception:  # broad: the sampler thread outlives any sample's failure
                 pass
         while not self._stop.wait(SLOW_PERIOD_S):
             quiet = 0 if self.attended else quiet + 1
@@ -258,7 +259,7 @@ class TelemetryCollector:
             busy = time.thread_time_ns()
             try:
                 self.slow()
-            except Exception:
+            except Exception:  # broad: the sampler thread outlives any sample's failure
                 pass
             self.busy_ns += time.thread_time_ns() - busy
 
@@ -274,6 +275,6 @@ class TelemetryCollector:
         if close is not None:
             try:
                 close()
-            except Exception:
+            except Exception:  # broad: best-effort cleanup
                 pass
         self._self_rss.close()

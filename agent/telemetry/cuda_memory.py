@@ -111,7 +111,7 @@ class CudaMemorySampler:
         self._last_peak[device] = peak
         try:
             free, total = cuda.mem_get_info(device)
-        except Exception:
+        except Exception:  # broad: a device that cannot say: its free memory unknown
             free, total = 0, 0
         fraction = self._fraction(device)
         return MemorySample(
@@ -137,7 +137,7 @@ class CudaMemorySampler:
         get = getattr(self.torch.cuda, "get_per_process_memory_fraction", None)
         try:
             fraction = float(get(device)) if get is not None else 1.0
-        except Exception:
+        except Exception:  # broad: a torch that cannot say: the whole device
             return 1.0
         return fraction if 0.0 < fraction < 1.0 else 1.0
 

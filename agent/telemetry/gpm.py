@@ -60,7 +60,7 @@ class GpmSampler:
         if d not in self._supported:
             try:
                 ok = bool(self.nv.nvmlGpmQueryDeviceSupport(self.handle(d)).isSupportedDevice)
-            except Exception as exc:
+            except Exception as exc:  # broad: any NVML error means GPM unsupported (said)
                 ok = False
                 self.reason = f"GPM not supported on this GPU or driver ({type(exc).__name__})"
             if not ok and not self.reason:
@@ -101,7 +101,7 @@ class GpmSampler:
                 self._max_clock[d] = float(
                     self.nv.nvmlDeviceGetMaxClockInfo(self.handle(d), self.nv.NVML_CLOCK_SM)
                 )
-            except Exception:
+            except Exception:  # broad: any NVML error: max clock unknown
                 self._max_clock[d] = None
         return self._max_clock[d]
 
@@ -109,7 +109,7 @@ class GpmSampler:
         for s in [*self._prev.values(), *self._spare.values()]:
             try:
                 self.nv.nvmlGpmSampleFree(s)
-            except Exception:
+            except Exception:  # broad: best-effort cleanup
                 pass
         self._prev.clear()
         self._spare.clear()

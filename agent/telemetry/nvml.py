@@ -50,7 +50,7 @@ class NvmlSampler:
             pynvml.nvmlInit()
             self.nvml = pynvml
             self.available = True
-        except Exception as exc:  # NVMLError_LibraryNotFound on a machine without a driver
+        except Exception as exc:  # broad: any NVML error (NVMLError_LibraryNotFound: no driver)
             self.reason = f"NVML not available ({type(exc).__name__})"
         self._visible = visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._throttle_bits: list[tuple[int, str]] = []
@@ -80,7 +80,7 @@ class NvmlSampler:
     def _try(self, fn: Any, *args: Any, default: Any = None) -> Any:
         try:
             return fn(*args)
-        except Exception:
+        except Exception:  # broad: any NVML error: the default
             return default
 
     def sample(self, cuda_index: int) -> GpuSample:

@@ -196,8 +196,9 @@ class StackSampler:
                 if code.co_flags & CO_GENERATOR and phase < 0:
                     back = f.f_back
                     loop = loop_codes.get(id(back.f_code)) if back is not None else None
-                    if loop is not None and loop[0] is back.f_code and back.f_lasti in loop[1]:
-                        feeding = True
+                    if back is not None and loop is not None and loop[0] is back.f_code:  # narrows back
+                        if back.f_lasti in loop[1]:
+                            feeding = True
             elif kind is Kind.LIB and lib is None and user is None:
                 lib, lib_callee = f, prev
             if user is not None and phase >= 0 and caller is not None:
@@ -269,7 +270,7 @@ class StackSampler:
             late = (time.monotonic() - due) * 1e9 > LATE_NS
             try:
                 got = self.sample(late, now)
-            except Exception:
+            except Exception:  # broad: the sampler thread outlives any sample's failure
                 got = None
             if got is not None:
                 self._new.append(got)

@@ -80,6 +80,8 @@ class WhyCollector:
         self._flop_armed_at = 0.0
         self._flop_step: FlopStep | None = None
         self._flop_step_announced = False
+        self.params: int | None = None  # the roots' parameters, counted when the roots change
+        self._params_of: tuple[int, ...] = ()
 
     def start(self) -> None:
         self.sampler.start()
@@ -91,7 +93,7 @@ class WhyCollector:
         if self.window is not None:
             try:
                 self.window.close()
-            except Exception:
+            except Exception:  # broad: best-effort cleanup
                 pass
 
     # -- agent thread ------------------------------------------------------------------------------
@@ -100,16 +102,36 @@ class WhyCollector:
         self.sampler.attended = attended
         try:
             self._sync_tick(attended)
-        except Exception as exc:
+        except Exception as exc:  # broad: sync windows are optional: any failure turns them off, said
             self.sync_state, self.sync_reason = (
                 "off",
                 f"sync windows failed ({type(exc).__name__}: {exc})"[:200],
             )
         try:
             self._flop_tick()
-        except Exception as exc:
+        except Exception as exc:  # broad: the FLOP count is optional: any failure is its state
             self.flops = FlopInfo(state="failed", reason=f"{type(exc).__name__}: {exc}"[:200])
+        try:
+            self._params_tick()
+        except Exception:  # broad: a module changed while read (the training thread runs): a later tick
+            pass
         self.busy_ns += time.thread_time_ns() - busy
+
+    def _params_tick(self) -> None:
+        """The roots' parameters (shared ones once), counted here, off the training thread, when
+        the roots are first known and again when they change: a pipeline stage's work, to the monitor."""
+        roots = self.hooks.root_modules() if self.hooks is not None and self.probe.steps else []
+        key = tuple(sorted(id(m) for m in roots))
+        if not roots or key == self._params_of:
+            return
+        seen: set[int] = set()
+        n = 0
+        for m in roots:
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    n += int(p.numel())
+        self.params, self._params_of = n, key
 
     def _cuda(self) -> bool:
         return self.cuda is not None and self.cuda.holds_memory()
@@ -212,7 +234,7 @@ class WhyCollector:
         try:
             tf32 = self.torch.get_float32_matmul_precision() != "highest"
             conv_tf32 = bool(self.torch.backends.cudnn.allow_tf32)  # True by default: convs run TF32
-        except Exception:
+        except Exception:  # broad: a torch that cannot say: TF32 unknown
             pass
         from torchtop.agent.hooks.flop_step import CONV_FP32
 
@@ -261,4 +283,5 @@ class WhyCollector:
             stack_cost_us=s.cost_us,
             sync=self.sync_info(),
             flops=self.flops,
+            params=self.params,
         )

@@ -21,17 +21,25 @@ ATTACH_HELLO_S = 5.0  # attach: how long the first hello may take before it is a
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from torchtop.monitor.link.targets import TargetError, local_agents
+    from torchtop.monitor.link.targets import TargetError
 
     if getattr(args, "relays", False):  # this node's relays: what a monitor elsewhere tunnels to
         from torchtop.monitor.relay.registry import list_relays
 
-        print(json.dumps(list_relays()))
+        bad_relays: list[str] = []
+        print(json.dumps([r.to_json() for r in list_relays(skipped=bad_relays)]))
+        for line in bad_relays:  # stdout stays one JSON line (a monitor elsewhere reads it)
+            print(f"torchtop: skipped {line}", file=sys.stderr)
         return 0
+    from torchtop.contract.discovery import Skipped, scan
+
+    skipped: list[Skipped] = []
     try:
-        agents = local_agents() if not getattr(args, "target", None) else _remote_agents(args)
+        agents, skipped = scan() if not getattr(args, "target", None) else (_remote_agents(args), [])
     except TargetError as exc:
         return fail(str(exc))
+    for s in skipped:  # a file there that is no entry: said, never raised nor removed
+        print(f"skipped {s.file}: {s.reason}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         from torchtop.contract.discovery import listing
 
@@ -47,8 +55,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not getattr(args, "target", None):
         from torchtop.monitor.relay.registry import list_relays
 
-        for r in list_relays():  # this node's relays (docs/multi-rank.md)
-            print(f"relay  pid {r.get('pid')}  node {r.get('node')}  job {r.get('job_id')}")
+        bad_relays: list[str] = []
+        for r in list_relays(skipped=bad_relays):  # this node's relays (docs/multi-rank.md)
+            print(f"relay  pid {r.pid}  node {r.node}  job {r.job_id}")
+        for line in bad_relays:  # a file there that is no relay's entry: named, never raised on
+            print(f"skipped {line}")
     return 0
 
 
@@ -100,7 +111,9 @@ def cmd_attach(args: argparse.Namespace) -> int:
                 )
             from torchtop.monitor.tui.job_launch import run_job_tui
 
-            return run_job_tui(targets, args.job, args.ssh_option, args.baseline_ms)
+            return run_job_tui(
+                targets, args.job, args.ssh_option, args.baseline_ms, notes=getattr(args, "store_notes", ())
+            )
         if args.target:
             with open_target(args.target, **target_options(args)) as endpoint:
                 first_contact(endpoint)
@@ -108,6 +121,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         agents = local_agents()
         if not agents:
             return fail(no_agent_message())
+        agents = [a for a in agents if a.unusable is None] or agents[:1]  # the chooser: usable ones only
         if len(agents) == 1:
             first_contact(from_discovery(agents[0]))
     except (TargetError, AgentUnreachable) as exc:

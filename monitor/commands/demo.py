@@ -80,7 +80,7 @@ def _first_doc_line(finder: Any, name: str) -> str:
         source = Path(spec.origin).read_text(encoding="utf-8")
         doc = ast.get_docstring(ast.parse(source)) or ""
         return doc.strip().splitlines()[0] if doc.strip() else ""
-    except Exception:
+    except Exception:  # broad: a demo that cannot be read has no description
         return ""
 
 

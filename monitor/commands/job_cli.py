@@ -63,7 +63,8 @@ def job_targets(args: argparse.Namespace) -> list[str] | None:
             where = parse_store(args.store)
         except ValueError as exc:
             raise TargetError(str(exc)) from None
-        args.job, found = relays_from_store(where, getattr(args, "job", None))
+        args.store_notes = []  # what the store's registrations had to say: the report's notes
+        args.job, found = relays_from_store(where, getattr(args, "job", None), args.store_notes)
         return targets + found
     if getattr(args, "hosts", None):
         targets += hosts.read_hosts_file(args.hosts)

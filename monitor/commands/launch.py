@@ -88,7 +88,7 @@ def _die_with_parent() -> None:
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
+    except Exception:  # broad: not Linux, or no ctypes: the child may outlive us
         pass
 
 
@@ -253,7 +253,7 @@ def _family(pid: int) -> set[int]:
         import psutil
 
         return {pid} | {p.pid for p in psutil.Process(pid).children(recursive=True)}
-    except Exception:
+    except Exception:  # broad: psutil missing or the process gone: the pid alone
         return {pid}
 
 
@@ -274,10 +274,10 @@ def wait_for_agents(
         if child.poll() is not None:
             return found
         family = _family(child.pid)
-        found = [a for a in discovery.list_agents() if a.pid in family]
+        found = [a for a in discovery.list_agents() if a.pid in family and a.unusable is None]
         if found and settled_at is None:
             settled_at = time.monotonic() + settle
-        if found and time.monotonic() >= settled_at:
+        if found and settled_at is not None and time.monotonic() >= settled_at:
             return sorted(found, key=lambda a: (a.rank or 0, a.pid or 0))
         if time.monotonic() >= deadline:
             if found:

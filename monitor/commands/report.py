@@ -38,11 +38,23 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
         while (left := end - time.monotonic()) > 0:
             for got in client.recv_batches(min(left, 0.5)):
                 state.apply_batch(got.batch, got.steps, time.monotonic(), got.log_errors)
+        if not history and len(state.window(seconds)) < 2:
+            _widen(client, state)
         state.bad_frames += client.bad_frames
         state.last_error = state.last_error or client.last_error
         return state
     finally:
         client.close()
+
+
+def _widen(client, state) -> None:  # type: ignore[no-untyped-def]
+    """Steps longer than the window: the agent's last steps, so that the report judges the steps
+    it can see (run_report widens its window to them and says so) instead of none."""
+    from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+
+    reply, steps = client.snapshot(max_steps=int(T.warmup_steps + T.window_steps), timeout=10.0)
+    if reply.ok:
+        state.apply_snapshot(steps, reply.seq, reply.tally, reply.wall_offset)
 
 
 def _recording(target: str | None) -> bool:
@@ -73,7 +85,7 @@ def report_file(args: argparse.Namespace) -> int:
         print(f"torchtop: {line}", file=sys.stderr)
     state = playback.state_until(until)
     window = float("inf") if args.history else args.seconds
-    report = build_report(state, args.seconds, str(args.target), window=window)
+    report = build_report(state, args.seconds, str(args.target), window=window, widen=True)
     if len(ranks) > 1:  # one rank of a job carries the job's verdict
         report["verdict"] = _job_verdict_for(ranks, until, window, state, args.rank)
     print(json.dumps(report, indent=2 if args.pretty else None))
@@ -82,11 +94,11 @@ def report_file(args: argparse.Namespace) -> int:
 
 def _job_verdict_for(ranks: dict, until: float | None, window: float, state, rank: int) -> dict:  # type: ignore[no-untyped-def]
     from torchtop.monitor.diagnosis.diagnose import diagnose
-    from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job, rank_times, rank_view
+    from torchtop.monitor.diagnosis.job_diagnosis import rank_times, rank_view, settled_job
     from torchtop.monitor.model.job_playback import JobPlayback
 
     job = JobPlayback(ranks).job_until(until)
-    job_diagnosis, found = diagnose_job(job, None, window)
+    job_diagnosis, found = settled_job(job, window)
     return rank_view(job_diagnosis, diagnose(state), rank, found, rank_times(job, window)).verdict.to_json()
 
 
@@ -129,7 +141,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     except (TargetError, AgentUnreachable) as exc:
         return fail(str(exc))
     window = float("inf") if args.history else args.seconds
-    report = build_report(state, args.seconds, str(endpoint), window=window)
+    report = build_report(state, args.seconds, str(endpoint), window=window, widen=True)
     print(json.dumps(report, indent=2 if args.pretty else None))
     return 0
 
@@ -138,14 +150,16 @@ def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
     """`report` over every rank of a job: one JSON object with a `ranks` list."""
     from torchtop.contract.wire import SNAPSHOT_MAX_STEPS
     from torchtop.monitor.commands.job_cli import collect_job
-    from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
+    from torchtop.monitor.diagnosis.job_diagnosis import JUDGE_STEPS, build_job_report
     from torchtop.monitor.link.job_link import JobLink
     from torchtop.monitor.link.job_targets import open_job
     from torchtop.monitor.model.job_state import JobState
 
-    with open_job(targets, args.job, args.ssh_option) as plan:
+    with open_job(targets, args.job, args.ssh_option, getattr(args, "store_notes", ())) as plan:
         link = JobLink(
-            plan.endpoints, snapshot_steps=SNAPSHOT_MAX_STEPS if args.history else 0, relays=plan.relays
+            plan.endpoints,
+            snapshot_steps=SNAPSHOT_MAX_STEPS if args.history else JUDGE_STEPS,
+            relays=plan.relays,
         )
         job = JobState(plan.job_id)
         for line in plan.notes:

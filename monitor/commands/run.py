@@ -7,16 +7,20 @@ pkg.train`, every rank of `torchrun` (not the launcher). With the TUI the job's 
 log file, shown in the TUI's Log tab; with --no-tui it stays on this terminal. The job runs in
 its own process group: SIGTERM, SIGHUP and SIGINT sent to `torchtop run` are passed on to it
 (a scheduler's SIGTERM stops the job, not only the launcher), a Ctrl-C at the terminal reaches
-it once, and the exit code is the job's (128 + N when a signal N ended it).
+it once, and the exit code is the job's (128 + N when a signal N ended it). The TUI closes once
+the job has ended or the terminal hung up (SIGHUP); a failure of the monitor side is one line,
+never the job's end.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import subprocess
 import sys
+import termios
 import threading
 import time
 from contextlib import ExitStack
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
 EXIT_USAGE = 2
 PATIENT_S = 30.0  # waiting this long for the job's first step: said in a line
 FIRST_STEP_S = 600.0  # then this much more before giving up on the TUI (the job goes on)
+LEAVE_GRACE_S = 5.0  # the TUI asked to close and still open: a hung-up terminal holds it
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -150,6 +155,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int:
     print(f"torchtop run: pid {job.pid}; output: {log_path}", flush=True)
+    job.on_forward = _on_signal
+    try:
+        return _watch(job, log_path, app_class)
+    except Exception as exc:  # broad: the monitor side failed: it never takes the job down with it
+        print(
+            f"torchtop: the monitor stopped ({type(exc).__name__}: {str(exc)[:200]}); the job goes on "
+            f"(pid {job.pid}), its output: {log_path}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return _finish(job)
+
+
+def _watch(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int:
     try:
         agents = _wait_for_first_step(job)
     except TimeoutError as exc:
@@ -170,13 +189,17 @@ def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int
 
     if job.forwarded is None:  # not told to stop meanwhile
         app = _app_for(app_class, wait_for_ranks(job.proc, agents), log_path, Leaving("run", stop_job))
-        job.on_forward = lambda _signum: _close_when_done(job, app)
+        leave = _Leave(job, app)
+        job.on_forward = leave.on_forward
         try:
             app.run()
         finally:
-            job.on_forward = None
+            job.on_forward = _on_signal
+            leave.done()
     if stopped:
         print(f"torchtop: Ctrl-C: SIGINT sent to the job (pid {job.pid}); waiting for it to end", flush=True)
+    elif job.ended():
+        print(f"torchtop run: the job ended (exit code {_exit_code(job.wait())}); its output: {log_path}")
     elif job.poll() is None:
         print(
             f"torchtop: the job goes on (pid {job.pid}); its output: {log_path}\n"
@@ -216,19 +239,71 @@ def _app_for(
     return app_class(None, agents, log_path=log_path, leaving=leaving)
 
 
-def _close_when_done(job: Job, app: TorchtopApp) -> None:
-    """After a signal was passed on during the TUI: close the TUI once the job has ended, so that
-    the launcher returns the job's status (what a scheduler waits for)."""
+class _Leave:
+    """Closes the TUI once the job has ended or the terminal is gone (SIGHUP), so the launcher
+    returns the job's status; should the TUI not close (Textual stuck on a hung-up terminal), ends
+    the launcher itself with that status once the job has ended."""
 
-    def watch() -> None:
-        while not job.ended():
-            time.sleep(0.1)
+    def __init__(self, job: Job, app: TorchtopApp) -> None:
+        self.job, self.app = job, app
+        self.hangup = threading.Event()
+        self.left = threading.Event()  # the main thread is out of app.run()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._watch, name="torchtop-run-watch", daemon=True).start()
+
+    def on_forward(self, signum: int) -> None:
+        """In the launcher's signal handler (main thread), after the signal went to the job."""
+        if signum == signal.SIGHUP:
+            _drop_hung_up_terminal()
+            self.hangup.set()
+
+    def done(self) -> None:
+        with self.lock:
+            self.left.set()
+
+    def _watch(self) -> None:
+        while not (self.job.ended() or self.hangup.is_set()):
+            if self.left.wait(0.2):
+                return
+        threading.Thread(target=self._close_app, name="torchtop-run-close", daemon=True).start()
+        if self.left.wait(LEAVE_GRACE_S):
+            return
+        while not self.job.ended():  # a job that outlives a hangup: its status once it ends
+            time.sleep(0.2)
+        with self.lock:
+            if not self.left.is_set():
+                os._exit(_exit_code(self.job.wait()))
+
+    def _close_app(self) -> None:
         try:
-            app.call_from_thread(app.exit)
-        except Exception:
+            self.app.call_from_thread(self.app.exit)
+        except Exception:  # broad: the TUI may have closed already, any way
             pass  # the TUI has closed already
 
-    threading.Thread(target=watch, name="torchtop-run-watch", daemon=True).start()
+
+def _on_signal(signum: int) -> None:
+    """Outside the TUI, after a signal went to the job: a hangup leaves nothing to write to."""
+    if signum == signal.SIGHUP:
+        _drop_hung_up_terminal()
+
+
+def _drop_hung_up_terminal() -> None:
+    """Point the standard descriptors whose terminal hung up at /dev/null: the TUI's writer and
+    our last lines then neither fail nor block on it (a redirected one is left as it is)."""
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    for fd in (0, 1, 2):
+        try:
+            termios.tcgetattr(fd)
+        except termios.error as exc:
+            if exc.args and exc.args[0] == errno.EIO:  # a hung-up terminal (ENOTTY: not one)
+                try:
+                    os.dup2(null, fd)
+                except OSError:
+                    pass
+    os.close(null)
 
 
 def _run_headless(command: list[str], env: dict[str, Any]) -> int:

@@ -44,16 +44,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def open_ranks(paths: list[str]) -> tuple[list[tuple[Any, Any]], list[str]]:
     """Every rank of every recording as (RankTrace without steps, Playback: an index, not the
     messages), and the warnings."""
-    from torchtop.contract.recording_reader import open_recording, read_rank
+    from torchtop.contract.recording import RecordingError
+    from torchtop.contract.recording_reader import open_recording, rank_dirs, read_rank
     from torchtop.monitor.export.perfetto import RankTrace
     from torchtop.monitor.model.playback import Playback
 
     out, warnings = [], []
     for path in paths:
-        for rank, where in open_recording(Path(path)).items():
-            pb = Playback(read_rank(where))
+        found = open_recording(Path(path))
+        warnings += rank_dirs(Path(path))[1] if Path(path).is_dir() else []
+        before = len(out)
+        for rank, where in found.items():
+            try:
+                pb = Playback(read_rank(where))
+            except RecordingError as exc:  # a rank that died before its first batch: the others are read
+                if len(found) == 1:
+                    raise
+                warnings.append(f"rank {rank} left out: {exc}")
+                continue
             warnings += pb.warnings
             out.append((RankTrace(rank, pb.hello), pb))
+        if len(out) == before:
+            raise RecordingError(f"{path}: no rank of it can be read")
     return out, warnings
 
 

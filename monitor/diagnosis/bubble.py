@@ -12,7 +12,12 @@ ms on the GPU against ~0 on the host on an H200), elsewhere the host's. Pure fun
 
 from __future__ import annotations
 
+from dataclasses import replace
+from statistics import median
+
 from torchtop.contract.logcodes import PIPELINE
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.facts import Finding
 from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.job_state import JobState, Member
 
@@ -63,3 +68,40 @@ def bubble_line(rank: int, bubble_ms: float, step_ms: float, straggler: int | No
         else f"rank {rank} waits on its neighbour stages' send/recv"
     )
     return f"pipeline bubble {pct(share, 0)} of the step ({bubble_ms:.1f} ms of {step_ms:.1f} ms: {whom})"
+
+
+def stage_params(job: JobState) -> dict[int, int]:
+    """Each running rank's root modules' parameters (a pipeline stage's own), where its agent
+    counted them."""
+    return {m.rank: m.state.why.params for m in job.live() if m.state.why.params}
+
+
+SAME_WORK_LINE = "is slower at the same work"
+
+
+def with_stage_work(verdict: Finding, rank: int, params: dict[int, int]) -> Finding:
+    """A pipeline's slower stage compared by its work: the parameters its stage holds against the
+    median other stage's (not its FLOPs a step: the count misses a first stage's backward, whose
+    input needs no gradient). Heavier by `work_imbalance`: it holds more layers (move some to its
+    neighbours), not a slower GPU or host at the same work."""
+    others = [n for r, n in params.items() if r != rank]
+    if rank not in params or not others:
+        return verdict
+    ratio = params[rank] / median(others)
+    if ratio < T.work_imbalance:
+        return verdict
+    earlier = any(r < rank for r in params if r != rank)
+    where = "earlier" if earlier else "later"
+    n = sum(1 for r in params if r != rank and (r < rank) == earlier)
+    line = (
+        f"the stage on rank {rank} holds {ratio:.1f}x the parameters of the median stage: "
+        f"move layers to the {where} stage{'s' if n > 1 else ''}"
+    )
+    evidence = [e for e in verdict.evidence if SAME_WORK_LINE not in e]
+    evidence.insert(1, line)
+    advice = (
+        f"split the model by work: move layers from the stage on rank {rank} to its {where} "
+        f"neighbour{'s' if n > 1 else ''} (parameters, or the stages' measured forward times)",
+        "the last stage also runs the loss: give it fewer layers than the others",
+    )
+    return replace(verdict, evidence=tuple(evidence), advice=advice)

@@ -18,6 +18,8 @@ from torchtop.monitor.diagnosis.facts import Facts, Finding
 from torchtop.monitor.diagnosis.job_rules import (
     JobFacts,
     rule_communication,
+    rule_host_bound,
+    rule_no_bottleneck,
     rule_pipeline_bubble,
     rule_straggler,
     rule_work_imbalance,
@@ -105,18 +107,36 @@ CATALOGUE: tuple[Entry, ...] = (
         "straggler", "verdict", "job", "Straggler",
         "one rank holds every other rank back", "straggler",
         rule_straggler, IN_RULE,
-        "the other ranks' median extra collective wait (over the rank that waits least) ≥ 5% of the step "
-        "(info), 10% (warning), 20% (critical), and ≥ 0.2 ms; its reason is the phase it spends most more "
-        "than the others' median in, where that explains ≥ 30% of the wait",
+        "the rank that waits least in collectives (it arrives last), when all of: its own time (the step less "
+        "its collective wait; host figures only on a `host-bound` job) exceeds the others' median by more than "
+        "the job's noise band (the median over the other ranks of their own time's spread second to second "
+        "over the window; 5% of the step while fewer than 3 seconds hold steps; at least 0.2 ms); it is the "
+        "ahead of the others' median by more than the band in ≥ 60% of those seconds, and of the last "
+        "minute's closed 10 s spans where it holds 3 or more; its phases' excess over the others' median explains ≥ 50% of "
+        "their wait; and that wait is ≥ 5% of the step (info), 10% (warning), 20% (critical). Its reason is "
+        "the phase it spends most more than the others' median in, where that explains ≥ 30% of the wait; "
+        "its upside the step at the slowest other rank's own time plus the collectives' own time",
         "TraceML's straggler score bands (0.10 / 0.20)",
     ),
     Entry(
         "work-imbalance", "verdict", "job", "Work imbalance",
         "one rank is given more work a step than the others, who wait for it", "work imbalance",
         rule_work_imbalance, IN_RULE,
-        "the straggler's bands, where the slow rank's tokens (else samples) a step are ≥ 1.25× the median "
-        "rank's (its batch shapes, seen on timed steps); within 10% of the median it stays `straggler`, "
-        "slower at the same work",
+        "the straggler's evidence, noise band and bands, where the slow rank's tokens (else samples) a step "
+        "are ≥ 1.25× the median rank's (its batch shapes, seen on timed steps); within 10% of the median it "
+        "stays `straggler`, slower at the same work",
+    ),
+    Entry(
+        "host-bound", "verdict", "job", "Host bound",
+        "every rank's GPU waits for its host's Python: the host sets the pace on all ranks alike",
+        "host bound",
+        rule_host_bound, IN_RULE,
+        "no straggler on host figures, every rank's host busy ≥ 85% of its step (its timed phases less its "
+        "collective wait and its stack-sampled wait on the GPU), and every rank whose GPU is read (two at "
+        "least) computing < 50% of it (GPM SM activity, else the smaller of NVML's utilisation and the "
+        "CUDA-event kernel spans): warning, < 25% critical. Device spans are not compared (they hold the "
+        "wait for each launch); the host hot spot is the busiest host's top stack-sampled site; its noise "
+        "band is the straggler's, on host figures; its upside (balancing the ranks) no measurable gain",
     ),
     Entry(
         "pipeline-bubble", "verdict", "job", "Pipeline bubble",
@@ -124,7 +144,8 @@ CATALOGUE: tuple[Entry, ...] = (
         "pipeline bubble",
         rule_pipeline_bubble, IN_RULE,
         "no straggler, and every pipeline stage (torch.distributed.pipelining) waits ≥ 5% of its step in "
-        "the schedule's send/recv (info; 20% warning, 50% critical); a slower stage is the straggler",
+        "the schedule's send/recv (info; 20% warning, 50% critical); a slower stage is the straggler; the "
+        "least-waiting stage's share is judged, so one stage's noise cannot raise it",
         "GPipe's bubble (S-1)/(M+S-1) of the step for S stages and M micro-batches (Huang et al., 2019)",
     ),
     Entry(
@@ -132,7 +153,16 @@ CATALOGUE: tuple[Entry, ...] = (
         "every rank waits in collectives its compute does not hide", "communication bound",
         rule_communication, IN_RULE,
         "no straggler, the aggregate's verdict `compute`, and every rank waits ≥ 5% of the step in "
-        "collectives (info; 20% warning, 50% critical), a pipeline's send/recv wait left out",
+        "collectives (info; 20% warning, 50% critical), a pipeline's send/recv wait left out; the least "
+        "wait of any rank is judged (the collectives' own time: one rank's noise cannot raise it)",
+    ),
+    Entry(
+        "no-bottleneck", "verdict", "job", "No clear bottleneck",
+        "nothing stands out: no rank, wait or phase holds the step back", "no clear bottleneck",
+        rule_no_bottleneck, IN_RULE,
+        "none of the job verdicts above, the aggregate's verdict `compute` with forward+backward+optimizer "
+        "under 50% of the step (ok); it says the spread of the ranks' own time against the noise band "
+        "(the straggler's, measured second to second)",
     ),
     Entry(
         "waiting", "verdict", "job", "Waiting for a straggler",

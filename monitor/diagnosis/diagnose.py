@@ -36,11 +36,15 @@ def judged_steps(state: RunState) -> list[StepRecord]:
 def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     hello = state.hello
     device = hello.device if hello else "cpu"
-    ms = phase_ms(steps)
+    step_ms = sum(s.wall_ns for s in steps) / len(steps) / 1e6 if steps else 0.0
+    shares = breakdown(steps)
+    # each phase's share of the mean step, so "X% of step time: A ms of B ms" adds up even where
+    # the timed steps (phase sampling) are not the untimed ones' length
+    ms = {k: v * step_ms for k, v in shares.items()} if any(shares.values()) else phase_ms(steps)
     f = Facts(
         steps=len(steps),
-        step_ms=sum(s.wall_ns for s in steps) / len(steps) / 1e6 if steps else 0.0,
-        shares=breakdown(steps),
+        step_ms=step_ms,
+        shares=shares,
         ms=ms,
         device=device,
         device_ms=device_ms(steps),
@@ -56,7 +60,10 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     if tel is not None and tel.host is not None:
         f.cores = tel.host.cpu_count
         workers = [w for w in tel.host.workers if w.dataloader]
-        f.workers = len(workers)
+        # a Python child not yet named pt_data_worker may be a worker starting (spawn imports
+        # first): how many there are is not known then, never "none"
+        starting = not workers and any(w.name.startswith("python") for w in tel.host.workers)
+        f.workers = None if starting else len(workers)
         f.worker_cpu = mean(w.cpu_percent for w in workers) if workers else None
         waits = [w.wait_percent for w in workers if w.wait_percent is not None]
         f.worker_wait = mean(waits) if waits and len(waits) == len(workers) else None
@@ -85,9 +92,24 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     return f
 
 
-def diagnose(state: RunState, previous: Diagnosis | None = None) -> Diagnosis:
-    """The verdict and flags for the recent window; `previous` gives the verdict hysteresis."""
-    judged = warmup.judged(state, judged_steps(state))
+POOLED_RANKS = 16  # a job of more ranks pools an even spread of this many (a refresh stays cheap)
+
+
+def pooled_steps(states: list[RunState]) -> list[StepRecord]:
+    """Each state's judged steps, together in order of time: a job's ranks judged over the
+    same steps their own lines read."""
+    held = [st for st in states if st.steps]
+    if len(held) > POOLED_RANKS:
+        held = [held[k * len(held) // POOLED_RANKS] for k in range(POOLED_RANKS)]
+    return sorted((s for st in held for s in judged_steps(st)), key=lambda s: s.t0)
+
+
+def diagnose(
+    state: RunState, previous: Diagnosis | None = None, steps: list[StepRecord] | None = None
+) -> Diagnosis:
+    """The verdict and flags for the recent window; `previous` gives the verdict hysteresis.
+    `steps`: judge these (a job's ranks' own, pooled) instead of the state's recent window."""
+    judged = warmup.judged(state, judged_steps(state) if steps is None else steps)
     if judged is None:
         return Diagnosis(Finding("unknown", "ok", 0.0, (warmup.waiting(state),)), (), 0)
     steps = judged.steps

@@ -84,6 +84,23 @@ class Thresholds:
     # stages within this share are as balanced as a partition gets (its bubble is the verdict)
     straggler_pipeline: float = 0.10
     straggler_explained: float = 0.3
+    # the job model (job_model.py): a straggler's own work must exceed the others' median by
+    # more than the job's noise band (the ranks' own work, second to second over the window,
+    # measured once `noise_seconds` seconds hold steps; else 5% of the step), be the slowest
+    # in this share of those seconds, and its measured phases' excess explain this share of
+    # the others' wait
+    noise_seconds: float = 3
+    straggler_persistent: float = 0.6
+    # ... and, where the last minute holds this many closed 10 s spans or more, ahead of the
+    # others by more than the band in that share of them too (a 10 s stall of one rank on a
+    # loaded machine is not a straggler; a rank slow since the start is named at once)
+    straggler_spans: float = 3
+    straggler_covered: float = 0.5
+    # every rank's host busy this share of its step (its phases less its collective and GPU
+    # waits) while no GPU computes `gpu_busy` of it: the job is host-bound
+    host_bound: float = 0.85
+    speedup_cap: float = 10.0  # a what-if beyond this is "over 10x": 10 s means do not say more
+    slowdown_shown: float = 1.1  # a slowdown under this is not said
     # the straggler's work a step (tokens, else samples) vs the median other rank's: at or above
     # this ratio it is given more work (uneven packing), within `work_same` it is slower at the same
     work_imbalance: float = 1.25

@@ -49,9 +49,9 @@ def util_words(g: GpuSample) -> str:
 def flag_mfu_disagree(f: Facts, scale: float = 1.0) -> Finding | None:
     """The counter-based and the FLOP-based MFU are 10 points or more apart (CUDA, GPM)."""
     g, w = f.gpm, f.why
-    if g is None or g.counter_mfu is None or w is None or w.throughput.mfu is None:
+    if g is None or g.counter_mfu is None or w is None or w.throughput.flop_mfu is None:
         return None
-    flop, counter = w.throughput.mfu, g.counter_mfu
+    flop, counter = w.throughput.flop_mfu, g.counter_mfu  # the count's own, though MFU shows the counters'
     gap = counter - flop
     if abs(gap) < T.mfu_disagree * scale:
         return None

@@ -16,7 +16,7 @@ from torchtop.monitor.diagnosis.straggler import Straggler
 from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.rank_stats import RankTimes
 
-JOB_KINDS = ("straggler", "work-imbalance", "communication")
+JOB_KINDS = ("straggler", "work-imbalance", "host-bound", "communication", "no-bottleneck")
 # a rank's own verdicts that a collective wait can mimic: the host blocked (sync), little compute
 COMM_MIMICS = ("sync", "host-overhead", "outside-phases", "host-code")
 
@@ -53,7 +53,8 @@ def rank_diagnosis(
         return own
     t = times.get(rank)
     waits = t is not None and t.step_ms > 0 and t.comm_ms / t.step_ms >= T.straggler_info
-    if own.verdict.kind in COMM_MIMICS and waits:
+    # a host-bound job's ranks read it: their own host-overhead or host-code is the same finding
+    if own.verdict.kind in COMM_MIMICS and (waits or job.verdict.kind == "host-bound"):
         return Diagnosis(job.verdict, own.flags, own.steps)
     if own.verdict.kind != job.verdict.kind and own.verdict.severity in ("ok", "info"):
         return Diagnosis(job.verdict, own.flags, own.steps)

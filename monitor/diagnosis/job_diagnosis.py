@@ -1,10 +1,14 @@
 """A job's diagnosis and its `torchtop report`: pure functions of a JobState.
 
-The job's verdict is the straggler when one rank holds the others back (straggler.py): a rank's
-slow loader is that rank's straggler reason, not a job-wide data-loading verdict. Without one,
-it is `pipeline-bubble` when every pipeline stage idles waiting for its neighbours (bubble.py),
-`communication` when every rank waits in collectives, else the verdict of the job's aggregate
-steps (the mean rank) as for one run. A pipeline rank's line says its bubble.
+The job's verdict is the straggler when one rank holds the others back (straggler.py, by the
+job model of job_model.py): a rank's slow loader is that rank's straggler reason, not a job-wide
+data-loading verdict. Without one, it is `host-bound` when every rank's host sets the pace while
+the GPUs idle, `pipeline-bubble` when every pipeline stage idles waiting for its neighbours
+(bubble.py), `communication` when every rank waits in collectives, `no-bottleneck` when nothing
+stands out, else the verdict of the job's aggregate steps (the mean rank) as for one run. A
+pipeline rank's line says its bubble. The verdict in force holds unless the evidence moves past
+its hysteresis (selection.job_verdict); once the job's ranks are gone its last verdict stays,
+marked as ended.
 """
 
 from __future__ import annotations
@@ -15,12 +19,20 @@ from typing import Any
 import msgspec
 
 from torchtop.contract.logcodes import PIPELINE
-from torchtop.monitor.diagnosis.bubble import bubble_line, job_bubbles
-from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis.bubble import (
+    bubble_line,
+    job_bubbles,
+    stage_params,
+    with_stage_work,
+)
+from torchtop.monitor.diagnosis.diagnose import diagnose, facts, judged_steps, pooled_steps
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.diagnosis.in_job import rank_diagnosis
+from torchtop.monitor.diagnosis.job_model import HostSide, host_busy, host_side
+from torchtop.monitor.diagnosis.job_phases import times_diagnosis
 from torchtop.monitor.diagnosis.job_rules import JobFacts
+from torchtop.monitor.diagnosis.persistence import SPANS
 from torchtop.monitor.diagnosis.report import run_report, with_diagnosis
 from torchtop.monitor.diagnosis.report_types import (
     CollectiveReport,
@@ -34,7 +46,7 @@ from torchtop.monitor.diagnosis.report_types import (
     WorkReport,
 )
 from torchtop.monitor.diagnosis.selection import job_verdict
-from torchtop.monitor.diagnosis.straggler import Straggler, find_straggler, scaling, work_report
+from torchtop.monitor.diagnosis.straggler import Straggler, scaling, work_report
 from torchtop.monitor.model.job_state import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
 from torchtop.monitor.model.relayed import coverage, coverage_line, relay_status
@@ -48,9 +60,9 @@ def window_end(job: JobState) -> float | None:
     return max(ends) if ends else None
 
 
-def rank_times(job: JobState, seconds: float = WINDOW_S) -> dict[int, RankTimes]:
+def rank_times(job: JobState, seconds: float = WINDOW_S, end: float | None = None) -> dict[int, RankTimes]:
     """Each running rank's mean figures over the job's last `seconds` (gone ranks left out)."""
-    end = window_end(job)
+    end = window_end(job) if end is None else end
     out: dict[int, RankTimes] = {}
     for m in job.live():
         t = m.stats.window(seconds, end)
@@ -59,26 +71,109 @@ def rank_times(job: JobState, seconds: float = WINDOW_S) -> dict[int, RankTimes]
     return out
 
 
+JUDGE_STEPS = 6_000  # a job report's history per rank: the last minute's 10 s spans (job_model)
+SAMPLED_RANKS = 32  # ranks whose seconds the noise band and the slowest-in-seconds read
+HOST_RANKS = 8  # ranks whose own facts say whether their GPU idles (host-bound)
+ENDED = "ended: the job's last verdict while its ranks ran (none answers now)"
+
+
+def rank_seconds(
+    job: JobState, times: dict[int, RankTimes], seconds: float, end: float | None
+) -> dict[int, list[tuple[int, RankTimes]]]:
+    """The per-second figures of the ranks with the most own time (the straggler and its
+    closest rivals), over the same window as `times`."""
+    if seconds == float("inf"):
+        seconds = WINDOW_S  # a whole history is judged by its means; its last seconds give the band
+    top = set(sorted(times, key=lambda r: -times[r].busy_ms)[:SAMPLED_RANKS])
+    return {m.rank: m.stats.seconds(seconds, end) for m in job.live() if m.rank in top}
+
+
+def rank_spans(
+    job: JobState, seconds: dict[int, list[tuple[int, RankTimes]]]
+) -> dict[int, list[tuple[int, RankTimes]]]:
+    """The same ranks' 10 s spans of the last minute (the open one last: the job model drops it)."""
+    return {m.rank: m.stats.series(SPANS + 1, 10) for m in job.live() if m.rank in seconds}
+
+
+def host_sides(job: JobState, times: dict[int, RankTimes], gpu: bool) -> dict[int, HostSide]:
+    """A few ranks' host and GPU from their own facts, only where the job may be host-bound (on
+    GPUs, every rank's host busy near the whole step): the costly part is paid rarely."""
+    near = 1.0 - (1.0 - T.host_bound) / T.hysteresis
+    judged = {r: t for r, t in times.items() if t.steps >= T.min_steps and t.timed}
+    if not gpu or len(judged) < 2 or min(host_busy(t) for t in judged.values()) < near:
+        return {}
+    by_wait = sorted(judged, key=lambda r: judged[r].comm_ms)
+    pick = {*by_wait[:2], *by_wait[-2:], *sorted(judged)[: HOST_RANKS - 4]}
+    out: dict[int, HostSide] = {}
+    for m in job.live():
+        if m.rank in pick and m.state.steps:
+            steps = judged_steps(m.state)
+            if steps:
+                out[m.rank] = host_side(facts(m.state, steps))
+    return out
+
+
+def ended(d: Diagnosis | None) -> bool:
+    """The diagnosis is a job's last one, kept after its ranks went away."""
+    return d is not None and bool(d.verdict.evidence) and d.verdict.evidence[0] == ENDED
+
+
 def diagnose_job(
-    job: JobState, previous: Diagnosis | None = None, seconds: float = WINDOW_S
+    job: JobState, previous: Diagnosis | None = None, seconds: float = WINDOW_S, end: float | None = None
 ) -> tuple[Diagnosis, Straggler | None]:
     """The job's verdict (and the straggler behind it, if any) and the aggregate's flags; the
-    job rules run through the catalogue's selection, with its hysteresis (`previous`)."""
-    base = diagnose(job.job, previous)
-    times = rank_times(job, seconds)
+    job rules run through the catalogue's selection, with its hysteresis (`previous`). A job
+    whose ranks are all gone keeps `previous`, marked as ended (while one is left, unmarked)."""
+    live = job.live()
+    if (
+        previous is not None
+        and len(job.ranked()) >= 2
+        and len(live) < 2
+        and previous.verdict.kind != "unknown"
+    ):
+        if live or ended(previous):
+            return previous, None
+        v = previous.verdict
+        return replace(previous, verdict=replace(v, evidence=(ENDED, *v.evidence))), None
+    # the ranks' own judged steps, pooled: the job's figures are those of the ranks' own lines
+    base = diagnose(job.job, previous, pooled_steps([m.state for m in live]) or None)
+    times = rank_times(job, seconds, end)
+    if not job.job.steps:  # every rank relayed: the job's phases from the ranks' buckets (one answer)
+        device = job.job.hello.device if job.job.hello is not None else "cpu"
+        base = times_diagnosis(times, device, previous.verdict.kind if previous else None) or base
     bubble = job_bubbles(job, seconds)
     before = previous.verdict.kind if previous is not None else None
-    verdict = job_verdict(JobFacts(times, base.verdict.kind, bubble), before)
+    device = job.job.hello.device if job.job.hello is not None else ""
+    gpu = device.startswith("cuda") or any(t.sampled for t in times.values())
+    seconds_ = rank_seconds(job, times, seconds, end)
+    hosts = host_sides(job, times, gpu)
+    j = JobFacts(
+        times, base.verdict.kind, bubble, seconds_, hosts, gpu, base.verdict.share, rank_spans(job, seconds_)
+    )
+    verdict = job_verdict(j, before)
     if verdict is None:
         return base, None
     found = None
     if verdict.kind in ("straggler", "work-imbalance"):
-        found = find_straggler(times, T.hysteresis if before == verdict.kind else 1.0, bool(bubble))
+        found = j.straggler(T.hysteresis if before == verdict.kind else 1.0)
+        if found is not None and bubble:  # a pipeline's slower stage, compared by its work
+            verdict = with_stage_work(verdict, found.rank, stage_params(job))
         waiting = max((r for r in bubble if r in times), key=lambda r: bubble[r], default=None)
         if found is not None and waiting is not None and waiting != found.rank:
             line = bubble_line(waiting, bubble[waiting], times[waiting].step_ms, found.rank)
             verdict = replace(verdict, evidence=(*verdict.evidence[:2], line, *verdict.evidence[2:]))
     return Diagnosis(verdict, base.flags, base.steps, base.step_ms), found
+
+
+def settled_job(job: JobState, seconds: float = WINDOW_S) -> tuple[Diagnosis, Straggler | None]:
+    """A one-off report's job verdict with the hysteresis a live view has: the window before
+    this one judged first, as the verdict in force (a recording's report says what the live
+    view said)."""
+    end = window_end(job)
+    prior = None
+    if end is not None and seconds != float("inf") and rank_times(job, seconds, end - seconds):
+        prior, _ = diagnose_job(job, None, seconds, end - seconds)
+    return diagnose_job(job, prior, seconds)
 
 
 def rank_view(
@@ -261,7 +356,8 @@ def job_report(
 ) -> JobReport:
     """The job, its ranks, the collective figures, the straggler, the scaling."""
     window = seconds if window is None else window
-    diagnosis, found = diagnose_job(job, None, window)
+    job.share_telemetry()  # the job's worker facts from the sample the Host tab shows
+    diagnosis, found = settled_job(job, window)
     times = rank_times(job, window)
     aggregate = run_report(job.job, seconds, "job", window=window)
     comms = {r: t.comm_ms for r, t in times.items()}

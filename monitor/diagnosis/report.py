@@ -3,13 +3,16 @@ RunReport (report_types.py) out; build_report encodes it as the JSON `torchtop r
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Any
 
 import msgspec
 
-from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis import warmup
+from torchtop.monitor.diagnosis.diagnose import diagnose, judged_steps
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
-from torchtop.monitor.diagnosis.facts import Diagnosis
+from torchtop.monitor.diagnosis.facts import Diagnosis, Finding
 from torchtop.monitor.diagnosis.report_types import (
     AgentRefused,
     EvalLatency,
@@ -20,7 +23,6 @@ from torchtop.monitor.diagnosis.report_types import (
     RunReport,
     StepTimeMs,
 )
-from torchtop.monitor.diagnosis.warmup import latency_ms
 from torchtop.monitor.diagnosis.why import why_report
 from torchtop.monitor.model.hotspots import fold, with_input_wait
 from torchtop.monitor.model.state import (
@@ -35,15 +37,22 @@ from torchtop.monitor.model.steps import StepRecord
 
 
 def build_report(
-    state: RunState, seconds: float, target: str = "", window: float | None = None
+    state: RunState, seconds: float, target: str = "", window: float | None = None, widen: bool = False
 ) -> dict[str, Any]:
     """The report as JSON-able data: what `torchtop report` prints (run_report, encoded)."""
-    return msgspec.to_builtins(run_report(state, seconds, target, window))
+    return msgspec.to_builtins(run_report(state, seconds, target, window, widen))
 
 
-def run_report(state: RunState, seconds: float, target: str = "", window: float | None = None) -> RunReport:
-    """`window` (default `seconds`) is how far back the figures reach on the agent's clock."""
+def run_report(
+    state: RunState, seconds: float, target: str = "", window: float | None = None, widen: bool = False
+) -> RunReport:
+    """`window` (default `seconds`) is how far back the figures reach on the agent's clock; with
+    `widen`, a window that holds fewer than two steps reaches back to the steps the verdict judges."""
     window = seconds if window is None else window
+    history = window != seconds
+    wide = widened(state, window) if widen else None
+    if wide is not None:
+        window = wide[0]
     summary = state.summary(window)
     steps = summary.in_full
     stats = summary.stats
@@ -52,11 +61,11 @@ def run_report(state: RunState, seconds: float, target: str = "", window: float 
     why = why_report(state, steps, seconds)
     memory, gpu, host = telemetry_report(state, seconds)
     diagnosis = diagnose(state)
-    p50, p99 = latency_ms(summary.evals)
+    p50, p99 = warmup.latency_ms(summary.evals)
     report = RunReport(
         target=target,
         seconds=seconds,
-        history=window != seconds,
+        history=history,
         # every training step in the window is counted (`steps`) over `covered_s` of agent
         # time; `steps_in_full` of them are kept whole, and the breakdown, phase and device
         # times are theirs. `thinned`: not every step was kept whole (a window of more steps
@@ -99,7 +108,32 @@ def run_report(state: RunState, seconds: float, target: str = "", window: float 
         hot_functions=why.hot_functions,
         throughput=why.throughput,
     )
+    if wide is not None:
+        diagnosis = replace(diagnosis, verdict=with_line(diagnosis.verdict, wide[1]))
     return with_diagnosis(report, diagnosis)
+
+
+def widened(state: RunState, window: float) -> tuple[float, str] | None:
+    """Steps longer than the window (fewer than two ended in it): the window that reaches back to
+    the training steps the verdict judges, and the line that says so; None: it holds enough."""
+    if math.isinf(window) or len(state.window(window)) >= 2:
+        return None
+    got = warmup.judged(state, judged_steps(state))
+    if got is None or got.kind != "train" or state.agent_time - got.steps[0].t0 <= window:
+        return None
+    steps = got.steps
+    wide = state.agent_time - steps[0].t0 - 1e-6  # from its start: the step before ended by then
+    each = sum(s.wall_ns for s in steps) / len(steps) / 1e9
+    n = len(steps)
+    return wide, (
+        f"judged on {n} step{'s' if n != 1 else ''} of {each:.1f} s: steps longer than the {window:g} s "
+        f"asked, so the report's window widened to the last {wide:.0f} s"
+    )
+
+
+def with_line(verdict: Finding, line: str) -> Finding:
+    """The verdict with `line` after its first evidence line."""
+    return replace(verdict, evidence=(*verdict.evidence[:1], line, *verdict.evidence[1:]))
 
 
 def with_diagnosis(report: RunReport, diagnosis: Diagnosis) -> RunReport:

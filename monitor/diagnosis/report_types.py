@@ -169,6 +169,8 @@ class ThroughputReport(msgspec.Struct):
     device_busy_ms: float | None = None
     device_step_ms: float | None = None
     gpu_util: float | None = None
+    mfu_from: str | None = None  # "flop count" | "gpu counters"
+    mfu_note: str | None = None  # why MFU is unknown, or why it is the counters'
 
 
 def _memory() -> MemorySection:

@@ -5,8 +5,9 @@ Each verdict rule runs with its thresholds x1, or x`hysteresis` (0.8) for the ve
 so a verdict does not flap on noise; a rule kept by hysteresis keeps its severity band, at its
 lowest. Among a rank's findings the most severe wins, then the verdict in force, then the largest
 share; none: the fallback (`compute`). A job's rules name a cause before a symptom, so the first
-found in catalogue order wins (a straggler before the collective wait it causes); none: the
-aggregate's verdict. Flags are independent: every one that fires. Then each finding's upside.
+found in catalogue order wins (a straggler before the collective wait it causes), except that the
+job verdict in force is kept while it holds at x0.8 unless a cause before it holds at x1.25;
+none: the aggregate's verdict. Flags are independent: every one that fires. Then each finding's upside.
 """
 
 from __future__ import annotations
@@ -53,11 +54,17 @@ def flags_of(f: Facts) -> tuple[Finding, ...]:
 
 
 def job_verdict(j: JobFacts, previous: str | None = None) -> Finding | None:
-    """The job's own verdict (a straggler, the collective wait), or None: the aggregate's stands."""
-    for e in entries("verdict", "job"):
-        if e.rule is None:
+    """The job's own verdict (a straggler, the collective wait...), or None: the aggregate's
+    stands. The job verdict in force, while its rule still holds at x0.8, is displaced only by
+    a clearly stronger one: a cause named before it in the catalogue that holds at x1/0.8."""
+    rules = [e for e in entries("verdict", "job") if e.rule is not None]
+    kept = next((e.rule(j, THRESHOLDS.hysteresis) for e in rules if e.kind == previous), None)  # type: ignore[arg-type]
+    for e in rules:
+        if e.kind == previous:
+            if kept is not None:
+                return kept
             continue
-        result = e.rule(j, _scale(e.kind, previous))  # type: ignore[arg-type]
+        result = e.rule(j, 1.0 / THRESHOLDS.hysteresis if kept is not None else 1.0)  # type: ignore[arg-type]
         if result is not None:
             return result
     return None

@@ -2,15 +2,17 @@
 
 In synchronous data-parallel training every rank runs at the pace of the slowest: the others
 wait for it in their collectives (DDP's all-reduce at the end of backward). So the straggler is
-the rank that waits least (its `comm` is the collective's own time, with no one to wait for),
-when the others' extra wait is a real share of the step; its reason is the phase in which it
-spends most more than the median of the others. That tells a rank slow in its loader (its data
-wait is long, its backward normal) from one slow in its backward (its backward compute is long):
-the wait DDP spreads over every other rank's backward is `comm` here, not backward time
-(TraceML #252 misses the second case: it sees the same backward time on every rank).
+the rank that waits least (its `comm` is the collective's own time, with no one to wait for);
+its reason is the phase in which it spends most more than the median of the others. That tells
+a rank slow in its loader (its data wait is long, its backward normal) from one slow in its
+backward (its backward compute is long): the wait DDP spreads over every other rank's backward
+is `comm` here, not backward time (TraceML #252 misses the second case).
 
-Thresholds (facts.THRESHOLDS): the others' median extra wait >= 5% of the step: info, 10%:
-warning, 20%: critical (TraceML's straggler score bands 0.10 / 0.20). Pure functions.
+It is named only when the job model (job_model.py) holds it: its own time exceeds the others'
+by more than the job's noise band (measured second to second), it is the slowest in most of the
+window's seconds, and its measured phases explain the others' wait; on a host-bound job only host
+figures count. Then the others' median extra wait sets the severity: >= 5% of the step info,
+10% warning, 20% critical (TraceML's straggler score bands 0.10 / 0.20). Pure functions.
 """
 
 from __future__ import annotations
@@ -22,8 +24,18 @@ import msgspec
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Finding, Severity
+from torchtop.monitor.diagnosis.job_model import (
+    Noise,
+    Seconds,
+    ahead_seconds,
+    confidence,
+    host_view,
+    measure_noise,
+    own_points,
+    times_words,
+    what_if,
+)
 from torchtop.monitor.diagnosis.report_types import ScalingReport, StragglerReport, WorkReport
-from torchtop.monitor.diagnosis.upside import Upside, faster
 from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.rank_stats import RankTimes, Work
 
@@ -79,6 +91,11 @@ class Straggler:
     severity: Severity
     work: Work | None = None  # its work a step, where its batches were seen
     median_work: Work | None = None  # the median other rank's
+    new_step_ms: float = 0.0  # the what-if: the step without its excess (0: the step less the wait)
+    noise: Noise = Noise(0.0, 0)  # the band its own time cleared
+    slowest: tuple[int, int] = (0, 0)  # (seconds it was ahead by more than the band, seconds judged)
+    gpu: bool = False  # the job runs on GPUs (else "its host", never "its GPU")
+    host_only: bool = False  # judged on host figures (a host-bound job)
 
     @property
     def work_ratio(self) -> float | None:
@@ -101,10 +118,16 @@ class Straggler:
         return self.wait_ms / self.step_ms if self.step_ms > 0 else 0.0
 
     @property
+    def after_ms(self) -> float:
+        """The step it would take without the straggler's excess (job_model.what_if)."""
+        return self.new_step_ms if self.new_step_ms > 0 else max(0.0, self.step_ms - self.wait_ms)
+
+    @property
     def slowdown(self) -> float:
-        """How much slower the job runs than it would at the pace of its other ranks."""
-        left = self.step_ms - self.wait_ms
-        return self.step_ms / left if left > 0 else float("inf")
+        """How much slower the job runs than without the straggler's excess (capped: 10 s means
+        say no more)."""
+        left = self.after_ms
+        return min(T.speedup_cap, self.step_ms / left) if left > 0 else T.speedup_cap
 
     def to_report(self) -> StragglerReport:
         """Its figures; the report adds `persistence` and `slowest_in_spans` (job.py)."""
@@ -141,12 +164,21 @@ def _severity(share: float) -> Severity | None:
 
 
 def find_straggler(
-    ranks: dict[int, RankTimes], scale: float = 1.0, pipeline: bool = False
+    ranks: dict[int, RankTimes],
+    scale: float = 1.0,
+    pipeline: bool = False,
+    seconds: Seconds | None = None,
+    host: bool = False,
+    gpu: bool = False,
+    spans: Seconds | None = None,
 ) -> Straggler | None:
-    """The rank the others wait for, if their extra wait is a real share of the step (`scale`: the
-    thresholds' factor; the straggler in force keeps its verdict at x0.8, at its lowest band).
-    `pipeline`: the ranks are a pipeline's stages (T.straggler_pipeline is the lowest band)."""
-    judged = {r: t for r, t in ranks.items() if t.steps >= T.min_steps}
+    """The rank the others wait for, if the job model holds it (`scale`: the thresholds'
+    factor; the straggler in force keeps its verdict at x0.8, at its lowest band). `pipeline`:
+    the ranks are a pipeline's stages (T.straggler_pipeline is the lowest band). `seconds`: each
+    rank's per-second figures over the window (the noise band, the slowest in most seconds);
+    `host`: a host-bound job, judged on host figures only; `spans`: each rank's 10 s spans of the
+    last minute (a rank ahead in one of them only is a stall, not a straggler)."""
+    judged = {r: host_view(t) if host else t for r, t in ranks.items() if t.steps >= T.min_steps}
     if len(judged) < 2:
         return None
     slow = min(judged, key=lambda r: (judged[r].comm_ms, -judged[r].busy_ms))
@@ -157,17 +189,34 @@ def find_straggler(
     least = T.straggler_pipeline if pipeline else T.straggler_info
     if step <= 0 or wait < T.straggler_min_ms * scale or wait / step < least * scale:
         return None
+    s = judged[slow]
+    points = own_points(seconds or {}, judged, host)
+    noise = measure_noise(points, slow, step)
+    if s.busy_ms - median(t.busy_ms for t in others) <= noise.band_ms * scale:
+        return None  # within what identical ranks vary here
+    excess = {p: s.cost(p) - median(t.cost(p) for t in others) for p in OWN_PHASES}
+    if sum(max(0.0, x) for x in excess.values()) < T.straggler_covered * wait * scale:
+        return None  # its own phases do not account for the others' wait
+    hits, judged_s = ahead_seconds(points, slow, noise.band_ms * scale)
+    if judged_s >= T.noise_seconds and hits < T.straggler_persistent * scale * judged_s:
+        return None  # ahead of the others in a few seconds only: a spike, not a straggler
+    hits_s, seen_s = ahead_seconds(own_points(spans or {}, judged, host), slow, noise.band_ms * scale)
+    if seen_s >= T.straggler_spans and hits_s < T.straggler_persistent * scale * seen_s:
+        return None  # a stall of a few seconds in the last minute: this rank was not slower before
     severity = (
         _severity(wait / step) or "info"
     )  # hysteresis keeps the verdict; it does not raise the severity
-    s = judged[slow]
-    excess = {p: s.cost(p) - median(t.cost(p) for t in others) for p in OWN_PHASES}
     phase = max(excess, key=lambda p: excess[p])
     if excess[phase] < T.straggler_explained * wait:
-        phase = ""  # its measured phases do not account for the others' wait
+        phase = ""  # no one of its measured phases accounts for the others' wait
     med = median(t.cost(phase) for t in others) if phase else 0.0
     cost = s.cost(phase) if phase else 0.0
-    return Straggler(slow, phase, cost, med, wait, step, len(others), severity, s.work, median_work(others))
+    # the what-if: the slowest other rank's own time and the collectives' own time
+    after = max(t.busy_ms for t in others) + floor
+    return Straggler(
+        slow, phase, cost, med, wait, step, len(others), severity, s.work, median_work(others),
+        after, noise, (hits, judged_s), gpu or any(t.sampled for t in ranks.values()), host,
+    )  # fmt: skip
 
 
 def median_work(ranks: list[RankTimes]) -> Work | None:
@@ -188,8 +237,17 @@ def work_line(s: Straggler) -> str | None:
         seq = f" (sequence {w.seq:.0f} vs {m.seq:.0f})" if w.seq and m.seq and w.seq != m.seq else ""
         return f"rank {s.rank} processes {r:.1f}x the median rank's {what}{seq}: balance the packing"
     if abs(r - 1.0) <= T.work_same:
-        return f"rank {s.rank} is slower at the same work ({what} within {pct(T.work_same, 0)}): its GPU or its host"
+        where = "its GPU or its host" if s.gpu and not s.host_only else "its host"
+        return f"rank {s.rank} is slower at the same work ({what} within {pct(T.work_same, 0)}): {where}"
     return None
+
+
+def _slowdown_line(s: Straggler) -> tuple[str, ...]:
+    """How much slower the job runs for it, from 1.1x up (under that it is not worth a line)."""
+    x = s.step_ms / s.after_ms if s.after_ms > 0 else T.speedup_cap + 1
+    if x < T.slowdown_shown:
+        return ()
+    return (f"the job runs {times_words(x)} slower than it would without rank {s.rank}'s excess",)
 
 
 def straggler_finding(s: Straggler) -> Finding:
@@ -197,14 +255,15 @@ def straggler_finding(s: Straggler) -> Finding:
     if s.phase:
         what = f"rank {s.rank}: {PHASE_WORDS[s.phase]} {s.phase_ms:.1f} ms vs {s.median_ms:.1f} ms median"
     else:
-        what = f"rank {s.rank} is late to every collective, though none of its measured phases is longer"
+        what = f"rank {s.rank} is late to every collective: its extra time is spread over its phases, none alone explains it"
     work = work_line(s)
     evidence = (
         *((work, what) if s.imbalance and work else (what,)),
         f"the other {s.waiting} rank{'s' if s.waiting != 1 else ''} wait {s.wait_ms:.1f} ms a step for it in "
         f"collectives: {pct(s.share, 0)} of the {s.step_ms:.1f} ms step",
-        f"the job runs {s.slowdown:.2g}x slower than at the pace of its other ranks",
+        *_slowdown_line(s),
         *((work,) if work and not s.imbalance else ()),
+        confidence(s.noise, s.wait_ms >= 2 * s.noise.band_ms, s.slowest),
     )
     advice = ADVICE.get(s.phase, ("compare its host and GPU (GPU · Host tab) with the others'",))
     if s.imbalance:
@@ -215,14 +274,8 @@ def straggler_finding(s: Straggler) -> Finding:
         s.share,
         evidence,
         advice,
-        _without(f"rank {s.rank} at the others' pace", s.step_ms, s.wait_ms),
+        what_if(f"rank {s.rank} at the others' pace", s.step_ms, s.after_ms, s.noise.band_ms),
     )
-
-
-def _without(what: str, step: float, saved: float) -> Upside | None:
-    """What the job would gain without `saved` ms of collective wait a step: a bound (the wait
-    cannot shrink below nothing; the collective's own time stays)."""
-    return faster(what, step, step - saved, "bound")
 
 
 @dataclass(frozen=True)
@@ -302,5 +355,5 @@ def rule_communication(
         "larger DDP buckets (bucket_cap_mb) or gradient accumulation: fewer, larger all-reduces",
         "bf16 gradients (a DDP comm hook) halve the bytes; check the interconnect (NVLink/IB)",
     )
-    upside = _without("hiding the collectives behind compute", step_ms, floor)
+    upside = what_if("hiding the collectives behind compute", step_ms, step_ms - floor)
     return Finding("communication", severity, share, evidence, advice, upside)

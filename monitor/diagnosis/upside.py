@@ -15,6 +15,7 @@ import msgspec
 
 from torchtop.monitor.diagnosis.facts import Facts
 from torchtop.monitor.diagnosis.report_types import UpsideReport
+from torchtop.monitor.diagnosis.throughput import FROM_COUNTERS
 from torchtop.monitor.diagnosis.why import device_busy_ms, host_code_share, sync_evidence
 from torchtop.monitor.model.fmt import size
 from torchtop.monitor.model.hotspots import short_site
@@ -86,8 +87,8 @@ def host_overhead_upside(f: Facts) -> Upside | None:
 
 def compute_upside(f: Facts) -> Upside | None:
     t = f.why.throughput if f.why is not None else None
-    if t is None or t.mfu is None or not t.flops_per_step or not t.peak_tflops:
-        return None
+    if t is None or t.mfu is None or t.mfu_from == FROM_COUNTERS or not t.flops_per_step or not t.peak_tflops:
+        return None  # the counters' MFU says the FLOP count is off: no bound from it
     floor = t.flops_per_step / (t.peak_tflops * 1e12) * 1e3
     got = faster(
         f"at the peak FLOP/s (MFU {t.mfu:.0%} now)", f.step_ms, floor, "bound", ": no run reaches it"

@@ -22,6 +22,8 @@ from msgspec import UNSET
 
 from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Facts, Finding
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.gpm import GpmFigures
+from torchtop.monitor.diagnosis.gpm import figures as gpm_figures
 from torchtop.monitor.diagnosis.report_types import (
     HotSite,
     StackSamples,
@@ -29,7 +31,7 @@ from torchtop.monitor.diagnosis.report_types import (
     SyncSiteReport,
     ThroughputReport,
 )
-from torchtop.monitor.diagnosis.throughput import Throughput, throughput
+from torchtop.monitor.diagnosis.throughput import FROM_COUNTERS, Throughput, mfu_line, throughput
 from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.hotspots import Fold, FunctionShare, SiteShare, fold, short_callee, short_site
 
@@ -53,6 +55,12 @@ class WhyFacts:
         return self.fold.samples >= T.min_stack_samples
 
 
+def gpm_of(state: RunState) -> GpmFigures | None:
+    """The first GPU's counters in the latest sample, where GPM gave any."""
+    tel = state.telemetry
+    return gpm_figures(tel.gpus[0]) if tel is not None and tel.gpus else None
+
+
 def why_facts(state: RunState, steps: list[StepRecord], gpu_util: float | None) -> WhyFacts:
     w = state.why
     name = state.hello.device_name if state.hello else ""
@@ -60,7 +68,7 @@ def why_facts(state: RunState, steps: list[StepRecord], gpu_util: float | None) 
         fold=fold(w.samples, steps),
         sync=w.sync,
         stack_hz=w.stack_hz,
-        throughput=throughput(steps, w.flops, name, gpu_util),
+        throughput=throughput(steps, w.flops, name, gpu_util, gpm_of(state)),
     )
 
 
@@ -203,10 +211,14 @@ def flag_low_mfu(f: Facts, scale: float = 1.0) -> Finding | None:
     t = w.throughput
     if t.mfu is None or t.gpu_util is None or t.mfu >= T.mfu_low or t.gpu_util < T.util_busy:
         return None
-    evidence = [
-        f"NVML: the GPU is busy {t.gpu_util:.0f}% of the time, yet the model's FLOPs run at {pct(t.mfu, 0)} "
-        f"of its peak (MFU: {t.achieved_tflops:.1f} of {t.peak_tflops:.0f} TFLOP/s, {t.peak_from})"
-    ]
+    if t.mfu_from == FROM_COUNTERS:
+        at = f"its tensor cores do {pct(t.mfu, 0)} of their peak work ({mfu_line(t)})"
+    else:
+        at = (
+            f"the model's FLOPs run at {pct(t.mfu, 0)} of its peak (MFU: {t.achieved_tflops or 0:.1f} of "
+            f"{t.peak_tflops or 0:.0f} TFLOP/s, {t.peak_from})"
+        )
+    evidence = [f"NVML: the GPU is busy {t.gpu_util:.0f}% of the time, yet {at}"]
     evidence.append("NVML counts the time a kernel runs, not how much of the GPU it uses")
     if t.device_busy is not None:
         evidence.append(f"CUDA events: kernels run through {pct(t.device_busy, 0)} of the step")
@@ -244,10 +256,9 @@ def refine(verdict: Finding, f: Facts) -> Finding:
         if sites and w.fold.by_phase.get(phase, 0) >= T.min_phase_samples:
             extra.append(f"host time in {phase}: {site_words(sites[0])}")
     t = w.throughput
-    if verdict.kind in ("compute", "host-overhead") and t.mfu is not None:
-        extra.append(
-            f"MFU {pct(t.mfu, 0)}: {t.achieved_tflops:.1f} of {t.peak_tflops:.0f} TFLOP/s ({t.peak_from})"
-        )
+    line = mfu_line(t)
+    if verdict.kind in ("compute", "host-overhead") and line is not None:
+        extra.append(line)
     if not extra:
         return verdict
     return replace(verdict, evidence=(*verdict.evidence, *extra))

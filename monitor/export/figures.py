@@ -18,6 +18,7 @@ from torchtop.monitor.diagnosis.facts import SEVERITY_RANK
 from torchtop.monitor.diagnosis.report_types import RunReport
 
 Kind = Literal["gauge", "counter"]
+_SEVERITY_RANK: dict[str, int] = {**SEVERITY_RANK}  # a report's severity is any str, read from JSON
 
 
 @dataclass(frozen=True)
@@ -142,10 +143,10 @@ def samples(
             )
     verdict = report.verdict
     if verdict.kind and verdict.kind != "unknown":
-        add("torchtop_verdict", SEVERITY_RANK.get(verdict.severity, 0), ("verdict", verdict.kind))
+        add("torchtop_verdict", _SEVERITY_RANK.get(verdict.severity, 0), ("verdict", verdict.kind))
         add("torchtop_verdict_share_ratio", verdict.share, ("verdict", verdict.kind))
     for flag in report.flag_details:
-        add("torchtop_flag", SEVERITY_RANK.get(flag.severity, 1), ("flag", flag.kind))
+        add("torchtop_flag", _SEVERITY_RANK.get(flag.severity, 1), ("flag", flag.kind))
     add("torchtop_dropped_steps", report.dropped)
     add("torchtop_hook_errors", report.hook_errors)
     return out

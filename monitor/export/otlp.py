@@ -17,10 +17,10 @@ from torchtop.monitor.export.figures import METRICS, SampleBoard
 def start(board: SampleBoard, endpoint: str, interval_s: float = 5.0) -> Any:
     """A MeterProvider exporting every metric in METRICS from `board`; call `.shutdown()` to
     flush and stop it."""
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # pyright: ignore[reportMissingImports]  # optional
+    from opentelemetry.sdk.metrics import MeterProvider  # pyright: ignore[reportMissingImports]  # optional
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader  # pyright: ignore[reportMissingImports]  # optional
+    from opentelemetry.sdk.resources import Resource  # pyright: ignore[reportMissingImports]  # optional
 
     reader = PeriodicExportingMetricReader(
         OTLPMetricExporter(endpoint=endpoint), export_interval_millis=int(interval_s * 1000)
@@ -34,7 +34,7 @@ def start(board: SampleBoard, endpoint: str, interval_s: float = 5.0) -> Any:
 
 
 def _callback(board: SampleBoard, name: str) -> Any:
-    from opentelemetry.metrics import Observation
+    from opentelemetry.metrics import Observation  # pyright: ignore[reportMissingImports]  # optional
 
     def observe(_options: Any) -> Iterator[Observation]:
         for s in board.read():

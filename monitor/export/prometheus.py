@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from torchtop.monitor.export.figures import METRICS, Sample, SampleBoard
 
 if TYPE_CHECKING:
-    from prometheus_client.registry import CollectorRegistry
+    from prometheus_client.registry import CollectorRegistry  # pyright: ignore[reportMissingImports]  # optional
 
 
 class TorchtopCollector:
@@ -23,7 +23,7 @@ class TorchtopCollector:
         self.board = board
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # pyright: ignore[reportMissingImports]  # optional
 
         by_name: dict[str, list[Sample]] = {}
         for s in self.board.read():
@@ -56,7 +56,7 @@ def serve(board: SampleBoard, port: int, addr: str = "127.0.0.1") -> tuple[Any, 
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-    from prometheus_client import CollectorRegistry, make_wsgi_app
+    from prometheus_client import CollectorRegistry, make_wsgi_app  # pyright: ignore[reportMissingImports]  # optional
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TorchtopCollector(board))
@@ -88,7 +88,7 @@ def serve(board: SampleBoard, port: int, addr: str = "127.0.0.1") -> tuple[Any, 
             pass  # a peer that timed out or hung up: its connection is closed, nothing to say
 
     infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    Server.address_family, host = infos[0][0], infos[0][4][0]
+    Server.address_family, host = infos[0][0], str(infos[0][4][0])  # an IP family's: (host, port, ...)
     server = make_server(host, port, make_wsgi_app(registry), Server, handler_class=Handler)
     threading.Thread(target=server.serve_forever, daemon=True, name="torchtop-metrics").start()
     return server, registry

@@ -95,7 +95,7 @@ class AgentClient:
         for sock in (self.dealer, self.sub):
             try:
                 sock.close(linger=0)
-            except Exception:
+            except Exception:  # broad: best-effort cleanup
                 pass
 
     def _bad(self, reason: str) -> None:

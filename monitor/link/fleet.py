@@ -17,7 +17,7 @@ import zmq
 
 from torchtop.contract import wire
 from torchtop.monitor.link.client import AgentClient, AgentUnreachable
-from torchtop.monitor.link.targets import Endpoint, from_discovery, local_agents
+from torchtop.monitor.link.targets import Endpoint, TargetError, from_discovery, local_agents
 from torchtop.monitor.model.budget import StepBudget
 from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.state import HISTORY, RunState
@@ -91,7 +91,12 @@ class Fleet:
         now = time.monotonic()
         if self.discover and now >= self._rescan_at:
             self._rescan_at = now + RESCAN_S
-            found = {self.add(from_discovery(info)).endpoint.address for info in local_agents()}
+            found: set[str] = set()
+            for info in local_agents():
+                try:
+                    found.add(self.add(from_discovery(info)).endpoint.address)
+                except TargetError:
+                    continue  # an entry that cannot be used (`torchtop ls` says why): never the exporter's end
             for key in [k for k, w in self.agents.items() if k not in found | self._pinned and not w.up]:
                 gone = self.agents.pop(key)  # a run that ended: its series go stale
                 gone.client.close()

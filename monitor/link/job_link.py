@@ -247,7 +247,7 @@ def apply_events(job: JobState, events: list[Event], now: float) -> None:
             if ev.error:
                 m.state.last_error = ev.error
         elif ev.kind == "summary" and ev.summary is not None:
-            apply_summary(job, ev.key, ev.summary, now)
+            apply_summary(job, ev.key, ev.summary, now, time.time())
         elif ev.kind == "stream":  # a relayed rank drilled into: its steps for the one-rank panels
             m = job.member(ev.key)
             for got in ev.batches:

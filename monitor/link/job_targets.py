@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchtop.contract.discovery import AgentInfo, entry
+from torchtop.contract.relay import RelayInfo
 from torchtop.monitor.link.targets import Endpoint, TargetError, from_discovery, local_agents, parse
 
 PARALLEL = 16  # hosts listed, tunnels opened, at once
@@ -151,14 +152,14 @@ def _open_tunnel(
         return None, f"{who} on {info.ssh}: {exc}"
 
 
-def _relay_entry(relay: dict[str, Any]) -> tuple[AgentInfo, str]:
+def _relay_entry(relay: RelayInfo) -> tuple[AgentInfo, str]:
     """A relay's listing as the entry its tunnel is made from, and how to name it."""
-    info = entry(relay)
-    info.ssh = str(relay["_ssh"])
-    return info, f"the relay ({relay.get('node')})"
+    info = entry(relay.to_json())
+    info.ssh = str(relay.ssh)
+    return info, f"the relay ({relay.node})"
 
 
-def _job_relays(hosts: list[str], job_id: str, options: Sequence[str]) -> list[dict[str, Any]]:
+def _job_relays(hosts: list[str], job_id: str, options: Sequence[str]) -> list[RelayInfo]:
     """The job's relay on each host that runs one (hosts listed in parallel); off with TORCHTOP_RELAYS=0."""
     import os
 
@@ -166,19 +167,27 @@ def _job_relays(hosts: list[str], job_id: str, options: Sequence[str]) -> list[d
 
     if os.environ.get("TORCHTOP_RELAYS") == "0" or not hosts:
         return []
-    out: list[dict[str, Any]] = []
+    out: list[RelayInfo] = []
     with ThreadPoolExecutor(max_workers=min(PARALLEL, len(hosts))) as pool:
         for listed in pool.map(lambda h: remote_relays(h, options), hosts):
-            mine = [r for r in listed if r.get("job_id") == job_id]
+            mine = [r for r in listed if r.job_id == job_id]
             out += mine[:1]  # one relay per node and job (the lock sees to it)
     return out
 
 
 @contextmanager
 def open_job(
-    targets: Sequence[str], job: str | None = None, ssh_options: Sequence[str] = ()
+    targets: Sequence[str], job: str | None = None, ssh_options: Sequence[str] = (), notes: Sequence[str] = ()
 ) -> Iterator[JobPlan]:
-    """The endpoints of one job's agents, with ssh tunnels open while in use."""
+    """The endpoints of one job's agents, with ssh tunnels open while in use; `notes`: what
+    finding the targets had to say (the job's store: relay_targets.py), first in the plan's."""
+    with _open_job(targets, job, ssh_options) as plan:
+        plan.notes[:0] = list(notes)
+        yield plan
+
+
+@contextmanager
+def _open_job(targets: Sequence[str], job: str | None, ssh_options: Sequence[str]) -> Iterator[JobPlan]:
     from torchtop.monitor.link import ssh
     from torchtop.monitor.link.relay_targets import DIRECT, direct_endpoint
 
@@ -202,27 +211,35 @@ def open_job(
         return
     notes: list[str] = []
     found: list[AgentInfo] = []
+    answered: list[str] = []
     with ThreadPoolExecutor(max_workers=min(PARALLEL, len(remote))) as pool:
         for target, agents, error in pool.map(lambda t: _list_host(t, ssh_options), remote):
             if agents is None:
                 notes.append(f"{target}: {error}")
             else:
                 found += agents
+                answered.append(target)
     if not found:
         raise TargetError("; ".join(notes) or "no torchtop agent is running on " + ", ".join(remote))
     group = choose_job(group_by_job(found), job, ", ".join(remote))
+    here = {str(a.ssh) for a in group.agents}
+    empty = [t for t in answered if t not in here]  # a node named (by its store) with none: said
+    if empty:
+        notes.append(
+            f"no rank of job {group.job_id} on {', '.join(empty[:8])}" + (" ..." if len(empty) > 8 else "")
+        )
     other = len(found) - len(group.agents)
     if other:
         notes.append(f"{other} agent{'s' if other != 1 else ''} of other jobs on these hosts left out")
     relays = _job_relays(sorted({str(a.ssh) for a in group.agents}), group.job_id, ssh_options)
-    relayed = {str(r["_ssh"]) for r in relays}  # these hosts' ranks are read through their relay
+    relayed = {str(r.ssh) for r in relays}  # these hosts' ranks are read through their relay
     per_rank = [a for a in group.agents if a.ssh not in relayed]
     to_open = [(a, f"rank {a.rank}") for a in per_rank] + [_relay_entry(r) for r in relays]
     with ExitStack() as stack:
         opened: list[Any] = []
         try:
             with ThreadPoolExecutor(max_workers=min(PARALLEL, len(per_rank) + len(relays))) as pool:
-                results = list(pool.map(lambda a: _open_tunnel(opened, *a, ssh_options), to_open))
+                results = list(pool.map(lambda a: _open_tunnel(opened, a[0], a[1], ssh_options), to_open))
         finally:  # tunnels opened before an unexpected error close with the rest
             for cm in opened:
                 stack.push(cm)

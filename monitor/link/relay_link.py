@@ -22,10 +22,13 @@ from torchtop.contract import wire
 from torchtop.monitor.link.client import Received
 from torchtop.monitor.link.targets import Endpoint
 from torchtop.monitor.model.log_replay import LogReplay
-from torchtop.monitor.model.relayed import SILENT_AFTER_S, member_key
+from torchtop.monitor.model.relayed import MAX_NODE_RANKS, MAX_WORLD, SILENT_AFTER_S, member_key
 
 SUMMARY_TOPIC = b"S"
 REQUEST_TIMEOUT_S = 10.0
+# frames read from one relay's socket a call (a relay sends 2 summaries a second, a followed
+# rank ~10 batches): a relay that floods waits its turn, the other nodes are read
+READ_BUDGET = 64
 
 
 def rank_topic(rank: int) -> bytes:
@@ -124,7 +127,7 @@ class RelayReader:
         out: list[Any] = []
         for name, r in self.relays.items():
             got_any = False
-            while True:
+            for _ in range(READ_BUDGET):
                 try:
                     frames = r.sub.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
@@ -140,8 +143,9 @@ class RelayReader:
                     continue
                 if topic == SUMMARY_TOPIC and isinstance(msg, wire.NodeSummary):
                     got_any = True
-                    for rs in msg.ranks:
-                        r.ranks.setdefault(rs.rank, member_key(name, rs.rank))
+                    for rs in msg.ranks[:MAX_NODE_RANKS]:  # the model checks them (relayed.py)
+                        if 0 <= rs.rank < MAX_WORLD:
+                            r.ranks.setdefault(rs.rank, member_key(name, rs.rank))
                     out.append(Event(name, "summary", summary=msg))
                 elif (
                     isinstance(msg, wire.Batch)
@@ -162,7 +166,7 @@ class RelayReader:
                 out.append(
                     Event(name, "relay-silent", error=f"no summary from the relay for {now - r.last:.0f} s")
                 )
-            while True:
+            for _ in range(READ_BUDGET):
                 try:
                     frame = r.dealer.recv(zmq.NOBLOCK)
                 except zmq.Again:

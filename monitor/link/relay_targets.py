@@ -2,7 +2,11 @@
 job's rendezvous store (store.py), and reaching each through one ssh tunnel per node.
 
 A host whose torchtop has no relays (an older one, or relays turned off) lists none: its ranks
-are reached one by one, as before. A relay of another job is never used. No textual, no torch.
+are reached one by one, as before. A relay of another job is never used. The store is written
+by whoever reaches the job's master port, so nothing in it is taken on its word: a relay is
+reached directly (TCP, CURVE) only with a server key the user's own keys directory holds, else
+over ssh (where ssh vouches for the host); every registration of a node is kept, and a node
+registered twice is said; at most MAX_STORE_HOSTS hosts, the others named. No textual, no torch.
 """
 
 from __future__ import annotations
@@ -11,14 +15,16 @@ import json
 import os
 import subprocess
 from collections.abc import Sequence
-from typing import Any
 
+from torchtop.contract.relay import RelayInfo, relay_info
 from torchtop.monitor.link.targets import Endpoint, TargetError
 
 LIST_TIMEOUT_S = 20.0
+MAX_STORE_HOSTS = 1024  # hosts a store may send this monitor to (over ssh or TCP)
+MAX_NODE_HOSTS = 4  # a node's registrations naming different hosts: at most this many tried
 
 
-def remote_relays(target: str, options: Sequence[str] = ()) -> list[dict[str, Any]]:
+def remote_relays(target: str, options: Sequence[str] = ()) -> list[RelayInfo]:
     """The relays running on an ssh host; [] when it has none or cannot say (an older torchtop)."""
     from torchtop.monitor.link import ssh
 
@@ -42,20 +48,25 @@ def remote_relays(target: str, options: Sequence[str] = ()) -> list[dict[str, An
         return []
     if not isinstance(relays, list):
         return []
-    out = []
-    for r in relays:
-        if (
-            isinstance(r, dict)
-            and isinstance(r.get("address"), str)
-            and isinstance(r.get("pub_address"), str)
-        ):
-            out.append({**r, "_ssh": target})
+    out: list[RelayInfo] = []
+    for r in relays[:64]:  # a node runs one relay per job
+        try:
+            info = relay_info(r) if isinstance(r, dict) else None
+        except ValueError:
+            continue
+        if info is not None:
+            info.ssh = target  # learned over ssh: this host's own listing
+            out.append(info)
     return out
 
 
-def relays_from_store(store: tuple[str, int], job: str | None) -> tuple[str, list[str]]:
-    """(the job's id, ssh targets of its nodes) from the relays registered in its store; `job`:
-    its id or a prefix, needed only when the store holds several."""
+def relays_from_store(
+    store: tuple[str, int], job: str | None, notes: list[str] | None = None
+) -> tuple[str, list[str]]:
+    """(the job's id, a target for each of its nodes) from the relays registered in its store;
+    `job`: its id or a prefix, needed only when the store holds several. What is not taken as
+    the store gives it (a node registered twice, lines that are no relay's, hosts past the cap)
+    is said in `notes`."""
     from torchtop.monitor.link.store import StoreError, read_jobs, read_relays
 
     where = f"{store[0]}:{store[1]}"
@@ -63,7 +74,7 @@ def relays_from_store(store: tuple[str, int], job: str | None) -> tuple[str, lis
         jobs = read_jobs(store[0], store[1])
         found = [j for j in jobs if j.startswith(job)] if job else jobs
         if len(found) != 1:
-            listing = ", ".join(jobs) or "none"
+            listing = ", ".join(j[:80] for j in jobs[:20]) or "none"
             raise TargetError(
                 f"{'no' if not found else 'several'} jobs with relays in the store at {where} "
                 f"{'match ' + repr(job) if job else ''} (jobs: {listing}); "
@@ -74,35 +85,80 @@ def relays_from_store(store: tuple[str, int], job: str | None) -> tuple[str, lis
                 )
             )
         job_id = found[0]
-        entries = read_relays(store[0], store[1], job_id)
+        reg = read_relays(store[0], store[1], job_id)
     except StoreError as exc:
         raise TargetError(str(exc)) from None
-    if not entries:
+    said = notes if notes is not None else []
+    if reg.skipped:
+        said.append(
+            f"the store at {where}: {reg.skipped} line{'s' if reg.skipped != 1 else ''} of job {job_id}'s "
+            f"relays not a relay's entry, left out ({reg.reasons[0] if reg.reasons else 'past the limit'})"
+        )
+    if not reg.entries:
         raise TargetError(
             f"no relay of job {job_id} registered in its store at {where} (relays start with "
             "the ranks' agents unless TORCHTOP_RELAY=0): name the nodes instead (ssh://host ..., --hosts FILE)"
         )
-    return job_id, sorted(
-        {direct_target(e) or f"ssh://{e.get('ssh_host') or e.get('host')}" for e in entries}
-    )
+    return job_id, node_targets(reg.entries, said)
+
+
+def node_targets(entries: list[RelayInfo], notes: list[str]) -> list[str]:
+    """A target for each node of these registrations (in the store's order), conflicts said."""
+    by_node: dict[str, list[RelayInfo]] = {}
+    for e in entries:
+        regs = by_node.setdefault(e.node, [])
+        if e not in regs:
+            regs.append(e)
+    out: list[str] = []
+    unreached: list[str] = []
+    for node, regs in by_node.items():
+        direct = [t for t in map(direct_target, regs) if t is not None]
+        hosts = list(dict.fromkeys(f"ssh://{e.reach}" for e in regs if e.reach))
+        chosen = direct[-1:] or hosts[:MAX_NODE_HOSTS]  # a known key's latest: a relay that restarted
+        claims = len(dict.fromkeys((e.reach, e.server_key) for e in regs))  # a restart: the same again
+        if claims > 1:
+            how = (
+                "using the one whose key is known"
+                if direct
+                else f"none with a known server key: over ssh to {', '.join(h[6:] for h in chosen)}"
+            )
+            notes.append(f"{node[:80]}: {claims} relay registrations; {how}")
+        if not chosen:
+            unreached.append(node)
+        for t in chosen:
+            if t in out:
+                continue
+            if len(out) >= MAX_STORE_HOSTS:
+                unreached.append(node)
+                break
+            out.append(t)
+    if unreached:
+        names = ", ".join(n[:40] for n in unreached[:8]) + (
+            f" and {len(unreached) - 8:,} more" if len(unreached) > 8 else ""
+        )
+        notes.append(
+            f"{len(unreached):,} node{'s' if len(unreached) != 1 else ''} of the store not reached "
+            f"(at most {MAX_STORE_HOSTS:,} hosts from a store; name them with --hosts FILE): {names}"
+        )
+    return out
 
 
 DIRECT = "relay+"  # a relay reached over TCP with CURVE: relay+<its 40-character public key><tcp://host:port>
 
 
-def direct_target(entry: dict[str, Any]) -> str | None:
-    """A relay on TCP (CURVE) that this monitor's client key may reach (`torchtop keys`); None:
-    through ssh. Opt out with TORCHTOP_RELAY_SSH=1."""
+def direct_target(entry: RelayInfo) -> str | None:
+    """A relay on TCP (CURVE) that this monitor reaches directly: its server key is one the user's
+    own keys directory holds (curve_keys.known_server_keys: never a key only the store gives)
+    and this monitor has a client key (`torchtop keys`); None: through ssh. Opt out with
+    TORCHTOP_RELAY_SSH=1."""
     from torchtop.contract import curve_keys
 
-    address, server_key = entry.get("tcp_address"), entry.get("server_key")
-    if (
-        os.environ.get("TORCHTOP_RELAY_SSH") == "1"
-        or not isinstance(address, str)
-        or not isinstance(server_key, str)
-    ):
+    address, server_key = entry.tcp_address, entry.server_key
+    if os.environ.get("TORCHTOP_RELAY_SSH") == "1" or address is None or server_key is None:
         return None
     if len(server_key) != curve_keys.Z85_KEY_LEN or not address.startswith("tcp://"):
+        return None
+    if server_key not in curve_keys.known_server_keys():
         return None
     try:
         curve_keys.load_client(server_key)

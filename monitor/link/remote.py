@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypedDict
 
 from torchtop.contract import curve_keys
 from torchtop.monitor.link.targets import Endpoint, TargetError, resolve_single
@@ -56,6 +57,13 @@ def _with_key(endpoint: Endpoint, server_key: str | None) -> Endpoint:
         raise TargetError(str(exc)) from None
 
 
-def target_options(args: argparse.Namespace) -> dict[str, object]:
+class TargetOptions(TypedDict):
+    """open_target's keyword arguments, typed so that `**target_options(args)` checks."""
+
+    server_key: str | None
+    ssh_options: list[str] | None
+
+
+def target_options(args: argparse.Namespace) -> TargetOptions:
     """open_target's keyword arguments from parsed args (absent flags are fine)."""
     return {"server_key": getattr(args, "server_key", None), "ssh_options": getattr(args, "ssh_option", None)}

@@ -296,7 +296,7 @@ def _open_tunnel(
                     if "forward" in last_error.lower() and _attempt < 2:
                         continue
                     raise SshError(f"ssh tunnel to {target.destination} failed: {last_error}")
-            except BaseException:
+            except BaseException:  # broad: stops ssh on any exit (Ctrl-C too), then re-raises
                 stop(proc)
                 raise
         keeper = Keeper(cmd, proc, local, target.destination)

@@ -12,10 +12,11 @@ job's collectives.
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
-from typing import Any
+from typing import NamedTuple
+
+from torchtop.contract.relay import RelayInfo, relay_info, relay_line
 
 VALIDATE, GET, CHECK, APPEND = 0, 3, 5, 9
 MAGIC = 0x3C85F7CE
@@ -117,11 +118,10 @@ def store_of_job(job_id: str) -> tuple[str, int] | None:
         return None
 
 
-def publish_relay(host: str, port: int, job_id: str, entry: dict[str, Any], timeout: float = 3.0) -> None:
+def publish_relay(host: str, port: int, job_id: str, entry: RelayInfo, timeout: float = 3.0) -> None:
     """Append one relay's entry (one JSON line) to the job's relays key."""
-    line = json.dumps(entry, separators=(",", ":")) + "\n"
     with StoreClient(host, port, timeout) as store:
-        store.append(relays_key(job_id), line.encode())
+        store.append(relays_key(job_id), relay_line(entry))
         store.append(JOBS_KEY, (job_id + "\n").encode())
         store.check(relays_key(job_id))  # a round trip: the append has been read by the store
 
@@ -133,16 +133,42 @@ def read_jobs(host: str, port: int, timeout: float = 3.0) -> list[str]:
     return list(dict.fromkeys(j for j in (raw or b"").decode(errors="replace").splitlines() if j))
 
 
-def read_relays(host: str, port: int, job_id: str, timeout: float = 3.0) -> list[dict[str, Any]]:
-    """Every relay entry of the job, the latest per node; [] when none registered."""
+class Registrations(NamedTuple):
+    """What the job's relays key holds: every relay entry of the job, in the order written (a
+    node's restarts, and whatever else anyone who reaches the store appended: all kept), and the
+    lines that are not one, with why (the first few)."""
+
+    entries: list[RelayInfo]
+    skipped: int = 0
+    reasons: tuple[str, ...] = ()
+
+
+MAX_LINES = 16_384  # lines of the relays key read: 16 registrations a node at 1,024 nodes
+
+
+def read_relays(host: str, port: int, job_id: str, timeout: float = 3.0) -> Registrations:
+    """Every relay registration of the job; none when none registered. The store is the job's
+    rendezvous, which anyone who reaches its port can write: nothing here is trusted yet
+    (relay_targets.py decides what is used)."""
     with StoreClient(host, port, timeout) as store:
         raw = store.get(relays_key(job_id))
-    latest: dict[str, dict[str, Any]] = {}
-    for line in (raw or b"").decode(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
+    entries: list[RelayInfo] = []
+    skipped, reasons = 0, []
+    lines = (raw or b"").splitlines()
+    for line in lines[:MAX_LINES]:
+        if not line.strip():
             continue
-        if isinstance(entry, dict) and entry.get("job_id") == job_id and isinstance(entry.get("node"), str):
-            latest[entry["node"]] = entry  # a relay restarted on a node: its newest entry
-    return list(latest.values())
+        try:
+            entry = relay_info(line)
+        except ValueError as exc:
+            entry, why = None, str(exc)
+        else:
+            why = "" if entry.job_id == job_id else f"an entry of job {entry.job_id[:60]}"
+        if entry is None or why:
+            skipped += 1
+            if len(reasons) < 3:
+                reasons.append(why[:160])
+            continue
+        entries.append(entry)
+    skipped += max(0, len(lines) - MAX_LINES)
+    return Registrations(entries, skipped, tuple(reasons))

@@ -186,7 +186,9 @@ def where(info: AgentInfo) -> str:
 def describe(info: AgentInfo) -> str:
     argv = " ".join(info.argv or [])
     listens = f"port {info.port}" if info.port else where(info)
-    return f"pid {info.pid}  {listens}  rank {info.rank if info.rank is not None else 0}  {argv}"
+    line = f"pid {info.pid}  {listens}  rank {info.rank if info.rank is not None else 0}  {argv}"
+    line = line if line.isprintable() else repr(line)[1:-1]  # a file's text never moves the cursor
+    return f"{line}  (unusable: {info.unusable})" if info.unusable else line
 
 
 def parse(target: str) -> Endpoint:
@@ -233,8 +235,14 @@ def local_agents() -> list[AgentInfo]:
 
 
 def no_agent_message() -> str:
+    skipped = discovery.scan(clean=False)[1]
+    odd = (
+        f", skipped {len(skipped)} file(s) that are no agent's entry (`torchtop ls` says why)"
+        if skipped
+        else ""
+    )
     return (
-        f"no torchtop agent is running on this machine (looked in {discovery.runtime_dir()}); "
+        f"no torchtop agent is running on this machine (looked in {discovery.runtime_dir()}{odd}); "
         "call torchtop.agent.start() in your training script, or try `torchtop demo`"
     )
 

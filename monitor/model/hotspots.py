@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from torchtop.contract.logcodes import PHASES
 from torchtop.contract.why import StackSample, function_of
 from torchtop.monitor.model.steps import StepRecord
@@ -178,6 +180,37 @@ def with_input_wait(shares: dict[str, float], fold: Fold, min_samples: int) -> t
     out["data"] = out.get("data", 0.0) + moved
     out["other"] = other - moved
     return out, moved
+
+
+STALL_NS = 500_000_000  # an untimed step this long is a stall phase sampling skipped, not a fast step
+STALL_SAMPLES = 8  # ... and its phases are estimated from its stack samples once it holds this many
+
+
+def stall_phases(steps: list[StepRecord], samples: Sequence[tuple[float, StackSample]]) -> list[StepRecord]:
+    """`steps` with each untimed training step of STALL_NS or more (a DataLoader worker starting, a
+    checkpoint: phase sampling times a random few fast steps and may skip the one that stalls)
+    given phases from its stack samples: each phase's share of them times its wall time. The
+    wrappers are on the stack on untimed steps too, so the samples say which phase it sat in."""
+    if not samples or not any(not s.phases and s.kind == "train" and s.wall_ns >= STALL_NS for s in steps):
+        return steps
+    held = list(samples)
+    times = [t for t, _ in held]
+    out: list[StepRecord] = []
+    for s in steps:
+        if s.phases or s.kind != "train" or s.wall_ns < STALL_NS:
+            out.append(s)
+            continue
+        lo = bisect.bisect_left(times, s.t0)
+        hi = bisect.bisect_left(times, s.t0 + s.wall_ns / 1e9)
+        got = Counter(_phase_name(sample.phase) for _, sample in held[lo:hi])
+        n = sum(got.values())
+        if n < STALL_SAMPLES:
+            out.append(s)
+            continue
+        phases = {p: s.wall_ns * got[p] // n for p in PHASES if got[p]}
+        phases["other"] = phases.get("other", 0) + s.wall_ns - sum(phases.values())  # they add up
+        out.append(msgspec.structs.replace(s, phases=phases))
+    return out
 
 
 def split_site(site: str) -> tuple[str, int, str]:

@@ -64,6 +64,7 @@ class JobState:
         self.job = RunState()  # the aggregate
         self.notes: list[str] = []  # one-liners: nodes that failed, agents refused
         self.relays: dict[str, RelayState] = {}  # the nodes read through a relay (relayed.py)
+        self.world = 0  # the largest world size a rank's hello gave (0: none yet)
         self._pending: dict[int, list[StepRecord]] = {}
         self._max_i = -1
         self._made = -1  # job steps up to this index are made: a rank's late record stays its own
@@ -114,6 +115,31 @@ class JobState:
                 who = f"pid {h.pid} on {h.host} and pid {hello.pid} on {hello.host}"
             self.note(f"two agents claim rank {hello.rank}: {who}; a foreign or stale discovery file?")
 
+    def share_telemetry(self) -> int | None:
+        """The aggregate's memory, GPU and host samples are the rank using the most memory's (the
+        Host tab shows that rank's, and the job's verdict reads its workers from the same sample):
+        that rank, None when no rank has sent telemetry."""
+        ranked = [m for m in self.ranked() if m.state.telemetry is not None]
+        if not ranked:
+            return None
+
+        def used(m: Member) -> int:
+            tel = m.state.telemetry
+            if tel is None:
+                return 0
+            if tel.memory:
+                return tel.memory[0].reserved
+            return tel.host.proc_rss if tel.host is not None else 0
+
+        top = max(ranked, key=used)
+        agg = self.job
+        agg.telemetry, agg.points, agg.peak_window = (
+            top.state.telemetry,
+            top.state.points,
+            top.state.peak_window,
+        )
+        return top.rank
+
     # -- feeding -------------------------------------------------------------------------------
     def apply_hello(self, key: str, hello: Hello) -> bool:
         """A member's hello; False (and the member refused) when it belongs to another job."""
@@ -126,6 +152,7 @@ class JobState:
             self.note(m.error)
             return False
         m.refused, m.error = False, ""
+        self.world = max(self.world, hello.world_size)
         m.state.apply_hello(hello)
         self._same_rank(m, hello)
         m.state.gone = False
@@ -161,7 +188,7 @@ class JobState:
         m = self.member(key)
         if m.refused:
             return
-        m.state.apply_batch(batch, steps, now, log_errors)
+        steps = m.state.apply_batch(batch, steps, now, log_errors)  # a stall's phases estimated
         self._take(m, steps, finish)
         self.job.agent_time = max(self.job.agent_time, batch.time)
         self.job.last_batch_at = now

@@ -58,7 +58,7 @@ class LogReplay:
             if chunk.pairs:  # as the training thread wrote them: converted here, not in training
                 try:
                     entries, ends = to_entries(entries)
-                except Exception:
+                except Exception:  # broad: hostile or corrupt input: counted, the replay reset
                     rec.failures += 1
                     rec.reset()
                     self.next_seq = chunk.seq + 1
@@ -83,11 +83,11 @@ def _closing_boundaries(entries: list[Any], ends: int | None = None) -> int:
         for e in entries:
             try:
                 n += code_of(e) in STEP_ENDS
-            except Exception:
+            except Exception:  # broad: a malformed entry is skipped
                 pass
     if len(entries) > 1 and entries[0] == RESET and n:
         try:
             n -= code_of(entries[1]) in STEP_ENDS
-        except Exception:
+        except Exception:  # broad: a malformed entry is skipped
             pass
     return n

@@ -11,6 +11,7 @@ from itertools import islice
 from typing import NamedTuple
 
 from torchtop.contract.wire import HostSample, WorkerSample
+from torchtop.monitor.model.fmt import Level
 from torchtop.monitor.model.state import Point
 from torchtop.monitor.model.steps import StepRecord
 
@@ -107,7 +108,7 @@ def step_counts(train: Sequence[StepRecord], evals: Sequence[StepRecord]) -> tup
 
 def memory_level(
     fractions: Sequence[float], retry_rate: float, ooms: int, warn: float = 0.8, crit: float = 0.9
-) -> str:
+) -> Level:
     """The memory panel's colour: the highest share of the device in use, retries and OOMs."""
     worst = max(fractions, default=0.0)
     if worst >= crit or ooms > 0 or retry_rate > 0:

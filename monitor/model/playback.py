@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchtop.contract import wire
-from torchtop.contract.recording_reader import NO_TIME, RankRecording, open_recording, read_rank
+from torchtop.contract.recording_reader import NO_TIME, RankRecording, open_recording, rank_dirs, read_rank
 from torchtop.monitor.model.log_replay import LogReplay
 from torchtop.monitor.model.state import RunState
 from torchtop.monitor.model.steps import StepRecord
@@ -69,6 +69,19 @@ class Playback:
     def index_at(self, t: float) -> int:
         """How many messages lie at or before time `t`."""
         return bisect_right(self.times, t)
+
+    def no_steps(self, who: str = "the recording") -> str | None:
+        """A line when its batches' log yields no step at all (entries no replay reads, or a run
+        stopped before its first step), else None; replays only up to the first step."""
+        replay = LogReplay()
+        batches = 0
+        for played in self.play(replay=replay):
+            if isinstance(played.msg, wire.Batch):
+                batches += 1
+                if played.steps:
+                    return None
+        unread = f"; {replay.failures} log chunk(s) could not be read" if replay.failures else ""
+        return f"{who}: {batches} batch(es) recorded, but their log yields no steps{unread}"
 
     def time_of_step(self, step: int) -> float:
         """The time of the batch that brought step `step` (0-based, the agent's count)."""
@@ -127,19 +140,35 @@ def load(path: Path | str, rank: int | None = None) -> tuple[Playback, dict[int,
     from torchtop.contract.recording import RecordingError
 
     found = open_recording(Path(path))
-    if rank is None:
-        rank = min(found)
+    odd = rank_dirs(Path(path))[1] if Path(path).is_dir() else []  # rank entries not read: said
+    if rank is None:  # the lowest rank that reads (a job's rank may have died before its first batch)
+        first: RecordingError | None = None
+        for r in found:
+            try:
+                playback = Playback(read_rank(found[r]))
+            except RecordingError as exc:
+                first = first or exc
+                continue
+            playback.warnings += odd
+            return playback, found
+        assert first is not None  # open_recording names at least one rank
+        raise first
     if rank not in found:
         raise RecordingError(f"{path}: no rank {rank} in it (ranks: {', '.join(map(str, found))})")
-    return Playback(read_rank(found[rank])), found
+    playback = Playback(read_rank(found[rank]))
+    playback.warnings += odd
+    return playback, found
 
 
 def notes(playback: Playback, ranks: dict[int, Path], asked: int | None, doing: str) -> list[str]:
     """The lines a command says on opening a recording: its damage, and which rank of a job
     it `doing` (reports, replays) when none was asked for."""
     out = list(playback.warnings)
+    rank = next((r for r, where in ranks.items() if where == playback.recording.directory), min(ranks))
+    empty = playback.no_steps(f"rank {rank}" if len(ranks) > 1 else str(playback.recording.directory))
+    out += [empty] if empty else []
     if len(ranks) > 1 and asked is None:
-        out.append(f"{len(ranks)} ranks recorded; {doing} rank {min(ranks)} (--rank N for another)")
+        out.append(f"{len(ranks)} ranks recorded; {doing} rank {rank} (--rank N for another)")
     return out
 
 

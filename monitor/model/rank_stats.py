@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple
 
+import msgspec
+
 from torchtop.contract.logcodes import PHASES
+from torchtop.contract.relay import SECOND_FIELDS, Second
 from torchtop.monitor.model.steps import StepRecord
 
 DEVICE_KEYS = ("h2d", "forward", "backward", "optimizer", "comm", "step")
@@ -29,6 +32,7 @@ SIZE = SEQ + 1
 LEVELS = ((1, 120), (10, 360), (300, 288))  # (bucket seconds, buckets kept): 2 min, 1 h, 1 day
 _PHASE_SLOTS = tuple((PH + k, name) for k, name in enumerate(PHASES))
 _DEVICE_SLOTS = tuple((DEV + k, name) for k, name in enumerate(DEVICE_KEYS))
+assert len(SECOND_FIELDS) == SIZE + 1, "a relay's Second (contract/relay.py) is [second, *these slots]"
 
 
 class Bucket:
@@ -67,6 +71,15 @@ class Bucket:
         v, o = self.v, other.v
         for k in range(SIZE):
             v[k] += o[k]
+
+    def second(self) -> Second:
+        """This bucket as a relay sends it."""
+        return Second(float(self.t), *self.v)
+
+
+def slots(s: Second) -> list[float]:
+    """A relay's second as a bucket's slots (the contract names them in this order)."""
+    return list(msgspec.structs.astuple(s)[1:])
 
 
 class Work(NamedTuple):
@@ -149,8 +162,12 @@ class RankStats:
             cur.add_step(s)  # a step a little out of order (clock) joins the current second
 
     def put(self, t: int, values: list[float]) -> None:
-        """One second's sums as a relay sent them (relay/summary.py): the open second replaces
-        what it held before; a later second closes it; an earlier one is already folded."""
+        """One second's sums as a relay sent them (relay/summary.py; `slots`): the open second
+        replaces what it held before; a later second closes it; an earlier one is already folded."""
+        if len(values) != SIZE:
+            raise ValueError(
+                f"a bucket of {len(values)} values, not {SIZE}"
+            )  # never stored: window() sums it
         secs = self.levels[0]
         cur = secs[-1] if secs else None
         if cur is not None and t < cur.t:
@@ -183,7 +200,7 @@ class RankStats:
         begin = (cur.t + 1 if end is None else end) - seconds
         total = [0.0] * SIZE
         if secs[0].t <= begin or len(secs) < (secs.maxlen or 0):  # the seconds reach back far enough
-            chosen: list[Bucket] = [b for b in secs if b.t + 1 > begin]
+            chosen: list[Bucket] = [b for b in secs if b.t + 1 > begin and (end is None or b.t < end)]
         else:
             k = 1 if self.levels[1] and self.levels[1][0].t <= begin else 2
             width = LEVELS[k][0]
@@ -208,3 +225,12 @@ class RankStats:
             else:
                 pts.append((start, cur.v))
         return [(t, times_of(v)) for t, v in pts[-width:]]
+
+    def seconds(self, seconds: float, end: float | None = None) -> list[tuple[int, RankTimes]]:
+        """Each second's figures over the last `seconds` before `end` (default: the end of the
+        latest step's second), oldest first: the job model's second-to-second spread."""
+        secs = self.levels[0]
+        if not secs:
+            return []
+        stop = secs[-1].t + 1 if end is None else end
+        return [(b.t, times_of(b.v)) for b in secs if stop - seconds <= b.t < stop]

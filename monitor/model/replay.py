@@ -143,7 +143,7 @@ class StepRecorder:
                         self._entry(code, e >> SHIFT, None)
                 else:
                     self._entry(e[0] & MASK, e[0] >> SHIFT, e)
-            except Exception:
+            except Exception:  # broad: hostile or corrupt input: counted, the replay reset
                 self.failures += 1
                 self.reset()
         out, self.out = self.out, []

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from torchtop.contract.logcodes import PHASES
 from torchtop.contract.wire import Batch, Hello, MemoryLow, StepTally, Telemetry
+from torchtop.monitor.model.hotspots import stall_phases
 from torchtop.monitor.model.steps import StepKind, StepRecord
 from torchtop.monitor.model.tally import RunTally, between, quantile_ms
 from torchtop.monitor.model.why_state import WhyState
@@ -112,15 +113,18 @@ class RunState:
         self.tally.reset()
         self.new_runs += 1
 
-    def apply_batch(self, batch: Batch, steps: list[StepRecord], now: float, log_errors: int = 0) -> None:
-        """A batch and the steps replayed from its log (`log_errors`: malformed entries skipped)."""
+    def apply_batch(
+        self, batch: Batch, steps: list[StepRecord], now: float, log_errors: int = 0
+    ) -> list[StepRecord]:
+        """A batch and the steps replayed from its log (`log_errors`: malformed entries skipped);
+        returns the steps as held (a stall phase sampling skipped given phases: stall_phases)."""
         if self.run_id and batch.run_id != self.run_id:
             self._new_run()
             self.hello = None
         self.run_id = batch.run_id
         if self.last_seq is not None:
             if batch.seq <= self.last_seq:
-                return  # already seen (e.g. covered by a snapshot)
+                return steps  # already seen (e.g. covered by a snapshot)
             self.gaps += batch.seq - self.last_seq - 1
         self.last_seq = batch.seq
         self.batches += 1
@@ -134,9 +138,11 @@ class RunState:
             self.apply_telemetry(batch.telemetry)
         if batch.why is not None:
             self.why.apply(batch.why, batch.wall_offset)
+        steps = stall_phases(steps, self.why.samples)
         last_t0 = self.steps[-1].t0 if self.steps else float("-inf")
         self.steps.extend(s for s in steps if s.t0 > last_t0)  # steps are in order, once
         self.tally.add(steps)
+        return steps
 
     def apply_snapshot(
         self, steps: list[StepRecord], seq: int, tally: StepTally | None = None, wall_offset: float = 0.0

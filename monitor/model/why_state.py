@@ -26,6 +26,7 @@ class WhyState:
     sync: SyncInfo | None = None
     flops: FlopInfo | None = None
     flop_span: tuple[float, float] | None = None  # wall clock: the counted step and the exit's cost
+    params: int | None = None  # the run's root modules' parameters (a pipeline stage's own)
 
     def apply(self, why: Why, wall_offset: float) -> None:
         """Take one batch's `why`."""
@@ -39,6 +40,8 @@ class WhyState:
         self.stack_cost_us = why.stack_cost_us
         if why.sync is not None:
             self.sync = why.sync
+        if why.params is not None and why.params >= 0:
+            self.params = why.params
         if why.flops is not None:
             self.flops = why.flops
             f = why.flops

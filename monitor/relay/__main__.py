@@ -10,9 +10,24 @@ import sys
 from torchtop.monitor.link.store import parse_store, store_of_job
 from torchtop.monitor.relay.serve import serve
 
+RELAY_NAME = b"torchtop-relay"  # its process name: an agent's Host tab tells it from a worker starting
+
+
+def _name_process() -> None:
+    """Linux: this process's name (comm) says what it is; elsewhere, or refused, it stays."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, RELAY_NAME, 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchtop.monitor.relay", description=__doc__.splitlines()[0])
+    _name_process()
+    p = argparse.ArgumentParser(
+        prog="python -m torchtop.monitor.relay", description=(__doc__ or "").splitlines()[0]
+    )
     p.add_argument("--job", required=True, help="the job id (agent/identity.py)")
     p.add_argument("--node", default="", help="the node's name (default: $TORCHTOP_NODE, else the host name)")
     p.add_argument(

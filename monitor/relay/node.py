@@ -30,16 +30,21 @@ import zmq
 from torchtop.contract import discovery, wire
 from torchtop.contract.discovery import AgentInfo
 from torchtop.contract.private import fits_socket, short_private_tempdir
+from torchtop.contract.relay import RelayInfo
 from torchtop.monitor.relay import registry
+from torchtop.monitor.relay.requests import REQUEST_BUDGET, Desk
 from torchtop.monitor.relay.summary import RankSummarizer
 
 SUMMARY_EVERY_S = 0.5
 RESCAN_S = 2.0
 SILENT_AFTER_S = 3.0  # no batch this long: hello again; unanswered for as long: gone
 IDLE_EXIT_S = 20.0
-FORWARD_TIMEOUT_S = 30.0  # a forwarded request's reply is routed back until then
-MAX_PENDING = 4096  # forwarded requests awaiting a reply: more are refused (a flood)
 SUMMARY_TOPIC = b"S"
+# frames read from one rank's socket a turn (~0.1 s; an agent sends ~1): a rank that floods its
+# relay waits its turn, and the others, the requests and the summaries go on
+READ_BUDGET = 32
+RANK_HWM = 1000  # frames a rank's socket holds unread: a flood is dropped there, not held
+MAX_RANKS = 1024  # agents one relay reads (a node's ranks); more entries are left out
 
 
 def rank_topic(rank: int) -> bytes:
@@ -75,7 +80,6 @@ class Relay:
         self.received = 0
         self.bad_frames = 0
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[Any, int, float, int]] = {}  # id -> (peer, their id, t, pid)
         self._hellos: dict[int, int] = {}  # request id -> pid
         tag = registry.job_tag(job_id)
         directory = directory or _socket_dir(tag)
@@ -85,6 +89,7 @@ class Relay:
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
         self.router.bind(self.address)
+        self.desk = Desk(self.router, self.node, self._ids)
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 1000)
@@ -124,23 +129,22 @@ class Relay:
         host = socket.gethostname() if bind in ("0.0.0.0", "::", "*") else bind
         self.tcp = (tcp_address(host, port), tcp_address(host, port + 1), curve.public.decode())
 
-    def entry(self) -> dict[str, Any]:
+    def entry(self) -> RelayInfo:
         """The relay's discovery entry (and what goes into the job's store: no secrets)."""
-        return {
-            "kind": "relay",
-            "pid": os.getpid(),
-            "job_id": self.job_id,
-            "node": self.node,
-            "host": socket.gethostname(),
-            "ssh_host": os.environ.get("TORCHTOP_NODE") or socket.gethostname(),  # how a monitor reaches it
-            "address": self.address,
-            "pub_address": self.pub_address,
-            "start_time": self.started,
-            "version": _version(),
-        } | (
-            {"tcp_address": self.tcp[0], "tcp_pub_address": self.tcp[1], "server_key": self.tcp[2]}
-            if self.tcp is not None
-            else {}
+        tcp, tcp_pub, key = self.tcp if self.tcp is not None else (None, None, None)
+        return RelayInfo(
+            pid=os.getpid(),
+            job_id=self.job_id,
+            node=self.node,
+            address=self.address,
+            pub_address=self.pub_address,
+            host=socket.gethostname(),
+            ssh_host=os.environ.get("TORCHTOP_NODE") or socket.gethostname(),  # how a monitor reaches it
+            start_time=self.started,
+            version=_version(),
+            tcp_address=tcp,
+            tcp_pub_address=tcp_pub,
+            server_key=key,
         )
 
     def close(self) -> None:
@@ -166,7 +170,7 @@ class Relay:
             if info.job_id != self.job_id or pid is None:
                 continue
             seen.add(pid)
-            if pid not in self.ranks:
+            if pid not in self.ranks and len(self.ranks) < MAX_RANKS:
                 self._add(pid, info, now)
         for pid, r in list(self.ranks.items()):
             if pid not in seen:  # its process ended (its discovery file is gone)
@@ -183,7 +187,7 @@ class Relay:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
-        sub.setsockopt(zmq.RCVHWM, 10_000)
+        sub.setsockopt(zmq.RCVHWM, RANK_HWM)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(pub)
         dealer = self.ctx.socket(zmq.DEALER)
@@ -207,8 +211,9 @@ class Relay:
 
     # -- one turn ------------------------------------------------------------------------------
     def _decoded(self, sock: zmq.Socket) -> Iterator[tuple[bytes, wire.Message]]:
-        """Each frame waiting on `sock`, decoded (those that fail are counted and skipped)."""
-        while True:
+        """The frames waiting on `sock`, READ_BUDGET at most, decoded (those that fail are
+        counted and skipped)."""
+        for _ in range(READ_BUDGET):
             try:
                 frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -246,67 +251,32 @@ class Relay:
                         r.summarizer.gone = True
                         continue
                     r.summarizer.set_hello(msg.hello)
-            elif msg.id in self._pending:
-                peer, their_id, _, _ = self._pending.pop(msg.id)
-                msg.id = their_id
-                try:
-                    self.router.send_multipart([peer, wire.encode(msg)], zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass
+            else:
+                self.desk.route_back(msg)
 
-    def _answer(self, now: float) -> None:
-        while True:
-            try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if len(frames) != 2:
-                continue
-            peer, frame = frames
-            try:
-                req = wire.decode(frame)
-            except wire.WireError as exc:
-                self._reply(peer, 0, False, str(exc))
-                continue
-            if not isinstance(req, wire.Request):
-                continue
-            if req.cmd == "hello" and "rank" not in req.args:
-                self._reply(peer, req.id, True, data={"relay": self.entry(), "ranks": self._rank_list()})
-                continue
-            rank = req.args.get("rank")
-            target = next((r for r in self.ranks.values() if r.summarizer.rank == rank), None)
-            if not isinstance(rank, int) or target is None:
-                self._reply(
-                    peer, req.id, False, f"no rank {rank!r} on node {self.node} (args.rank names one)"
-                )
-                continue
-            if len(self._pending) >= MAX_PENDING:
-                self._reply(peer, req.id, False, "the relay has too many requests in flight: ask again")
-                continue
-            fwd_id = next(self._ids)
-            self._pending[fwd_id] = (peer, req.id, now, target.pid)
-            args = {k: v for k, v in req.args.items() if k != "rank"}
-            fwd = wire.Request(v=wire.PROTOCOL_VERSION, id=fwd_id, cmd=req.cmd, args=args)
-            try:
-                target.dealer.send(wire.encode(fwd), zmq.NOBLOCK)
-            except zmq.Again:
-                self._pending.pop(fwd_id, None)
-                self._reply(peer, req.id, False, f"rank {rank} is not taking requests now")
+    def _rank_of(self, rank: object) -> _Rank | None:
+        """The agent of `rank` on this node: of two that claim it, the live one heard last."""
+        mine = [r for r in self.ranks.values() if r.summarizer.rank == rank]
+        return max(mine, key=lambda r: (not r.summarizer.gone, r.summarizer.last_batch or 0.0), default=None)
 
-    def _reply(
-        self, peer: Any, req_id: int, ok: bool, error: str = "", data: dict[str, Any] | None = None
-    ) -> None:
-        reply = wire.Reply(v=wire.PROTOCOL_VERSION, id=req_id, ok=ok, error=error, data=data or {})
-        try:
-            self.router.send_multipart([peer, wire.encode(reply)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
+    def _hello_data(self) -> dict[str, Any]:
+        return {"relay": self.entry().to_json(), "ranks": self._rank_list()}
+
+    def duplicates(self) -> list[str]:
+        """Ranks that two of the node's agents claim: "rank 1: pids 41, 97"."""
+        by: dict[int, list[int]] = {}
+        for r in self.ranks.values():
+            if r.summarizer.hello is not None:
+                by.setdefault(r.summarizer.rank, []).append(r.pid)
+        return [
+            f"rank {k}: pids {', '.join(map(str, sorted(v)))}" for k, v in sorted(by.items()) if len(v) > 1
+        ]
 
     def _rank_list(self) -> list[dict[str, Any]]:
         return [{"rank": r.summarizer.rank, "pid": r.pid} for r in self.ranks.values()]
 
     def _subscriptions(self) -> None:
-        while True:
+        for _ in range(REQUEST_BUDGET):  # a subscriber flooding (un)subscriptions waits its turn
             try:
                 msg = self.pub.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -340,8 +310,7 @@ class Relay:
                 self._ask_hello(r, now)
             elif silent and r.hello_asked is not None and now - r.hello_asked > SILENT_AFTER_S:
                 s.gone = True
-        for fid in [k for k, v in self._pending.items() if now - v[2] > FORWARD_TIMEOUT_S]:
-            del self._pending[fid]
+        self.desk.expire(now)
         self.seq += 1
         return wire.NodeSummary(
             v=wire.PROTOCOL_VERSION,
@@ -353,6 +322,8 @@ class Relay:
             ranks=[r.summarizer.summary(now) for r in self.ranks.values()],
             received=self.received,
             bad_frames=self.bad_frames,
+            summary_v=wire.SUMMARY_VERSION,
+            duplicates=self.duplicates()[:16],
         )
 
     def run(self, stop: threading.Event | None = None, idle_exit_s: float = IDLE_EXIT_S) -> None:
@@ -376,7 +347,7 @@ class Relay:
                 next_summary = max(next_summary + SUMMARY_EVERY_S, now)
             # every rank's stream read at most every 0.1 s: each read takes what came meanwhile
             time.sleep(0.1)
-            self._answer(now)
+            self.desk.answer(now, self._hello_data, self._rank_of)
             self._subscriptions()
             now = time.monotonic()
             for r in list(self.ranks.values()):
@@ -397,5 +368,5 @@ def _version() -> str:
         from importlib.metadata import version
 
         return version("torchtop")
-    except Exception:
+    except Exception:  # broad: no package metadata (a source tree): version unknown
         return ""

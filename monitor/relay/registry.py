@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import os
 import secrets
+import stat
 from pathlib import Path
-from typing import Any
 
 from torchtop.contract import discovery
 from torchtop.contract.private import create_file, open_private_dir
+from torchtop.contract.relay import PID_MAX, RelayInfo, relay_info, relay_line
+
+MAX_FILE = 64 << 10  # a relay's entry is ~400 bytes
 
 
 def job_tag(job_id: str) -> str:
@@ -42,14 +44,14 @@ def lock(job_id: str) -> int | None:
     return fd
 
 
-def write(info: dict[str, Any]) -> Path:
+def write(info: RelayInfo) -> Path:
     directory = discovery.runtime_dir()
     fd = discovery.open_runtime_dir()
     try:
-        pid = int(info["pid"])
+        pid = info.pid
         name, tmp = f"relay-{pid}.json", f".relay-{pid}.{secrets.token_hex(4)}.tmp"
-        with os.fdopen(create_file(fd, tmp), "w") as fh:
-            json.dump(info, fh)
+        with os.fdopen(create_file(fd, tmp), "wb") as fh:
+            fh.write(relay_line(info))
         os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
         return directory / name
     finally:
@@ -63,41 +65,61 @@ def remove(pid: int) -> None:
         pass
 
 
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
+def _alive(pid: int) -> bool:
+    if not 0 < pid <= PID_MAX:
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except OSError:  # EPERM: another user's process holds the pid
         pass
     return True
 
 
-def list_relays(job_id: str | None = None) -> list[dict[str, Any]]:
-    """The live relays of this node (of one job when `job_id`); a dead relay's file is removed."""
+def _read(fd: int, name: str) -> RelayInfo:
+    """One entry, read with care (a same-user file could be anything): a regular file of at most
+    MAX_FILE bytes, never a link or a FIFO, checked field by field; ValueError says why not."""
+    try:
+        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    except OSError as exc:
+        raise ValueError(exc.strerror or str(exc)) from None
+    try:
+        st = os.fstat(f)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > MAX_FILE:
+            raise ValueError(f"{st.st_size:,} bytes, more than an entry's {MAX_FILE:,}")
+        data = os.read(f, MAX_FILE + 1)
+    finally:
+        os.close(f)
+    return relay_info(data)
+
+
+def list_relays(job_id: str | None = None, skipped: list[str] | None = None) -> list[RelayInfo]:
+    """The live relays of this node (of one job when `job_id`); a dead relay's file is removed.
+    A file that is not a relay's entry is left as it is, its reason appended to `skipped`."""
     try:
         fd = open_private_dir(discovery.runtime_dir(), create=False)
     except OSError:
         return []
-    out = []
+    out: list[RelayInfo] = []
     try:
         for name in sorted(n for n in os.listdir(fd) if n.startswith("relay-") and n.endswith(".json")):
             try:
-                with os.fdopen(os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)) as fh:
-                    info = json.load(fh)
-            except (OSError, ValueError):
+                info = _read(fd, name)
+            except ValueError as exc:
+                if skipped is not None:
+                    skipped.append(f"{name}: {str(exc)[:200]}")
                 continue
-            if not isinstance(info, dict):
+            if not _alive(info.pid):
+                if name == f"relay-{info.pid}.json":  # ours, and its relay is gone
+                    try:
+                        os.unlink(name, dir_fd=fd)
+                    except OSError:
+                        pass
                 continue
-            if not _alive(info.get("pid")):
-                try:
-                    os.unlink(name, dir_fd=fd)
-                except OSError:
-                    pass
-                continue
-            if job_id is None or info.get("job_id") == job_id:
+            if job_id is None or info.job_id == job_id:
                 out.append(info)
     finally:
         os.close(fd)

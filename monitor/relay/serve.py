@@ -9,10 +9,10 @@ import os
 import sys
 import threading
 import time
-from typing import Any
 
 import zmq
 
+from torchtop.contract.relay import RelayInfo
 from torchtop.monitor.relay import registry
 from torchtop.monitor.relay.node import Relay
 
@@ -45,12 +45,12 @@ def serve(
     return 0
 
 
-def _register(store: tuple[str, int], entry: dict[str, Any]) -> None:
+def _register(store: tuple[str, int], entry: RelayInfo) -> None:
     from torchtop.monitor.link.store import StoreError, publish_relay
 
     for _ in range(10):  # the store comes up with the job: try for a while
         try:
-            publish_relay(store[0], store[1], entry["job_id"], entry)
+            publish_relay(store[0], store[1], entry.job_id, entry)
             return
         except StoreError as exc:
             last = str(exc)

@@ -13,10 +13,9 @@ import msgspec
 
 from torchtop.contract import wire
 from torchtop.monitor.model.log_replay import LogReplay
-from torchtop.monitor.model.rank_stats import SIZE, RankStats
+from torchtop.monitor.model.rank_stats import RankStats
 
 HELLO_EVERY_S = 5.0  # a rank's hello rides along this often (and whenever it changes)
-assert SIZE == wire.SUMMARY_SLOTS, "the summary's bucket layout is rank_stats' slot order"
 
 
 def slim(tel: wire.Telemetry) -> wire.Telemetry:
@@ -82,7 +81,7 @@ class RankSummarizer:
     def summary(self, now: float) -> wire.RankSummary:
         """What changed since the previous summary (the open second again, as it stands now)."""
         secs = self.stats.levels[0]
-        buckets = [[float(b.t), *b.v] for b in secs if b.t >= self._sent_t]
+        buckets = [b.second() for b in secs if b.t >= self._sent_t]
         if secs:
             self._sent_t = secs[-1].t
         hello = None

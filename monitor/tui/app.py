@@ -22,6 +22,7 @@ from typing import Any
 
 from textual import work
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.scrollbar import ScrollBar, ScrollBarRender
 from textual.widgets import Footer, TabbedContent, TabPane
@@ -100,7 +101,7 @@ class TorchtopApp(AppKeys, CaptureApp):
     CSS_PATH = "app.tcss"
     TITLE = "torchtop"
     ENABLE_COMMAND_PALETTE = False
-    BINDINGS = bindings.BINDINGS
+    BINDINGS = [*bindings.BINDINGS]  # typed as Textual's list[BindingType] (a list is invariant)
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     def __init__(
@@ -358,7 +359,8 @@ class TorchtopApp(AppKeys, CaptureApp):
         if action == "tab":
             return parameters[:1] != ("log",) or self.log_tail is not None
         if action == "scroll" and type(self) is not TorchtopApp:  # a subclass's own key wins
-            return all(str(parameters[0]) not in b.key.split(",") for b in type(self).BINDINGS)
+            keys = [b.key for b in type(self).BINDINGS if isinstance(b, Binding)]  # ours are all Binding
+            return all(str(parameters[0]) not in k.split(",") for k in keys)
         return True
 
     def on_tabbed_content_tab_activated(self, _event: TabbedContent.TabActivated) -> None:

@@ -53,7 +53,7 @@ class AppKeys(_Base):
         if self.leaving.stop_job is not None:
             try:
                 self.leaving.stop_job()
-            except Exception as exc:  # the job may be gone already: say so, and stay
+            except Exception as exc:  # broad: the job may be gone already: say so, and stay
                 self.notify(f"could not signal the job: {exc}", severity="error", timeout=10)
                 return
         self.exit(0)

@@ -95,7 +95,7 @@ def run_feed(
     try:
         client = client_factory(endpoint)
         _loop(client, post, cancelled, requests, recorder)
-    except Exception as exc:  # a feed bug must show in the status line, not kill the TUI
+    except Exception as exc:  # broad: a feed bug must show in the status line, not kill the TUI
         post(FeedError(f"feed stopped: {type(exc).__name__}: {exc}"))
     finally:
         if client is not None:

@@ -26,7 +26,14 @@ from textual.worker import get_current_worker
 from torchtop.contract.request_commands import Command
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis
-from torchtop.monitor.diagnosis.job_diagnosis import WINDOW_S, diagnose_job, rank_times, rank_view, window_end
+from torchtop.monitor.diagnosis.job_diagnosis import (
+    WINDOW_S,
+    diagnose_job,
+    ended,
+    rank_times,
+    rank_view,
+    window_end,
+)
 from torchtop.monitor.diagnosis.straggler import Straggler, scaling
 from torchtop.monitor.link.job_link import FOLLOW, JobLink, apply_events
 from torchtop.monitor.link.job_targets import JobPlan, ranks_text, short_job_id
@@ -177,7 +184,7 @@ class JobApp(TorchtopApp):
         lines = round_summary(self.job, self.job_captures)
         if lines:  # short: the toast stays a corner of an 80x24 screen; the Captures screen has it all
             self.notify(
-                f"{len(self.job_captures.round.keys)} ranks · c: each rank's file, and which shows the wait",
+                f"{len(r.keys)} ranks · c: each rank's file, and which shows the wait",
                 title="captures done on every rank",
                 timeout=20,
             )
@@ -276,7 +283,10 @@ class JobApp(TorchtopApp):
     def refresh_panels(self) -> None:
         job = self.job
         self._aggregate_telemetry()
-        self.job_diagnosis, self.straggler = diagnose_job(job, self.job_diagnosis)
+        judged, found = diagnose_job(job, self.job_diagnosis)
+        if not ended(judged) and judged is not self.job_diagnosis:  # an ended job keeps its straggler too
+            self.straggler = found
+        self.job_diagnosis = judged
         super().refresh_panels()
         m = self.shown_member()
         if m is None:
@@ -295,25 +305,9 @@ class JobApp(TorchtopApp):
 
     def _aggregate_telemetry(self) -> None:
         """The aggregate's memory/GPU/host panels show the rank using the most memory."""
-        ranked = [m for m in self.job.ranked() if m.state.telemetry is not None]
-        if not ranked:
-            return
-
-        def used(m: Member) -> int:
-            tel = m.state.telemetry
-            assert tel is not None
-            if tel.memory:
-                return tel.memory[0].reserved
-            return tel.host.proc_rss if tel.host is not None else 0
-
-        top = max(ranked, key=used)
-        self._telemetry_rank = top.rank
-        agg = self.job.job
-        agg.telemetry, agg.points, agg.peak_window = (
-            top.state.telemetry,
-            top.state.points,
-            top.state.peak_window,
-        )
+        top = self.job.share_telemetry()
+        if top is not None:
+            self._telemetry_rank = top
 
     def _head(self) -> list[Text]:
         times = rank_times(self.job)

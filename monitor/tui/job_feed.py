@@ -51,7 +51,7 @@ def run_job_feed(
             events = link.poll(POLL_S)
             if events:
                 post(JobEvents(events))
-    except Exception as exc:
+    except Exception as exc:  # broad: a feed bug must show in the status line, not kill the TUI
         post(JobFeedError(f"job feed stopped: {type(exc).__name__}: {exc}"))
     finally:
         link.close()

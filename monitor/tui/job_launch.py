@@ -21,11 +21,13 @@ def run_job_tui(
     ssh_options: Sequence[str] = (),
     baseline_ms: float | None = None,
     log_path: Path | None = None,
+    notes: Sequence[str] = (),
 ) -> int:
-    """Open the job view on the job these targets name (nothing: this machine's)."""
+    """Open the job view on the job these targets name (nothing: this machine's); `notes`: what
+    finding them had to say."""
     from torchtop.monitor.link.job_targets import open_job
 
-    with open_job(targets, job, ssh_options) as plan:
+    with open_job(targets, job, ssh_options, notes) as plan:
         return run_plan(plan, baseline_ms, log_path)
 
 

@@ -19,6 +19,7 @@ from torchtop.monitor.model.playback import LEAD_S, parse_when
 from torchtop.monitor.tui.job_app import JobApp
 from torchtop.monitor.tui.playback_app import (
     APPLY_BUDGET_S,
+    CAPTURE_ACTIONS,
     PLAY_S,
     SEEK_LONG_S,
     SEEK_S,
@@ -31,7 +32,7 @@ class JobReplayApp(Transport, JobApp):
     """The job view over a job's recording: space pauses, - + change speed, ← → seek, g jumps."""
 
     BINDINGS = [
-        *[b for b in JobApp.BINDINGS if b.action not in ("profile", "memory_snapshot")],
+        *[b for b in JobApp.BINDINGS if not (isinstance(b, Binding) and b.action in CAPTURE_ACTIONS)],
         Binding("p", "no_capture", show=False),
         Binding("m", "no_capture", show=False),
         Binding("space", "pause", "Pause"),

@@ -45,11 +45,14 @@ def jump_target(playback: Playback, text: str, position: float) -> float:
     return playback.start + parse_when(text)
 
 
+CAPTURE_ACTIONS = ("profile", "memory_snapshot")  # a recording takes no capture
+
+
 class PlaybackApp(Transport, TorchtopApp):
     """The dashboard over a recording: space pauses, [ ] change speed, ← → seek, g jumps."""
 
     BINDINGS = [
-        *[b for b in TorchtopApp.BINDINGS if b.action not in ("profile", "memory_snapshot")],
+        *[b for b in TorchtopApp.BINDINGS if not (isinstance(b, Binding) and b.action in CAPTURE_ACTIONS)],
         Binding("space", "pause", "Pause"),
         Binding("right_square_bracket", "speed(1)", "Faster"),
         Binding("left_square_bracket", "speed(-1)", "Slower"),

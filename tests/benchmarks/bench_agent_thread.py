@@ -60,7 +60,7 @@ def measure(step: Any, steps: int, attached: bool) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--rounds", type=int, default=3)

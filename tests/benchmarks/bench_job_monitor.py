@@ -23,6 +23,10 @@ import random
 import resource
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -51,9 +55,7 @@ def _step(t: int, step_ns: int, timed: bool, slow: bool) -> list[int]:
     return out
 
 
-def feeder(
-    ports: list[int], rate: float, seconds: float, ready: mp.Event, timed: float | None = None
-) -> None:
+def feeder(ports: list[int], rate: float, seconds: float, ready: Event, timed: float | None = None) -> None:
     """Plays one agent per port pair until `seconds` have gone."""
     ctx = zmq.Context()
     agents = []
@@ -88,6 +90,7 @@ def feeder(
                 except zmq.Again:
                     break
                 req = wire.decode(frames[-1])
+                assert isinstance(req, wire.Request)  # a monitor sends nothing else
                 reply = wire.Reply(v=wire.PROTOCOL_VERSION, id=req.id, ok=True, seq=a["seq"] - 1)
                 if req.cmd == "hello":
                     reply.hello = a["hello"]
@@ -105,7 +108,7 @@ def feeder(
             continue
         next_tick += TICK_S
         for rank, a in enumerate(agents):
-            raw: list[int] = []
+            raw: list[lc.Item] = []
             t = t_ns
             for _ in range(per_tick):
                 raw += _step(t, step_ns, rng.random() < timed_share, rank == 37)
@@ -191,7 +194,7 @@ async def monitor(ports: list[int], seconds: float, warm: float) -> tuple[float,
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--rate", type=float, default=200.0, help="steps/s of each rank")
     p.add_argument("--seconds", type=float, default=30.0, help="measured span")

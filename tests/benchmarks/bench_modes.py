@@ -53,7 +53,7 @@ def _pin() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--pairs", type=int, default=2500)
     args = p.parse_args(argv)

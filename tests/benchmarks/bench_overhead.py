@@ -329,7 +329,7 @@ def alternate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--rounds", type=int, default=0, help="on/off block pairs (default cpu 100, cuda 40)")
     p.add_argument(

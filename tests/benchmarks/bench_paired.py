@@ -214,7 +214,9 @@ class Hooked:
         if cell is None:
             raise SystemExit("this torch's optimizer step wrapper has no cell to swap")
         self.cell = cell
-        dl = torch.utils.data.dataloader._BaseDataLoaderIter
+        from torch.utils.data import dataloader
+
+        dl = dataloader._BaseDataLoaderIter
         self.slots = [(root, "forward"), (torch.autograd, "backward"), (dl, "__next__")]
         self.slots += [(torch.Tensor, name) for name in ("to", "cuda", "copy_")]
         self.orig = self._now()
@@ -270,7 +272,9 @@ class CommToggle:
         self.probe.comm = on
 
 
-def paired(step: Any, hooked: Hooked, pairs: int, aa: bool = False) -> tuple[list[list[int]], list[int]]:
+def paired(
+    step: Any, hooked: Hooked | CommToggle, pairs: int, aa: bool = False
+) -> tuple[list[list[int]], list[int]]:
     """Per part, the wrapped step's time minus the unwrapped one's, for each pair of adjacent
     steps in random order; and the unwrapped steps' times. `aa`: the originals on both sides
     (a check of the estimator). Ends with the wrappers in place."""
@@ -336,7 +340,7 @@ def markdown_row(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--pairs", type=int, default=5000)
     p.add_argument("--phase-every", type=int, default=0)
@@ -401,11 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.ddp:
         size = _same_size(size, args.device)
     step, model, opt_cls, desc = _loop(args.device, size, args.ddp)
-    hooked = Hooked(opt_cls, type(model) if args.ddp else torch.nn.Sequential)
+    hooked: Hooked | CommToggle = Hooked(opt_cls, type(model) if args.ddp else torch.nn.Sequential)
     port = 0 if args.transport == "tcp" else None
     if ta.start(port=port, phase_every=args.phase_every, record=args.record) is None:
         raise SystemExit("the agent did not start")
     agent = ta.current()
+    assert agent is not None  # started just above
     probe = agent.probe  # type: ignore[union-attr]
     if args.ddp and torch.distributed.get_world_size() == 1:
         agent._identity_due = float("inf")  # type: ignore[union-attr]  # one rank: mark it distributed
@@ -436,9 +441,11 @@ def main(argv: list[str] | None = None) -> int:
             cuda_timing.EventResolver.stride = lambda self, current: every  # type: ignore[method-assign]
 
         if args.comm_only:
-            hooked = CommToggle(probe)  # type: ignore[assignment]
+            hooked = CommToggle(probe)
         sink: list[int] = []
         if args.floor:
+            if not isinstance(hooked, Hooked):
+                raise SystemExit("--floor swaps the wrappers: not with --comm-only")
             hooked.wrapped = floor_wrappers(hooked.orig, sink)
         cpu0, busy0, wall0, ticks0 = (
             agent_threads_cpu_ns(),
@@ -461,11 +468,10 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         step_us = statistics.median(base) / 1e3
         print(f"{args.device}: {desc}; host step without hooks {step_us:.1f} us (median); {args.pairs} pairs")
-        if args.record:
-            size = sum(f.stat().st_size for f in agent.recorder.directory.iterdir())  # type: ignore[union-attr]
-            print(
-                f"  recording {agent.recorder.directory}: {size / 2**20:.2f} MiB, {agent.recorder.dropped} batches dropped"
-            )  # type: ignore[union-attr]
+        if args.record and agent.recorder is not None:
+            rec = agent.recorder
+            size = sum(f.stat().st_size for f in rec.directory.iterdir())
+            print(f"  recording {rec.directory}: {size / 2**20:.2f} MiB, {rec.dropped} batches dropped")
         print(
             f"  the agent on this loop, unpaired: phases timed on {share:.1%} of steps"
             + (f", CUDA events on 1 step in {every}" if every else "")
@@ -494,7 +500,11 @@ def main(argv: list[str] | None = None) -> int:
             f"  agent threads at work {threads_us:+.2f} us a step (loop {loop_us:.2f}, slow samplers {slow_us:.2f}"
             + (f", recorder {rec_us:.2f}" if args.record else "")
             + f", stack sampler {stacks_us:.2f}"
-            + (f" at {agent.why.sampler.rate:.1f} Hz" if listener else " (idle: nobody listens)")
+            + (
+                f" at {agent.why.sampler.rate:.1f} Hz"
+                if listener and agent.why
+                else " (idle: nobody listens)"
+            )
             + "; "
             f"their whole CPU time, waking up included: {cpu_us:.2f} us)"
         )

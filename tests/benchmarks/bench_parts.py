@@ -84,14 +84,14 @@ def start(mode: str) -> Any:
     if agent is None:
         raise SystemExit("the agent did not start")
     if mode == "on_noproc":
-        agent.loop._tick = agent.probe.drain
+        setattr(agent.loop, "_tick", agent.probe.drain)  # noqa: B010  # a method swapped on the instance
     elif mode == "on_nolog":
         agent.probe.put = agent.probe._append = lambda entry: None
     return agent
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--hidden", type=int, default=320)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--steps", type=int, default=300)

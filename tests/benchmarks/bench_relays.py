@@ -3,8 +3,10 @@
     python tests/benchmarks/bench_relays.py relay   [--ranks 8] [--rate 200] [--seconds 30]
     python tests/benchmarks/bench_relays.py monitor [--nodes 128] [--per-node 8] [--rate 200] [--seconds 30]
 
-Not collected by pytest. Both fail (exit 1) when what arrived is under 95% of what was sent,
-whatever the CPU.
+Not collected by pytest (tests/test_bench_relays.py runs both at a reduced size). Both fail
+(exit 1) on a crash, when what arrived is under 95% of what was sent or a rank is not current,
+and `monitor` when the slowed rank is never named, whatever the CPU; their last line is RESULT
+and the figures as JSON.
 
 `relay`: a feeder process plays N agents on ipc sockets with the agent's own wire (a ROUTER
 answering hello, an XPUB sending a batch every 0.1 s with that tick's log: steps of 1/rate s,
@@ -40,6 +42,7 @@ import zmq  # noqa: E402
 
 from tests.benchmarks.bench_job_monitor import TICK_S, _step, cpu_s  # noqa: E402
 from torchtop.contract import wire  # noqa: E402
+from torchtop.contract.logcodes import Item  # noqa: E402
 
 JOB = "bench@node0:29500"
 SLOW_RANK_DEFAULT = 777
@@ -91,6 +94,7 @@ def agents_feeder(directory: str, ranks: int, rate: float, seconds: float, ready
                 except zmq.Again:
                     break
                 req = wire.decode(frames[-1])
+                assert isinstance(req, wire.Request)  # a relay sends nothing else
                 reply = wire.Reply(v=wire.PROTOCOL_VERSION, id=req.id, ok=True, seq=a["seq"] - 1)
                 if req.cmd == "hello":
                     reply.hello = a["hello"]
@@ -106,7 +110,7 @@ def agents_feeder(directory: str, ranks: int, rate: float, seconds: float, ready
             continue
         next_tick += TICK_S
         for rank, a in enumerate(agents):
-            raw: list[int] = []
+            raw: list[Item] = []
             t = t_ns
             for _ in range(per_tick):
                 raw += _step(t, step_ns, rng.random() < timed_share, False)
@@ -197,6 +201,8 @@ def bench_relay(args: argparse.Namespace) -> int:
     ok = ratio >= 0.95 and current
     print("received >= 95% and every rank current:", "yes" if ok else "NO: FAIL")
     print("goal: relay under 5% of one core:", "meets" if share < 0.05 else "misses")
+    current_ranks = sum(rs.age < 1.0 for rs in got[-1].ranks)
+    _result(cpu=share, received=ratio, current=current_ranks, ranks=args.ranks, summaries=len(got))
     return 0 if ok else 1
 
 
@@ -204,18 +210,14 @@ def bench_relay(args: argparse.Namespace) -> int:
 PHASE_MS = {"data": 0.1, "h2d": 0.0, "forward": 0.6, "backward": 2.5, "optimizer": 0.25, "comm": 1.5}
 
 
-def _bucket(t: int, steps: int, step_ms: float, timed: int, slow: bool) -> list[float]:
-    from torchtop.contract.logcodes import PHASES
-
+def _bucket(t: int, steps: int, step_ms: float, timed: int, slow: bool) -> wire.Second:
     phases = dict(PHASE_MS)
     if slow:
         phases["data"] += step_ms * 0.4
         phases["comm"] = 0.05
     phases["other"] = max(0.0, step_ms - sum(phases.values()))
-    v = [float(t), steps, steps * step_ms * 1e6, timed, timed * step_ms * 1e6]
-    v += [timed * phases[p] * 1e6 for p in PHASES]
-    v += [0.0] * 7  # sampled, device keys
-    return v
+    named = {f"{p}_ns": timed * ms * 1e6 for p, ms in phases.items()}  # no device times, no work seen
+    return wire.Second(t, steps, steps * step_ms * 1e6, timed, timed * step_ms * 1e6, **named)
 
 
 def relays_feeder(
@@ -289,6 +291,7 @@ def relays_feeder(
                 time=wall,
                 ranks=ranks,
                 received=batches[n * per_node] * per_node,
+                summary_v=wire.SUMMARY_VERSION,
             )
             try:
                 pub.send_multipart([b"S", wire.encode(msg)], zmq.NOBLOCK)
@@ -343,14 +346,22 @@ async def run_monitor(
         f"({ratio:.1%}); ranks current at the end: {current:,} of {world:,}; straggler rank {args.slow_rank} named "
         + (f"{seen_at:.1f} s after it slowed" if seen_at is not None else "NOT within the run")
     )
-    ok = ratio >= 0.95 and current == world
-    print("received >= 95% and every rank current:", "yes" if ok else "NO: FAIL")
+    ok = ratio >= 0.95 and current == world and seen_at is not None
+    print("received >= 95%, every rank current, the slowed rank named:", "yes" if ok else "NO: FAIL")
     print("goal: monitor under 25% of one core:", "meets" if share < 0.25 else "misses")
     print(
         "goal: straggler on screen within 10 s:",
         "meets" if seen_at is not None and seen_at <= 10 else "misses",
     )
+    _result(cpu=share, received=ratio, current=current, ranks=world, named_after_s=seen_at)
     return 0 if ok else 1
+
+
+def _result(**figures: object) -> None:
+    """The figures as one JSON line last (tests/test_bench_relays.py reads it)."""
+    import json
+
+    print("RESULT " + json.dumps(figures))
 
 
 def bench_monitor(args: argparse.Namespace) -> int:
@@ -376,7 +387,7 @@ def bench_monitor(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("case", choices=("relay", "monitor"))
     p.add_argument("--ranks", type=int, default=8, help="relay: ranks on the node")
     p.add_argument("--nodes", type=int, default=128)

@@ -131,7 +131,7 @@ def flop_step_cost(agent: Any) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--samples", type=int, default=400)
     args = p.parse_args(argv)
     os.environ.setdefault("TORCHTOP_QUIET", "1")

@@ -86,7 +86,7 @@ def main() -> int:
 
     def matmul() -> int:
         for _ in range(10):
-            a @ b
+            _ = a @ b
         return 10
 
     ok = True
@@ -107,7 +107,7 @@ def main() -> int:
     peak = lookup(name, "bf16")
     flop_mfu = m["work_per_s"] * 2 * n**3 / 1e12 / peak[1] if peak else None
     cmfu = counter_mfu(m["tensor_active"], m["sm_clock"], m["sm_clock_max"])
-    if flop_mfu is None or cmfu is None:
+    if peak is None or flop_mfu is None or cmfu is None:
         print(f"MFU: no peak for {name!r} or no clocks: not compared")
         ok = False
     else:

@@ -240,8 +240,11 @@ def main() -> int:
             print(f"scaling: {json.dumps(report['scaling'])}")
             print(f"collective: {json.dumps(report['collective'])}")
             want = {"data": "data", "forward": "forward", "backward": "backward"}.get(args.slow)
-            named = s is not None and s["rank"] == job.slow_rank
-            named = named and (s["imbalance"] if args.slow == "work" else s["phase"] == want)
+            named = (
+                s is not None
+                and s["rank"] == job.slow_rank
+                and (s["imbalance"] if args.slow == "work" else s["phase"] == want)
+            )
             for e in report["ranks"]:  # each rank's own verdict: the waiting ones wait for the slow rank
                 print(f"rank {e['rank']}: {e['verdict']['kind']}: {e['verdict']['evidence'][0]}")
                 print(f"  comm by group (ms a step): {json.dumps(e.get('comm_by_group_ms'))}")

@@ -47,7 +47,8 @@ def main() -> None:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
             for prm in model.parameters():
-                prm.data.add_(prm.grad, alpha=-lr)
+                if prm.grad is not None:  # every parameter has one after backward
+                    prm.data.add_(prm.grad, alpha=-lr)
             step += 1
             if step % 10 == 0:
                 print(f"step {step}", flush=True)

@@ -4,7 +4,8 @@
 
 Each rank is one stage of an MLP (torch.distributed.pipelining: PipelineStage + ScheduleGPipe)
 over a 1-D device mesh named pp; its send/recv waits are the pipeline bubble. With --slow-rank R
-that stage does --extra more matmuls in its forward (a slower GPU). The agent is on through
+that stage does --extra more matmuls in its forward (a slower GPU); with --heavy-rank R it holds
+--blocks blocks where the others hold one (a split by layers that is not by work). The agent is on through
 torchtop.agent.start(); the test runs `torchtop report` beside it.
 """
 
@@ -30,6 +31,8 @@ def main() -> int:
     p.add_argument("--micro", type=int, default=4)
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
     p.add_argument("--steps", type=int, default=100_000)  # the same on every rank: stages step together
+    p.add_argument("--heavy-rank", type=int, default=None)  # this stage holds --blocks blocks, the others one
+    p.add_argument("--blocks", type=int, default=3)
     args = p.parse_args()
     torch.set_num_threads(1)  # the ranks share the machine's cores
     import torchtop.agent as ta
@@ -65,7 +68,9 @@ def main() -> int:
             return self.down(torch.relu(self.up(self.norm(x))))
 
     torch.manual_seed(rank)
-    block = Block()
+    block: nn.Module = Block()
+    if rank == args.heavy_rank:  # an unbalanced split: more layers on one stage
+        block = nn.Sequential(block, *(Block() for _ in range(args.blocks - 1)))
     mb = torch.empty(8, h)  # static shapes: dynamic inference sends objects, which needs numpy
     stage = PipelineStage(
         block,

@@ -102,7 +102,7 @@ class GpuPanel(Widget):
         self.border_title = "GPU · NVML"
 
     def watch_gpus(self, gpus: list[GpuSample]) -> None:
-        levels = [gpu_level(g) for g in gpus]
+        levels: list[Level] = [gpu_level(g) for g in gpus]  # kept Literal: a list display widens to str
         set_level_class(self, max(levels, key=LEVELS.index) if levels else "ok")
 
     def lines(self, width: int = 100) -> list[Text]:

@@ -10,7 +10,7 @@ from torchtop.monitor.model import fmt
 from torchtop.monitor.model.fmt import Level
 
 if TYPE_CHECKING:
-    from textual.widget import Widget
+    from textual.dom import DOMNode
 
 #: Rich style per threshold level (fmt.level); the 16 standard colours.
 LEVEL_STYLES: dict[Level, str] = {"ok": "green", "warning": "yellow", "critical": "red"}
@@ -64,7 +64,7 @@ def pairs(*items: tuple[str, str] | tuple[str, str, str], width: int = 0) -> Tex
     return text
 
 
-def set_level_class(widget: Widget, level: Level) -> None:
+def set_level_class(widget: DOMNode, level: Level) -> None:
     """Put exactly one of -ok / -warning / -critical on `widget` (border colour in app.tcss)."""
     for cls in LEVEL_CLASSES:
         widget.set_class(cls == f"-{level}", cls)

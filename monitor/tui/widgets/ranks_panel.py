@@ -160,7 +160,8 @@ def layout(view: RanksView, head: list[Text], compact: bool = False) -> Layout:
     first, so the ranks that matter show without scrolling."""
     if compact and view.rows:
         return _compact(view, head)
-    lines, keys = list(head), [None] * len(head)
+    lines = list(head)
+    keys: list[str | None] = [None] * len(head)
     if not view.rows:
         lines.append(Text("waiting for the ranks' first steps…", style="dim"))
         return Layout(lines, [*keys, None])
@@ -193,7 +194,8 @@ def layout(view: RanksView, head: list[Text], compact: bool = False) -> Layout:
 
 
 def _compact(view: RanksView, head: list[Text]) -> Layout:
-    lines, keys = [*head, header_line(view.bucket_s, True, len(view.nodes) > 1)], [None] * (len(head) + 1)
+    lines = [*head, header_line(view.bucket_s, True, len(view.nodes) > 1)]
+    keys: list[str | None] = [None] * (len(head) + 1)
     nodes = len(view.nodes) > 1
     lines.append(_cells(None, view.median, "median", "" if not nodes else "", False, True))
     keys.append(None)

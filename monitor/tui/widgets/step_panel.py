@@ -114,8 +114,9 @@ class StepPanel(Vertical):
         yield Sparkline([], id="step-spark")
 
     def _sync_numbers(self) -> None:
-        if self.is_mounted:
-            self.query_one("#step-numbers", Static).update(
+        # mounted is not composed: on a loaded machine the app's first tick can come between the two
+        for numbers in self.query("#step-numbers").results(Static):
+            numbers.update(
                 step_line(
                     self.stats, self.count, self.last_step, self.evals, self.skipped, self.content_size.width
                 )
@@ -143,8 +144,8 @@ class StepPanel(Vertical):
     def watch_series(self, series: list[float]) -> None:
         # The sparkline has no axis: its range goes in the border, so bar heights mean something.
         self.border_subtitle = f"▁ {fmt.ms(min(series))} ms … █ {fmt.ms(max(series))} ms" if series else ""
-        if self.is_mounted:
-            self.query_one("#step-spark", Sparkline).data = series
+        for spark in self.query("#step-spark").results(Sparkline):  # none yet before compose
+            spark.data = series
 
     def numbers_text(self) -> str:
         """The figures line as plain text (what tests and screen readers see)."""

@@ -15,6 +15,7 @@ from textual.widget import Widget
 
 from torchtop.contract.logcodes import PHASES
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.throughput import FROM_COUNTERS, mfu_line
 from torchtop.monitor.diagnosis.why import WhyFacts, site_words
 from torchtop.monitor.model import fmt
 from torchtop.monitor.model.hotspots import short_site
@@ -44,14 +45,17 @@ def why_rows(w: WhyFacts | None, shares: dict[str, float], step_ms: float) -> li
     if parts:
         rows.append(("throughput", " · ".join(parts)))
     if t.achieved_tflops is not None:
-        flops = f"{t.achieved_tflops:.3g} TFLOP/s achieved ({t.flops_per_step / 1e12:.3g} TFLOP a step)"
-        if t.mfu is not None:
+        per_step = f" ({t.flops_per_step / 1e12:.3g} TFLOP a step)" if t.flops_per_step is not None else ""
+        flops = f"{t.achieved_tflops:.3g} TFLOP/s achieved{per_step}"
+        if t.mfu is not None and t.mfu_from != FROM_COUNTERS:
             flops += f" · MFU {fmt.pct(t.mfu)} of {t.peak_tflops:.0f} TFLOP/s ({t.peak_from})"
-        elif t.precision:
+        elif t.precision and t.mfu is None and not t.mfu_note:
             flops += f" · no peak known for {t.precision} here: TORCHTOP_PEAK_TFLOPS gives MFU"
         rows.append(("FLOPs", flops))
     elif t.flops_note:
         rows.append(("FLOPs", t.flops_note))
+    if (t.mfu is None or t.mfu_from == FROM_COUNTERS) and (line := mfu_line(t)):  # why none, or the counters'
+        rows.append(("MFU", line))
     gpu = []
     if t.device_busy is not None:
         gpu.append(f"kernels span {fmt.pct(t.device_busy)} of the step (CUDA events)")

@@ -1,0 +1,133 @@
+"""Hostile discovery files (issue 37): anything of this user's can write into the runtime
+directory, so `ls`, `report`, `capture` and `attach` read every file there with care. A file
+that is no agent's entry (a pid no process can have, deep nesting, a 5,000-character address, a
+non-object, a huge file, a FIFO, a link, a directory) is said in one line and the command exits
+normally: no traceback, no hang, and the file is left where it is."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from torchtop.contract import discovery
+from torchtop.monitor.commands.cli import main
+
+GOOD_IPC = ("ipc:///tmp/x.req", "ipc:///tmp/x.pub")
+
+
+def _json(doc: object) -> Callable[[Path], object]:
+    return lambda path: path.write_text(json.dumps(doc))
+
+
+def _text(text: str) -> Callable[[Path], object]:
+    return lambda path: path.write_text(text)
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _link(path: Path) -> None:  # to a good entry elsewhere: still never followed
+    target = path.parent.parent / f"elsewhere-{path.name}"
+    target.write_text(json.dumps({"pid": os.getpid(), "address": GOOD_IPC[0], "pub_address": GOOD_IPC[1]}))
+    path.symlink_to(target)
+
+
+def _long_address(n: int) -> Callable[[Path], object]:
+    doc = {"pid": os.getpid(), "address": f"ipc:///{'a' * n}.req", "pub_address": f"ipc:///{'a' * n}.pub"}
+    return _json(doc)
+
+
+HOSTILE: dict[str, Callable[[Path], object]] = {
+    "pid 2**31": _json({"pid": 2**31}),
+    "pid 2**64": _json({"pid": 2**64}),
+    "pid 10**30": _json({"pid": 10**30}),
+    "negative pid": _json({"pid": -5}),
+    "pid past pid_max": _json({"pid": (1 << 22) + 1}),  # Linux's ceiling
+    "deep nesting": _text('{"pid": 1, "a": ' + "[" * 30_000 + "]" * 30_000 + "}"),
+    "5,000-character address": _long_address(5000),
+    "ipc path past sun_path": _long_address(200),
+    "control characters in the address": _json(
+        {"pid": os.getpid(), "address": "ipc:///tmp/\x1b[2J.req", "pub_address": GOOD_IPC[1]}
+    ),
+    "not an object": _json([1, 2]),
+    "huge file": _text('{"pid": 1, "pad": "' + "x" * 200_000 + '"}'),
+    "not UTF-8": lambda path: path.write_bytes(b'{"pid": 1, "x": "\xff\xfe"}'),
+    "FIFO": _fifo,
+    "symbolic link": _link,
+    "directory": lambda path: path.mkdir(),
+}
+
+
+@pytest.fixture
+def _deadline() -> Iterator[None]:
+    """A hang (a FIFO opened for reading blocks) fails the test instead of the run."""
+
+    def expired(*_: object) -> None:
+        raise TimeoutError("the command hung on a discovery file")
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, 30)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.usefixtures("_deadline")
+@pytest.mark.parametrize("kind", list(HOSTILE))
+def test_a_hostile_file_is_said_in_one_line_and_every_reader_exits_normally(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    path = runtime_dir / "agent-4242.json"
+    HOSTILE[kind](path)
+    assert main(["ls"]) == 0
+    out, err = capsys.readouterr()
+    said = [line for line in out.splitlines() if str(path) in line or "unusable" in line]
+    assert len(said) == 1 and err == "", (out, err)  # skipped with its reason, or listed as unusable
+    for argv in (["report", "--seconds", "0.1"], ["capture"], ["attach"]):
+        assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+    assert main(["ls", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert isinstance(json.loads(out), list) and len(err.strip().splitlines()) <= 1
+    assert path.exists() or path.is_symlink()  # said, never removed: it is not provably a stale entry of ours
+
+
+def test_a_good_entry_beside_hostile_ones_is_still_listed(runtime_dir: Path) -> None:
+    for i, make in enumerate(HOSTILE.values()):
+        make(runtime_dir / f"agent-{90000 + i}.json")
+    good = discovery.AgentInfo(pid=os.getpid(), address=GOOD_IPC[0], pub_address=GOOD_IPC[1])
+    discovery.write(good)
+    agents, skipped = discovery.scan()
+    usable = [a for a in agents if a.unusable is None]
+    assert [a.pid for a in usable] == [os.getpid()] and usable[0].address == GOOD_IPC[0]
+    assert len(skipped) + len(agents) - len(usable) == len(HOSTILE)
+    assert all(s.reason and "\n" not in s.reason for s in skipped)
+
+
+def test_the_agents_own_entry_always_reads_back(runtime_dir: Path) -> None:
+    """What an agent writes fits what a reader accepts: a command line of any length is clipped."""
+    argv = ["train.py", *(f"--opt{i}={'v' * 5000}" for i in range(400))]
+    info = discovery.AgentInfo(pid=os.getpid(), address=GOOD_IPC[0], pub_address=GOOD_IPC[1], argv=argv)
+    path = discovery.write(info)
+    assert path.stat().st_size <= discovery.MAX_FILE_BYTES
+    (listed,) = discovery.list_agents()
+    assert listed.unusable is None and listed.argv is not None and listed.argv[0] == "train.py"
+
+
+def test_pid_range() -> None:
+    assert discovery.pid_in_range(1) and discovery.pid_in_range(discovery.pid_max())
+    for pid in (0, -1, discovery.pid_max() + 1, 2**31, 2**64, True, "12", None):
+        assert not discovery.pid_in_range(pid)
