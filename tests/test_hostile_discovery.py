@@ -131,3 +131,9 @@ def test_pid_range() -> None:
     assert discovery.pid_in_range(1) and discovery.pid_in_range(discovery.pid_max())
     for pid in (0, -1, discovery.pid_max() + 1, 2**31, 2**64, True, "12", None):
         assert not discovery.pid_in_range(pid)
+
+
+def test_an_ipc_target_past_sun_path_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", f"ipc:///{'a' * 300}.req", "--seconds", "0.1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "at most 107 bytes" in err, err

@@ -207,6 +207,7 @@ async def test_the_job_view_through_two_relays_names_the_straggler(
             assert f"● rank {SLOW_RANK}: forward" in text
 
 
+@pytest.mark.export
 def test_the_export_carries_every_ranks_series_and_the_jobs_verdict(sshd: dict, job: dict) -> None:
     import urllib.request
 

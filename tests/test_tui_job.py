@@ -8,6 +8,7 @@ import pytest
 from textual.widgets import TabbedContent
 
 from tests.rank_util import batch, hello, rank_steps
+from torchtop.monitor.diagnosis.job_diagnosis import ended
 from torchtop.monitor.link.client import Received
 from torchtop.monitor.link.job_link import Event
 from torchtop.monitor.tui.job_app import JobApp
@@ -123,4 +124,22 @@ async def test_a_shown_rank_that_waits_for_the_straggler_says_so() -> None:
         )
         await pilot.press("s")
         await pilot.pause(0.2)
+        assert app.judge(app.state).verdict.kind == "straggler"
+
+
+@pytest.mark.slow  # ~1.5 s here
+async def test_a_job_that_ends_keeps_its_last_verdict_on_screen() -> None:
+    """Every rank gone: the job's last live verdict and its straggler stay, marked as ended (it
+    read "Compute bound ok ... 30%" of the aggregate before, beside comm 63.6%)."""
+    app = JobApp(feed=False, clock=lambda: 0.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _fed(app, pilot, job_events(60))
+        assert app.job_diagnosis is not None and app.job_diagnosis.verdict.kind == "straggler"
+        gone = [Event(f"r{r}", "error", error="job ended", lost=True) for r in range(RANKS)]
+        await _fed(app, pilot, gone)
+        app.refresh_panels()
+        d = app.job_diagnosis
+        assert d is not None and d.verdict.kind == "straggler" and ended(d), d
+        assert app.straggler is not None and app.straggler.rank == SLOW
+        assert "ended: the job's last verdict" in app.ranks_panel.plain()
         assert app.judge(app.state).verdict.kind == "straggler"

@@ -85,6 +85,24 @@ def test_a_loop_starved_by_its_generator_says_so() -> None:
     assert wrapped["breakdown"]["data"] >= 0.5
 
 
+def test_micro_batches_pulled_with_next_are_data_wait() -> None:
+    """Issue 39: `x, y = next(src)` 4 times a step from a generator sleeping 2 ms a batch read
+    data 0.00 and `host-code` 81% "in grad_accum_plain.py:14 batches"; the truth is most of the step."""
+    with _loop("grad_accum_next") as job:
+        job.wait_for("^warm$", timeout=400)
+        r = report(job.pid, 10.0, "--history")
+        job.wait_for(r"^data share ")  # the loop's own measure, over the steps since "warm"
+        truth = float(re.findall(r"^data share ([\d.]+)$", "\n".join(job.lines), re.M)[-1])
+    show("grad_accum_next", r)
+    v = r["verdict"]
+    assert v["kind"] == "data-loading" and v["severity"] in SEVERE, v
+    assert abs(r["breakdown"]["data"] - truth) <= 0.15, (r["breakdown"], truth)
+    assert any("resuming its input generator (grad_accum_next.py:" in e for e in v["evidence"]), v
+    wrapped = _run("grad_accum_next", "--wrapped")  # next() on torchtop.agent.data(gen): timed exactly
+    assert wrapped["verdict"]["kind"] == "data-loading", wrapped["verdict"]
+    assert wrapped["breakdown"]["data"] >= 0.5
+
+
 def test_each_eval_forward_is_one_eval_step() -> None:
     """Issue 18: two identical runs of 15 passes x 16 no-grad forwards reported 16 and 32."""
     for _ in range(2):

@@ -70,6 +70,39 @@ def test_the_loop_resuming_its_generator_is_an_input_sample() -> None:
     assert s is not None and s.phase == OTHER and s.input, s
 
 
+def warm_then_blocked(b: Blocked, n: int) -> Iterator[int]:
+    for i in range(n):
+        if i == n - 1:
+            b.ready.set()
+            b.release.wait(10)  # the generator's work, past the call's specialisation
+        yield i
+
+
+def pulled_loop(b: Blocked) -> None:
+    assert b.probe is not None
+    b.probe.callers = (pulled_loop.__code__,)
+    src = warm_then_blocked(b, 200)
+    for _ in range(200):
+        x = next(src)  # issue 39: a micro-batch pulled by hand, as `x, y = next(src)`
+        del x
+
+
+def summed_loop(b: Blocked) -> None:
+    assert b.probe is not None
+    b.probe.callers = (summed_loop.__code__,)
+    total = sum(wait_in(b))  # resumed from the loop's frame too, but by sum(): not the loop's input
+    del total
+
+
+def test_the_loop_pulling_a_batch_with_next_is_an_input_sample() -> None:
+    with Blocked(pulled_loop) as b:
+        s = StackSampler(b.probe, classifier_for(torch)).sample()
+    assert s is not None and s.phase == OTHER and s.input, s
+    with Blocked(summed_loop) as b:
+        s = StackSampler(b.probe, classifier_for(torch)).sample()
+    assert s is not None and s.phase == OTHER and not s.input, s
+
+
 def train_step(b: Blocked) -> None:
     """Stands for the function that calls the model."""
 

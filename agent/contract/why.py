@@ -36,8 +36,8 @@ class StackSample(msgspec.Struct, array_like=True):
     `caller`: where the user's function at `site` was called from ("path:line function": the
     next frame of the user's own code outward, past that function's own comprehensions and
     lambdas; "" when none). `input`: the thread was resuming the loop's input generator from
-    the `for` statement of the loop that calls the model (a plain generator feeding the loop:
-    data wait that no hook times).
+    the `for` statement, or a `next()` call, of the loop that calls the model (a plain
+    generator feeding the loop: data wait that no hook times).
     """
 
     t: int

@@ -144,14 +144,15 @@ def mark(name: str, value: float | Tensor) -> None:
 
 
 class _TimedIterable(Generic[T]):
-    """`for batch in torchtop.agent.data(iterable)`: each `next()` on the training thread is
-    timed as the data phase. For inputs the automatic hooks cannot see: a plain generator, a
-    custom iterator. (DataLoaders and queue-fed prefetchers need no wrapper.)"""
+    """`for batch in torchtop.agent.data(iterable)`, or `next()` on it: each fetch on the training
+    thread is timed as the data phase. For inputs the automatic hooks cannot see: a plain
+    generator, a custom iterator. (DataLoaders and queue-fed prefetchers need no wrapper.)"""
 
-    __slots__ = ("_it",)
+    __slots__ = ("_it", "_pulled")
 
     def __init__(self, iterable: Iterable[T]) -> None:
         self._it = iterable
+        self._pulled: Iterator[T] | None = None  # the timed iterator behind next() on this wrapper
 
     def __iter__(self) -> Iterator[T]:
         it = iter(self._it)
@@ -165,6 +166,12 @@ class _TimedIterable(Generic[T]):
             finally:
                 data.__exit__()
             yield item
+
+    def __next__(self) -> T:
+        # `x, y = next(torchtop.agent.data(gen))`: a batch pulled by hand is timed the same way
+        if self._pulled is None:
+            self._pulled = self.__iter__()
+        return next(self._pulled)
 
     def __len__(self) -> int:
         return len(self._it)  # type: ignore[arg-type]

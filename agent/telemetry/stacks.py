@@ -61,9 +61,36 @@ FOR_ITER = dis.opmap["FOR_ITER"]
 LOOP_CAP = 16  # code objects of the frames that call the model (the training loop), kept
 
 
-def _for_iters(code: CodeType) -> frozenset[int]:
-    """Offsets of the `for` statements' FOR_ITER instructions in `code` (frame.f_lasti's unit)."""
-    return frozenset(i.offset for i in dis.get_instructions(code) if i.opcode == FOR_ITER)
+# the instructions that make a call (3.10's, 3.11's and 3.12+'s names)
+CALLS = frozenset(("CALL", "CALL_KW", "CALL_FUNCTION", "CALL_METHOD", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX"))
+NEXT_NAMES = frozenset(("next", "__next__"))  # `next(src)`, `src.__next__()`: a batch pulled by hand
+
+
+def _input_offsets(code: CodeType) -> frozenset[int]:
+    """Offsets (frame.f_lasti's unit) in `code` where the loop takes its next input: its `for`
+    statements' FOR_ITER instructions and its `next(...)` / `.__next__()` calls' call instructions
+    (found by the stack depth: the first call after the name's load that leaves at most its result)."""
+    out: set[int] = set()
+    ins = list(dis.get_instructions(code))
+    for k, i in enumerate(ins):
+        if i.opcode == FOR_ITER:
+            out.add(i.offset)
+        elif i.argval in NEXT_NAMES and i.opname.startswith("LOAD_") and i.opname != "LOAD_CONST":
+            depth, prev = 0, i
+            for j in ins[k : k + 64]:  # a call's arguments, bounded
+                try:
+                    depth += dis.stack_effect(j.opcode, j.arg if j.opcode >= dis.HAVE_ARGUMENT else None)
+                except ValueError:
+                    break
+                if j.opname in CALLS and depth <= 1:
+                    out.add(j.offset)
+                    if prev.opname == "PRECALL":  # 3.11's PRECALL, specialised for a builtin, calls it
+                        out.add(prev.offset)
+                    break
+                prev = j
+                if depth < 1:  # the name was stored or passed on, not called
+                    break
+    return frozenset(out)
 
 
 def _code_phase(c: Any) -> int | None:
@@ -135,7 +162,7 @@ class StackSampler:
         self.attended = False
         # the user's frames that call the model (outside a forward or backward wrapper, or as
         # the probe recorded at the first root forward): id(code) -> (code, its FOR_ITER
-        # offsets). A generator such a frame resumes at a FOR_ITER is the loop's input
+        # and next() call offsets). A generator such a frame resumes there is the loop's input
         # (`StackSample.input`)
         self.loop_codes: dict[int, tuple[CodeType, frozenset[int]]] = {}
         self.busy_ns = 0  # this thread's CPU time at work
@@ -232,7 +259,7 @@ class StackSampler:
     def _add_loop(self, code: CodeType) -> None:
         if len(self.loop_codes) < LOOP_CAP and id(code) not in self.loop_codes:
             if self.classifier.kind(code)[1] is Kind.USER:
-                self.loop_codes[id(code)] = (code, _for_iters(code))
+                self.loop_codes[id(code)] = (code, _input_offsets(code))
 
     def _loop_frame(self, wrapper: FrameType) -> None:
         """Remember the user's frames that called the model (outside the forward or backward

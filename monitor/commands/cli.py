@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -257,9 +259,28 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader gone shows here, not as a traceback at exit
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        # `torchtop ls | head`: Python's documented recipe, devnull on stdout so the exit's flush
+        # is quiet, and the exit status a program killed by SIGPIPE has
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout's reader went away (a pipe closed: POLLERR), so the BrokenPipeError was its."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll here, or stdout has no descriptor
+        return False
 
 
 if __name__ == "__main__":

@@ -159,12 +159,15 @@ def _run_with_tui(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int
     try:
         return _watch(job, log_path, app_class)
     except Exception as exc:  # broad: the monitor side failed: it never takes the job down with it
-        print(
-            f"torchtop: the monitor stopped ({type(exc).__name__}: {str(exc)[:200]}); the job goes on "
-            f"(pid {job.pid}), its output: {log_path}",
-            file=sys.stderr,
-            flush=True,
-        )
+        try:
+            print(
+                f"torchtop: the monitor stopped ({type(exc).__name__}: {str(exc)[:200]}); the job goes "
+                f"on (pid {job.pid}), its output: {log_path}",
+                file=sys.stderr,
+                flush=True,
+            )
+        except OSError:
+            pass  # no terminal to say it on
         return _finish(job)
 
 

@@ -110,10 +110,12 @@ CATALOGUE: tuple[Entry, ...] = (
         "the rank that waits least in collectives (it arrives last), when all of: its own time (the step less "
         "its collective wait; host figures only on a `host-bound` job) exceeds the others' median by more than "
         "the job's noise band (the median over the other ranks of their own time's spread second to second "
-        "over the window; 5% of the step while fewer than 3 seconds hold steps; at least 0.2 ms); it is the "
-        "ahead of the others' median by more than the band in ≥ 60% of those seconds, and of the last "
-        "minute's closed 10 s spans where it holds 3 or more; its phases' excess over the others' median explains ≥ 50% of "
-        "their wait; and that wait is ≥ 5% of the step (info), 10% (warning), 20% (critical). Its reason is "
+        "over the window; 5% of the step while fewer than 3 seconds hold steps; at least 0.2 ms); it is "
+        "ahead of the others' median by more than the band in ≥ 60% of those seconds (a spike of a few "
+        "seconds is not a straggler; whether it was slower before the window too is said as its "
+        "persistence, chronic or one-off); its phases' excess "
+        "over the others' median explains ≥ 50% of their wait; and that wait is ≥ 5% of the step (info), "
+        "10% (warning), 20% (critical). Its reason is "
         "the phase it spends most more than the others' median in, where that explains ≥ 30% of the wait; "
         "its upside the step at the slowest other rank's own time plus the collectives' own time",
         "TraceML's straggler score bands (0.10 / 0.20)",
@@ -169,7 +171,8 @@ CATALOGUE: tuple[Entry, ...] = (
         "this rank waits in collectives for a slower rank of its job", "waiting for a straggler",
         None, IN_RULE,
         "a rank's own line while its job has a `straggler` or `work-imbalance` that is another rank: its "
-        "extra collective wait over the straggler's, a step (diagnosis/in_job.py; never `sync` or an idle GPU)",
+        "extra collective wait over the straggler's, a step (diagnosis/in_job.py; never `sync` or an idle GPU); "
+        "it exists only under a straggler, so only past the straggler's noise band",
     ),
     Entry(
         "sync", "verdict", "rank", "Sync stalls",

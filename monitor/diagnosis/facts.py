@@ -91,10 +91,6 @@ class Thresholds:
     # the others' wait
     noise_seconds: float = 3
     straggler_persistent: float = 0.6
-    # ... and, where the last minute holds this many closed 10 s spans or more, ahead of the
-    # others by more than the band in that share of them too (a 10 s stall of one rank on a
-    # loaded machine is not a straggler; a rank slow since the start is named at once)
-    straggler_spans: float = 3
     straggler_covered: float = 0.5
     # every rank's host busy this share of its step (its phases less its collective and GPU
     # waits) while no GPU computes `gpu_busy` of it: the job is host-bound

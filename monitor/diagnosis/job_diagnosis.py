@@ -19,12 +19,7 @@ from typing import Any
 import msgspec
 
 from torchtop.contract.logcodes import PIPELINE
-from torchtop.monitor.diagnosis.bubble import (
-    bubble_line,
-    job_bubbles,
-    stage_params,
-    with_stage_work,
-)
+from torchtop.monitor.diagnosis.bubble import bubble_line, job_bubbles, stage_params, with_stage_work
 from torchtop.monitor.diagnosis.diagnose import diagnose, facts, judged_steps, pooled_steps
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis
@@ -32,7 +27,6 @@ from torchtop.monitor.diagnosis.in_job import rank_diagnosis
 from torchtop.monitor.diagnosis.job_model import HostSide, host_busy, host_side
 from torchtop.monitor.diagnosis.job_phases import times_diagnosis
 from torchtop.monitor.diagnosis.job_rules import JobFacts
-from torchtop.monitor.diagnosis.persistence import SPANS
 from torchtop.monitor.diagnosis.report import run_report, with_diagnosis
 from torchtop.monitor.diagnosis.report_types import (
     CollectiveReport,
@@ -73,7 +67,7 @@ def rank_times(job: JobState, seconds: float = WINDOW_S, end: float | None = Non
 
 JUDGE_STEPS = 6_000  # a job report's history per rank: the last minute's 10 s spans (job_model)
 SAMPLED_RANKS = 32  # ranks whose seconds the noise band and the slowest-in-seconds read
-HOST_RANKS = 8  # ranks whose own facts say whether their GPU idles (host-bound)
+HOST_RANKS = 4  # ranks whose own facts say whether their GPU idles (host-bound): 2-4 ms each
 ENDED = "ended: the job's last verdict while its ranks ran (none answers now)"
 
 
@@ -88,13 +82,6 @@ def rank_seconds(
     return {m.rank: m.stats.seconds(seconds, end) for m in job.live() if m.rank in top}
 
 
-def rank_spans(
-    job: JobState, seconds: dict[int, list[tuple[int, RankTimes]]]
-) -> dict[int, list[tuple[int, RankTimes]]]:
-    """The same ranks' 10 s spans of the last minute (the open one last: the job model drops it)."""
-    return {m.rank: m.stats.series(SPANS + 1, 10) for m in job.live() if m.rank in seconds}
-
-
 def host_sides(job: JobState, times: dict[int, RankTimes], gpu: bool) -> dict[int, HostSide]:
     """A few ranks' host and GPU from their own facts, only where the job may be host-bound (on
     GPUs, every rank's host busy near the whole step): the costly part is paid rarely."""
@@ -103,7 +90,7 @@ def host_sides(job: JobState, times: dict[int, RankTimes], gpu: bool) -> dict[in
     if not gpu or len(judged) < 2 or min(host_busy(t) for t in judged.values()) < near:
         return {}
     by_wait = sorted(judged, key=lambda r: judged[r].comm_ms)
-    pick = {*by_wait[:2], *by_wait[-2:], *sorted(judged)[: HOST_RANKS - 4]}
+    pick = {*by_wait[: HOST_RANKS // 2], *by_wait[-HOST_RANKS // 2 :]}  # the latest and the earliest
     out: dict[int, HostSide] = {}
     for m in job.live():
         if m.rank in pick and m.state.steps:
@@ -147,9 +134,7 @@ def diagnose_job(
     gpu = device.startswith("cuda") or any(t.sampled for t in times.values())
     seconds_ = rank_seconds(job, times, seconds, end)
     hosts = host_sides(job, times, gpu)
-    j = JobFacts(
-        times, base.verdict.kind, bubble, seconds_, hosts, gpu, base.verdict.share, rank_spans(job, seconds_)
-    )
+    j = JobFacts(times, base.verdict.kind, bubble, seconds_, hosts, gpu, base.verdict.share)
     verdict = job_verdict(j, before)
     if verdict is None:
         return base, None

@@ -4,7 +4,7 @@ bottleneck", over every rank's figures (straggler.py, job_model.py, bubble.py)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median
 
 from torchtop.monitor.diagnosis.bubble import bubble_line
@@ -38,7 +38,7 @@ class JobFacts:
     hosts: dict[int, HostSide] = field(default_factory=dict[int, HostSide])  # ranks' host and GPU (Facts)
     gpu: bool = False  # the job runs on GPUs
     base_share: float = 1.0  # the aggregate verdict's share (`compute`: forward+backward+optimizer)
-    spans: Seconds = field(default_factory=dict[int, list[tuple[int, RankTimes]]])  # last minute, 10 s each
+    judged: dict[float, Straggler | None] = field(default_factory=dict[float, "Straggler | None"], repr=False)
 
     @property
     def step_ms(self) -> float:
@@ -52,8 +52,13 @@ class JobFacts:
     def straggler(self, scale: float = 1.0) -> Straggler | None:
         """The job model's straggler: on host figures only where the job is (near) host-bound,
         whose GPU spans hold their wait for each launch."""
-        host = self.host_bound(T.hysteresis) is not None
-        return find_straggler(self.times, scale, bool(self.bubble), self.seconds, host, self.gpu, self.spans)
+        if scale not in self.judged:  # the straggler and work-imbalance rules ask alike: judged once
+            host = self.host_bound(T.hysteresis) is not None
+            found = find_straggler(
+                self.times, scale, bool(self.bubble), self.seconds, host, self.gpu
+            )
+            self.judged[scale] = found
+        return self.judged[scale]
 
 
 def rule_straggler(j: JobFacts, scale: float = 1.0) -> Finding | None:
@@ -159,4 +164,10 @@ def rule_communication(j: JobFacts, scale: float = 1.0) -> Finding | None:
     pipeline's wait for its neighbour stages is its bubble, not collective wait."""
     if j.base_kind not in ("compute", "unknown"):
         return None
-    return _communication(j.times, j.step_ms, scale, j.bubble)
+    found = _communication(j.times, j.step_ms, scale, j.bubble)
+    if found is None:
+        return None
+    judged = {r: t for r, t in j.times.items() if t.steps >= T.min_steps}
+    noise = measure_noise(own_points(j.seconds, judged, False), -1, j.step_ms)
+    clear = found.share * j.step_ms >= 2 * noise.band_ms  # the least wait, well past the band
+    return replace(found, evidence=(*found.evidence, confidence(noise, clear)))

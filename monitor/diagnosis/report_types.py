@@ -345,6 +345,9 @@ class StragglerReport(msgspec.Struct):
     imbalance: bool = False
     persistence: str | None = None  # "chronic" | "one-off"; None: too few spans to say
     slowest_in_spans: list[int] = field(default_factory=list[int])
+    new_step_ms: float | None = None  # the what-if: the step without its excess (job_model.py)
+    noise_band_ms: float | None = None  # the band its own time cleared
+    ahead_in_seconds: list[int] = field(default_factory=list[int])  # [seconds ahead by more, seconds]
 
 
 class ScalingReport(msgspec.Struct):

@@ -146,6 +146,9 @@ class Straggler:
             median_work=work_report(self.median_work),
             work_ratio=round(r, 3) if (r := self.work_ratio) is not None else None,
             imbalance=self.imbalance,
+            new_step_ms=round(self.after_ms, 3),
+            noise_band_ms=round(self.noise.band_ms, 3),
+            ahead_in_seconds=list(self.slowest),
         )
 
 
@@ -170,14 +173,14 @@ def find_straggler(
     seconds: Seconds | None = None,
     host: bool = False,
     gpu: bool = False,
-    spans: Seconds | None = None,
 ) -> Straggler | None:
     """The rank the others wait for, if the job model holds it (`scale`: the thresholds'
     factor; the straggler in force keeps its verdict at x0.8, at its lowest band). `pipeline`:
     the ranks are a pipeline's stages (T.straggler_pipeline is the lowest band). `seconds`: each
     rank's per-second figures over the window (the noise band, the slowest in most seconds);
-    `host`: a host-bound job, judged on host figures only; `spans`: each rank's 10 s spans of the
-    last minute (a rank ahead in one of them only is a stall, not a straggler)."""
+    `host`: a host-bound job, judged on host figures only. Whether it was slower before the
+    window too is its persistence (persistence.py: chronic or one-off), said, not a gate: a rank
+    that slows is named within the window."""
     judged = {r: host_view(t) if host else t for r, t in ranks.items() if t.steps >= T.min_steps}
     if len(judged) < 2:
         return None
@@ -200,9 +203,6 @@ def find_straggler(
     hits, judged_s = ahead_seconds(points, slow, noise.band_ms * scale)
     if judged_s >= T.noise_seconds and hits < T.straggler_persistent * scale * judged_s:
         return None  # ahead of the others in a few seconds only: a spike, not a straggler
-    hits_s, seen_s = ahead_seconds(own_points(spans or {}, judged, host), slow, noise.band_ms * scale)
-    if seen_s >= T.straggler_spans and hits_s < T.straggler_persistent * scale * seen_s:
-        return None  # a stall of a few seconds in the last minute: this rank was not slower before
     severity = (
         _severity(wait / step) or "info"
     )  # hysteresis keeps the verdict; it does not raise the severity

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Facts, Finding
-from torchtop.monitor.model.fmt import pct
+from torchtop.monitor.model.fmt import pct, plural
 from torchtop.monitor.model.hotspots import short_site
 from torchtop.monitor.model.state import RunState
 from torchtop.monitor.model.steps import StepKind, StepRecord
@@ -85,7 +85,8 @@ def notes(judged: Judged, state: RunState) -> tuple[str, ...]:
     if judged.kind == "eval":
         p50, p99 = latency_ms(steps)
         out.append(
-            f"inference only (no backward, no optimizer step): {len(steps)} forward passes judged, "
+            f"inference only (no backward, no optimizer step): {len(steps)} forward "
+            f"{plural(len(steps), 'pass', 'passes')} judged, "
             f"latency p50 {p50:.1f} ms, p99 {p99:.1f} ms"
         )
     elif any(s.at_backward for s in steps):
@@ -154,6 +155,7 @@ def with_input_wait_note(verdict: Finding, f: Facts) -> Finding:
     where = f" ({short_site(sites[0].site)})" if sites and sites[0].site else ""
     line = (
         f"{pct(f.input_wait, 0)} of the step is the loop resuming its input generator{where}: "
-        "estimated from stack samples; `for b in torchtop.agent.data(gen):` times it exactly"
+        "estimated from stack samples; `torchtop.agent.data(gen)` (in the `for`, or pulled with next()) "
+        "times it exactly"
     )
     return replace(verdict, evidence=(*verdict.evidence[:1], line, *verdict.evidence[1:]))

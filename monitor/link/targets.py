@@ -210,6 +210,8 @@ def parse(target: str) -> Endpoint:
             raise TargetError(
                 f"an ipc target names the agent's request socket (…{REQ_SUFFIX}), not {target!r}"
             )
+        if len(target.removeprefix("ipc://").encode()) > discovery.IPC_PATH_MAX:
+            raise TargetError(f"an ipc path has at most {discovery.IPC_PATH_MAX} bytes: {target[:80]!r}…")
         for info in discovery.list_agents():
             if info.address == target:
                 return from_discovery(info)

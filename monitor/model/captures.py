@@ -152,7 +152,8 @@ def describe(c: CaptureInfo) -> str:
     s = c.summary or {}
     if "buckets" in s:
         parts = "  ".join(f"{k} {fmt.pct(v, 0)}" for k, v in s["buckets"].items() if v >= 0.005)
-        lines.append(f"  {s.get('steps', 0)} steps of {s.get('step_ms', 0):.1f} ms: {parts}")
+        n = s.get("steps", 0)
+        lines.append(f"  {n} {fmt.plural(n, 'step')} of {s.get('step_ms', 0):.1f} ms: {parts}")
         if s.get("gpu_idle") is not None:
             lines.append(f"  GPU idle {fmt.pct(s['gpu_idle'], 0)} of the steps")
     for key, title in (

@@ -29,6 +29,11 @@ def count(value: int | float) -> str:
     return f"{int(value):,}"
 
 
+def plural(value: int | float, noun: str, nouns: str = "") -> str:
+    """`noun` for a count of exactly one, else its plural (`nouns`, or noun + "s"): f"{n} {plural(n, 'step')}"."""
+    return noun if value == 1 else nouns or noun + "s"
+
+
 def rate(value: float) -> str:
     """Steps per second: one decimal below 100, whole numbers (with separators) above."""
     if value <= 0:

@@ -37,6 +37,7 @@ from torchtop.monitor.diagnosis.job_diagnosis import (
 from torchtop.monitor.diagnosis.straggler import Straggler, scaling
 from torchtop.monitor.link.job_link import FOLLOW, JobLink, apply_events
 from torchtop.monitor.link.job_targets import JobPlan, ranks_text, short_job_id
+from torchtop.monitor.model import fmt
 from torchtop.monitor.model.captures import capture_lines, fetch_from, progress_text
 from torchtop.monitor.model.job_captures import JobCaptures, round_summary, start_step
 from torchtop.monitor.model.job_state import JobState, Member
@@ -293,7 +294,8 @@ class JobApp(TorchtopApp):
             self.header.hello = None
             ranked = job.ranked()
             device = job.job.hello.device if job.job.hello else "?"
-            self.header.target = f"job {short_job_id(job.job_id) or '?'} · {len(ranked)} ranks · {device}"
+            ranks = f"{len(ranked)} {fmt.plural(len(ranked), 'rank')}"
+            self.header.target = f"job {short_job_id(job.job_id) or '?'} · {ranks} · {device}"
         self.focus_bar.update(focus_text(job, m))
         top = self._telemetry_rank if m is None else None
         which = f" · rank {top} (the most memory)" if top is not None else ""
@@ -334,7 +336,8 @@ class JobApp(TorchtopApp):
         )
         troubles = [t for t in (ep.link_trouble() for ep in self.plan.endpoints + self.plan.relays) if t]
         status.tunnel_down = bool(troubles)
-        text = f"connected · {up} of {len(ranked)} ranks" if ranked else "waiting for the ranks"
+        of = f"{len(ranked)} {fmt.plural(len(ranked), 'rank')}"
+        text = f"connected · {up} of {of}" if ranked else "waiting for the ranks"
         if gone:
             text += f" · gone: rank{'s' if len(gone) > 1 else ''} {ranks_text(gone)}"
         if len(links) - up - len(gone):

@@ -1,7 +1,7 @@
 """Tensor parallel and pipeline parallel on 2 GPUs (NCCL): the collective wait, by process group.
 
     torchrun --nproc_per_node 2 tests/gpu/groups_nccl.py --mode tp [--slow-rank 1]
-    torchrun --nproc_per_node 2 tests/gpu/groups_nccl.py --mode pp [--slow-rank 1]
+    torchrun --nproc_per_node 2 tests/gpu/groups_nccl.py --mode pp [--slow-rank 1 | --heavy-rank 1 --blocks 3]
 
 `tp`: an MLP split over a 1-D device mesh named tp (DTensor: ColwiseParallel then RowwiseParallel;
 its all-reduce waits in `wait_tensor`). `pp`: the same MLP in two stages over a mesh named pp
@@ -34,6 +34,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=("tp", "pp"), default="tp")
     p.add_argument("--slow-rank", type=int, default=None)
+    p.add_argument("--heavy-rank", type=int, default=None, help="pp: this stage holds --blocks blocks, the others one")
+    p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--extra", type=int, default=40)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--seconds", type=float, default=25.0)
@@ -89,7 +91,8 @@ def main() -> int:
     else:
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-        stage_mod = Block().to(dev)
+        n = args.blocks if rank == args.heavy_rank else 1
+        stage_mod = nn.Sequential(*(Block() for _ in range(n))).to(dev)
         stage = PipelineStage(stage_mod, rank, world, dev, group=mesh.get_group(args.mode))
         sched = ScheduleGPipe(stage, n_microbatches=4, loss_fn=lambda out, y: out.pow(2).mean())
         opt = torch.optim.SGD(stage_mod.parameters(), lr=1e-4)

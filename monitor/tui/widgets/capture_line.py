@@ -26,7 +26,7 @@ def capture_text(capture: CaptureInfo | None, steps: int, count: int) -> Text:
         text.append(progress_text(capture), style="bold")
         return text
     for key, words in (
-        ("p", f"profile {steps} steps"),
+        ("p", f"profile {steps} {fmt.plural(steps, 'step')}"),
         ("+/-", "steps"),
         ("m", "memory snapshot"),
         ("c", f"captures ({count})"),

@@ -105,7 +105,7 @@ class PhasePanel(Widget):
     def _title(self) -> None:
         sampled = 0 < self.timed < self.count
         self.border_title = "phases · host time per step" + (
-            f" · timed on {self.timed} of {self.count} steps" if sampled else ""
+            f" · timed on {self.timed} of {self.count} {fmt.plural(self.count, 'step')}" if sampled else ""
         )
 
     def watch_timed(self) -> None:

@@ -85,9 +85,10 @@ def focus_text(job: JobState, focus: Member | None) -> Text:
         pid = focus.hello.pid if focus.hello else "?"
         text.append(f"rank {focus.rank} (pid {pid} on {focus.node})", style="bold reverse cyan")
     text.append(
-        f"  of {len(ranked)} ranks ({ranks_text([m.rank for m in ranked])}) on {len(nodes)} node", style="dim"
+        f"  of {len(ranked)} {fmt.plural(len(ranked), 'rank')} ({ranks_text([m.rank for m in ranked])}) "
+        f"on {len(nodes)} {fmt.plural(len(nodes), 'node')}",
+        style="dim",
     )
-    text.append("s" if len(nodes) != 1 else "", style="dim")
     text.append("   j job · [ ] rank · s slowest · click a rank", style="dim")
     return text
 
@@ -186,7 +187,7 @@ def layout(view: RanksView, head: list[Text], compact: bool = False) -> Layout:
             add(_cells(row, view.median, str(r), row.node, r == slow), row.key)
     for node, ranks in view.nodes.items():
         if len(view.rows) > MANY or len(view.nodes) > 1:
-            add(Text(f"{node or '?'} · {len(ranks)} ranks", style="bold"))
+            add(Text(f"{node or '?'} · {len(ranks)} {fmt.plural(len(ranks), 'rank')}", style="bold"))
         for r in ranks:
             row = by_rank[r]
             add(_cells(row, view.median, str(r), row.node, r == slow and len(view.rows) > 1), row.key)

@@ -26,7 +26,7 @@ def step_groups(
     if not count:
         groups = [Text("no training steps in the window yet", style="dim")]
         if evals:
-            groups.append(Text(f"eval {fmt.count(evals)} steps", style="bold"))
+            groups.append(Text(f"eval {fmt.count(evals)} {fmt.plural(evals, 'step')}", style="bold"))
         return groups
     groups = []
     for label, value, unit in (
@@ -77,7 +77,7 @@ def step_title(window_s: float, span_s: float | None, count: int, in_full: int) 
     shown = window_s if span_s is None or span_s >= window_s - 0.05 else span_s
     title = f"step time · last {shown:.3g} s"
     if count > in_full:
-        title += f" · {fmt.count(count)} steps ({fmt.count(in_full)} in full)"
+        title += f" · {fmt.count(count)} {fmt.plural(count, 'step')} ({fmt.count(in_full)} in full)"
     return title
 
 

@@ -34,7 +34,7 @@ def verdict_title(d: Diagnosis | None) -> str:
     if d is None or not d.steps:
         return "verdict"
     mean = f" · mean {fmt.ms(d.step_ms)} ms a step" if d.step_ms > 0 else ""
-    return f"verdict · {d.steps} steps judged{mean}"
+    return f"verdict · {d.steps} {fmt.plural(d.steps, 'step')} judged{mean}"
 
 
 def severity_class(d: Diagnosis | None) -> str:

@@ -80,9 +80,12 @@ def why_rows(w: WhyFacts | None, shares: dict[str, float], step_ms: float) -> li
     elif sync is not None and sync.state in ("waiting", "off") and sync.reason:
         rows.append(("sync", sync.reason))
     elif sync is not None and sync.windows:
-        rows.append(("sync", f"no waits on the GPU seen ({sync.windows} windows)"))
+        rows.append(
+            ("sync", f"no waits on the GPU seen ({sync.windows} {fmt.plural(sync.windows, 'window')})")
+        )
     if fo.samples < T.min_stack_samples:
-        rows.append(("code", f"{fo.samples} stack samples in the window so far ({w.stack_hz:g} Hz)"))
+        samples = f"{fo.samples} stack {fmt.plural(fo.samples, 'sample')}"
+        rows.append(("code", f"{samples} in the window so far ({w.stack_hz:g} Hz)"))
         return rows
     for phase in sorted(PHASES, key=lambda p: -shares.get(p, 0.0)):
         share = shares.get(phase, 0.0)
