@@ -54,9 +54,7 @@ class JobFacts:
         whose GPU spans hold their wait for each launch."""
         if scale not in self.judged:  # the straggler and work-imbalance rules ask alike: judged once
             host = self.host_bound(T.hysteresis) is not None
-            found = find_straggler(
-                self.times, scale, bool(self.bubble), self.seconds, host, self.gpu
-            )
+            found = find_straggler(self.times, scale, bool(self.bubble), self.seconds, host, self.gpu)
             self.judged[scale] = found
         return self.judged[scale]
 

@@ -34,7 +34,9 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=("tp", "pp"), default="tp")
     p.add_argument("--slow-rank", type=int, default=None)
-    p.add_argument("--heavy-rank", type=int, default=None, help="pp: this stage holds --blocks blocks, the others one")
+    p.add_argument(
+        "--heavy-rank", type=int, default=None, help="pp: this stage holds --blocks blocks, the others one"
+    )
     p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--extra", type=int, default=40)
     p.add_argument("--hidden", type=int, default=4096)
