@@ -4,7 +4,9 @@ never a traceback; an ssh destination never read as an option; host lists capped
 from __future__ import annotations
 
 import io
+import os
 import subprocess
+import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -96,3 +98,17 @@ def test_the_ssh_destination_comes_after_a_double_dash(monkeypatch: pytest.Monke
     assert ssh.remote_agents(ssh.parse("ssh://me@node-1.lab:2222")) == []
     (cmd,) = seen
     assert cmd[cmd.index("--") + 1 :] == ["me@node-1.lab", "torchtop ls --json"]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """Issue 39: `torchtop ls | head` ended in a BrokenPipeError traceback. The pipe's reader is
+    gone before the command writes: no traceback, the exit status of a program SIGPIPE ended."""
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    env = dict(os.environ, TORCHTOP_RUNTIME_DIR=str(runtime))
+    cmd = [sys.executable, "-m", "torchtop.monitor.commands.cli", "ls"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # `head` has read what it wanted
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141 and err == "", err

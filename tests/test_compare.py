@@ -192,3 +192,36 @@ def test_thin_runs_and_a_cpu_without_bf16_are_said(tmp_path: Path) -> None:
     cpuinfo.write_text("processor : 0\nflags : fpu avx2 avx512f avx512_bf16\n")
     assert cpu_has_bf16(str(cpuinfo)) is True
     assert cpu_has_bf16(str(tmp_path / "none")) is None
+
+
+def test_figures_that_read_as_zero_are_not_compared_as_ratios() -> None:
+    """Issue 39: "achieved TFLOP/s 0.0 -> 0.0 -88.4% (8.59x slower)". A small rate keeps two
+    digits, so its change reads true; a figure shown as zero on both sides gets no change."""
+    a = {
+        "steps": 200,
+        "steps_per_s": 50.0,
+        "throughput": {"achieved_tflops": 0.0042},
+        "phase_ms": {"h2d": 0.0001},
+    }
+    b = {
+        "steps": 200,
+        "steps_per_s": 50.0,
+        "throughput": {"achieved_tflops": 0.000489},
+        "phase_ms": {"h2d": 0.0003},
+    }
+    result = compare([decode_report(a), decode_report(b)], ["A", "B"])
+    tflops, h2d = rows(result)["tflops"], rows(result)["phase.h2d"]
+    assert tflops["changes"][0]["verdict"] == "worse" and h2d["changes"] == [None]
+    text = render_text(result)
+    assert re.search(r"achieved TFLOP/s\s+0\.0042\s+0\.00049\s+-88\.4% \(8\.59x slower\) ✗", text), text
+    assert re.search(r"  h2d\s+0\.000 ms\s+0\.000 ms$", text, re.M), text
+
+
+def test_the_thin_note_names_demo_seconds_only_for_demo_runs() -> None:
+    fast = decode_report({"steps": 129, "steps_per_s": 6.5})
+    slow = decode_report({"steps": 1, "steps_per_s": 0.47})
+    (user,) = compare([fast, slow], ["a.rec", "b.rec"])["notes"]
+    assert user.startswith("B: b.rec has 1 step to compare") and "--demo-seconds" not in user, user
+    assert "record the run longer" in user
+    (demo,) = compare([fast, slow], ["fp32", "bf16"], demo=True)["notes"]
+    assert "(--demo-seconds)" in demo

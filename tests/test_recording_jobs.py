@@ -97,7 +97,7 @@ def test_a_job_recording_with_a_broken_rank_reads_the_others_and_notes_it(
         str(broken) in w for w in played.warnings
     )  # what replay shows
     assert main(["trace", str(path), "-o", str(tmp_path / "t.json")]) == 0
-    assert "2 rank(s)" in capsys.readouterr().err
+    assert "2 ranks" in capsys.readouterr().err
     pb, _ = load(path)  # one rank of it (compare, replay --rank): the lowest that reads
     assert pb.hello is not None and pb.hello.rank == good[0]
 

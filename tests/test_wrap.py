@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import traceback
 
 import pytest
 
@@ -79,3 +80,23 @@ def test_a_name_that_is_no_identifier_still_wraps(name: str) -> None:
     calls: list = []
     w = signature_wrapper(lambda x, y=3: x + y, _LOG, {"_tt_calls": calls}, name)
     assert w(1) == 4 and w(1, y=1) == 2 and calls == [1, 1]
+
+
+def test_a_traceback_through_a_wrapper_says_whose_wrapper_it_is() -> None:
+    """Issue 39: a KeyboardInterrupt's traceback showed `File "<torchtop backward>"` and no line:
+    the file names the wrapped function, and linecache holds the wrapper's source."""
+
+    def backward(x):
+        raise KeyboardInterrupt
+
+    w, _ = _wrap(backward)
+    try:
+        w(1)
+    except KeyboardInterrupt as exc:
+        text = "".join(traceback.format_exception(exc))
+    name = f"<torchtop wrapper of {backward.__module__}.{backward.__qualname__}>"
+    assert f'File "{name}", line 4, in w' in text, text
+    assert "return _tt_orig(x)" in text, text  # the wrapper's line: it passes the call on
+    assert w.__code__.co_filename.startswith("<torchtop ")  # still torchtop's own (frames.py)
+    other = signature_wrapper(backward, _LOG.replace("_tt_calls.append", "_tt_calls.extend"), {}, "w")
+    assert other.__code__.co_filename != name  # another source: its own name, its own lines

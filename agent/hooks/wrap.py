@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import keyword
+import linecache
 import weakref
 from collections.abc import Callable
 from types import CodeType
@@ -114,5 +115,22 @@ def signature_wrapper(
         name = "wrapper"
     source = template.format(name=name, params=params, call=call, first=first)
     namespace: dict[str, Any] = {**names, **defaults, f"{_PREFIX}orig": orig, "__builtins__": __builtins__}
-    exec(compile(source, f"<torchtop {name}>", "exec"), namespace)  # noqa: S102 - our template
+    exec(compile(source, _source_name(orig, name, source), "exec"), namespace)  # noqa: S102 - our template
     return functools.wraps(orig)(namespace[name])
+
+
+def _source_name(orig: Fn, name: str, source: str) -> str:
+    """The wrapper's file name, saying whose wrapper it is ("<torchtop wrapper of
+    torch.autograd.backward>": a user's traceback passes through it), its source in linecache
+    so that tracebacks printed by the traceback module (3.13's default one too) show its line.
+    Kept "<torchtop ..." (frames.py: torchtop's own code); the same name only for the same source."""
+    label = f"{getattr(orig, '__module__', None) or ''}.{getattr(orig, '__qualname__', name)}".lstrip(".")
+    lines = source.splitlines(True)
+    filename = f"<torchtop wrapper of {label}>"
+    for n in range(2, 100):
+        got = linecache.cache.get(filename)
+        if got is None or (len(got) > 2 and got[2] == lines):
+            break
+        filename = f"<torchtop wrapper of {label} #{n}>"
+    linecache.cache[filename] = (len(source), None, lines, filename)  # no mtime: checkcache keeps it
+    return filename

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 "this CPU has no bf16 instructions (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo): "
                 "bf16 autocast runs emulated here, so it is slower than fp32 on this CPU, not in general"
             )
-    result = compare(reports, names, notes)
+    result = compare(reports, names, notes, demo=bool(args.demo))
     print(json.dumps(result, indent=2) if args.json else render_text(result))
     return 0
 

@@ -104,6 +104,15 @@ def job_name(command: list[str]) -> str:
     return Path(command[0]).name
 
 
+def stopping_line(pid: int) -> str:
+    """After Ctrl-C in the TUI: the job may take a while (a non-daemon thread keeps a Python job
+    alive past its KeyboardInterrupt); the terminal is the job's again, so a second Ctrl-C reaches it."""
+    return (
+        f"torchtop: Ctrl-C: SIGINT sent to the job (pid {pid}); waiting for it to end "
+        "(Ctrl-C again interrupts it again: a job held up by its threads then ends)"
+    )
+
+
 def _finish(job: Job) -> int:
     """Wait for the job, holding the terminal for it (Ctrl-C reaches it, once); its exit code."""
     with foreground(job):
@@ -200,7 +209,7 @@ def _watch(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int:
             job.on_forward = _on_signal
             leave.done()
     if stopped:
-        print(f"torchtop: Ctrl-C: SIGINT sent to the job (pid {job.pid}); waiting for it to end", flush=True)
+        print(stopping_line(job.pid), flush=True)
     elif job.ended():
         print(f"torchtop run: the job ended (exit code {_exit_code(job.wait())}); its output: {log_path}")
     elif job.poll() is None:

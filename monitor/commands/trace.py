@@ -50,6 +50,7 @@ def open_ranks(paths: list[str]) -> tuple[list[tuple[Any, Any]], list[str]]:
     from torchtop.monitor.model.playback import Playback
 
     out, warnings = [], []
+    seen: dict[tuple[str, str], str] = {}  # a job's (or a lone run's) id: the first path holding it
     for path in paths:
         found = open_recording(Path(path))
         warnings += rank_dirs(Path(path))[1] if Path(path).is_dir() else []
@@ -66,7 +67,28 @@ def open_ranks(paths: list[str]) -> tuple[list[tuple[Any, Any]], list[str]]:
             out.append((RankTrace(rank, pb.hello), pb))
         if len(out) == before:
             raise RecordingError(f"{path}: no rank of it can be read")
+        ids = {_run_of(pb.hello) for _, pb in out[before:]}
+        if seen and not ids & seen.keys():  # one timeline for two runs would put them side by side as ranks
+            key, first = next(iter(seen.items()))
+            raise RecordingError(
+                f"{path} is another run than {first} ({', '.join(sorted(map(_label, ids)))} vs "
+                f"{_label(key)}): trace one run, or the recordings of one job, at a time"
+            )
+        seen.update((i, path) for i in ids if i not in seen)
     return out, warnings
+
+
+def _run_of(hello: Any) -> tuple[str, str]:
+    """What ties ranks together: their job's id, or a lone process's run id."""
+    if hello is None:
+        return "run", "?"
+    return ("job", hello.job_id) if hello.job_id else ("run", hello.run_id)
+
+
+def _label(key: tuple[str, str]) -> str:
+    from torchtop.monitor.link.job_targets import short_job_id
+
+    return f"{key[0]} {short_job_id(key[1]) if key[0] == 'job' else key[1]}"
 
 
 def _chunks(pb: Any, counts: list[int]) -> Iterator[tuple[list[Any], list[Any]]]:
@@ -105,6 +127,7 @@ def read_json(path: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from torchtop.contract.recording import RecordingError
     from torchtop.monitor.export.perfetto import capture_events, capture_start, rank_events, write_trace
+    from torchtop.monitor.model.fmt import plural
 
     if not args.paths and not args.capture:
         print("torchtop: give recordings and/or --capture traces to convert", file=sys.stderr)
@@ -136,8 +159,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     steps = counts[0]
     print(
-        f"torchtop trace: {args.output}: {len(ranks)} rank(s), {steps} steps"
-        + (f", {len(captures)} capture(s)" if captures else "")
+        f"torchtop trace: {args.output}: {len(ranks)} {plural(len(ranks), 'rank')}, {steps} {plural(steps, 'step')}"
+        + (f", {len(captures)} {plural(len(captures), 'capture')}" if captures else "")
         + "; open it in https://ui.perfetto.dev",
         file=sys.stderr,
     )

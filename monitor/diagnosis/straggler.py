@@ -259,7 +259,8 @@ def straggler_finding(s: Straggler) -> Finding:
     work = work_line(s)
     evidence = (
         *((work, what) if s.imbalance and work else (what,)),
-        f"the other {s.waiting} rank{'s' if s.waiting != 1 else ''} wait {s.wait_ms:.1f} ms a step for it in "
+        f"{'the other rank waits' if s.waiting == 1 else f'the other {s.waiting} ranks wait'} "
+        f"{s.wait_ms:.1f} ms a step for it in "
         f"collectives: {pct(s.share, 0)} of the {s.step_ms:.1f} ms step",
         *_slowdown_line(s),
         *((work,) if work and not s.imbalance else ()),

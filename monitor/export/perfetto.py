@@ -50,16 +50,20 @@ def _us(seconds_from_origin: float) -> int:
 ROUNDING_US = 2  # a step that starts this little before the previous one ended: rounding
 
 
-def step_events(rank: RankTrace, origin: float) -> list[dict[str, Any]]:
+def step_events(
+    rank: RankTrace, origin: float, last_end: dict[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """`last_end`: per kind (train, eval), where its previous step's slice ended on the track;
+    carried from one chunk of a recording to the next (a fresh one when None)."""
     out: list[dict[str, Any]] = []
-    last_end: dict[str, int] = {}  # per kind (train, eval): where its previous slice ended
+    last_end = {} if last_end is None else last_end
     for s in rank.steps:
         start = s.t0 - origin
         t0 = _us(start)
         end = _us(start + s.wall_ns / 1e9)
-        before = last_end.get(s.kind)
-        if before is not None and t0 < before <= t0 + ROUNDING_US:
-            t0 = min(before, end)  # the steps touch: rounding two float times made them overlap
+        for before in last_end.values():  # either kind's: train and eval steps share the track
+            if t0 < before <= t0 + ROUNDING_US:
+                t0 = min(before, end)  # the steps touch: rounding two float times made them overlap
         last_end[s.kind] = end
         args: dict[str, Any] = {"step": s.i, "wall_ms": round(s.wall_ns / 1e6, 4)}
         if s.phases:
@@ -209,9 +213,10 @@ def rank_events(
 ) -> Iterator[dict[str, Any]]:
     """A rank's metadata, then its steps and counters chunk by chunk (a recording's batches)."""
     yield from metadata_events(r)
+    last_end: dict[str, int] = {}  # a step at a chunk's start touches the last one of the previous chunk
     for steps, telemetry in chunks:
         part = RankTrace(r.rank, r.hello, steps, telemetry, r.pid)
-        yield from step_events(part, origin)
+        yield from step_events(part, origin, last_end)
         yield from counter_events(part, origin)
 
 

@@ -105,21 +105,32 @@ def device_metrics(reports: Sequence[RunReport]) -> list[Metric]:
     ]
 
 
-def thin_notes(runs: list[dict[str, Any]]) -> list[str]:
-    """One line per run with too few steps for its ratios to mean much."""
+def thin_notes(runs: list[dict[str, Any]], demo: bool = False) -> list[str]:
+    """One line per run with too few steps for its ratios to mean much; `demo`: the runs are
+    `--demo`'s own (their length is --demo-seconds), else the user's recordings."""
     most = max((r["steps"] for r in runs), default=0)
+    longer = "record it longer (--demo-seconds)" if demo else "record the run longer"
     return [
-        f"{chr(65 + k)}: {r['name']} has {r['steps']} step{'s' if r['steps'] != 1 else ''} to compare"
-        f" ({most} in the run with the most): too few to trust its changes; record it longer"
-        " (--demo-seconds) or compare over --seconds"
+        f"{chr(65 + k)}: {r['name']} has {r['steps']} {fmt.plural(r['steps'], 'step')} to compare"
+        f" ({most} in the run with the most): too few to trust its changes; {longer}"
+        " or compare over more of it (--seconds)"
         for k, r in enumerate(runs)
         if r["steps"] < THIN_STEPS
     ]
 
 
-def compare(reports: Sequence[RunReport], names: list[str], notes: list[str] | None = None) -> dict[str, Any]:
+def _shown_zero(v: float | None, unit: str) -> bool:
+    """Whether `v` reads as zero where it is shown ("0.0", "0.000 ms"): a ratio of two such
+    figures is their rounding's, not the runs' (achieved TFLOP/s "0.0 -> 0.0, 8.59x slower")."""
+    return v is not None and not any(c in "123456789" for c in _value(v, unit))
+
+
+def compare(
+    reports: Sequence[RunReport], names: list[str], notes: list[str] | None = None, demo: bool = False
+) -> dict[str, Any]:
     """The comparison as JSON-able data: runs (name, steps, verdict, flags, memory kind), rows,
-    and notes (runs too thin to trust, and what the caller knows: a CPU without bf16)."""
+    and notes (runs too thin to trust, and what the caller knows: a CPU without bf16). `demo`:
+    the runs are `--demo`'s (thin_notes)."""
     head = 3 + 2 * len(PHASES)  # steps/s, step times, then phase times and shares
     metrics = [*METRICS[:head], *device_metrics(reports), *METRICS[head:]]
     rows: list[Row] = []
@@ -127,11 +138,13 @@ def compare(reports: Sequence[RunReport], names: list[str], notes: list[str] | N
         values = [m.get(r) for r in reports]
         if all(not v for v in values):
             continue  # e.g. no MFU, no device times on CPU, no h2d copies
-        rows.append(
-            Row(
-                m.key, m.label, m.unit, m.better, values, [change(values[0], v, m.better) for v in values[1:]]
-            )
-        )
+        changes = [
+            None
+            if _shown_zero(values[0], m.unit) and _shown_zero(v, m.unit)
+            else change(values[0], v, m.better)
+            for v in values[1:]
+        ]
+        rows.append(Row(m.key, m.label, m.unit, m.better, values, changes))
     runs: list[dict[str, Any]] = [
         {
             "name": name,
@@ -153,7 +166,7 @@ def compare(reports: Sequence[RunReport], names: list[str], notes: list[str] | N
         "baseline": names[0] if names else "",
         "runs": runs,
         "rows": [row.__dict__ for row in rows],
-        "notes": [*thin_notes(runs), *(notes or [])],
+        "notes": [*thin_notes(runs, demo), *(notes or [])],
     }
 
 
@@ -162,8 +175,8 @@ def _value(v: float | None, unit: str) -> str:
         return "—"
     if unit == "ms":
         return f"{fmt.ms(v)} ms"
-    if unit == "/s":
-        return fmt.rate(v)
+    if unit == "/s":  # a small rate (a CPU's TFLOP/s, a slow run's steps/s) in 2 digits, not "0.0"
+        return f"{v:.2g}" if 0 < v < 0.1 else fmt.rate(v)
     if unit == "bytes":
         return fmt.size(v)
     if unit in ("share", "ratio"):

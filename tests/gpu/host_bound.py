@@ -76,7 +76,7 @@ class ToyMLP(nn.Module):
 def build(parallel: str, device: torch.device) -> tuple[nn.Module, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     if parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -122,20 +122,28 @@ def main() -> int:
     os.environ.setdefault("TORCHTOP_QUIET", "1")
     import torchtop.agent as ta
 
-    dist.init_process_group("nccl")
+    cuda = torch.cuda.is_available()  # gloo on CPU: the same job, to try the script without a GPU
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    torch.cuda.set_device(device)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     agent = ta.start()
     assert agent is not None
     model, opt = build(args.parallel, device)
     flag = torch.zeros(1, device=device)
     t0 = time.perf_counter()
     n = 0
-    while time.perf_counter() - t0 < args.warm_s:
-        step(args.parallel, model, opt, device)
-        n += 1
-    torch.cuda.synchronize()
+    while True:  # every rank runs the same steps: rank 0's clock decides, for all, every 5 steps
+        for _ in range(5):
+            step(args.parallel, model, opt, device)
+        n += 5
+        flag.fill_(1.0 if rank == 0 and time.perf_counter() - t0 > args.warm_s else 0.0)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            break
+    if cuda:
+        torch.cuda.synchronize()
     print(f"rank {rank}: {n / (time.perf_counter() - t0):.1f} steps/s in the warm-up", flush=True)
     found: dict[str, Any] = {}
     reporter = threading.Thread(
