@@ -109,8 +109,9 @@ CATALOGUE: tuple[Entry, ...] = (
         rule_straggler, IN_RULE,
         "the rank that waits least in collectives (it arrives last), when all of: its own time (the step less "
         "its collective wait; host figures only on a `host-bound` job) exceeds the others' median by more than "
-        "the job's noise band (the median over the other ranks of their own time's spread second to second "
-        "over the window; 5% of the step while fewer than 3 seconds hold steps; at least 0.2 ms); it is "
+        "twice the job's noise band (the median over the other ranks of their own time's standard deviation "
+        "second to second over the window, at least 0.2 ms; while fewer than 3 seconds hold steps, once 5% of "
+        "the step); it is "
         "ahead of the others' median by more than the band in ≥ 60% of those seconds (a spike of a few "
         "seconds is not a straggler; whether it was slower before the window too is said as its "
         "persistence, chronic or one-off); its phases' excess "

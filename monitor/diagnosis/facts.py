@@ -90,6 +90,10 @@ class Thresholds:
     # in this share of those seconds, and its measured phases' excess explain this share of
     # the others' wait
     noise_seconds: float = 3
+    # the band is one standard deviation of a rank's own time second to second: its window mean
+    # must clear twice that (identical ranks on a loaded 2-core VM drifted 1.2 ms apart for a
+    # window with a 0.6-1 ms band; planted stragglers clear it 4-100x)
+    straggler_margin: float = 2.0
     straggler_persistent: float = 0.6
     straggler_covered: float = 0.5
     # every rank's host busy this share of its step (its phases less its collective and GPU

@@ -195,7 +195,8 @@ def find_straggler(
     s = judged[slow]
     points = own_points(seconds or {}, judged, host)
     noise = measure_noise(points, slow, step)
-    if s.busy_ms - median(t.busy_ms for t in others) <= noise.band_ms * scale:
+    margin = T.straggler_margin if noise.measured else 1.0  # a measured band is one deviation
+    if s.busy_ms - median(t.busy_ms for t in others) <= margin * noise.band_ms * scale:
         return None  # within what identical ranks vary here
     excess = {p: s.cost(p) - median(t.cost(p) for t in others) for p in OWN_PHASES}
     if sum(max(0.0, x) for x in excess.values()) < T.straggler_covered * wait * scale:
