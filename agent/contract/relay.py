@@ -21,6 +21,8 @@ from typing import Any
 
 import msgspec
 
+from torchtop.contract.discovery import PID_CEILING
+
 #: 1: an unnamed list [second, *sums] (18 sums before the work figures, then 22); 2: Second
 SUMMARY_VERSION = 2
 SECONDS_BACK = 130.0  # a summary's oldest second: the monitor keeps 120 s of seconds
@@ -87,7 +89,6 @@ def second_problem(s: Second, ref: float) -> str | None:
 # -- what a relay registers -----------------------------------------------------------------------
 MAX_TEXT = 255  # a name, a host, an id
 MAX_ADDRESS = 255
-PID_MAX = 1 << 22  # Linux's ceiling for pid_max
 
 
 class RelayInfo(msgspec.Struct, omit_defaults=True):
@@ -145,7 +146,7 @@ def relay_info(raw: Mapping[str, Any] | str | bytes) -> RelayInfo:
 def _info_problem(info: RelayInfo) -> str | None:
     if info.kind != "relay":
         return f"kind {info.kind[:40]!r}, not relay"
-    if not 0 < info.pid <= PID_MAX:
+    if not 0 < info.pid <= PID_CEILING:  # another machine's pid: Linux's ceiling, not ours
         return f"pid {info.pid} out of range"
     texts = {"job_id": info.job_id, "node": info.node, "host": info.host, "ssh_host": info.ssh_host}
     texts["version"] = info.version

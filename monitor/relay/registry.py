@@ -12,12 +12,11 @@ import fcntl
 import hashlib
 import os
 import secrets
-import stat
 from pathlib import Path
 
 from torchtop.contract import discovery
 from torchtop.contract.private import create_file, open_private_dir
-from torchtop.contract.relay import PID_MAX, RelayInfo, relay_info, relay_line
+from torchtop.contract.relay import RelayInfo, relay_info, relay_line
 
 MAX_FILE = 64 << 10  # a relay's entry is ~400 bytes
 
@@ -66,7 +65,7 @@ def remove(pid: int) -> None:
 
 
 def _alive(pid: int) -> bool:
-    if not 0 < pid <= PID_MAX:
+    if not discovery.pid_in_range(pid):
         return False
     try:
         os.kill(pid, 0)
@@ -78,21 +77,10 @@ def _alive(pid: int) -> bool:
 
 
 def _read(fd: int, name: str) -> RelayInfo:
-    """One entry, read with care (a same-user file could be anything): a regular file of at most
-    MAX_FILE bytes, never a link or a FIFO, checked field by field; ValueError says why not."""
-    try:
-        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-    except OSError as exc:
-        raise ValueError(exc.strerror or str(exc)) from None
-    try:
-        st = os.fstat(f)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("not a regular file")
-        if st.st_size > MAX_FILE:
-            raise ValueError(f"{st.st_size:,} bytes, more than an entry's {MAX_FILE:,}")
-        data = os.read(f, MAX_FILE + 1)
-    finally:
-        os.close(f)
+    """One entry, read with care (a same-user file could be anything): the agents' entries' reader
+    (a regular file of this user's, at most MAX_FILE bytes, never a link or a FIFO), then checked
+    field by field; ValueError says why not."""
+    data, _ = discovery.read_small(fd, name, MAX_FILE)
     return relay_info(data)
 
 
