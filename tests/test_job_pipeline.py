@@ -12,7 +12,8 @@ the step, under the straggler rule's lowest band for a pipeline's stages (10%: a
 whole layers is no finer; the bubble is that job's verdict). The assertions are about order and
 ratios. On this 2-core machine the two ranks, the report and the node's relay share the cores:
 a window where the scheduler favoured one rank can name the other, so the balanced case reads
-up to three windows and needs one without a straggler.
+up to three windows and needs one without a straggler; the heavier stage's case reads up to three
+and needs one that names it (and none that names the other).
 """
 
 from __future__ import annotations
@@ -130,9 +131,14 @@ def test_balanced_pipeline_shows_the_bubble_without_a_straggler(
 def test_a_heavier_stage_is_named_by_its_parameters(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     """Issue 35 item 6: rank 1's stage holds three blocks, rank 0's one: not "slower at the same
     work (its GPU or its host)" but the parameters its stage holds, and where to move layers."""
+    named = []
     with pipeline_job(tmp_path, subprocess_env, "--heavy-rank", "1", "--blocks", "3"):
-        r = report(subprocess_env)
-    assert r["straggler"] is not None and r["straggler"]["rank"] == 1, r["straggler"]
+        for _ in range(3):  # a window where another test's job took the cores can hold no clear one
+            r = report(subprocess_env)
+            named.append(r["straggler"] and r["straggler"]["rank"])
+            if r["straggler"] is not None:
+                break
+    assert named[-1] == 1 and set(named) <= {None, 1}, named
     evidence = r["verdict"]["evidence"]
     line = next((e for e in evidence if e.startswith("the stage on rank 1 holds")), None)
     assert line is not None, evidence
