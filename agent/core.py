@@ -72,7 +72,14 @@ class Agent:
             from torchtop.agent.telemetry.collector import TelemetryCollector
 
             self.telemetry = TelemetryCollector(self.cuda)
-            self.recorder = start_options.recorder(options.record, self.rank)
+            from torchtop.agent.telemetry import flight
+
+            if flight.enable():  # before the user's process groups: the buffer takes effect for those
+                self.telemetry.flight = flight.FlightReader()
+            # no launcher named the rank (mp.spawn): the recording waits for the process group's
+            self.recorder = start_options.recorder(
+                options.record, self.rank if self.identity.launcher else None
+            )
             self.telemetry.recording = self.recorder is not None
             self.telemetry.start()
             if options.auto:
@@ -146,6 +153,7 @@ class Agent:
         """Agent thread, each tick: the hooks' chores; once a second, who this rank is."""
         if self.hooks is not None:
             self.hooks.agent_tick()
+        self._settle_recording()
         if self.unpublished and (
             self.probe.steps > 0 or (self.hooks is not None and self.hooks.seen_model())
         ):
@@ -171,6 +179,23 @@ class Agent:
             )
         except Exception:  # broad: a process group that cannot say is one rank; never into training
             self.probe.comm = False
+
+    def _settle_recording(self) -> None:
+        """Agent thread, each tick while the recording waits for this process's rank: the process
+        group's once there is one, else 0 once the process trains or runs its model on its own."""
+        rec = self.recorder
+        if rec is None or rec.rank is not None:
+            return
+        ident = self.identity
+        if identity.refresh_from_dist(ident, self.torch):
+            self.loop.rank = self.loop.router.rank = ident.rank
+            self.captures.rank = ident.rank if ident.world_size > 1 else None
+            self._rewrite_discovery()
+        try:  # a Hello that cannot be built now: asked again next tick; the chores after it go on
+            if ident.backend or self.probe.steps > 0 or (self.hooks is not None and self.hooks.seen_model()):
+                rec.settle(ident.rank, self.hello())
+        except Exception:  # broad: never ends the agent thread's chores
+            pass
 
     def _rewrite_discovery(self) -> None:
         if getattr(self, "discovery_file", None) is None:
@@ -215,6 +240,12 @@ class Agent:
                 pass
         if loop is not None:
             loop.stop()
+        if self.recorder is not None and self.recorder.rank is None and not self.unpublished:
+            try:  # started by hand and never trained: recorded as rank 0 (a zero-code helper is not)
+                identity.refresh_from_dist(self.identity, self.torch)
+                self.recorder.settle(self.rank, self.hello())
+            except Exception:  # broad: a hello that cannot be built at exit: nothing recorded
+                pass
         if getattr(self, "captures", None) is not None:
             self.captures.close()  # after the agent thread, which owned the capture's record
         if self.recorder is not None:  # after the loop's last tick: its batch is recorded too

@@ -95,7 +95,10 @@ def discovery_info(agent: Agent) -> discovery.AgentInfo:
 
 def where(agent: Agent) -> str:
     """The start line: where to attach (to the job, when this is rank 0 of several)."""
-    recording = f"; recording to {agent.recorder.directory}" if agent.recorder is not None else ""
+    rec = agent.recorder
+    recording = ""
+    if rec is not None:  # no directory yet: no launcher named the rank, the process group will
+        recording = f"; recording to {rec.directory or str(rec.path) + ' (its rank directory once known)'}"
     if agent.world_size > 1:
         return (
             f"agents on the {agent.world_size} ranks of this job (rank 0: pid {agent.pid} on {agent.sockets.address}); "

@@ -48,9 +48,10 @@ class StartOptions:
         return replace(self, port=port, bind=bind, phase_every=phase_every)
 
 
-def recorder(record: str | os.PathLike[str] | None, rank: int) -> Recorder | None:
+def recorder(record: str | os.PathLike[str] | None, rank: int | None) -> Recorder | None:
     """The recorder thread (not started) for `record` or $TORCHTOP_RECORD; None when neither
-    asks for one or the directory cannot be written (said once: training goes on)."""
+    asks for one or the directory cannot be written (said once: training goes on). `rank` None:
+    no launcher named it; the recorder holds its batches until the agent settles it."""
     record = record or os.environ.get("TORCHTOP_RECORD") or None
     if record is None:
         return None

@@ -137,3 +137,21 @@ def test_an_ipc_target_past_sun_path_is_one_line(capsys: pytest.CaptureFixture[s
     assert main(["report", f"ipc:///{'a' * 300}.req", "--seconds", "0.1"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "at most 107 bytes" in err, err
+
+
+def test_ls_escapes_control_characters_on_every_line(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job's ranks are listed under a job line: their host and the job id come from files anyone
+    of this user's can write, so neither may move the cursor or retitle the terminal."""
+    evil = "\x1b[2J\x1b]0;pwned\x07"
+    for rank, pid in enumerate((os.getpid(), os.getppid())):
+        info = discovery.AgentInfo(
+            pid=pid, address=f"ipc:///tmp/x{rank}.req", pub_address=f"ipc:///tmp/x{rank}.pub",
+            host=f"node{evil}", job_id=f"job{evil}@h:1", rank=rank, world_size=2,
+        )  # fmt: skip
+        discovery.write(info)
+    assert main(["ls"]) == 0
+    out = capsys.readouterr().out
+    assert "rank   1" in out and "\x1b" not in out and "\x07" not in out, out
+    assert "\\x1b" in out  # escaped, not dropped: the text is still there to read

@@ -75,11 +75,11 @@ def test_a_newer_relays_extra_figures_are_ignored_and_said() -> None:
     steps = _steps(0, data=20.0)
     newer = [[*b, 7.0, 8.0, 9.0] for b in _buckets(0, steps)]  # 3 figures this monitor does not know
     job = JobState()
-    apply_summary(job, "relay", _frame([_rank(0, newer)], summary_v=3), now=1.0)
+    apply_summary(job, "relay", _frame([_rank(0, newer)], summary_v=wire.SUMMARY_VERSION + 1), now=1.0)
     assert job.member(member_key("relay", 0)).stats.window(10) == _direct(steps).window(10)
     report = build_job_report(job, 10, "x", 10, 1.0)  # what report / export / attach --store read
     assert report["ranks"][0]["steps"] == _direct(steps).window(10).steps > 150
-    assert any("summary version 3" in n for n in report["notes"])
+    assert any(f"summary version {wire.SUMMARY_VERSION + 1}" in n for n in report["notes"])
 
 
 class OldRank(msgspec.Struct):  # the monitor before the contract: an unnamed list of numbers

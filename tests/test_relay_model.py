@@ -172,8 +172,9 @@ def test_summary_buckets_have_the_slots_the_monitor_reads() -> None:
     from torchtop.monitor.model.rank_stats import DEVICE_KEYS, SIZE
 
     assert len(SECOND_FIELDS) == SIZE + 1 == 1 + 4 + len(lc.PHASES) + 1 + 6 + 4  # + the work slots
-    named = ["t", "steps", "wall_ns", "timed", "timed_wall_ns", *(f"{p}_ns" for p in lc.PHASES), "sampled"]
-    named += [f"dev_{k}_ms" for k in DEVICE_KEYS] + ["worked", "samples", "tokens", "seq"]
+    slot_phases = [p for p in lc.PHASES if p != "checkpoint"]  # appended last: relay.Second is append-only
+    named = ["t", "steps", "wall_ns", "timed", "timed_wall_ns", *(f"{p}_ns" for p in slot_phases), "sampled"]
+    named += [f"dev_{k}_ms" for k in DEVICE_KEYS] + ["worked", "samples", "tokens", "seq", "checkpoint_ns"]
     assert list(SECOND_FIELDS) == named  # the contract's names in rank_stats' slot order
 
 

@@ -150,3 +150,23 @@ def test_the_widened_window_is_said_and_its_figures_are_of_the_judged_steps() ->
     # steps shorter than the window: nothing widened
     fast = _state(40, 0.5)
     assert not any("widened" in e for e in run_report(fast, 10.0, widen=True).verdict.evidence)
+
+
+def test_a_job_report_on_steps_longer_than_its_window_judges_the_ranks_kept_steps() -> None:
+    """The job path too: 11 s steps, a 10 s report: the job verdict is of the ranks' kept steps,
+    says its window widened, and the job's figures are of the same steps ("no training step seen"
+    only when none was)."""
+    from tests.rank_util import feed, rank_steps
+    from torchtop.monitor.diagnosis.job_diagnosis import build_job_report
+    from torchtop.monitor.model.job_state import JobState
+
+    job = JobState()
+    feed(job, {r: rank_steps(r, n=4, step_ms=11_000.0, forward=6_000.0, backward=4_000.0) for r in range(2)})
+    r = build_job_report(job, 10.0, "test")
+    evidence = r["verdict"]["evidence"]
+    assert r["verdict"]["kind"] != "unknown" and not any("no training step seen" in e for e in evidence), (
+        evidence
+    )
+    line = next((e for e in evidence if "widened" in e), None)
+    assert line is not None and "of 11.0 s" in line and "10 s asked" in line, evidence
+    assert r["job"]["covered_s"] > 20.0, r["job"]  # the figures reach back to the judged steps

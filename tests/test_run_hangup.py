@@ -181,6 +181,8 @@ def test_run_with_a_hostile_discovery_file_returns_the_jobs_status(runtime_dir: 
         log = "\n".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
         assert "job: done" in log, log[-2000:]
         assert b"the job ended (exit code 3)" in term.output
+        # the TUI closed with the job: its last verdict stays in the terminal (8 s of 10 ms steps)
+        assert b"torchtop run: last verdict: " in term.output, bytes(term.output[-3000:])
     finally:
         _kill(launcher.pid)
         term.hang_up()

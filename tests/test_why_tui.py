@@ -7,12 +7,12 @@ import pytest
 from tests.test_tui_panels import app_without_feed, fed, hello
 from tests.tui_util import steps
 from torchtop.contract import wire
-from torchtop.contract.logcodes import PHASES
+from torchtop.contract.logcodes import SAMPLE_PHASES
 from torchtop.monitor.link.client import Received
 from torchtop.monitor.tui.feed import BatchesReceived, HelloReceived
 from torchtop.monitor.tui.widgets import VerdictPanel, WhyPanel
 
-OTHER = PHASES.index("other")
+OTHER = SAMPLE_PHASES.index("other")  # a stack sample's phase index
 SITE = "/home/u/train.py:88 log_metrics"
 ITEM = "/home/u/train.py:57 main"
 

@@ -146,7 +146,16 @@ def test_decode_accepts_buffers() -> None:
 def test_step_phases_keep_their_order_and_sum() -> None:
     rec = step()
     assert sum(rec.phases.values()) == rec.wall_ns
-    assert tuple(logcodes.PHASES) == ("data", "h2d", "forward", "backward", "optimizer", "comm", "other")
+    assert tuple(logcodes.PHASES) == (
+        "data",
+        "h2d",
+        "forward",
+        "backward",
+        "optimizer",
+        "comm",
+        "checkpoint",
+        "other",
+    )
     assert logcodes.TIMED_PHASES == logcodes.PHASES[:-1]
 
 

@@ -30,14 +30,19 @@ Item = Union[int, tuple[Any, ...]]
 _LSHIFT = cast(Callable[[Any, int], int], _lshift)  # pairs of plain ints at C speed (to_entries)
 _OR = cast(Callable[[int, Any], int], _or)
 #: Phases measured on the training thread, in display order. `other` is the rest of the step.
-PHASES: tuple[str, ...] = ("data", "h2d", "forward", "backward", "optimizer", "comm", "other")
+PHASES: tuple[str, ...] = ("data", "h2d", "forward", "backward", "optimizer", "comm", "checkpoint", "other")
 TIMED_PHASES: tuple[str, ...] = PHASES[:-1]
-DATA, H2D, FORWARD, BACKWARD, OPTIMIZER, COMM = range(6)  # indices into TIMED_PHASES
+DATA, H2D, FORWARD, BACKWARD, OPTIMIZER, COMM, CHECKPOINT = range(7)  # indices into TIMED_PHASES
+#: A stack sample's phase index (why.StackSample.phase), append-only: `other` kept 6, as recorded before
+#: `checkpoint` was a phase
+SAMPLE_PHASES: tuple[str, ...] = (*TIMED_PHASES[:CHECKPOINT], "other", "checkpoint")
+SAMPLE_OTHER, SAMPLE_CHECKPOINT = 6, 7
 
 SHIFT = 8
 MASK = (1 << SHIFT) - 1
 EXIT = 8  # code: phase (0..4) opens it, EXIT | phase closes it
 GRAD = 6  # opens BACKWARD for torch.autograd.grad: backward time, but not a micro-batch
+SAVE = 7  # opens CHECKPOINT (a save: hooks/checkpoint.py); EXIT | SAVE closes it (a code, not its index)
 BACKWARD_STEPS = 18  # no optimizer.step() seen: from here each backward's end ends a step (BOUNDARY)
 COMM_GROUP = 19  # (stamp, group name): the collective just entered runs on this process group (dp, tp...)
 #: COMM_GROUP's name for a pipeline schedule's send/recv wait (the bubble), whatever its group's name
@@ -68,7 +73,7 @@ def opens_step(code: int) -> bool:
     """A code whose entry opens a step when none is open, as the monitor's replay reads it: a
     phase entered, a root forward, `with step():`, a step end. A copy, a mark or a group name
     is not a step's start (a model's `.to("cuda")` before the loop logs copies)."""
-    return code <= GRAD or code >= FORWARD_START or code == OPEN_STEP or code in STEP_ENDS
+    return code <= SAVE or code >= FORWARD_START or code == OPEN_STEP or code in STEP_ENDS
 
 
 def is_step_end(entry: Item) -> bool:

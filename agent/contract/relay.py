@@ -23,8 +23,9 @@ import msgspec
 
 from torchtop.contract.discovery import PID_CEILING
 
-#: 1: an unnamed list [second, *sums] (18 sums before the work figures, then 22); 2: Second
-SUMMARY_VERSION = 2
+#: 1: an unnamed list [second, *sums] (18 sums before the work figures, then 22); 2: Second;
+#: 3: checkpoint_ns
+SUMMARY_VERSION = 3
 SECONDS_BACK = 130.0  # a summary's oldest second: the monitor keeps 120 s of seconds
 SECONDS_AHEAD = 5.0  # its newest, past the relay's clock at sending (a step's end rounds up)
 MAX_STEPS_A_SECOND = 1_000_000  # far above any real loop (a step of a microsecond)
@@ -38,7 +39,7 @@ class Second(msgspec.Struct, array_like=True):
     wall_ns: float = 0.0  # their wall time
     timed: float = 0.0  # steps whose phases were timed
     timed_wall_ns: float = 0.0
-    data_ns: float = 0.0  # each phase's host time over the timed steps (logcodes.PHASES' order)
+    data_ns: float = 0.0  # each phase's host time over the timed steps (PHASES' order; checkpoint last)
     h2d_ns: float = 0.0
     forward_ns: float = 0.0
     backward_ns: float = 0.0
@@ -56,15 +57,16 @@ class Second(msgspec.Struct, array_like=True):
     samples: float = 0.0
     tokens: float = 0.0
     seq: float = 0.0  # the longest sequence, summed
+    checkpoint_ns: float = 0.0  # the `checkpoint` phase over the timed steps (an older relay: 0)
 
 
 SECOND_FIELDS: tuple[str, ...] = Second.__struct_fields__
 #: each count and the sums over the steps it counts (every count is of `steps`, at most)
 COUNTS: dict[str, tuple[str, ...]] = {
     "steps": ("wall_ns",),
-    "timed": SECOND_FIELDS[4:12],
+    "timed": (*SECOND_FIELDS[4:12], "checkpoint_ns"),
     "sampled": SECOND_FIELDS[13:19],
-    "worked": SECOND_FIELDS[20:],
+    "worked": SECOND_FIELDS[20:24],
 }
 
 

@@ -3,7 +3,12 @@ memory lows a snapshot replies with (the leak rule's)."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+
+MAX_COLLECTIVE_GROUPS = 16  # process groups a batch names (the longest waits first)
+MAX_COLLECTIVE_TEXT = 64  # a group's name and an op's, clipped
 
 
 class MemorySample(msgspec.Struct, omit_defaults=True):
@@ -66,6 +71,8 @@ class GpuSample(msgspec.Struct, omit_defaults=True):
     nvlink_tx_mibs: float | None = None
     nvlink_rx_mibs: float | None = None
     sm_clock_max_mhz: float | None = None
+    # NVML's total energy since the driver loaded, mJ (Volta+ data-center GPUs; None: unsupported)
+    energy_mj: int | None = None
 
 
 class WorkerSample(msgspec.Struct, omit_defaults=True):
@@ -107,6 +114,21 @@ class MemoryLow(msgspec.Struct, array_like=True):
     steps: int | None = None  # training steps cut by then: a leak is judged per step
 
 
+class Collective(msgspec.Struct, omit_defaults=True):
+    """One process group's place in its collectives, from torch's flight recorder, sent while the
+    run is stalled (agent/telemetry/flight.py)."""
+
+    group: Annotated[str, msgspec.Meta(max_length=MAX_COLLECTIVE_TEXT)]  # its group_desc, or "pg ID"
+    # the group's name in torch (the same on each of its ranks; two groups may share a desc)
+    group_id: Annotated[str, msgspec.Meta(max_length=MAX_COLLECTIVE_TEXT)]
+    op: Annotated[str, msgspec.Meta(max_length=MAX_COLLECTIVE_TEXT)]  # "all_reduce"
+    seq: Annotated[int, msgspec.Meta(ge=0)]  # the collective named: the oldest not completed, else the last
+    last_seq: Annotated[int, msgspec.Meta(ge=0)]  # the last one this rank entered
+    # "scheduled" / "started" / "completed" (NCCL's); "" unknown (gloo's stay "scheduled" when done)
+    state: Annotated[str, msgspec.Meta(max_length=MAX_COLLECTIVE_TEXT)] = ""
+    age_s: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0  # since the named one was entered
+
+
 class Telemetry(msgspec.Struct, omit_defaults=True):
     """The latest samples; absent parts say why in `unavailable` (e.g. {"gpu": "no NVML"})."""
 
@@ -117,3 +139,8 @@ class Telemetry(msgspec.Struct, omit_defaults=True):
     host: HostSample | None = None
     unavailable: dict[str, str] = {}
     steps: int | None = None  # training steps cut when these were sampled (the leak rule's x axis)
+    # the CPU packages' energy from RAPL since the agent started reading it, joules, its wraps
+    # undone (agent/telemetry/rapl.py); the whole machine's CPUs, not this process's; None: unreadable
+    cpu_energy_j: float | None = None
+    # each process group's place from torch's flight recorder, only while stalled ([] otherwise)
+    collectives: Annotated[list[Collective], msgspec.Meta(max_length=MAX_COLLECTIVE_GROUPS)] = []

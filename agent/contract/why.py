@@ -25,8 +25,8 @@ def function_of(qualname: str) -> str:
 class StackSample(msgspec.Struct, array_like=True):
     """The training thread's Python stack, sampled from an agent thread (agent/telemetry/stacks.py).
 
-    `t` is the agent's perf_counter_ns (the log's clock); `phase` an index into logcodes.PHASES
-    (5: other), read off torchtop's wrapper frames on the stack (or the log's open explicit phase).
+    `t` is the agent's perf_counter_ns (the log's clock); `phase` an index into logcodes.SAMPLE_PHASES
+    (6: other, 7: checkpoint), read off torchtop's wrapper frames on the stack (or the log's open explicit phase).
     `site` is the innermost frame of the user's own code ("path:line function"; a library's when
     none), `callee` the function it was in the middle of calling ("module:qualname"; "" when the
     site is the innermost Python frame). `sync`: the innermost frame sat at a call that a sync

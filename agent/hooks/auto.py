@@ -4,7 +4,7 @@ data (`DataLoader` iterators, `queue.Queue.get`), forward (root modules found by
 pre-hook during the first steps, then their class `forward` wrapped), backward
 (`torch.autograd.backward`/`grad`; in a distributed run a timed backward also logs where its
 compute ends), torch.distributed's blocking collectives (the `comm` phase: collectives.py), the
-optimizer (optimizer.py), host-to-device copies (h2d.py)
+optimizer (optimizer.py), host-to-device copies (h2d.py), saves (the `checkpoint` phase: checkpoint.py)
 and `model.compile()` in place (compiled.py). Each hook only logs into the `Probe`; step ends are
 decided at the optimizer, because a capture must start there. Why each hook is where it is:
 docs/architecture.md, "The step model". `uninstall()` restores everything.
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
     from torch.utils.hooks import RemovableHandle
 
+    from torchtop.agent.hooks.checkpoint import Saves
     from torchtop.agent.hooks.waits import Waits
 
 DISCOVERY_STEPS = 3  # steps during which new root modules are looked for
@@ -74,6 +75,7 @@ class AutoHooks:
         )
         self._scanned = False
         self.waits: Waits | None = None  # collective waits (waits.py), set at install
+        self.saves: Saves | None = None  # saves as the checkpoint phase (checkpoint.py), set at install
         self.compiling = compiling_check(torch)
         self._dynamo = dynamo_check(torch)
 
@@ -91,6 +93,10 @@ class AutoHooks:
             from torchtop.agent.hooks.h2d import patch_h2d
 
             patch_h2d(self.probe, self.torch, self._setattr)
+        from torchtop.agent.hooks.checkpoint import Saves
+
+        self.saves = Saves(self.probe, self._setattr)
+        self.saves.install(self.torch)
 
     def uninstall(self) -> None:
         while self._undo:
@@ -106,6 +112,7 @@ class AutoHooks:
         self._once.clear()
         self.scan_compiled = None
         self.waits = None
+        self.saves = None
         self.probe.depth = 0
         self.optimizers.uninstall()
 
@@ -116,6 +123,8 @@ class AutoHooks:
         holds the GIL for tens of milliseconds."""
         if self.waits is not None:
             self.waits.tick()
+        if self.saves is not None:
+            self.saves.tick()
         if self._scanned or self.probe.steps < DISCOVERY_STEPS:
             return
         self._scanned = True

@@ -125,7 +125,10 @@ def timed_collective(probe: Probe, orig: Any) -> Any:
     if "group" in params and mirror(orig, True) is not None:  # `group` is a name in the wrapper
         template = template.replace("        _tt_put(_tt_enter)\n", _GROUP, 1)
         names["_tt_group"] = log_group
-    return signature_wrapper(orig, template, names, getattr(orig, "__name__", "collective"), True)
+    # its frame says "comm" to the stack sampler on untimed steps too, and names the collective
+    return note_phase(
+        signature_wrapper(orig, template, names, getattr(orig, "__name__", "collective"), True), COMM
+    )
 
 
 def _parameters(fn: Any) -> tuple[str, ...]:

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from torchtop.agent import core
 from torchtop.agent.hooks.wrap import note_phase
 from torchtop.agent.warn import warn
-from torchtop.contract.logcodes import DATA, FORWARD_START, TIMED_PHASES
+from torchtop.contract.logcodes import CHECKPOINT, DATA, FORWARD_START, SAVE, TIMED_PHASES
 
 if TYPE_CHECKING:
     from torch import Tensor
 
 T = TypeVar("T")
-_PHASE_INDEX = {name: i for i, name in enumerate(TIMED_PHASES)}
+_PHASE_INDEX = {name: SAVE if i == CHECKPOINT else i for i, name in enumerate(TIMED_PHASES)}  # its code
 _FORWARD = _PHASE_INDEX["forward"]
 _warned: set[str] = set()
 
@@ -97,7 +97,7 @@ def step() -> _Step:
 
 
 def phase(name: str) -> _Phase:
-    """A context manager timing one phase: data, h2d, forward, backward or optimizer."""
+    """A context manager timing one phase: data, h2d, forward, backward, optimizer, comm or checkpoint."""
     found = _PHASES.get(name)
     if found is None:
         if name not in _warned:

@@ -20,6 +20,7 @@ from torchtop.contract.logcodes import (
     FORWARD_START,
     GRAD,
     MASK,
+    SAVE,
     STEP_END,
     TIMED_PHASES,
 )
@@ -54,6 +55,8 @@ class NvtxPut:
                 self._push(_NAMES[item])
             elif item == GRAD:
                 self._push(_NAMES[BACKWARD])
+            elif item == SAVE:
+                self._push("torchtop checkpoint")
             elif item < 16:
                 self._pop()
                 if item == EXIT | BACKWARD and self._comm:

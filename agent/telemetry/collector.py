@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 
     from torchtop.agent.cuda_use import CudaUse
     from torchtop.agent.telemetry.cuda_memory import CudaMemorySampler
+    from torchtop.agent.telemetry.flight import FlightReader
     from torchtop.agent.telemetry.gpm import GpmReading, GpmSampler
     from torchtop.agent.telemetry.host import HostSampler
     from torchtop.agent.telemetry.nvml import NvmlSampler
+    from torchtop.agent.telemetry.rapl import RaplReader
 
 SLOW_PERIOD_S = 1.0
 UNATTENDED_SLOW_PERIODS = 10  # nobody subscribed: the slow samplers run every this many periods
@@ -82,13 +84,17 @@ class TelemetryCollector:
         self._self_rss = SelfRss()
         self.trend = MemoryTrend()  # per-second lows, for monitors that join later
         self.step_count: Callable[[], int] | None = None  # training steps so far (the agent loop sets it)
+        self.flight: FlightReader | None = None  # torch's flight recorder, read while stalled (core sets it)
         self._devices: list[int] = []
         self._devices_at = 0.0
         self._cuda_mem: CudaMemorySampler | None = None
         self._nvml: NvmlSampler | None = None
         self._host_sampler: HostSampler | None = None
+        self._rapl: RaplReader | None = None
+        self._cpu_energy_j: float | None = None  # RAPL's joules at the last fast tick
         self._breakers = {
-            n: _Breaker(n, self.unavailable) for n in ("memory", "frag", "gpu", "pcie", "gpm", "host")
+            n: _Breaker(n, self.unavailable)
+            for n in ("memory", "frag", "gpu", "pcie", "gpm", "host", "cpu_energy")
         }
         self._stop = threading.Event()
         self._slow_lock = threading.Lock()  # the slow thread, and a last host sample at stop
@@ -102,6 +108,16 @@ class TelemetryCollector:
                 self.unavailable.setdefault("host", "psutil not available")
         else:
             self.unavailable["host"] = "disabled"
+        self._rapl = self._breakers["cpu_energy"].run(self._make_rapl) if enable_host else None
+        if self._rapl is not None and not self._rapl.available:
+            self.unavailable["cpu_energy"] = self._rapl.reason
+            self._rapl = None
+
+    @staticmethod
+    def _make_rapl() -> RaplReader:
+        from torchtop.agent.telemetry.rapl import RaplReader
+
+        return RaplReader()
 
     @staticmethod
     def _make_host() -> HostSampler:
@@ -148,6 +164,12 @@ class TelemetryCollector:
         CPU shows in its per-second low points, which a 1 Hz sample cannot give)."""
         if self._host_sampler is not None:
             self._rss = self._self_rss()
+        if self._rapl is not None and self._breakers["cpu_energy"].on:  # a few sysfs reads: cheap
+            self._cpu_energy_j = self._breakers["cpu_energy"].run(self._rapl.read)
+        if self.flight is not None:  # reads nothing unless the steps stopped (flight.py)
+            self.flight.poll(self._steps())
+            if self.flight.failed:
+                self.unavailable["flight_recorder"] = self.flight.failed
         try:
             self._fast_cuda()
         finally:
@@ -185,6 +207,8 @@ class TelemetryCollector:
                         s.nvlink_tx_mibs, s.nvlink_rx_mibs, s.sm_clock_max_mhz = g[4], g[5], g[8]
                     gpus.append(s)
             self._gpus = gpus
+            if self._nvml.energy_reason:
+                self.unavailable["gpu_energy"] = self._nvml.energy_reason
 
     def slow(self, host_only: bool = False) -> None:
         """1 Hz: host, PCIe throughput, fragmentation (when due)."""
@@ -238,6 +262,8 @@ class TelemetryCollector:
             host=host,
             unavailable=dict(self.unavailable),
             steps=self._steps(),
+            cpu_energy_j=self._cpu_energy_j,
+            collectives=list(self.flight.groups) if self.flight is not None else [],
         )
 
     # -- the slow thread -----------------------------------------------------------------------

@@ -4,6 +4,7 @@ CUDA device i of this process is NVML device CUDA_VISIBLE_DEVICES[i] (an index o
 when the variable is unset. Without a driver (a CPU machine) `available` is False and `reason`
 says why; nothing raises. Utilisation, power and clocks are cheap: sampled with the fast tick.
 PCIe throughput waits in the driver for a measuring window: `pcie()` runs on the slow thread only.
+The total-energy counter (Volta+ data-center GPUs) is cheap too; a device without it is asked once.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class NvmlSampler:
             self.reason = f"NVML not available ({type(exc).__name__})"
         self._visible = visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._throttle_bits: list[tuple[int, str]] = []
+        self._no_energy: set[int] = set()  # devices whose energy counter failed: never asked again
+        self.energy_reason = ""  # why a device has no energy counter (the collector's `unavailable`)
         if self.available:
             for attr, label in _THROTTLE_NAMES.items():
                 bit = getattr(self.nvml, f"nvmlClocksEventReason{attr}", None)
@@ -114,7 +117,26 @@ class NvmlSampler:
         reasons = self._try(get_reasons, h)
         if reasons:
             out.throttle = [label for bit, label in self._throttle_bits if reasons & bit]
+        out.energy_mj = self.energy(cuda_index, h)
         return out
+
+    def energy(self, cuda_index: int, h: Any) -> int | None:
+        """NVML's total energy since the driver loaded (mJ); None, and not asked again, where the
+        device or driver does not support it (a retry a tick would be a storm of failed calls)."""
+        if cuda_index in self._no_energy:
+            return None
+        fn = getattr(self.nvml, "nvmlDeviceGetTotalEnergyConsumption", None)
+        try:
+            got = fn(h) if fn is not None else None
+        except Exception as exc:  # broad: any NVML error (NVMLError_NotSupported on pre-Volta, consumer GPUs)
+            got, reason = None, type(exc).__name__
+        else:
+            reason = "no nvmlDeviceGetTotalEnergyConsumption in pynvml" if fn is None else f"read {got!r}"
+        if isinstance(got, int) and not isinstance(got, bool) and got >= 0:
+            return got
+        self._no_energy.add(cuda_index)
+        self.energy_reason = f"GPU {cuda_index}: energy counter not supported ({reason})"[:200]
+        return None
 
     def pcie(self, cuda_index: int) -> tuple[float | None, float | None]:
         """(tx, rx) KB/s over NVML's sampling window; None where unsupported."""

@@ -30,20 +30,23 @@ from typing import TYPE_CHECKING, Any
 from torchtop.agent.hooks.frames import Classifier, Kind, site
 from torchtop.contract.logcodes import (
     BACKWARD,
+    COMM,
     FORWARD,
     FORWARD_START,
     GRAD,
     H2D_COPY,
     MARK,
     OPTIMIZER,
-    TIMED_PHASES,
+    SAMPLE_CHECKPOINT,
+    SAMPLE_OTHER,
+    SAVE,
 )
 from torchtop.contract.why import StackSample, function_of
 
 if TYPE_CHECKING:
     from torchtop.agent.hooks.probe import Probe
 
-OTHER = len(TIMED_PHASES)  # a sample's phase outside data/h2d/forward/backward/optimizer
+OTHER = SAMPLE_OTHER  # a sample's phase outside the timed ones (logcodes.SAMPLE_PHASES)
 DEFAULT_HZ = 20.0
 LATE_NS = 500_000  # a sample this far past its time waited for the GIL: the stack moved on
 MAX_DEPTH = 256
@@ -93,6 +96,43 @@ def _input_offsets(code: CodeType) -> frozenset[int]:
     return frozenset(out)
 
 
+NAME_LOADS = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE"))
+ATTR_LOADS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
+CALL_NAMES_CAP = 2_000  # code objects whose calls are named (a dict of offsets each): cleared past this
+
+
+def _call_names(code: CodeType) -> dict[int, str]:
+    """Offsets (frame.f_lasti's unit) of `code`'s calls whose callable is a name or a dotted
+    name ("time.sleep", "self.conn.recv"), and that name: what a frame blocked in a C function
+    (no Python frame of its own) is calling. Found as _input_offsets finds `next()`: the first
+    call after the name's load that leaves only its result."""
+    out: dict[int, str] = {}
+    ins = list(dis.get_instructions(code))
+    for k, i in enumerate(ins):
+        if i.opname not in NAME_LOADS or not isinstance(i.argval, str):
+            continue
+        names, chain, depth, prev = [i.argval], True, 0, i
+        for j in ins[k : k + 64]:  # a call's arguments, bounded
+            try:
+                depth += dis.stack_effect(j.opcode, j.arg if j.opcode >= dis.HAVE_ARGUMENT else None)
+            except ValueError:
+                break
+            if j is not i:
+                if chain and j.opname in ATTR_LOADS and isinstance(j.argval, str):
+                    names.append(j.argval)
+                else:
+                    chain = False
+            if j.opname in CALLS and depth == 1:
+                out.setdefault(j.offset, ".".join(names))
+                if prev.opname == "PRECALL":  # 3.11: a builtin is called from its PRECALL
+                    out.setdefault(prev.offset, ".".join(names))
+                break
+            prev = j
+            if depth < 1:  # the name was stored or passed on, not called
+                break
+    return out
+
+
 def _code_phase(c: Any) -> int | None:
     """The phase a log code leaves open (None: look further back)."""
     if type(c) is not int:
@@ -103,6 +143,8 @@ def _code_phase(c: Any) -> int | None:
         return c
     if c == GRAD:
         return BACKWARD
+    if c == SAVE:
+        return SAMPLE_CHECKPOINT
     if c >= FORWARD_START:
         return FORWARD
     return OTHER  # a phase closed (its outer one is not tracked here), a step ended, a marker
@@ -167,6 +209,7 @@ class StackSampler:
         self.loop_codes: dict[int, tuple[CodeType, frozenset[int]]] = {}
         self.busy_ns = 0  # this thread's CPU time at work
         self.samples = 0
+        self._calls: dict[int, tuple[CodeType, dict[int, str]]] = {}  # id(code): its named calls
         self._new: deque[StackSample] = deque(maxlen=NEW_CAP)
         self._recent: deque[StackSample] = deque(maxlen=max(1, int(RECENT_S * max(self.hz, 1.0))))
         self._rand = random.Random()
@@ -202,6 +245,7 @@ class StackSampler:
         user_callee = lib_callee = prev = None
         loop_codes = self.loop_codes
         feeding = False  # the loop's input generator is on the stack, resumed by the loop
+        comm = ""  # the collective wrapper of ours on the stack, innermost: its collective's name
         depth = 0
         f: FrameType | None = frame
         while f is not None and depth < MAX_DEPTH:
@@ -212,6 +256,8 @@ class StackSampler:
             _, kind, ph = got
             if ph >= 0 and phase < 0:
                 phase = ph  # the innermost wrapper: a nested phase pauses its outer one
+            if ph == COMM and user is None:
+                comm = code.co_name  # the outermost collective wrapper: all_reduce, not its wait()
                 if ph in (FORWARD, BACKWARD):
                     self._loop_frame(f)
             if kind is Kind.USER:
@@ -237,16 +283,36 @@ class StackSampler:
         if phase < 0:
             phase = OPTIMIZER if probe.opt_depth else log_phase(probe)
         at, callee = (user, user_callee) if user is not None else (lib, lib_callee)
+        if comm and user is not None:
+            called = f"torch.distributed:{comm}"  # the collective, not torch's logging decorator
+        elif callee is not None:
+            called = self.classifier.callee(callee)
+        else:  # the site is the innermost Python frame: a C function it calls, named as called
+            called = self._called(at) if at is not None else ""
         return StackSample(
             t,
             phase,
             site(at) if at is not None else "",
-            self.classifier.callee(callee) if callee is not None else "",
+            called,
             sync,
             late,
             site(caller) if caller is not None else "",
             feeding and phase == OTHER,
         )
+
+    def _called(self, frame: FrameType) -> str:
+        """The name the innermost frame calls at its instruction ("" where it is not a call)."""
+        code = frame.f_code
+        got = self._calls.get(id(code))
+        if got is None or got[0] is not code:
+            if len(self._calls) > CALL_NAMES_CAP:
+                self._calls.clear()
+            try:
+                got = (code, _call_names(code))
+            except Exception:  # broad: dis over any code object: unnamed rather than no sample
+                got = (code, {})
+            self._calls[id(code)] = got
+        return got[1].get(frame.f_lasti, "")
 
     def _loop_code(self, codes: tuple[CodeType, ...]) -> None:
         """The user's own code among `codes` (the frames that called the model, innermost first):

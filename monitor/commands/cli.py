@@ -23,7 +23,7 @@ ATTACH_HELLO_S = 5.0  # attach: how long the first hello may take before it is a
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from torchtop.monitor.link.targets import TargetError
+    from torchtop.monitor.link.targets import TargetError, printable
 
     if getattr(args, "relays", False):  # this node's relays: what a monitor elsewhere tunnels to
         from torchtop.monitor.relay.registry import list_relays
@@ -31,7 +31,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         bad_relays: list[str] = []
         print(json.dumps([r.to_json() for r in list_relays(skipped=bad_relays)]))
         for line in bad_relays:  # stdout stays one JSON line (a monitor elsewhere reads it)
-            print(f"torchtop: skipped {line}", file=sys.stderr)
+            print(printable(f"torchtop: skipped {line}"), file=sys.stderr)
         return 0
     from torchtop.contract.discovery import Skipped, scan
 
@@ -41,7 +41,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     except TargetError as exc:
         return fail(str(exc))
     for s in skipped:  # a file there that is no entry: said, never raised nor removed
-        print(f"skipped {s.file}: {s.reason}", file=sys.stderr if args.json else sys.stdout)
+        print(printable(f"skipped {s.file}: {s.reason}"), file=sys.stderr if args.json else sys.stdout)
     if args.json:
         from torchtop.contract.discovery import listing
 
@@ -53,15 +53,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from torchtop.monitor.commands.job_cli import ls_lines
 
     for line in ls_lines(agents):
-        print(line)
+        print(printable(line))  # every field of a discovery file, the job's and its ranks' lines too
     if not getattr(args, "target", None):
         from torchtop.monitor.relay.registry import list_relays
 
         bad_relays: list[str] = []
         for r in list_relays(skipped=bad_relays):  # this node's relays (docs/multi-rank.md)
-            print(f"relay  pid {r.pid}  node {r.node}  job {r.job_id}")
+            print(printable(f"relay  pid {r.pid}  node {r.node}  job {r.job_id}"))
         for line in bad_relays:  # a file there that is no relay's entry: named, never raised on
-            print(f"skipped {line}")
+            print(printable(f"skipped {line}"))
     return 0
 
 

@@ -81,26 +81,37 @@ def job_label(argv: list[str]) -> str:
     return job_name(argv) if argv else "torchtop"
 
 
-def fleet_samples(fleet: Fleet, window: float, job: str | None) -> list[Sample]:
-    """Every watched agent's samples, from its state's report over the last `window` seconds."""
+def fleet_samples(
+    fleet: Fleet, window: float, job: str | None, verdicts: dict[str, Any] | None = None
+) -> list[Sample]:
+    """Every watched agent's samples, from its state's report over the last `window` seconds;
+    `verdicts`: each job's and agent's verdict in force, updated (hysteresis, as live)."""
     from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job, rank_times, rank_view
     from torchtop.monitor.diagnosis.report import diagnose, run_report, with_diagnosis
+    from torchtop.monitor.diagnosis.window import choose
     from torchtop.monitor.export.figures import samples
 
-    judged = {
-        job_id: (*diagnose_job(job, None, window), rank_times(job, window))
-        for job_id, job in fleet.jobs.items()
-        if len(job.live()) > 1
-    }
+    verdicts = {} if verdicts is None else verdicts
+    judged = {}
+    for job_id, job_state in fleet.jobs.items():
+        if len(job_state.live()) > 1:
+            verdicts[job_id], found = diagnose_job(job_state, verdicts.get(job_id), window)
+            judged[job_id] = (verdicts[job_id], found, rank_times(job_state, window))
     out: list[Sample] = []
     for w in fleet.agents.values():
         if w.hello is None:
             continue
-        report = run_report(w.state, window)
+        key = w.endpoint.address
+        chosen = choose(w.state, window)  # the figures and the verdict: one window, one fold
+        own = diagnose(w.state, verdicts.get(key), window=chosen)
+        verdicts[key] = own
+        report = run_report(w.state, window, chosen=chosen)
         in_job = judged.get(w.hello.job_id) if w.hello.job_id else None
         if in_job is not None:  # a rank of a job carries the job's verdict (its own flags)
             job_diagnosis, found, times = in_job
-            with_diagnosis(report, rank_view(job_diagnosis, diagnose(w.state), w.hello.rank, found, times))
+            with_diagnosis(report, rank_view(job_diagnosis, own, w.hello.rank, found, times))
+        else:
+            with_diagnosis(report, own)
         out += samples(
             report,
             job or job_label(w.hello.argv),
@@ -140,13 +151,14 @@ def _run_job(args: argparse.Namespace, targets: list[str], board: Any) -> Any:
     stack.callback(link.close)
     job = JobState(plan.job_id)
     publish_at = [0.0]
+    verdicts: dict[str, Any] = {}  # the verdict in force: the next judgement's hysteresis
 
     def poll() -> None:
         apply_events(job, link.poll(0.2), time.monotonic())
         now = time.monotonic()
         if now >= publish_at[0]:
             publish_at[0] = now + PUBLISH_S
-            board.publish(job_samples(job, args.window, args.job or job.job_id, now, args.top))
+            board.publish(job_samples(job, args.window, args.job or job.job_id, now, args.top, verdicts))
 
     return stack, poll
 
@@ -228,6 +240,7 @@ def _run(args: argparse.Namespace, prometheus: str | None, board: Any) -> int:
             return EXIT_USAGE
         end = None if args.seconds is None else time.monotonic() + args.seconds
         publish_at = 0.0
+        verdicts: dict[str, Any] = {}  # each job's and agent's verdict in force (hysteresis)
         try:
             while end is None or time.monotonic() < end:
                 if job_poll is not None:
@@ -236,7 +249,7 @@ def _run(args: argparse.Namespace, prometheus: str | None, board: Any) -> int:
                 fleet.poll(0.2)
                 if time.monotonic() >= publish_at:
                     publish_at = time.monotonic() + PUBLISH_S
-                    board.publish(fleet_samples(fleet, args.window, args.job))
+                    board.publish(fleet_samples(fleet, args.window, args.job, verdicts))
         except KeyboardInterrupt:
             pass
     return 0

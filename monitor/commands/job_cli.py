@@ -140,7 +140,7 @@ def _answered(job: JobState, key: str) -> bool:
 
 def ls_lines(agents: list[AgentInfo]) -> list[str]:
     """`torchtop ls`: each job on a line with its ranks under it; agents on their own as before."""
-    from torchtop.monitor.link.targets import describe
+    from torchtop.monitor.link.targets import describe, listens
 
     out: list[str] = []
     for g in group_by_job(agents):
@@ -148,5 +148,5 @@ def ls_lines(agents: list[AgentInfo]) -> list[str]:
             out += [describe(a) for a in g.agents]
             continue
         out.append(describe_job(g))
-        out += [f"  rank {a.rank or 0:>3}  pid {a.pid}  port {a.port}  {a.host or ''}" for a in g.agents]
+        out += [f"  rank {a.rank or 0:>3}  pid {a.pid}  {listens(a)}  {a.host or ''}" for a in g.agents]
     return out

@@ -199,6 +199,7 @@ def _watch(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int:
         job.signal(signal.SIGINT)
         stopped.append(True)
 
+    app: TorchtopApp | None = None
     if job.forwarded is None:  # not told to stop meanwhile
         app = _app_for(app_class, wait_for_ranks(job.proc, agents), log_path, Leaving("run", stop_job))
         leave = _Leave(job, app)
@@ -208,6 +209,9 @@ def _watch(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int:
         finally:
             job.on_forward = _on_signal
             leave.done()
+    last = last_verdict(app) if app is not None else ""
+    if last:  # the TUI closed with the job: its last verdict stays in the terminal's scrollback
+        print(last, flush=True)
     if stopped:
         print(stopping_line(job.pid), flush=True)
     elif job.ended():
@@ -219,6 +223,19 @@ def _watch(job: Job, log_path: Path, app_class: type[TorchtopApp]) -> int:
             flush=True,
         )
     return _finish(job)
+
+
+def last_verdict(app: TorchtopApp) -> str:
+    """The TUI's last verdict in a line ("" none yet): the job's where it watched a job."""
+    from torchtop.monitor.diagnosis.catalogue import VERDICT_WORDS
+
+    d = getattr(app, "job_diagnosis", None) or app.diagnosis
+    if d is None or d.verdict.kind == "unknown":
+        return ""
+    v = d.verdict
+    headline = VERDICT_WORDS.get(v.kind, (v.kind, ""))[0]
+    first = next((e for e in v.evidence if not e.startswith("ended:")), "")
+    return f"torchtop run: last verdict: {headline} ({v.severity}){': ' + first if first else ''}"
 
 
 def _wait_for_first_step(job: Job) -> list[AgentInfo]:

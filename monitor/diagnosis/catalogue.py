@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from torchtop.monitor.diagnosis import flags, gpm, upside, verdicts, why
+from torchtop.monitor.diagnosis import checkpoint, flags, gpm, stall, upside, verdicts, why
 from torchtop.monitor.diagnosis.facts import Facts, Finding
 from torchtop.monitor.diagnosis.job_rules import (
     JobFacts,
@@ -64,6 +64,17 @@ class Entry:
 
 CATALOGUE: tuple[Entry, ...] = (
     Entry(
+        "stalled", "verdict", "rank", "Stalled",
+        "no step has ended for many times the median step: the run is stopped", "stalled",
+        stall.rule_stalled, stall.stall_upside,
+        "no step end for 5× the median step and at least 5 s of the agent's clock (critical, before every "
+        "other verdict), with where the training thread is from its stack samples: inside a collective, or "
+        "outside any at the user's frame and the call it is blocked in. A job's: every rank stalled, the "
+        "ranks outside any collective named first (they hold it), the others waiting in theirs; no straggler "
+        "is named from it. A stall that ended in the last minute is said as resumed under the verdict",
+        "hang detectors: Mycroft names the faulty rank in 15 s, Minder in 3.6 s",
+    ),
+    Entry(
         "data-loading", "verdict", "rank", "Data-loading bound",
         "the training thread waits on the input pipeline", "data-loading bound",
         verdicts.rule_data, upside.data_upside,
@@ -76,6 +87,16 @@ CATALOGUE: tuple[Entry, ...] = (
         verdicts.rule_transfer, upside.transfer_upside,
         "host-to-device share (host time, or CUDA copy time / device step) in the same bands",
         "same",
+    ),
+    Entry(
+        "checkpoint", "verdict", "rank", "Checkpoint bound",
+        "saving checkpoints takes a large share of wall time", "checkpoint bound",
+        checkpoint.rule_checkpoint, checkpoint.checkpoint_upside,
+        "saves (`torch.save`, DCP `save` / `async_save` staging and its `.result()` wait, safetensors "
+        "`save_file`, on the training thread) ≥ 10% of wall time over the judged steps, timed or not "
+        "(warning), ≥ 30% (critical); its upside the share at a 10× longer save interval, from the "
+        "measured cost a save and steps between saves",
+        "NVIDIA-NeMo/Automodel #3131: async checkpoint staging made steps ~10× slower",
     ),
     Entry(
         "outside-phases", "verdict", "rank", "Outside the measured phases",

@@ -5,12 +5,15 @@ from __future__ import annotations
 from statistics import mean
 
 from torchtop.monitor.diagnosis import warmup
+from torchtop.monitor.diagnosis.checkpoint import saving
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
 from torchtop.monitor.diagnosis.gpm import figures as gpm_figures
 from torchtop.monitor.diagnosis.growth import leak_growth
 from torchtop.monitor.diagnosis.selection import flags_of, primary, with_upsides
-from torchtop.monitor.diagnosis.why import why_facts
+from torchtop.monitor.diagnosis.stall import run_stall, with_resumed
+from torchtop.monitor.diagnosis.why import WhyFacts, why_facts
+from torchtop.monitor.diagnosis.window import Window, choose
 from torchtop.monitor.model.hotspots import with_input_wait
 from torchtop.monitor.model.state import (
     RunState,
@@ -23,17 +26,8 @@ from torchtop.monitor.model.state import (
 from torchtop.monitor.model.steps import StepRecord
 
 
-def judged_steps(state: RunState) -> list[StepRecord]:
-    """Training steps past warm-up: the last `window_s` seconds or `window_steps` steps, the longer."""
-    warm = int(T.warmup_steps)
-    recent = [s for s in state.window(T.window_s) if s.i >= warm]
-    if len(recent) >= T.window_steps:
-        return recent
-    train = [s for s in state.steps if s.kind == "train" and s.i >= warm and not state.why.excluded(s)]
-    return train[-int(T.window_steps) :]
-
-
-def facts(state: RunState, steps: list[StepRecord]) -> Facts:
+def facts(state: RunState, steps: list[StepRecord], why: WhyFacts | None = None) -> Facts:
+    """The figures the rules read, over `steps`; `why`: their stack samples already folded."""
     hello = state.hello
     device = hello.device if hello else "cpu"
     step_ms = sum(s.wall_ns for s in steps) / len(steps) / 1e6 if steps else 0.0
@@ -82,7 +76,9 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     f.growth_what = "allocated CUDA memory" if cuda else "process RSS"
     if tel is not None and tel.gpus:
         f.gpm = gpm_figures(tel.gpus[0])
-    f.why = why_facts(state, steps, f.gpu_util)
+    f.why = why if why is not None else why_facts(state, steps, f.gpu_util)
+    f.stall = run_stall(state)
+    f.checkpoint = saving(steps)
     # a plain generator the loop resumes from its `for`: data wait no hook timed (stack samples)
     f.shares, moved = with_input_wait(f.shares, f.why.fold, int(T.min_phase_samples))
     f.input_wait = moved
@@ -92,29 +88,23 @@ def facts(state: RunState, steps: list[StepRecord]) -> Facts:
     return f
 
 
-POOLED_RANKS = 16  # a job of more ranks pools an even spread of this many (a refresh stays cheap)
-
-
-def pooled_steps(states: list[RunState]) -> list[StepRecord]:
-    """Each state's judged steps, together in order of time: a job's ranks judged over the
-    same steps their own lines read."""
-    held = [st for st in states if st.steps]
-    if len(held) > POOLED_RANKS:
-        held = [held[k * len(held) // POOLED_RANKS] for k in range(POOLED_RANKS)]
-    return sorted((s for st in held for s in judged_steps(st)), key=lambda s: s.t0)
-
-
 def diagnose(
-    state: RunState, previous: Diagnosis | None = None, steps: list[StepRecord] | None = None
+    state: RunState,
+    previous: Diagnosis | None = None,
+    steps: list[StepRecord] | None = None,
+    window: Window | None = None,
 ) -> Diagnosis:
-    """The verdict and flags for the recent window; `previous` gives the verdict hysteresis.
-    `steps`: judge these (a job's ranks' own, pooled) instead of the state's recent window."""
-    judged = warmup.judged(state, judged_steps(state) if steps is None else steps)
+    """The verdict and flags for `window` (chosen here when not given: the live span); `previous`
+    gives the verdict hysteresis. `steps`: judge these (a job's ranks' own, pooled) instead."""
+    if window is None or steps is not None:
+        window = choose(state, steps=steps)
+    judged = window.judged
     if judged is None:
         return Diagnosis(Finding("unknown", "ok", 0.0, (warmup.waiting(state),)), (), 0)
     steps = judged.steps
-    f = facts(state, steps)
+    f = facts(state, steps, window.why)
+    f.inference = judged.kind == "eval"
     verdict = warmup.with_notes(primary(f, previous.verdict.kind if previous else None), judged, state)
-    verdict = warmup.with_input_wait_note(verdict, f)
+    verdict = with_resumed(warmup.with_input_wait_note(verdict, f), f)
     flags = flags_of(f)
     return with_upsides(Diagnosis(verdict, flags, len(steps), f.step_ms), f)

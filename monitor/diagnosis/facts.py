@@ -14,7 +14,9 @@ import msgspec
 from torchtop.monitor.diagnosis.report_types import FindingReport
 
 if TYPE_CHECKING:
+    from torchtop.monitor.diagnosis.checkpoint import Saving
     from torchtop.monitor.diagnosis.gpm import GpmFigures
+    from torchtop.monitor.diagnosis.stall import Stall
     from torchtop.monitor.diagnosis.upside import Upside
     from torchtop.monitor.diagnosis.why import WhyFacts
 
@@ -115,6 +117,14 @@ class Thresholds:
     mfu_disagree: float = 0.10  # counter-based and FLOP-based MFU this far apart: mfu-disagree (info)
     mfu_low: float = 0.10  # MFU under this ...
     util_busy: float = 80.0  # ... while NVML says the GPU is busy at least this: low-mfu (warning)
+    # stall.py: no step end for this many median steps and at least this long is a stall (a
+    # checkpoint or an epoch's eval can take a few steps' time; the issue's deadline is 15 s) ...
+    stall_steps: float = 5.0
+    stall_min_s: float = 5.0
+    stall_said_s: float = 60.0  # ... and one that ended this recently is said as resumed
+    # checkpoint.py: saves' share of wall time over the judged steps (timed or not)
+    checkpoint_high: float = 0.10  # warning: a tenth of the run spent saving
+    checkpoint_severe: float = 0.30  # critical
 
 
 THRESHOLDS = Thresholds()
@@ -192,6 +202,7 @@ class Facts:
     ms: dict[str, float]
     device: str = "cpu"
     device_ms: dict[str, float] = field(default_factory=dict[str, float])
+    inference: bool = False  # the steps are forward passes (an eval or serving loop), not training steps
     # None: not known (no NVML, no host sample yet, no run-queue figures)
     gpu_util: float | None = None  # mean NVML utilisation over the window
     gpm: GpmFigures | None = None  # the GPU's own counters (GPM, Hopper+): monitor/diagnosis/gpm.py
@@ -214,3 +225,5 @@ class Facts:
     growth_what: str = "allocated"
     why: WhyFacts | None = None  # stack samples, sync windows, throughput and MFU (why.py)
     input_wait: float = 0.0  # share of the step resuming the loop's input generator (in `data`)
+    stall: Stall | None = None  # no step end for a while, or one that ended recently (stall.py)
+    checkpoint: Saving | None = None  # the judged steps' saves (checkpoint.py); None: none seen

@@ -20,14 +20,14 @@ import msgspec
 
 from torchtop.contract.logcodes import PIPELINE
 from torchtop.monitor.diagnosis.bubble import bubble_line, job_bubbles, stage_params, with_stage_work
-from torchtop.monitor.diagnosis.diagnose import diagnose, facts, judged_steps, pooled_steps
+from torchtop.monitor.diagnosis.diagnose import diagnose, facts
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis
 from torchtop.monitor.diagnosis.in_job import rank_diagnosis
 from torchtop.monitor.diagnosis.job_model import HostSide, host_busy, host_side
 from torchtop.monitor.diagnosis.job_phases import times_diagnosis
 from torchtop.monitor.diagnosis.job_rules import JobFacts
-from torchtop.monitor.diagnosis.report import run_report, with_diagnosis
+from torchtop.monitor.diagnosis.report import run_report, with_diagnosis, with_line
 from torchtop.monitor.diagnosis.report_types import (
     CollectiveReport,
     CoverageReport,
@@ -40,12 +40,15 @@ from torchtop.monitor.diagnosis.report_types import (
     WorkReport,
 )
 from torchtop.monitor.diagnosis.selection import job_verdict
+from torchtop.monitor.diagnosis.stall import job_stall, with_job_resumed
 from torchtop.monitor.diagnosis.straggler import Straggler, scaling, work_report
+from torchtop.monitor.diagnosis.window import Window, choose, job_window, judged_steps
+from torchtop.monitor.model.energy import job_energy, rounded
 from torchtop.monitor.model.job_state import JobState, Member
 from torchtop.monitor.model.rank_stats import RankTimes
 from torchtop.monitor.model.relayed import coverage, coverage_line, relay_status
 
-WINDOW_S = 10.0
+WINDOW_S = T.window_s  # window.py's: one span for the job view, its report and export
 
 
 def window_end(job: JobState) -> float | None:
@@ -82,7 +85,9 @@ def rank_seconds(
     return {m.rank: m.stats.seconds(seconds, end) for m in job.live() if m.rank in top}
 
 
-def host_sides(job: JobState, times: dict[int, RankTimes], gpu: bool) -> dict[int, HostSide]:
+def host_sides(
+    job: JobState, times: dict[int, RankTimes], gpu: bool, seconds: float = WINDOW_S
+) -> dict[int, HostSide]:
     """A few ranks' host and GPU from their own facts, only where the job may be host-bound (on
     GPUs, every rank's host busy near the whole step): the costly part is paid rarely."""
     near = 1.0 - (1.0 - T.host_bound) / T.hysteresis
@@ -94,7 +99,7 @@ def host_sides(job: JobState, times: dict[int, RankTimes], gpu: bool) -> dict[in
     out: dict[int, HostSide] = {}
     for m in job.live():
         if m.rank in pick and m.state.steps:
-            steps = judged_steps(m.state)
+            steps = judged_steps(m.state, seconds)
             if steps:
                 out[m.rank] = host_side(facts(m.state, steps))
     return out
@@ -106,7 +111,11 @@ def ended(d: Diagnosis | None) -> bool:
 
 
 def diagnose_job(
-    job: JobState, previous: Diagnosis | None = None, seconds: float = WINDOW_S, end: float | None = None
+    job: JobState,
+    previous: Diagnosis | None = None,
+    seconds: float = WINDOW_S,
+    end: float | None = None,
+    chosen: Window | None = None,
 ) -> tuple[Diagnosis, Straggler | None]:
     """The job's verdict (and the straggler behind it, if any) and the aggregate's flags; the
     job rules run through the catalogue's selection, with its hysteresis (`previous`). A job
@@ -123,7 +132,12 @@ def diagnose_job(
         v = previous.verdict
         return replace(previous, verdict=replace(v, evidence=(ENDED, *v.evidence))), None
     # the ranks' own judged steps, pooled: the job's figures are those of the ranks' own lines
-    base = diagnose(job.job, previous, pooled_steps([m.state for m in live]) or None)
+    base = diagnose(job.job, previous, window=job_window(job, seconds) if chosen is None else chosen)
+    states = {m.rank: m.state for m in live if m.hello is not None}
+    stalled = job_stall(states)
+    if stalled is not None:  # before the job rules: no straggler is named from the stalled seconds
+        return Diagnosis(stalled, base.flags, base.steps, base.step_ms), None
+    base = replace(base, verdict=with_job_resumed(base.verdict, states))
     times = rank_times(job, seconds, end)
     if not job.job.steps:  # every rank relayed: the job's phases from the ranks' buckets (one answer)
         device = job.job.hello.device if job.job.hello is not None else "cpu"
@@ -133,7 +147,7 @@ def diagnose_job(
     device = job.job.hello.device if job.job.hello is not None else ""
     gpu = device.startswith("cuda") or any(t.sampled for t in times.values())
     seconds_ = rank_seconds(job, times, seconds, end)
-    hosts = host_sides(job, times, gpu)
+    hosts = host_sides(job, times, gpu, seconds)
     j = JobFacts(times, base.verdict.kind, bubble, seconds_, hosts, gpu, base.verdict.share)
     verdict = job_verdict(j, before)
     if verdict is None:
@@ -147,10 +161,12 @@ def diagnose_job(
         if found is not None and waiting is not None and waiting != found.rank:
             line = bubble_line(waiting, bubble[waiting], times[waiting].step_ms, found.rank)
             verdict = replace(verdict, evidence=(*verdict.evidence[:2], line, *verdict.evidence[2:]))
-    return Diagnosis(verdict, base.flags, base.steps, base.step_ms), found
+    return Diagnosis(with_job_resumed(verdict, states), base.flags, base.steps, base.step_ms), found
 
 
-def settled_job(job: JobState, seconds: float = WINDOW_S) -> tuple[Diagnosis, Straggler | None]:
+def settled_job(
+    job: JobState, seconds: float = WINDOW_S, chosen: Window | None = None
+) -> tuple[Diagnosis, Straggler | None]:
     """A one-off report's job verdict with the hysteresis a live view has: the window before
     this one judged first, as the verdict in force (a recording's report says what the live
     view said)."""
@@ -158,7 +174,7 @@ def settled_job(job: JobState, seconds: float = WINDOW_S) -> tuple[Diagnosis, St
     prior = None
     if end is not None and seconds != float("inf") and rank_times(job, seconds, end - seconds):
         prior, _ = diagnose_job(job, None, seconds, end - seconds)
-    return diagnose_job(job, prior, seconds)
+    return diagnose_job(job, prior, seconds, chosen=chosen)
 
 
 def rank_view(
@@ -206,7 +222,8 @@ def _rank_entry(
     judged: tuple[Diagnosis, Straggler | None, dict[int, RankTimes]],
 ) -> RankEntry:
     hello = m.hello
-    report = run_report(m.state, seconds, m.key, window=window)
+    own = choose(m.state, window)  # the rank's line, its verdict and its hot spots: one window
+    report = run_report(m.state, seconds, m.key, window=window, chosen=own)
     job_diagnosis, found, times = judged
     # the rank's line agrees with the job's. m.rank is an int (-1 before a hello), never None: the
     # test is on the hello (job.ranked() hands only members with one, so none is skipped today)
@@ -215,7 +232,9 @@ def _rank_entry(
     # view's rank_bubble reads the newest steps only, so it could exceed the window's comm)
     bubble = groups.get(PIPELINE)
     if m.hello is not None:
-        with_diagnosis(report, rank_view(job_diagnosis, diagnose(m.state), m.rank, found, times, bubble))
+        with_diagnosis(
+            report, rank_view(job_diagnosis, diagnose(m.state, window=own), m.rank, found, times, bubble)
+        )
     t = m.stats.window(window)
     entry = RankEntry(
         rank=m.rank,
@@ -249,6 +268,7 @@ def _rank_entry(
         work=work_json(t),
         pipeline_bubble_ms=round(bubble, 4) if bubble is not None else None,
         pipeline_bubble_share=round(bubble / t.step_ms, 4) if bubble is not None and t.step_ms > 0 else None,
+        energy=report.energy,
     )
     if m.via:  # read through its node's relay: its figures are its buckets', it has no steps here
         entry.via = "relay"
@@ -342,12 +362,16 @@ def job_report(
     """The job, its ranks, the collective figures, the straggler, the scaling."""
     window = seconds if window is None else window
     job.share_telemetry()  # the job's worker facts from the sample the Host tab shows
-    diagnosis, found = settled_job(job, window)
+    chosen = job_window(job, window)  # the job's figures and its verdict read the same pooled steps
+    diagnosis, found = settled_job(job, window, chosen)
+    if chosen.line:  # steps longer than the span asked: judged on the ones the ranks kept, said so
+        diagnosis = replace(diagnosis, verdict=with_line(diagnosis.verdict, chosen.line))
     times = rank_times(job, window)
-    aggregate = run_report(job.job, seconds, "job", window=window)
+    aggregate = run_report(job.job, seconds, "job", window=window, chosen=chosen)
     comms = {r: t.comm_ms for r, t in times.items()}
     scale = scaling(times, baseline_ms)
     a = aggregate
+    ranks = [_rank_entry(job, m, seconds, window, now, (diagnosis, found, times)) for m in job.ranked()]
     return JobReport(
         target=target,
         job_id=job.job_id,
@@ -356,7 +380,7 @@ def job_report(
         world_size=max((m.hello.world_size for m in job.ranked() if m.hello), default=0),
         nodes=sorted({m.node for m in job.ranked()}),
         device=a.device,
-        ranks=[_rank_entry(job, m, seconds, window, now, (diagnosis, found, times)) for m in job.ranked()],
+        ranks=ranks,
         coverage=coverage_json(job, now),
         job=JobFigures(
             a.steps,
@@ -383,4 +407,5 @@ def job_report(
         verdict=diagnosis.verdict.to_report(),
         flags=[f.kind for f in diagnosis.flags],
         flag_details=[f.to_report() for f in diagnosis.flags],
+        energy=rounded(job_energy({r.rank: (r.node, r.energy) for r in ranks})),
     )

@@ -3,15 +3,13 @@ RunReport (report_types.py) out; build_report encodes it as the JSON `torchtop r
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
 import msgspec
 
 from torchtop.monitor.diagnosis import warmup
-from torchtop.monitor.diagnosis.diagnose import diagnose, judged_steps
-from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
+from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis, Finding
 from torchtop.monitor.diagnosis.report_types import (
     AgentRefused,
@@ -24,16 +22,15 @@ from torchtop.monitor.diagnosis.report_types import (
     StepTimeMs,
 )
 from torchtop.monitor.diagnosis.why import why_report
-from torchtop.monitor.model.hotspots import fold, with_input_wait
+from torchtop.monitor.diagnosis.window import Window, choose
+from torchtop.monitor.model.energy import rounded, window_energy
 from torchtop.monitor.model.state import (
     RunState,
-    breakdown,
     device_ms,
     phase_ms,
     retry_rate,
     timed,
 )
-from torchtop.monitor.model.steps import StepRecord
 
 
 def build_report(
@@ -44,23 +41,28 @@ def build_report(
 
 
 def run_report(
-    state: RunState, seconds: float, target: str = "", window: float | None = None, widen: bool = False
+    state: RunState,
+    seconds: float,
+    target: str = "",
+    window: float | None = None,
+    widen: bool = False,
+    chosen: Window | None = None,
+    previous: Diagnosis | None = None,
 ) -> RunReport:
-    """`window` (default `seconds`) is how far back the figures reach on the agent's clock; with
-    `widen`, a window that holds fewer than two steps reaches back to the steps the verdict judges."""
-    window = seconds if window is None else window
-    history = window != seconds
-    wide = widened(state, window) if widen else None
-    if wide is not None:
-        window = wide[0]
-    summary = state.summary(window)
-    steps = summary.in_full
+    """`previous`: the verdict in force (a live exporter's: hysteresis). `window` (default `seconds`) is how far back the figures reach on the agent's clock; the
+    verdict, the breakdown and the hot spots read the same steps (window.py: too few reach back to
+    the ones the verdict judges, said in a line where `widen`). `chosen`: that window, if chosen."""
+    span = seconds if window is None else window
+    history = span != seconds
+    w = choose(state, span) if chosen is None else chosen
+    summary = w.summary
+    steps = w.steps
     stats = summary.stats
-    timed_steps = timed(steps)
+    timed_steps = timed(summary.in_full)  # the counts are the span's; the figures the judged steps'
     hello = state.hello
-    why = why_report(state, steps, seconds)
+    why = why_report(state, steps, w.why)
     memory, gpu, host = telemetry_report(state, seconds)
-    diagnosis = diagnose(state)
+    diagnosis = diagnose(state, previous, window=w)
     p50, p99 = warmup.latency_ms(summary.evals)
     report = RunReport(
         target=target,
@@ -78,7 +80,7 @@ def run_report(
         device_name=hello.device_name if hello else "",
         ranks=sorted({s.rank for s in steps} or ({hello.rank} if hello else set[int]())),
         steps=summary.steps,
-        steps_in_full=len(steps),
+        steps_in_full=len(summary.in_full),
         thinned=summary.thinned,
         eval_steps=len(summary.evals),
         # each eval step is one forward pass (an inference loop's latency): p50 / p99 of their wall times
@@ -90,7 +92,7 @@ def run_report(
         step_time_ms=StepTimeMs(*(round(stats[f"{k}_ms"], 4) for k in ("median", "p90", "mean"))),
         steps_per_s=round(stats["steps_per_s"], 3),
         # a plain generator the loop resumes is data wait (estimated from stack samples)
-        breakdown={k: round(v, 5) for k, v in _breakdown(state, steps).items()},
+        breakdown={k: round(v, 5) for k, v in w.breakdown().items()},
         phase_ms={k: round(v, 4) for k, v in phase_ms(steps).items()},
         device_ms={k: round(v, 4) for k, v in device_ms(steps).items()},
         batches=state.batches,
@@ -107,28 +109,11 @@ def run_report(
         hot_frames=why.hot_frames,
         hot_functions=why.hot_functions,
         throughput=why.throughput,
+        energy=rounded(window_energy(state.points, steps, summary)),
     )
-    if wide is not None:
-        diagnosis = replace(diagnosis, verdict=with_line(diagnosis.verdict, wide[1]))
+    if widen and w.line:
+        diagnosis = replace(diagnosis, verdict=with_line(diagnosis.verdict, w.line))
     return with_diagnosis(report, diagnosis)
-
-
-def widened(state: RunState, window: float) -> tuple[float, str] | None:
-    """Steps longer than the window (fewer than two ended in it): the window that reaches back to
-    the training steps the verdict judges, and the line that says so; None: it holds enough."""
-    if math.isinf(window) or len(state.window(window)) >= 2:
-        return None
-    got = warmup.judged(state, judged_steps(state))
-    if got is None or got.kind != "train" or state.agent_time - got.steps[0].t0 <= window:
-        return None
-    steps = got.steps
-    wide = state.agent_time - steps[0].t0 - 1e-6  # from its start: the step before ended by then
-    each = sum(s.wall_ns for s in steps) / len(steps) / 1e9
-    n = len(steps)
-    return wide, (
-        f"judged on {n} step{'s' if n != 1 else ''} of {each:.1f} s: steps longer than the {window:g} s "
-        f"asked, so the report's window widened to the last {wide:.0f} s"
-    )
 
 
 def with_line(verdict: Finding, line: str) -> Finding:
@@ -146,10 +131,6 @@ def with_diagnosis(report: RunReport, diagnosis: Diagnosis) -> RunReport:
 
 def _r4(x: float) -> float:
     return round(x, 4)
-
-
-def _breakdown(state: RunState, steps: list[StepRecord]) -> dict[str, float]:
-    return with_input_wait(breakdown(steps), fold(state.why.samples, steps), int(T.min_phase_samples))[0]
 
 
 def telemetry_report(state: RunState, seconds: float) -> tuple[MemorySection, GpuSection, HostSection]:

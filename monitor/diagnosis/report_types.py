@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET, UnsetType, field
 
 from torchtop.contract.wire import FragSample, GpuSample, MemorySample, WorkerSample
+from torchtop.monitor.model.energy import Energy
 
 
 class ReportError(ValueError):
@@ -227,6 +228,7 @@ class RunReport(msgspec.Struct):
     verdict: FindingReport = field(default_factory=FindingReport)
     flags: list[str] = field(default_factory=list[str])
     flag_details: list[FindingReport] = field(default_factory=list[FindingReport])
+    energy: Energy | None = None  # the window's joules a step / sample / token (model/energy.py)
 
 
 def decode_report(data: bytes | str | dict[str, Any], source: str = "report") -> RunReport:
@@ -290,6 +292,7 @@ class RankEntry(msgspec.Struct):
     pipeline_bubble_share: float | None = None
     via: str | UnsetType = UNSET  # "relay": read through its node's relay
     error: str | UnsetType = UNSET
+    energy: Energy | None = None  # its GPUs' (on CPU its node's packages') over the window
 
 
 class SilentNode(msgspec.Struct):
@@ -382,3 +385,4 @@ class JobReport(msgspec.Struct):
     verdict: FindingReport = field(default_factory=FindingReport)
     flags: list[str] = field(default_factory=list[str])
     flag_details: list[FindingReport] = field(default_factory=list[FindingReport])
+    energy: Energy | None = None  # the ranks' GPUs summed (on CPU one rank a node: model/energy.py)

@@ -39,16 +39,21 @@ from torchtop.monitor.diagnosis.report_types import ScalingReport, StragglerRepo
 from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.rank_stats import RankTimes, Work
 
-OWN_PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
+OWN_PHASES = ("data", "h2d", "forward", "backward", "optimizer", "checkpoint", "other")
 PHASE_WORDS = {
     "data": "data wait",
     "h2d": "host-to-device copies",
     "forward": "forward",
     "backward": "backward compute",
     "optimizer": "optimizer step",
+    "checkpoint": "saving checkpoints",
     "other": "time outside the phases",
 }
 ADVICE = {
+    "checkpoint": (
+        "this rank saves while the others wait for it: save from every rank (torch.distributed.checkpoint), "
+        "or asynchronously (dcp.async_save)",
+    ),
     "data": (
         "this rank's input pipeline is slower: check its storage/network and its DataLoader workers",
         "more DataLoader workers or prefetching on that node; a shard of equal cost on every rank",

@@ -219,7 +219,12 @@ def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
 def rule_compute(f: Facts, scale: float = 1.0) -> Finding:
     """The healthy headline: the model's own work fills the step (on CUDA: keeps the GPU busy)."""
     share = compute_share(f)
-    evidence = [f"forward+backward+optimizer are {pct(share, 0)} of step time ({f.step_ms:.1f} ms a step)"]
+    if f.inference:  # forward passes: no backward, no optimizer to name
+        evidence = [f"the forward is {pct(share, 0)} of each pass ({f.step_ms:.1f} ms a pass)"]
+    else:
+        evidence = [
+            f"forward+backward+optimizer are {pct(share, 0)} of step time ({f.step_ms:.1f} ms a step)"
+        ]
     busy = gpu_busy(f)
     dev = device_compute_ms(f)
     if f.device == "cuda":

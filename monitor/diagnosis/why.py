@@ -279,12 +279,9 @@ def hot_site(s: SiteShare) -> HotSite:
     return HotSite(s.site, s.callee, s.samples, round(s.share, 4), caller)
 
 
-def why_report(state: RunState, steps: list[StepRecord], seconds: float) -> WhySections:
-    """The report's `sync`, `hot_frames`, `stack_samples` and `throughput` sections over `steps`."""
-    from torchtop.monitor.model.state import recent_points
-
-    utils = [p.gpu_util for p in recent_points(state, seconds) if p.gpu_util is not None]
-    w = why_facts(state, steps, sum(utils) / len(utils) if utils else None)
+def why_report(state: RunState, steps: list[StepRecord], w: WhyFacts) -> WhySections:
+    """The report's `sync`, `hot_frames`, `stack_samples` and `throughput` sections: `w`, the
+    window's one fold of the stack samples over `steps`."""
     fo = w.fold
     step_ms = w.throughput.step_ms
     sync = SyncSection(state=w.sync.state if w.sync else "unknown")

@@ -49,6 +49,9 @@ METRICS: dict[str, tuple[Kind, str, str | None]] = {
     "torchtop_gpu_memory_used_bytes": ("gauge", "NVML memory used on the GPU (all processes)", None),
     "torchtop_gpu_power_watts": ("gauge", "NVML power draw", None),
     "torchtop_gpu_temperature_celsius": ("gauge", "NVML GPU temperature", None),
+    "torchtop_energy_joules": ("counter", "NVML's energy counter since the driver loaded, by GPU", "source"),
+    "torchtop_power_watts": ("gauge", "mean power over the window from the energy counters", "source"),
+    "torchtop_energy_per_step_joules": ("gauge", "joules a training step (the GPUs, else the CPUs)", None),
     "torchtop_process_cpu_cores": ("gauge", "training process CPU, in cores", None),
     "torchtop_process_resident_bytes": ("gauge", "training process resident memory", None),
     "torchtop_process_resident_peak_bytes": ("gauge", "training process peak resident memory", None),
@@ -129,6 +132,14 @@ def samples(
         add("torchtop_gpu_memory_used_bytes", g.mem_used)
         add("torchtop_gpu_power_watts", _known(g.power_w))
         add("torchtop_gpu_temperature_celsius", _known(g.temp_c))
+    for g in gpus:  # every GPU the rank uses: their energy is the rank's
+        if g.energy_mj is not None and g.energy_mj >= 0:
+            add("torchtop_energy_joules", g.energy_mj / 1000, ("source", f"gpu{g.index}"))
+    energy = report.energy
+    if energy is not None:
+        for source, e in energy.sources.items():
+            add("torchtop_power_watts", e.watts, ("source", source))
+        add("torchtop_energy_per_step_joules", energy.joules_per_step)
     host = report.host
     if host.available:
         add("torchtop_process_cpu_cores", (host.proc_cpu or 0) / 100)

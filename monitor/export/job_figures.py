@@ -12,20 +12,28 @@ from __future__ import annotations
 from typing import Any
 
 from torchtop.contract.logcodes import PHASES
-from torchtop.monitor.diagnosis.facts import SEVERITY_RANK
+from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Diagnosis
 from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job, window_end
 from torchtop.monitor.export.figures import Sample
 from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.relayed import coverage, relay_status
 from torchtop.monitor.model.state import Link
 
-RANK_SERIES = 4 + len(PHASES)  # reporting, step, own, comm, and each phase: 11
+RANK_SERIES = 4 + len(PHASES)  # reporting, step, own, comm, and each phase: 12
 JOB_SERIES = 7
 
 
-def job_samples(job: JobState, window: float, label: str, now: float, top: int | None = None) -> list[Sample]:
+def job_samples(
+    job: JobState,
+    window: float,
+    label: str,
+    now: float,
+    top: int | None = None,
+    verdicts: dict[str, Diagnosis] | None = None,
+) -> list[Sample]:
     """The job's samples over the last `window` seconds; per-rank series for every rank, or only
-    for the `top` slowest (by own time) and any rank not reporting."""
+    for the `top` slowest (by own time) and any rank not reporting. `verdicts`: each job's verdict
+    in force, updated (the exporter's hysteresis: the same headline as the live view)."""
     out: list[Sample] = []
     jl = (("job", label),)
 
@@ -59,7 +67,8 @@ def job_samples(job: JobState, window: float, label: str, now: float, top: int |
     add("torchtop_job_ranks_reporting", c.reporting, jl)
     add("torchtop_job_ranks_expected", c.expected, jl)
     add("torchtop_job_nodes_silent", len(c.silent), jl)
-    _, found = diagnose_job(job, None, window)
+    verdicts = {} if verdicts is None else verdicts
+    verdicts[job.job_id], found = diagnose_job(job, verdicts.get(job.job_id), window)
     add("torchtop_job_straggler_rank", found.rank if found is not None else -1, jl)
     add("torchtop_job_straggler_wait_share_ratio", found.share if found is not None else 0.0, jl)
     add("torchtop_job_straggler_slowdown", found.slowdown if found is not None else 1.0, jl)

@@ -183,11 +183,21 @@ def where(info: AgentInfo) -> str:
     return "ipc" if address.startswith("ipc://") else address.removeprefix("tcp://")
 
 
+def listens(info: AgentInfo) -> str:
+    """Where an agent listens, in a word or two: "port 29512", "ipc"."""
+    return f"port {info.port}" if info.port else where(info)
+
+
+def printable(line: str) -> str:
+    """`line` as a terminal shows it safely: control characters escaped (a file's text never
+    moves the cursor or rewrites the screen)."""
+    return line if line.isprintable() else repr(line)[1:-1]
+
+
 def describe(info: AgentInfo) -> str:
     argv = " ".join(info.argv or [])
-    listens = f"port {info.port}" if info.port else where(info)
-    line = f"pid {info.pid}  {listens}  rank {info.rank if info.rank is not None else 0}  {argv}"
-    line = line if line.isprintable() else repr(line)[1:-1]  # a file's text never moves the cursor
+    line = f"pid {info.pid}  {listens(info)}  rank {info.rank if info.rank is not None else 0}  {argv}"
+    line = printable(line)
     return f"{line}  (unusable: {info.unusable})" if info.unusable else line
 
 

@@ -29,7 +29,7 @@ THIN_STEPS = 20  # a run with fewer steps to compare: its ratios are said to res
 class Metric:
     key: str
     label: str
-    unit: Literal["ms", "/s", "bytes", "share", "ratio"]
+    unit: Literal["ms", "/s", "bytes", "share", "ratio", "J", "W"]
     better: Better | None
     get: Callable[[RunReport], float | None]
 
@@ -49,6 +49,12 @@ def memory_peak(report: RunReport) -> tuple[float | None, str]:
     return (float(peak), "peak RSS") if peak else (None, "")
 
 
+def _energy(report: RunReport, figure: str) -> float | None:
+    e = report.energy
+    value = getattr(e, figure) if e is not None else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def mfu(report: RunReport) -> float | None:
     """Model FLOPs utilisation, where the report knows it (the run's FLOPs and the device's peak)."""
     return report.throughput.mfu
@@ -66,6 +72,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("tokens_per_s", "tokens/s", "/s", "higher", lambda r: r.throughput.tokens_per_s),
     Metric("tflops", "achieved TFLOP/s", "/s", "higher", lambda r: r.throughput.achieved_tflops),
     Metric("mfu", "MFU", "ratio", "higher", mfu),
+    # where a counter was readable (NVML's energy, RAPL): model/energy.py
+    Metric("energy.per_step", "joules/step", "J", "lower", lambda r: _energy(r, "joules_per_step")),
+    Metric("energy.per_sample", "joules/sample", "J", "lower", lambda r: _energy(r, "joules_per_sample")),
+    Metric("energy.per_token", "joules/token", "J", "lower", lambda r: _energy(r, "joules_per_token")),
+    Metric("energy.watts", "mean power", "W", None, lambda r: _energy(r, "watts")),
 )
 
 
@@ -181,6 +192,8 @@ def _value(v: float | None, unit: str) -> str:
         return fmt.size(v)
     if unit in ("share", "ratio"):
         return fmt.pct(v)
+    if unit in ("J", "W"):  # a token's joules are millijoules: significant digits, not decimals
+        return f"{v:.3g} {unit}"
     return fmt.number(v)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from torchtop.contract.logcodes import PHASES
+from torchtop.contract.logcodes import PHASES, SAMPLE_PHASES
 from torchtop.contract.why import StackSample, function_of
 from torchtop.monitor.model.steps import StepRecord
 
@@ -91,7 +91,7 @@ class Fold:
 
 
 def _phase_name(index: int) -> str:
-    return PHASES[index] if 0 <= index < len(PHASES) else "other"
+    return SAMPLE_PHASES[index] if 0 <= index < len(SAMPLE_PHASES) else "other"
 
 
 def in_steps(samples: Iterable[tuple[float, StackSample]], steps: Sequence[StepRecord]) -> list[StackSample]:

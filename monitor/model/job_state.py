@@ -68,6 +68,7 @@ class JobState:
         self._pending: dict[int, list[StepRecord]] = {}
         self._max_i = -1
         self._made = -1  # job steps up to this index are made: a rank's late record stays its own
+        self._ranked: list[Member] | None = None  # ranked()'s, until a member, a rank or a refusal changes
 
     # -- members -------------------------------------------------------------------------------
     def member(self, key: str) -> Member:
@@ -76,6 +77,7 @@ class JobState:
             state = RunState()
             state.steps = deque(maxlen=self.member_history)
             found = self.members[key] = Member(key, state)
+            self._ranked = None
         return found
 
     def note(self, line: str) -> None:
@@ -89,11 +91,14 @@ class JobState:
         ]
 
     def ranked(self) -> list[Member]:
-        """Every member that said hello and was not refused, by rank."""
-        return sorted(
-            (m for m in self.members.values() if m.hello is not None and not m.refused),
-            key=lambda m: (m.rank, m.key),
-        )
+        """Every member that said hello and was not refused, by rank (kept between changes: the
+        job view reads it several times a refresh, a sort of 1,024 members each)."""
+        if self._ranked is None:
+            self._ranked = sorted(
+                (m for m in self.members.values() if m.hello is not None and not m.refused),
+                key=lambda m: (m.rank, m.key),
+            )
+        return list(self._ranked)
 
     def versions(self) -> dict[str, list[int]]:
         """torchtop version -> the ranks running it (more than one key: say so)."""
@@ -147,13 +152,16 @@ class JobState:
         if not self.job_id and hello.job_id:
             self.job_id = hello.job_id
         if self.job_id and hello.job_id != self.job_id:
+            self._ranked = None if not m.refused else self._ranked
             m.refused = True
             m.error = f"rank {hello.rank} (pid {hello.pid} on {hello.host}) is in job {hello.job_id or '(none)'}, not {self.job_id}: not shown"
             self.note(m.error)
             return False
+        before = m.hello
+        if m.refused or before is None or before.rank != hello.rank:
+            self._ranked = None  # joins the ranked, or moves among them
         m.refused, m.error = False, ""
         self.world = max(self.world, hello.world_size)
-        before = m.hello
         m.state.apply_hello(hello)
         # a relay repeats each rank's hello with its summaries: the scan (every member) runs once
         # per agent, not at every summary (it was 6% of a core at 1,024 ranks)

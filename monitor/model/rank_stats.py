@@ -20,17 +20,20 @@ from torchtop.contract.relay import SECOND_FIELDS, Second
 from torchtop.monitor.model.steps import StepRecord
 
 DEVICE_KEYS = ("h2d", "forward", "backward", "optimizer", "comm", "step")
+# the phases in the slots' order: a relay's Second is append-only, so `checkpoint` has the last slot
+SLOT_PHASES = tuple(p for p in PHASES if p != "checkpoint")
 # the bucket's slots: steps, their wall ns; timed steps, their wall ns, each phase's ns; steps
 # with device times, each device key's ms
 N, WALL, TN, TWALL = range(4)
-PH = 4  # PHASES start here
-DN = PH + len(PHASES)
+PH = 4  # SLOT_PHASES start here
+DN = PH + len(SLOT_PHASES)
 DEV = DN + 1
 WN = DEV + len(DEVICE_KEYS)  # steps whose batch was seen (hooks/work.py), their samples, tokens, sequence
 SAMPLES, TOKENS, SEQ = WN + 1, WN + 2, WN + 3
-SIZE = SEQ + 1
+CK = SEQ + 1  # the checkpoint phase's ns, over the timed steps (TN)
+SIZE = CK + 1
 LEVELS = ((1, 120), (10, 360), (300, 288))  # (bucket seconds, buckets kept): 2 min, 1 h, 1 day
-_PHASE_SLOTS = tuple((PH + k, name) for k, name in enumerate(PHASES))
+_PHASE_SLOTS = (*((PH + k, name) for k, name in enumerate(SLOT_PHASES)), (CK, "checkpoint"))
 _DEVICE_SLOTS = tuple((DEV + k, name) for k, name in enumerate(DEVICE_KEYS))
 assert len(SECOND_FIELDS) == SIZE + 1, "a relay's Second (contract/relay.py) is [second, *these slots]"
 
@@ -131,7 +134,7 @@ def times_of(v: list[float]) -> RankTimes:
     n, tn, dn = int(v[N]), int(v[TN]), int(v[DN])
     if n == 0:
         return EMPTY
-    phases = {name: v[PH + k] / tn / 1e6 for k, name in enumerate(PHASES)} if tn else {}
+    phases = {name: v[k] / tn / 1e6 for k, name in _PHASE_SLOTS} if tn else {}
     device = {name: v[DEV + k] / dn for k, name in enumerate(DEVICE_KEYS)} if dn else {}
     wn = v[WN]
     work = Work(v[SAMPLES] / wn, v[TOKENS] / wn, v[SEQ] / wn) if wn else None

@@ -21,6 +21,7 @@ from torchtop.contract.logcodes import (
     BACKWARD,
     BACKWARD_STEPS,
     BOUNDARY,
+    CHECKPOINT,
     COMM,
     COMM_GROUP,
     COMM_READY,
@@ -36,6 +37,7 @@ from torchtop.contract.logcodes import (
     OPEN_STEP,
     OPTIMIZER,
     RESET,
+    SAVE,
     SHIFT,
     SKIPPED,
     STEP_END,
@@ -49,7 +51,8 @@ from torchtop.monitor.model.step_pack import close_pair as _close
 from torchtop.monitor.model.step_pack import finite_ms, open_start, phase_ms
 from torchtop.monitor.model.steps import StepKind
 
-__all__ = ["BACKWARD", "COMM", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder"]
+__all__ = ["BACKWARD", "CHECKPOINT", "COMM", "DATA", "FORWARD", "H2D", "OPTIMIZER", "StepRecorder"]
+SAVE_EXIT = EXIT | SAVE
 N_PHASES = len(TIMED_PHASES)
 
 
@@ -128,6 +131,10 @@ class StepRecorder:
                         enter(code, e >> SHIFT)
                     elif code == GRAD:
                         enter(BACKWARD, e >> SHIFT, None, False)
+                    elif code == SAVE:
+                        enter(CHECKPOINT, e >> SHIFT)
+                    elif code == SAVE_EXIT:
+                        exit_(CHECKPOINT, e >> SHIFT)
                     elif code < 16:
                         exit_(code - EXIT, e >> SHIFT)
                     elif code >= FORWARD_START:
@@ -158,6 +165,10 @@ class StepRecorder:
             self.enter(code, now, ms)
         elif code == GRAD:
             self.enter(BACKWARD, now, ms, False)
+        elif code == SAVE:
+            self.enter(CHECKPOINT, now, ms)
+        elif code == SAVE_EXIT:
+            self.exit(CHECKPOINT, now, ms)
         elif code < 16:
             self.exit(code - EXIT, now, ms)
         elif code >= FORWARD_START:
@@ -211,6 +222,9 @@ class StepRecorder:
         if phase == DATA:
             if self._eval_fwd and not self._has_train and not self.explicit:
                 self.boundary("eval", now)  # an evaluation iteration ends where the next fetch starts
+        elif phase == CHECKPOINT:  # a save: counted on every step, timed or not (to_record)
+            extra = self._extras()
+            extra["saves"] = extra.get("saves", 0) + 1
         elif phase >= BACKWARD:
             self._has_train = True
             # only an outermost backward is a micro-batch: a reentrant checkpoint (or an
@@ -373,6 +387,8 @@ class StepRecorder:
             kind = "eval"
         if self.by_backward and kind == "train":
             self._extras()["at_backward"] = True
+        if self._acc[CHECKPOINT]:  # a save's time, kept on an untimed step too
+            self._extras()["saved_ns"] = self._acc[CHECKPOINT]
         extra = self._extra if self._extra is not None else {}
         if self.partial:  # its start was not seen: its times would be wrong
             self.partial = False

@@ -65,6 +65,8 @@ class Point(NamedTuple):
     proc_cpu: float | None  # training process CPU percent
     rss: int  # training process resident memory, 0 when unknown
     steps: int | None = None  # training steps the agent had cut when it sampled these
+    # cumulative energy counters, joules, by source ("gpu0", "gpu1", "cpu"); None: none known
+    energy: dict[str, float] | None = None
 
 
 @dataclass
@@ -185,6 +187,7 @@ class RunState:
                 h.proc_cpu if h else None,
                 h.proc_rss if h else 0,
                 telemetry.steps,
+                energy_of(telemetry),
             )
         )
         for m in telemetry.memory:
@@ -270,6 +273,14 @@ class RunState:
             "steps_per_s": counted / covered if covered > 0 else 0.0,
         }
         return Summary(counted, in_full, evals, covered, start, stats)
+
+
+def energy_of(telemetry: Telemetry) -> dict[str, float] | None:
+    """A sample's cumulative energy counters in joules by source; None when it has none."""
+    out = {f"gpu{g.index}": g.energy_mj / 1000.0 for g in telemetry.gpus if g.energy_mj is not None}
+    if telemetry.cpu_energy_j is not None:
+        out["cpu"] = telemetry.cpu_energy_j
+    return out or None
 
 
 def _pct(sorted_values: list[float], q: float) -> float:

@@ -56,7 +56,7 @@ def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
         phases: dict[str, int] = {}
         micro = 0
     else:
-        data, h2d, forward, backward, optimizer, comm = acc
+        data, h2d, forward, backward, optimizer, comm, checkpoint = acc
         phases = {
             "data": data,
             "h2d": h2d,
@@ -64,7 +64,8 @@ def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
             "backward": backward,
             "optimizer": optimizer,
             "comm": comm,
-            "other": max(0, wall_ns - data - h2d - forward - backward - optimizer - comm),
+            "checkpoint": checkpoint,
+            "other": max(0, wall_ns - data - h2d - forward - backward - optimizer - comm - checkpoint),
         }
     record = StepRecord(index, t0_ns / 1e9 + wall_offset, wall_ns, phases, kind, micro, device_ms or {}, rank)
     if extra:
@@ -79,4 +80,5 @@ def to_record(raw: tuple, wall_offset: float, rank: int) -> StepRecord:
         record.comm_groups = dict(extra.get("comm_groups", {}))
         record.device_groups = dict(extra.get("device_groups", {}))
         record.at_backward = bool(extra.get("at_backward", False))
+        record.saves, record.saved_ns = extra.get("saves", 0), extra.get("saved_ns", 0)
     return record

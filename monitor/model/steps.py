@@ -37,3 +37,6 @@ class StepRecord(msgspec.Struct, omit_defaults=True, gc=False):
     comm_groups: dict[str, int] = {}  # host ns of the named collectives, by process group (dp, tp, pp...)
     device_groups: dict[str, float] = {}  # an event step's device ms of the same, by process group
     at_backward: bool = False  # ended at a backward's end: no optimizer.step() was seen (replay.py)
+    # saves begun in this step and their host ns (agent/hooks/checkpoint.py): on every step, timed or not
+    saves: int = 0
+    saved_ns: int = 0

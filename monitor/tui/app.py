@@ -31,8 +31,10 @@ from textual.worker import get_current_worker
 from torchtop.contract.discovery import AgentInfo
 from torchtop.contract.wire import CAPTURE_DEFAULT_STEPS
 from torchtop.monitor.diagnosis.diagnose import diagnose
+from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis
-from torchtop.monitor.diagnosis.why import why_facts
+from torchtop.monitor.diagnosis.warmup import latency_ms
+from torchtop.monitor.diagnosis.window import Window, choose
 from torchtop.monitor.link.record import MonitorRecorder
 from torchtop.monitor.link.targets import Endpoint, from_discovery
 from torchtop.monitor.model.captures import CaptureBook
@@ -43,10 +45,9 @@ from torchtop.monitor.model.panel_data import (
 from torchtop.monitor.model.state import (
     Link,
     RunState,
-    breakdown,
     device_ms,
     phase_ms,
-    recent_points,
+    step_stats,
     timed,
 )
 from torchtop.monitor.tui import bindings, telemetry_panels
@@ -77,7 +78,7 @@ from torchtop.monitor.tui.widgets import (
     WorkerTable,
 )
 
-WINDOW_S = 10.0  # seconds of agent time the panels summarise
+WINDOW_S = T.window_s  # seconds of agent time the panels and the verdict judge (window.py)
 REFRESH_S = 0.25  # widget refresh period (4 Hz)
 SPARK_POINTS = 2000  # most step times handed to the sparkline (it buckets them to its width)
 MAX_CPU_SHARE = 0.05  # of one core, for recomputing the panels (see TorchtopApp._tick)
@@ -288,8 +289,8 @@ class TorchtopApp(AppKeys, CaptureApp):
         """Recompute every panel's values from the state and push them into the widgets."""
         self._dirty = False
         state = self.state
-        summary = state.summary(WINDOW_S)
-        steps, stats = summary.in_full, summary.stats
+        window = self.choose_window(state)  # one window: every panel and the verdict read it
+        summary, steps, stats = window.summary, window.steps, window.summary.stats
 
         hello = state.hello
         self.header.hello = hello
@@ -297,14 +298,22 @@ class TorchtopApp(AppKeys, CaptureApp):
             max(0.0, state.agent_time - hello.start_time) if hello and state.agent_time else 0.0
         )
 
+        # an eval or serving loop (no training step judged): its forward passes' latency instead
+        inference = window.judged is not None and window.judged.kind == "eval"
+        shown = summary.evals if inference else summary.in_full
+        if inference:
+            stats = dict(step_stats(shown), p99_ms=latency_ms(shown)[1])
+        self.step_panel.inference = inference
         self.step_panel.stats = stats
-        self.step_panel.count = summary.steps
-        self.step_panel.in_full = len(steps)
-        self.step_panel.last_step = steps[-1].i if steps else None
-        self.step_panel.series = [s.wall_ns / 1e6 for s in steps[-SPARK_POINTS:]]
-        self.step_panel.span_s = round(min(WINDOW_S, state.agent_time - summary.start), 1) if steps else None
+        self.step_panel.count = len(shown) if inference else summary.steps
+        self.step_panel.in_full = len(shown)
+        self.step_panel.last_step = shown[-1].i if shown else None
+        self.step_panel.series = [s.wall_ns / 1e6 for s in shown[-SPARK_POINTS:]]
+        self.step_panel.window_s = window.seconds
+        start = shown[0].t0 if inference and shown else summary.start
+        self.step_panel.span_s = round(min(window.seconds, state.agent_time - start), 1) if shown else None
 
-        self.phase_panel.shares = breakdown(steps)
+        self.phase_panel.shares = window.breakdown()
         self.phase_panel.ms = phase_ms(steps)
         self.phase_panel.device = device_ms(steps)
         self.phase_panel.step_ms = stats["mean_ms"]
@@ -312,23 +321,27 @@ class TorchtopApp(AppKeys, CaptureApp):
         self.phase_panel.timed = len(timed(steps))
         self.phase_panel.count = len(steps)
 
-        utils = [p.gpu_util for p in recent_points(state, WINDOW_S) if p.gpu_util is not None]
         self.why_panel.shares = self.phase_panel.shares
         self.why_panel.step_ms = stats["mean_ms"]
-        self.why_panel.why = why_facts(state, steps, sum(utils) / len(utils) if utils else None)
+        self.why_panel.why = window.why
 
-        skipped, evals = step_counts(steps, summary.evals)
+        skipped, evals = step_counts(summary.in_full, summary.evals)
         self.step_panel.evals = evals
         self.step_panel.skipped = skipped
-        self.diagnosis = self.judge(state)
+        self.diagnosis = self.judge(state, window)
         self.verdict_panel.diagnosis = self.diagnosis
         self.marks_panel.rows = mark_rows(state.steps)
-        telemetry_panels.fill(self, WINDOW_S)
+        telemetry_panels.fill(self, window.seconds)
         self._refresh_status()
 
-    def judge(self, state: RunState) -> Diagnosis:
-        """The verdict panel's diagnosis of `state` (the previous one gives hysteresis)."""
-        return diagnose(state, self.diagnosis)
+    def choose_window(self, state: RunState) -> Window:
+        """The refresh's one window over `state` (the job view pools its ranks' own steps)."""
+        return choose(state, WINDOW_S)
+
+    def judge(self, state: RunState, window: Window | None = None) -> Diagnosis:
+        """The verdict panel's diagnosis of `state` over `window` (this refresh's; chosen here when
+        not given); the previous one gives hysteresis."""
+        return diagnose(state, self.diagnosis, window=window or self.choose_window(state))
 
     def _refresh_status(self) -> None:
         state = self.state

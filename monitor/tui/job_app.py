@@ -35,6 +35,7 @@ from torchtop.monitor.diagnosis.job_diagnosis import (
     window_end,
 )
 from torchtop.monitor.diagnosis.straggler import Straggler, scaling
+from torchtop.monitor.diagnosis.window import Window, job_window
 from torchtop.monitor.link.job_link import FOLLOW, JobLink, apply_events
 from torchtop.monitor.link.job_targets import JobPlan, ranks_text, short_job_id
 from torchtop.monitor.model import fmt
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from torchtop.monitor.link.targets import Endpoint
 
 
+STATUS_EVERY_RANKS = 64  # jobs of more ranks refresh their status line once a second
 JOB_BINDINGS = [
     Binding(
         "0", "tab('ranks')", "Ranks", show=False, tooltip="the Ranks tab: every rank against the median rank"
@@ -94,6 +96,8 @@ class JobApp(TorchtopApp):
         self.state = self.job.job
         self.straggler: Straggler | None = None
         self.job_diagnosis: Diagnosis | None = None
+        self._job_window: Window | None = None  # this refresh's, chosen once (window.py)
+        self._status_due = 0.0  # a large job's status line is next refreshed then (monotonic)
         self.ranks_panel = RanksPanel(id="ranks-panel")
         self.focus_bar = Static(id="focus-bar")
         self.job_requests: queue.SimpleQueue[JobRequest] = queue.SimpleQueue()
@@ -271,10 +275,17 @@ class JobApp(TorchtopApp):
             self.show_member(m.key)
 
     # -- attributes down -----------------------------------------------------------------------
-    def judge(self, state: RunState) -> Diagnosis:
+    def choose_window(self, state: RunState) -> Window:
+        """The job's pooled window where the job is shown (its verdict's), else the rank's own."""
+        if self.shown_key is None and self._job_window is not None:
+            return self._job_window
+        return super().choose_window(state)
+
+    def judge(self, state: RunState, window: Window | None = None) -> Diagnosis:
+        window = window or self.choose_window(state)
         if self.shown_key is None:
-            return self.job_diagnosis or diagnose(state, self.diagnosis)
-        own = diagnose(state, self.diagnosis)
+            return self.job_diagnosis or diagnose(state, self.diagnosis, window=window)
+        own = diagnose(state, self.diagnosis, window=window)
         m = self.shown_member()
         if self.job_diagnosis is None or m is None or m.hello is None or len(self.job.live()) < 2:
             return own
@@ -284,7 +295,8 @@ class JobApp(TorchtopApp):
     def refresh_panels(self) -> None:
         job = self.job
         self._aggregate_telemetry()
-        judged, found = diagnose_job(job, self.job_diagnosis)
+        self._job_window = job_window(job, WINDOW_S)  # the job's verdict and its panels: one window
+        judged, found = diagnose_job(job, self.job_diagnosis, chosen=self._job_window)
         if not ended(judged) and judged is not self.job_diagnosis:  # an ended job keeps its straggler too
             self.straggler = found
         self.job_diagnosis = judged
@@ -319,8 +331,13 @@ class JobApp(TorchtopApp):
         )
 
     def _refresh_status(self) -> None:
+        job = self.job
+        at = time.monotonic()
+        if len(job.members) > STATUS_EVERY_RANKS and at < self._status_due:
+            return  # a large job's status line once a second: 1,024 ranks' links are ~7 ms a pass
+        self._status_due = at + 1.0
         super()._refresh_status()
-        job, status, now = self.job, self.status_line, self.clock()
+        status, now = self.status_line, self.clock()
         ranked = job.ranked()
         links = [m.state.link(now) for m in ranked]
         up = links.count(Link.CONNECTED)

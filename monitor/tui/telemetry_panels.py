@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from torchtop.monitor.model import fmt
+from torchtop.monitor.model.energy import window_energy
 from torchtop.monitor.model.panel_data import PLOT_S, memory_series, worker_rows, y_top
 from torchtop.monitor.model.state import recent_points, retry_rate
 
@@ -44,6 +45,9 @@ def fill(app: TorchtopApp, window_s: float) -> None:
         )
     app.gpu_panel.gpus = tel.gpus if tel is not None else []
     app.gpu_panel.reason = missing.get("gpu", "") if tel is not None else NO_TELEMETRY
+    if app._tab() == "gpu-host":  # the window's joules a step: only while shown
+        summary = state.summary(window_s)
+        app.gpu_panel.energy = window_energy(state.points, summary.in_full, summary)
     app.host_figures.host = tel.host if tel is not None else None
     app.host_figures.reason = missing.get("host", "") if tel is not None else NO_TELEMETRY
     app.worker_table.processes = worker_rows(tel.host if tel is not None else None)

@@ -16,6 +16,7 @@ from textual.widget import Widget
 from torchtop.contract.wire import GpuSample
 from torchtop.monitor.diagnosis.gpm import counter_mfu, util_words
 from torchtop.monitor.model import fmt
+from torchtop.monitor.model.energy import Energy
 from torchtop.monitor.model.fmt import LEVELS, Level
 from torchtop.monitor.tui.widgets.meter import (
     LEVEL_STYLES,
@@ -94,9 +95,39 @@ def gpu_lines(g: GpuSample, width: int) -> list[Text]:
     return lines
 
 
+def energy_line(e: Energy, source: str, width: int) -> Text | None:
+    """One counter's mean watts and joules a step over the window (model/energy.py); None: unknown."""
+    src = e.sources.get(source)
+    if src is None or not e.steps:
+        return None
+    items: list[tuple[str, str] | tuple[str, str, str]] = [
+        ("energy", f"{src.joules / e.steps:.3g} J/step", "bold"),
+        ("mean", f"{src.watts:.0f} W"),
+    ]
+    return pairs(*items, width=width)
+
+
+def energy_total(e: Energy, width: int, label: str | None = None) -> Text | None:
+    """The run's joules a step / sample / token and mean watts (its GPUs summed, else the CPU
+    packages'); `label`: the line's name (default: what it sums)."""
+    if e.joules_per_step is None:
+        return None
+    what = label or ("all GPUs" if e.from_ == "gpu" else "CPU energy (RAPL)")
+    per = [f"{e.joules_per_step:.3g} J/step"]
+    per += [
+        f"{v:.3g} J/{unit}"
+        for v, unit in ((e.joules_per_sample, "sample"), (e.joules_per_token, "token"))
+        if v
+    ]
+    if e.watts is not None:
+        per.append(f"{e.watts:.0f} W mean over {e.span_s:.0f} s")
+    return pairs((what, " · ".join(per)), width=width)
+
+
 class GpuPanel(Widget):
     gpus: reactive[list[GpuSample]] = reactive(list, layout=True)
     reason: reactive[str] = reactive("", layout=True)
+    energy: reactive[Energy | None] = reactive(None, layout=True)  # the window's; None: no counter
 
     def on_mount(self) -> None:
         self.border_title = "GPU · NVML"
@@ -106,11 +137,21 @@ class GpuPanel(Widget):
         set_level_class(self, max(levels, key=LEVELS.index) if levels else "ok")
 
     def lines(self, width: int = 100) -> list[Text]:
+        e = self.energy
         if not self.gpus:
-            return [unavailable("GPU", self.reason)]
+            cpu = energy_total(e, width) if e is not None else None
+            return [unavailable("GPU", self.reason), *([cpu] if cpu is not None else [])]
         out: list[Text] = []
+        several = len(self.gpus) > 1
         for g in self.gpus:
             out += gpu_lines(g, width)
+            line = energy_line(e, f"gpu{g.index}", width) if e is not None and several else None
+            if line is not None:
+                out.append(line)
+        label = "energy" if e is not None and e.from_ == "gpu" and not several else None
+        total = energy_total(e, width, label) if e is not None else None
+        if total is not None:
+            out.append(total)
         return out
 
     def render(self) -> RenderableType:

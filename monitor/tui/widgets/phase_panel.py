@@ -24,6 +24,7 @@ PHASE_COLOURS: dict[str, tuple[str, str]] = {
     "backward": ("blue", "white"),
     "optimizer": ("green", "black"),
     "comm": ("red", "white"),
+    "checkpoint": ("bright_magenta", "black"),
     "other": ("bright_black", "white"),
 }
 
@@ -74,8 +75,8 @@ def phase_table(
     if device:
         table.add_column("device ms", justify="right")
     for name in PHASES:
-        if name == "comm" and not ms.get(name) and not device.get(name):
-            continue  # no collectives (one process): no row
+        if name in ("comm", "checkpoint") and not ms.get(name) and not device.get(name):
+            continue  # no collectives (one process), no saves: no row
         bg, _ = PHASE_COLOURS[name]
         row = [Text.assemble(("■ ", bg), name), fmt.ms(ms.get(name, 0.0)), fmt.pct(shares.get(name, 0.0))]
         if device:

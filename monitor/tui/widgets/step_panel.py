@@ -48,6 +48,23 @@ def step_groups(
     return groups
 
 
+def latency_groups(stats: dict[str, float], count: int) -> list[Text]:
+    """An eval or serving loop's figures: its forward passes' latency (p50/p90/p99) and rate."""
+    if not count:
+        return [Text("no forward passes in the window yet", style="dim")]
+    groups = []
+    for label, value, unit in (
+        ("now", fmt.ms(stats["now_ms"]), " ms"),
+        ("p50", fmt.ms(stats["median_ms"]), " ms"),
+        ("p90", fmt.ms(stats["p90_ms"]), " ms"),
+        ("p99", fmt.ms(stats.get("p99_ms", 0.0)), " ms"),
+        ("", fmt.rate(stats["steps_per_s"]), " passes/s"),
+        ("", fmt.count(count), f" forward {fmt.plural(count, 'pass', 'passes')} in window"),
+    ):
+        groups.append(Text.assemble((f"{label} " if label else "", "dim"), (value, "bold"), (unit, "dim")))
+    return groups
+
+
 def step_line(
     stats: dict[str, float],
     count: int,
@@ -55,11 +72,16 @@ def step_line(
     evals: int = 0,
     skipped: int = 0,
     width: int = 0,
+    inference: bool = False,
 ) -> Text:
-    """The groups three spaces apart; with a `width`, a group that would cross it starts a line."""
+    """The groups three spaces apart; with a `width`, a group that would cross it starts a line.
+    `inference`: the figures are forward passes' latency (no training step in the window)."""
     text = Text()
     line = 0
-    for k, group in enumerate(step_groups(stats, count, last_step, evals, skipped)):
+    groups = (
+        latency_groups(stats, count) if inference else step_groups(stats, count, last_step, evals, skipped)
+    )
+    for k, group in enumerate(groups):
         if k and width and line + 3 + group.cell_len > width:
             text.append("\n")
             line = 0
@@ -71,11 +93,13 @@ def step_line(
     return text
 
 
-def step_title(window_s: float, span_s: float | None, count: int, in_full: int) -> str:
+def step_title(
+    window_s: float, span_s: float | None, count: int, in_full: int, inference: bool = False
+) -> str:
     """The panel's title: the span it covers (shorter than the window when the run is young) and,
     when not every step of it was kept whole, how many of them were (the phases are theirs)."""
     shown = window_s if span_s is None or span_s >= window_s - 0.05 else span_s
-    title = f"step time · last {shown:.3g} s"
+    title = f"{'forward latency' if inference else 'step time'} · last {shown:.3g} s"
     if count > in_full:
         title += f" · {fmt.count(count)} {fmt.plural(count, 'step')} ({fmt.count(in_full)} in full)"
     return title
@@ -92,6 +116,7 @@ class StepPanel(Vertical):
     in_full: reactive[int] = reactive(0)  # of `count`, the steps kept whole (fewer: thinned)
     evals: reactive[int] = reactive(0)  # eval steps in the window
     skipped: reactive[int] = reactive(0)  # optimizer steps GradScaler skipped in the window
+    inference: reactive[bool] = reactive(False)  # an eval loop's: forward passes' latency shown
 
     def __init__(self, window_s: float = 10.0, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(**kwargs)
@@ -105,11 +130,12 @@ class StepPanel(Vertical):
         self._sync_title()
 
     def _sync_title(self) -> None:
-        self.border_title = step_title(self.window_s, self.span_s, self.count, self.in_full)
+        self.border_title = step_title(self.window_s, self.span_s, self.count, self.in_full, self.inference)
 
     def compose(self) -> ComposeResult:
         yield Static(
-            step_line(self.stats, self.count, self.last_step, self.evals, self.skipped), id="step-numbers"
+            step_line(self.stats, self.count, self.last_step, self.evals, self.skipped, 0, self.inference),
+            id="step-numbers",
         )
         yield Sparkline([], id="step-spark")
 
@@ -118,7 +144,13 @@ class StepPanel(Vertical):
         for numbers in self.query("#step-numbers").results(Static):
             numbers.update(
                 step_line(
-                    self.stats, self.count, self.last_step, self.evals, self.skipped, self.content_size.width
+                    self.stats,
+                    self.count,
+                    self.last_step,
+                    self.evals,
+                    self.skipped,
+                    self.content_size.width,
+                    self.inference,
                 )
             )
 
@@ -141,6 +173,10 @@ class StepPanel(Vertical):
     def watch_skipped(self) -> None:
         self._sync_numbers()
 
+    def watch_inference(self) -> None:
+        self._sync_numbers()
+        self._sync_title()
+
     def watch_series(self, series: list[float]) -> None:
         # The sparkline has no axis: its range goes in the border, so bar heights mean something.
         self.border_subtitle = f"▁ {fmt.ms(min(series))} ms … █ {fmt.ms(max(series))} ms" if series else ""
@@ -149,4 +185,6 @@ class StepPanel(Vertical):
 
     def numbers_text(self) -> str:
         """The figures line as plain text (what tests and screen readers see)."""
-        return step_line(self.stats, self.count, self.last_step, self.evals, self.skipped).plain
+        return step_line(
+            self.stats, self.count, self.last_step, self.evals, self.skipped, 0, self.inference
+        ).plain

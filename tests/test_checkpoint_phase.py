@@ -1,0 +1,239 @@
+"""Saves as the `checkpoint` phase: torch.save and DCP's save / async save timed on the training
+thread (agent/hooks/checkpoint.py), replayed (monitor/model/replay.py), judged (the `checkpoint`
+verdict and its what-if: monitor/diagnosis/checkpoint.py); an older log or relay second without
+the phase still reads (0)."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from torchtop.contract import logcodes as lc
+from torchtop.contract.relay import Second
+from torchtop.monitor.diagnosis.checkpoint import Saving, checkpoint_upside, rule_checkpoint, saving
+from torchtop.monitor.diagnosis.facts import Facts
+from torchtop.monitor.model.hotspots import _phase_name  # pyright: ignore[reportPrivateUsage]
+from torchtop.monitor.model.rank_stats import RankStats, slots
+from torchtop.monitor.model.replay import StepRecorder
+from torchtop.monitor.model.step_pack import to_record
+from torchtop.monitor.model.steps import StepRecord
+
+S = lc.SHIFT
+
+
+def _replay(entries: list[int]) -> list[StepRecord]:
+    return [to_record(raw, 0.0, 0) for raw in StepRecorder().feed(entries)]
+
+
+# -- the log -------------------------------------------------------------------------------------
+def test_a_save_is_the_checkpoint_phase_on_a_timed_step_and_counted_on_an_untimed_one() -> None:
+    steps = _replay(
+        [
+            1000 << S | lc.BOUNDARY,
+            1100 << S | lc.DATA,
+            1200 << S | lc.EXIT | lc.DATA,
+            1300 << S | lc.SAVE,
+            1700 << S | lc.EXIT | lc.SAVE,
+            2000 << S | lc.BOUNDARY,
+            2100 << S | lc.SAVE,  # an untimed step (phase sampling): its save is still counted
+            2400 << S | lc.EXIT | lc.SAVE,
+            3000 << S | lc.UNTIMED_END,
+        ]
+    )
+    timed, untimed = steps
+    assert timed.phases["checkpoint"] == 400 and timed.phases["other"] == 1000 - 100 - 400
+    assert sum(timed.phases.values()) == timed.wall_ns
+    assert (timed.saves, timed.saved_ns) == (1, 400)
+    assert untimed.phases == {} and (untimed.saves, untimed.saved_ns) == (1, 300)
+
+
+def test_a_log_without_saves_reads_checkpoint_0_and_a_sample_phase_6_is_still_other() -> None:
+    (s,) = _replay(
+        [1000 << S | lc.BOUNDARY, 1100 << S | lc.DATA, 1200 << S | lc.EXIT | lc.DATA, 2000 << S | lc.BOUNDARY]
+    )
+    assert s.phases["checkpoint"] == 0 and s.saves == 0 and s.saved_ns == 0
+    # stack samples recorded before the phase existed: 6 was `other`, and still is
+    assert _phase_name(6) == "other" and _phase_name(lc.SAMPLE_CHECKPOINT) == "checkpoint"
+
+
+def test_an_older_relays_second_reads_checkpoint_0_and_a_newer_one_carries_it() -> None:
+    stats = RankStats()
+    ns = 10_000_000
+    stats.add([StepRecord(i, 100.0 + i * 0.01, ns, _phases(ns, 4_000_000)) for i in range(10)])
+    (b,) = stats.levels[0]
+    sent = b.second()
+    assert sent.checkpoint_ns == 10 * 4_000_000
+    assert stats.window(10.0).phases["checkpoint"] == pytest.approx(4.0)
+    # an older relay's second: the list without the last field
+    old = msgspec.msgpack.decode(_older(sent), type=Second)
+    assert old.checkpoint_ns == 0.0 and old.data_ns == sent.data_ns and old.seq == sent.seq
+    again = RankStats()
+    again.put(int(old.t), slots(old))
+    assert again.window(10.0).phases["checkpoint"] == 0.0
+    assert again.window(10.0).phases["other"] == pytest.approx(stats.window(10.0).phases["other"])
+
+
+def _older(s: Second) -> bytes:
+    return msgspec.msgpack.encode(list(msgspec.structs.astuple(s))[:-1])
+
+
+def _phases(wall: int, checkpoint: int) -> dict[str, int]:
+    out = dict.fromkeys(lc.PHASES, 0)
+    out["forward"] = wall - checkpoint
+    out["checkpoint"] = checkpoint
+    return out
+
+
+# -- the verdict ---------------------------------------------------------------------------------
+def _facts(s: Saving | None) -> Facts:
+    step = s.step_ms if s else 10.0
+    return Facts(steps=50, step_ms=step, shares={}, ms={}, checkpoint=s)
+
+
+@pytest.mark.parametrize(
+    ("share", "severity"), [(0.09, None), (0.10, "warning"), (0.29, "warning"), (0.30, "critical")]
+)
+def test_checkpoint_rule_bands(share: float, severity: str | None) -> None:
+    f = _facts(Saving(5, share, 50.0, 10.0, 20.0))
+    got = rule_checkpoint(f)
+    assert (got.severity if got else None) == severity
+    assert rule_checkpoint(_facts(None)) is None
+
+
+def test_the_what_if_saves_ten_times_less_often_from_the_measured_cost_and_interval() -> None:
+    # a save of 45 ms every 10 steps of 10 ms: 45 / 145 = 31% of wall time; every 100: 45 / 1045 = 4%
+    steps = [StepRecord(i, i * 0.01, 10_000_000 + (45_000_000 if i % 10 == 0 else 0), {}) for i in range(50)]
+    for s in steps:
+        if s.i % 10 == 0:
+            s.saves, s.saved_ns = 1, 45_000_000
+    got = saving(steps)
+    assert got is not None and got.saves == 5 and got.interval == 10
+    assert got.share == pytest.approx(0.31, abs=0.005) and got.save_ms == pytest.approx(45.0)
+    f = _facts(got)
+    finding = rule_checkpoint(f)
+    assert finding is not None and finding.kind == "checkpoint" and finding.severity == "critical"
+    up = checkpoint_upside(f)
+    assert up is not None
+    assert "every 10 steps costs 31% of wall time; every 100 steps: 4%" in up.text, up.text
+    assert up.speedup == pytest.approx(14.5 / 10.45, rel=0.01)
+
+
+# -- real torch on CPU ---------------------------------------------------------------------------
+torch = pytest.importorskip("torch")
+
+
+def _wait_patched(fn_of: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if getattr(getattr(fn_of(), "__code__", None), "co_filename", "").startswith("<torchtop"):  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("not patched by the agent tick")
+
+
+def _big_state() -> dict[str, object]:
+    return {"w": torch.randn(1 << 21)}  # 8 MiB: a save costs a large, known share of a small step
+
+
+@pytest.mark.usefixtures("one_thread_warm_torch")
+def test_a_loop_that_saves_every_5_steps_gets_the_checkpoint_verdict_within_5_points() -> None:
+    import torchtop.agent as ta
+    from tests.agent_util import mlp, snapshot_steps
+    from torchtop.contract.wire import PROTOCOL_VERSION, Batch, Hello
+    from torchtop.monitor.diagnosis.diagnose import diagnose
+    from torchtop.monitor.model.state import RunState
+
+    assert ta.start() is not None
+    model, big = mlp(), _big_state()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    n, every = 60, 5
+    walls, saved = [], []
+    for i in range(n):
+        t = time.perf_counter_ns()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        s = 0
+        if i % every == 0:
+            t1 = time.perf_counter_ns()
+            torch.save(big, io.BytesIO())  # before the optimizer: the save is this step's
+            s = time.perf_counter_ns() - t1
+        opt.step()
+        opt.zero_grad()
+        walls.append(time.perf_counter_ns() - t)
+        saved.append(s)
+    steps = snapshot_steps(ta.current(), n)
+    assert [s.i for s in steps] == list(range(n))
+    assert [s.saves for s in steps] == [1 if i % every == 0 else 0 for i in range(n)]
+    # the save's own time, less the microseconds the script's clock adds around the wrapper
+    short = [
+        (s.i, s.phases["checkpoint"], saved[s.i]) for s in steps if s.phases["checkpoint"] < 0.9 * saved[s.i]
+    ]
+    assert not short, short
+
+    state = RunState()
+    t0 = steps[0].t0
+    state.apply_hello(
+        Hello(
+            v=PROTOCOL_VERSION, run_id="r", pid=1, host="h", port=1, pub_port=2, device="cpu", start_time=t0
+        )
+    )
+    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=steps[-1].t0 + 1.0), steps, 0.0)
+    d = diagnose(state)
+    judged = range(n - d.steps, n)
+    truth = sum(saved[i] for i in judged) / sum(walls[i] for i in judged)
+    assert d.verdict.kind == "checkpoint", d.verdict
+    assert abs(d.verdict.share - truth) <= 0.05, (d.verdict.share, truth)
+    assert d.verdict.upside is not None and f"every {every} steps costs" in d.verdict.upside.text
+    ta.stop()
+    assert not getattr(torch.save.__code__, "co_filename", "").startswith("<torchtop")  # undone
+
+
+@pytest.mark.usefixtures("one_thread_warm_torch")
+def test_dcp_save_and_async_saves_staging_and_wait_are_timed_and_another_threads_save_is_not(
+    tmp_path: Path,
+) -> None:
+    import torchtop.agent as ta
+    from tests.agent_util import mlp, snapshot_steps
+
+    assert ta.start() is not None
+    import torch.distributed.checkpoint  # noqa: F401 - what the agent tick looks for
+    import torch.distributed.checkpoint.state_dict_saver as dcp  # dcp.save, as torch exports it
+
+    _wait_patched(lambda: dcp.save)
+    _wait_patched(lambda: dcp.async_save)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    other = threading.Thread(target=lambda: [torch.save(_big_state(), io.BytesIO()) for _ in range(3)])
+    pending = None
+    for i in range(12):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if i == 2:
+            dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "sync"), no_dist=True)
+        if i == 4:
+            pending = dcp.async_save(
+                {"model": model.state_dict()}, checkpoint_id=str(tmp_path / "a"), no_dist=True
+            )
+        if i == 6:
+            assert pending is not None
+            fut: Any = getattr(pending, "upload_completion", pending)
+            fut.result()  # the wait on the upload: this step's
+        if i == 8:
+            other.start()
+            other.join()
+        opt.step()
+        opt.zero_grad()
+    steps = snapshot_steps(ta.current(), 12)
+    by_i = {s.i: s for s in steps}
+    assert by_i[2].saves == 1 and by_i[2].phases["checkpoint"] > 0  # once, whatever dcp calls inside
+    assert by_i[4].saves == 1 and by_i[4].phases["checkpoint"] > 0  # the staging
+    assert by_i[6].saves == 1  # the wait
+    assert by_i[8].saves == 0 and by_i[8].phases["checkpoint"] == 0  # another thread's saves
+    assert sum(s.saves for s in steps) == 3
+    assert (tmp_path / "sync").exists() and (tmp_path / "a").exists()
