@@ -72,6 +72,11 @@ class Agent:
             from torchtop.agent.telemetry.collector import TelemetryCollector
 
             self.telemetry = TelemetryCollector(self.cuda)
+            self.telemetry.user_limit = int(options.memory_limit or 0)
+            if options.oom_snapshot_at:
+                from torchtop.agent.capture.oom_snapshot import OomSnapshot
+
+                self.telemetry.oom = OomSnapshot(float(options.oom_snapshot_at), self.captures.request)
             from torchtop.agent.telemetry import flight
 
             if flight.enable():  # before the user's process groups: the buffer takes effect for those
@@ -274,6 +279,8 @@ def start(
     peak_tflops: float | None = None,
     flops_per_step: float | None = None,
     publish_when_active: bool = False,
+    memory_limit: int | str | None = None,
+    oom_snapshot_at: float | None = None,
 ) -> Agent | None:
     """Start the agent in this process (once). Returns at once; never raises into training.
 
@@ -293,11 +300,24 @@ def start(
     them over one step (FlopCounterMode) will not do (default $TORCHTOP_FLOPS_PER_STEP).
     publish_when_active: list the agent (`torchtop ls`) only once the process runs a model or
     counts a step (zero-code start: launchers and helpers that import torch stay unlisted).
+    memory_limit: the memory this run may reach, bytes or "12GiB" (default $TORCHTOP_MEMORY_LIMIT):
+    the time-to-limit forecast's ceiling where it is below the host's (cgroup, rlimit, the machine)
+    or the device's. oom_snapshot_at: once memory passes this share of its limit (e.g. 0.9;
+    default $TORCHTOP_OOM_SNAPSHOT_AT, none), one CUDA memory snapshot is taken and kept.
     Never in a DataLoader worker; in a multiprocessing child still being set up, the start waits
     until it is (agent/spawned.py) and is skipped there if the child is a loader worker.
     """
     options = StartOptions(
-        port, bind, auto, phase_every, record, peak_tflops, flops_per_step, publish_when_active
+        port,
+        bind,
+        auto,
+        phase_every,
+        record,
+        peak_tflops,
+        flops_per_step,
+        publish_when_active,
+        memory_limit,
+        oom_snapshot_at,
     )
     return _start(options)
 

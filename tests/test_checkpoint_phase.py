@@ -106,6 +106,17 @@ def test_checkpoint_rule_bands(share: float, severity: str | None) -> None:
     assert rule_checkpoint(_facts(None)) is None
 
 
+def test_a_gpu_idle_while_the_host_saves_is_the_checkpoint_verdict_not_launch_overhead() -> None:
+    """On an H200 a DCP async save every 10 steps held 94% of the step while NVML read the GPU 3%
+    busy: the headline was host-overhead ("Python and kernel launches set the pace")."""
+    from torchtop.monitor.diagnosis.selection import primary
+
+    s = Saving(20, 0.94, 836.0, 10.0, 890.0)
+    f = Facts(steps=200, step_ms=890.0, shares={"forward": 0.03, "other": 0.03}, ms={}, checkpoint=s)
+    f.device, f.gpu_util, f.proc_cpu = "cuda", 3.0, 78.0
+    assert primary(f, None).kind == "checkpoint"
+
+
 def test_the_what_if_saves_ten_times_less_often_from_the_measured_cost_and_interval() -> None:
     # a save of 45 ms every 10 steps of 10 ms: 45 / 145 = 31% of wall time; every 100: 45 / 1045 = 4%
     steps = [StepRecord(i, i * 0.01, 10_000_000 + (45_000_000 if i % 10 == 0 else 0), {}) for i in range(50)]

@@ -159,7 +159,10 @@ def nvml_sampler(monkeypatch: pytest.MonkeyPatch, nv: FakeNvml) -> NvmlSampler:
 def test_nvml_energy_counter_is_read_with_the_gpu_sample(monkeypatch: pytest.MonkeyPatch) -> None:
     nv = FakeNvml()
     s = nvml_sampler(monkeypatch, nv)
-    a, b = s.sample(0), s.sample(0)
+    a, skipped = s.sample(0), s.sample(0)
+    assert skipped.energy_mj is None  # read once a second (nvml.ENERGY_EVERY_S), not at every 10 Hz sample
+    s._energy_due[0] = 0.0  # a second later
+    b = s.sample(0)
     assert a.energy_mj is not None and b.energy_mj is not None and b.energy_mj - a.energy_mj == 25_000
     assert not s.energy_reason
     back = wire.decode(
@@ -226,6 +229,9 @@ def test_the_collector_sends_rapl_joules_from_its_fast_tick(
     c = TelemetryCollector(None, enable_host=True, enable_gpu=False)
     c.fast()
     rapl_dir(tmp_path, {"intel-rapl:0": (4_000_000, 10**12)})
+    c.fast()
+    assert c.latest().cpu_energy_j == pytest.approx(0.0)  # read once a second, not at every fast tick
+    c._rapl_due = 0.0  # a second later
     c.fast()
     assert c.latest().cpu_energy_j == pytest.approx(3.0)
     c.stop()

@@ -103,6 +103,18 @@ class HostSample(msgspec.Struct, omit_defaults=True):
     workers: list[WorkerSample] = []
 
 
+class MemoryLimit(msgspec.Struct, omit_defaults=True):
+    """What this process's memory may reach, read on the agent's slow sampler thread
+    (agent/telemetry/memory_limit.py): the time-to-limit forecast's ceiling on CPU, and the user's
+    own limit on either device."""
+
+    # the smallest of the host's limits on this process (cgroup, RLIMIT_AS / RLIMIT_DATA, the
+    # machine's memory) and the user's; 0: none known
+    limit: Annotated[int, msgspec.Meta(ge=0)] = 0
+    source: Annotated[str, msgspec.Meta(max_length=MAX_COLLECTIVE_TEXT)] = ""  # "cgroup memory.max" ...
+    user: Annotated[int, msgspec.Meta(ge=0)] = 0  # TORCHTOP_MEMORY_LIMIT / start(memory_limit=); 0: none
+
+
 class MemoryLow(msgspec.Struct, array_like=True):
     """One second's low point of the training process's memory: RSS, and allocated CUDA memory
     on the first device (0 when there is none). The agent keeps ten minutes of them
@@ -144,3 +156,4 @@ class Telemetry(msgspec.Struct, omit_defaults=True):
     cpu_energy_j: float | None = None
     # each process group's place from torch's flight recorder, only while stalled ([] otherwise)
     collectives: Annotated[list[Collective], msgspec.Meta(max_length=MAX_COLLECTIVE_GROUPS)] = []
+    memory_limit: MemoryLimit | None = None  # None: not read (an older agent, or no host sampler)

@@ -23,6 +23,7 @@ from torchtop.contract.relay import Second as Second
 from torchtop.contract.telemetry import FragSample as FragSample
 from torchtop.contract.telemetry import GpuSample as GpuSample
 from torchtop.contract.telemetry import HostSample as HostSample
+from torchtop.contract.telemetry import MemoryLimit as MemoryLimit
 from torchtop.contract.telemetry import MemoryLow as MemoryLow
 from torchtop.contract.telemetry import MemorySample as MemorySample
 from torchtop.contract.telemetry import Telemetry as Telemetry

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from torchtop.agent.telemetry.host import SelfRss
+from torchtop.agent.telemetry.memory_limit import LIMIT_PERIOD_S, read_limit
 from torchtop.agent.telemetry.memory_trend import MemoryTrend
-from torchtop.contract.wire import FragSample, GpuSample, HostSample, MemorySample, Telemetry
+from torchtop.contract.wire import FragSample, GpuSample, HostSample, MemoryLimit, MemorySample, Telemetry
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from torchtop.agent.capture.oom_snapshot import OomSnapshot
     from torchtop.agent.cuda_use import CudaUse
     from torchtop.agent.telemetry.cuda_memory import CudaMemorySampler
     from torchtop.agent.telemetry.flight import FlightReader
@@ -83,6 +85,10 @@ class TelemetryCollector:
         self._rss = 0  # this process's RSS at the last fast tick (0: not read)
         self._self_rss = SelfRss()
         self.trend = MemoryTrend()  # per-second lows, for monitors that join later
+        self.user_limit = 0  # bytes: TORCHTOP_MEMORY_LIMIT / start(memory_limit=) (core sets it)
+        self.oom: OomSnapshot | None = None  # the automatic snapshot near the limit (core sets it)
+        self._limit: MemoryLimit | None = None
+        self._limit_due = 0.0  # monotonic time of the next read of the host's limits
         self.step_count: Callable[[], int] | None = None  # training steps so far (the agent loop sets it)
         self.flight: FlightReader | None = None  # torch's flight recorder, read while stalled (core sets it)
         self._devices: list[int] = []
@@ -91,7 +97,8 @@ class TelemetryCollector:
         self._nvml: NvmlSampler | None = None
         self._host_sampler: HostSampler | None = None
         self._rapl: RaplReader | None = None
-        self._cpu_energy_j: float | None = None  # RAPL's joules at the last fast tick
+        self._cpu_energy_j: float | None = None  # RAPL's joules at its last reading (once a second)
+        self._rapl_due = 0.0
         self._breakers = {
             n: _Breaker(n, self.unavailable)
             for n in ("memory", "frag", "gpu", "pcie", "gpm", "host", "cpu_energy")
@@ -164,7 +171,9 @@ class TelemetryCollector:
         CPU shows in its per-second low points, which a 1 Hz sample cannot give)."""
         if self._host_sampler is not None:
             self._rss = self._self_rss()
-        if self._rapl is not None and self._breakers["cpu_energy"].on:  # a few sysfs reads: cheap
+        now = time.monotonic()
+        if self._rapl is not None and self._breakers["cpu_energy"].on and now >= self._rapl_due:
+            self._rapl_due = now + 1.0  # sysfs reads a package: once a second, as NVML's counter (nvml.py)
             self._cpu_energy_j = self._breakers["cpu_energy"].run(self._rapl.read)
         if self.flight is not None:  # reads nothing unless the steps stopped (flight.py)
             self.flight.poll(self._steps())
@@ -176,6 +185,28 @@ class TelemetryCollector:
             allocated = self._memory[0].allocated if self._memory else 0
             if self._rss > 0 or allocated > 0:
                 self.trend.add(time.time(), self._rss, allocated, self._steps())
+            self._near_limit()
+
+    def _near_limit(self) -> None:
+        """The host's memory limit (re-read every LIMIT_PERIOD_S), and the automatic snapshot's check."""
+        try:
+            now = time.monotonic()
+            if now >= self._limit_due:
+                self._limit_due = now + LIMIT_PERIOD_S
+                self._limit = read_limit(self.user_limit)
+            oom = self.oom
+            if oom is None or oom.done:
+                return
+            if self._memory:
+                from torchtop.agent.capture.oom_snapshot import cuda_use
+
+                oom.check(*cuda_use(self._memory, self.user_limit), cuda=True)
+            elif self._limit is not None:
+                oom.check(self._rss, self._limit.limit, cuda=False)
+            if oom.reason:
+                self.unavailable["oom_snapshot"] = oom.reason
+        except Exception:  # broad: the limit and the snapshot's check never end the agent's tick
+            pass
 
     def _steps(self) -> int | None:
         try:
@@ -264,6 +295,7 @@ class TelemetryCollector:
             steps=self._steps(),
             cpu_energy_j=self._cpu_energy_j,
             collectives=list(self.flight.groups) if self.flight is not None else [],
+            memory_limit=self._limit,
         )
 
     # -- the slow thread -----------------------------------------------------------------------

@@ -115,11 +115,26 @@ def torch_dump() -> Dump | None:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     c10d = sys.modules.get("torch._C._distributed_c10d")
-    for name in DUMPS:
-        fn = getattr(c10d, name, None)
-        if fn is not None:
-            return lambda fn=fn: fn(True, False)  # includeCollectives, not only the active ones
-    return None
+    found = [fn for fn in (getattr(c10d, name, None) for name in DUMPS) if fn is not None]
+    if not found:
+        return None
+    if len(found) == 1:
+        return lambda: found[0](True, False)  # includeCollectives, not only the active ones
+    return lambda: _merged(found)
+
+
+def _merged(dumps: list[Callable[..., Any]]) -> bytes:
+    """Every recorder's entries in one dump: a torch with both keeps NCCL's collectives in the
+    NCCL recorder and the others' (gloo's) in the generic one."""
+    entries: list[Any] = []
+    for fn in dumps:
+        try:
+            got = json.loads(fn(True, False))
+        except Exception:  # broad: one recorder that cannot say; the other may
+            continue
+        if isinstance(got, dict) and isinstance(got.get("entries"), list):
+            entries += got["entries"]  # pyright: ignore[reportUnknownArgumentType]
+    return json.dumps({"entries": entries}).encode()
 
 
 class FlightReader:

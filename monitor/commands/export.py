@@ -82,14 +82,16 @@ def job_label(argv: list[str]) -> str:
 
 
 def fleet_samples(
-    fleet: Fleet, window: float, job: str | None, verdicts: dict[str, Any] | None = None
+    fleet: Fleet,
+    window: float,
+    job: str | None,
+    verdicts: dict[str, Any] | None = None,
+    events: dict[str, Any] | None = None,
 ) -> list[Sample]:
     """Every watched agent's samples, from its state's report over the last `window` seconds;
-    `verdicts`: each job's and agent's verdict in force, updated (hysteresis, as live)."""
-    from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job, rank_times, rank_view
-    from torchtop.monitor.diagnosis.report import diagnose, run_report, with_diagnosis
-    from torchtop.monitor.diagnosis.window import choose
-    from torchtop.monitor.export.figures import samples
+    `verdicts`: each job's and agent's verdict in force, updated (hysteresis, as live); `events`:
+    each agent's event log, updated (the verdict it exports: a rank of a job, the job's)."""
+    from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job, rank_times
 
     verdicts = {} if verdicts is None else verdicts
     judged = {}
@@ -101,27 +103,66 @@ def fleet_samples(
     for w in fleet.agents.values():
         if w.hello is None:
             continue
-        key = w.endpoint.address
-        chosen = choose(w.state, window)  # the figures and the verdict: one window, one fold
-        own = diagnose(w.state, verdicts.get(key), window=chosen)
-        verdicts[key] = own
-        report = run_report(w.state, window, chosen=chosen)
         in_job = judged.get(w.hello.job_id) if w.hello.job_id else None
-        if in_job is not None:  # a rank of a job carries the job's verdict (its own flags)
-            job_diagnosis, found, times = in_job
-            with_diagnosis(report, rank_view(job_diagnosis, own, w.hello.rank, found, times))
-        else:
-            with_diagnosis(report, own)
-        out += samples(
-            report,
-            job or job_label(w.hello.argv),
-            w.hello.host,
-            w.hello.rank,
+        label = job or job_label(w.hello.argv)
+        rate = w.budget.rate_now() if w.up else 0.0
+        out += agent_samples(
+            w.state,
+            w.hello,
+            w.endpoint.address,
+            label,
             w.up,
             w.budget.steps,
-            w.budget.rate_now() if w.up else 0.0,
+            rate,
+            window,
+            verdicts,
+            events,
+            in_job,
         )
+    if events is not None:  # agents gone from the fleet: their logs go too
+        for gone in set(events) - {w.endpoint.address for w in fleet.agents.values()}:
+            del events[gone]
     return out
+
+
+def agent_samples(
+    state: Any,
+    hello: Any,
+    key: str,
+    label: str,
+    up: bool,
+    steps_total: int,
+    steps_per_s: float | None,
+    window: float,
+    verdicts: dict[str, Any],
+    events: dict[str, Any] | None = None,
+    in_job: tuple[Any, Any, Any] | None = None,
+) -> list[Sample]:
+    """One agent's samples (its RunState and Hello): its report over the last `window` seconds
+    with the verdict in force (`verdicts[key]`, updated); a rank of a job judged in `in_job`
+    carries the job's verdict; `events[key]`, its event log, observes the verdict it exports."""
+    from torchtop.monitor.diagnosis.events import EventLog, stalled_s
+    from torchtop.monitor.diagnosis.job_diagnosis import rank_view
+    from torchtop.monitor.diagnosis.report import diagnose, run_report, with_diagnosis
+    from torchtop.monitor.diagnosis.window import choose
+    from torchtop.monitor.export.figures import samples
+
+    chosen = choose(state, window)  # the figures and the verdict: one window, one fold
+    own = diagnose(state, verdicts.get(key), window=chosen)
+    verdicts[key] = own
+    report = run_report(state, window, chosen=chosen)
+    shown = own
+    if in_job is not None:  # a rank of a job carries the job's verdict (its own flags)
+        job_diagnosis, found, times = in_job
+        shown = rank_view(job_diagnosis, own, hello.rank, found, times)
+    with_diagnosis(report, shown)
+    log = None
+    if events is not None:
+        log = events.setdefault(key, EventLog())
+        log.observe(shown, state.agent_time)
+    return samples(
+        report, label, hello.host, hello.rank, up, steps_total, steps_per_s, log, stalled_s([state])
+    )
 
 
 def _job_targets(args: argparse.Namespace) -> list[str] | None:
@@ -152,13 +193,16 @@ def _run_job(args: argparse.Namespace, targets: list[str], board: Any) -> Any:
     job = JobState(plan.job_id)
     publish_at = [0.0]
     verdicts: dict[str, Any] = {}  # the verdict in force: the next judgement's hysteresis
+    events: dict[str, Any] = {}  # the job's event log: its counter across refreshes
 
     def poll() -> None:
         apply_events(job, link.poll(0.2), time.monotonic())
         now = time.monotonic()
         if now >= publish_at[0]:
             publish_at[0] = now + PUBLISH_S
-            board.publish(job_samples(job, args.window, args.job or job.job_id, now, args.top, verdicts))
+            board.publish(
+                job_samples(job, args.window, args.job or job.job_id, now, args.top, verdicts, events)
+            )
 
     return stack, poll
 
@@ -241,6 +285,7 @@ def _run(args: argparse.Namespace, prometheus: str | None, board: Any) -> int:
         end = None if args.seconds is None else time.monotonic() + args.seconds
         publish_at = 0.0
         verdicts: dict[str, Any] = {}  # each job's and agent's verdict in force (hysteresis)
+        events: dict[str, Any] = {}  # each agent's event log: its counter across refreshes
         try:
             while end is None or time.monotonic() < end:
                 if job_poll is not None:
@@ -249,7 +294,7 @@ def _run(args: argparse.Namespace, prometheus: str | None, board: Any) -> int:
                 fleet.poll(0.2)
                 if time.monotonic() >= publish_at:
                     publish_at = time.monotonic() + PUBLISH_S
-                    board.publish(fleet_samples(fleet, args.window, args.job, verdicts))
+                    board.publish(fleet_samples(fleet, args.window, args.job, verdicts, events))
         except KeyboardInterrupt:
             pass
     return 0

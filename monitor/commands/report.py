@@ -11,10 +11,13 @@ import time
 from torchtop.monitor.commands.args import fail
 
 
-def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no-untyped-def]
+def collect(endpoint, seconds: float, history: bool = False, events=None):  # type: ignore[no-untyped-def]
     """Connect, say hello, (with `history`, take the agent's retained steps), then feed
     `seconds` of batches into a RunState. Subscribed before the snapshot, so nothing falls
-    between; batches the snapshot already covers are dropped by sequence number."""
+    between; batches the snapshot already covers are dropped by sequence number. `events` (an
+    EventLog): the run judged once a second meanwhile, as the live view does (its events)."""
+    from torchtop.monitor.diagnosis.diagnose import diagnose
+    from torchtop.monitor.diagnosis.events import TICK_S
     from torchtop.monitor.link.client import AgentClient, AgentUnreachable
     from torchtop.monitor.model.state import RunState
 
@@ -35,9 +38,13 @@ def collect(endpoint, seconds: float, history: bool = False):  # type: ignore[no
             except AgentUnreachable:
                 pass  # the live points alone, then
         end = time.monotonic() + seconds
+        due = 0.0
         while (left := end - time.monotonic()) > 0:
             for got in client.recv_batches(min(left, 0.5)):
                 state.apply_batch(got.batch, got.steps, time.monotonic(), got.log_errors)
+            if events is not None and state.steps and time.monotonic() >= due:
+                due = time.monotonic() + TICK_S
+                events.observe(diagnose(state, events.last), state.agent_time)
         if not history and len(state.window(seconds)) < 2:
             _widen(client, state)
         state.bad_frames += client.bad_frames
@@ -70,7 +77,10 @@ def _recording(target: str | None) -> bool:
 
 def report_file(args: argparse.Namespace) -> int:
     """`report FILE`: the same JSON as live, over the recording's last S seconds (or up to --until)."""
+    import msgspec
+
     from torchtop.contract.recording import RecordingError
+    from torchtop.monitor.diagnosis.events import replayed
     from torchtop.monitor.diagnosis.report import build_report
     from torchtop.monitor.model.playback import load, notes, resolve_until
 
@@ -86,6 +96,8 @@ def report_file(args: argparse.Namespace) -> int:
     state = playback.state_until(until)
     window = float("inf") if args.history else args.seconds
     report = build_report(state, args.seconds, str(args.target), window=window, widen=True)
+    # events are not stored: the recording's steps judged again a second at a time (events.py)
+    report["events"] = msgspec.to_builtins(replayed(playback, until, window))
     if len(ranks) > 1:  # one rank of a job carries the job's verdict
         report["verdict"] = _job_verdict_for(ranks, until, window, state, args.rank)
     print(json.dumps(report, indent=2 if args.pretty else None))
@@ -119,7 +131,10 @@ def _report_job_file(args: argparse.Namespace, ranks: dict, until: float | None)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    import msgspec
+
     from torchtop.monitor.commands.job_cli import job_targets
+    from torchtop.monitor.diagnosis.events import EventLog
     from torchtop.monitor.diagnosis.report import build_report
     from torchtop.monitor.link.client import AgentUnreachable
     from torchtop.monitor.link.remote import open_target, target_options
@@ -136,12 +151,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         targets = job_targets(args)
         if targets is not None:
             return _report_job(args, targets)
+        log = EventLog()
         with open_target(args.target, **target_options(args)) as endpoint:
-            state = collect(endpoint, args.seconds, history=args.history)
+            state = collect(endpoint, args.seconds, history=args.history, events=log)
     except (TargetError, AgentUnreachable) as exc:
         return fail(str(exc))
     window = float("inf") if args.history else args.seconds
     report = build_report(state, args.seconds, str(endpoint), window=window, widen=True)
+    report["events"] = msgspec.to_builtins(list(log.events))  # those seen while it collected
     print(json.dumps(report, indent=2 if args.pretty else None))
     return 0
 

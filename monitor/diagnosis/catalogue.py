@@ -254,6 +254,17 @@ CATALOGUE: tuple[Entry, ...] = (
         "`report` judges it too",
     ),
     Entry(
+        "oom-forecast", "flag", "rank", "out of memory soon",
+        "at its steady growth, memory in use reaches its limit within 30 minutes", "out of memory soon",
+        flags.flag_oom_forecast, upside.memory_leak_upside,
+        "the leak's trend tests (τ ≥ 0.6, ≥ 20 s and 50 steps, still rising) and, at its Theil–Sen rate and the "
+        "judged step rate, the headroom to the limit (the device's or its per-process share on CUDA; on CPU "
+        "the smallest of the cgroup's, RLIMIT_AS/RLIMIT_DATA and the machine's; the user's "
+        "`TORCHTOP_MEMORY_LIMIT` where lower) used up in < 30 min (warning), < 5 min (critical); the "
+        "forecast, with its confidence, also in the `memory-leak` evidence and `report`'s `oom_forecast`",
+        "PyTorch RFC #108 (\"it made it about 40 steps in and OOM'd\"), verl #7770 (a snapshot before the OOM)",
+    ),
+    Entry(
         "sync", "flag", "rank", "waits on the GPU",
         "the step blocks on the GPU at a call of yours, under the verdict's bands", "waits on the GPU",
         why.flag_sync, upside.sync_upside,

@@ -10,6 +10,7 @@ from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis, Facts, Finding
 from torchtop.monitor.diagnosis.gpm import figures as gpm_figures
 from torchtop.monitor.diagnosis.growth import leak_growth
+from torchtop.monitor.diagnosis.oom import forecast, limit_of
 from torchtop.monitor.diagnosis.selection import flags_of, primary, with_upsides
 from torchtop.monitor.diagnosis.stall import run_stall, with_resumed
 from torchtop.monitor.diagnosis.why import WhyFacts, why_facts
@@ -74,6 +75,9 @@ def facts(state: RunState, steps: list[StepRecord], why: WhyFacts | None = None)
     cuda = bool(tel and tel.memory)
     f.growth = leak_growth(state, cuda, f.step_ms / 1000.0)
     f.growth_what = "allocated CUDA memory" if cuda else "process RSS"
+    g = f.growth
+    rate = 1000.0 / f.step_ms if f.step_ms > 0 else (g.span_steps / g.span_s if g and g.span_s > 0 else 0.0)
+    f.oom = forecast(g, rate, *limit_of(tel), peak=float(f.window_peak) if cuda else 0.0)
     if tel is not None and tel.gpus:
         f.gpm = gpm_figures(tel.gpus[0])
     f.why = why if why is not None else why_facts(state, steps, f.gpu_util)
@@ -107,4 +111,4 @@ def diagnose(
     verdict = warmup.with_notes(primary(f, previous.verdict.kind if previous else None), judged, state)
     verdict = with_resumed(warmup.with_input_wait_note(verdict, f), f)
     flags = flags_of(f)
-    return with_upsides(Diagnosis(verdict, flags, len(steps), f.step_ms), f)
+    return with_upsides(Diagnosis(verdict, flags, len(steps), f.step_ms, f.oom), f)

@@ -16,6 +16,7 @@ from torchtop.monitor.diagnosis.report_types import FindingReport
 if TYPE_CHECKING:
     from torchtop.monitor.diagnosis.checkpoint import Saving
     from torchtop.monitor.diagnosis.gpm import GpmFigures
+    from torchtop.monitor.diagnosis.oom import OomForecast
     from torchtop.monitor.diagnosis.stall import Stall
     from torchtop.monitor.diagnosis.upside import Upside
     from torchtop.monitor.diagnosis.why import WhyFacts
@@ -76,6 +77,16 @@ class Thresholds:
     leak_seen: float = 0.05  # the fitted (Theil-Sen) growth over the span is >= 5% of the level ...
     leak_growth: float = 0.10  # ... and at that rate it adds >= 10% of the level every leak_steps
     leak_steps: float = 1000
+    # oom.py: a steady rise (the leak's trend tests) forecast to reach the memory limit within
+    # this long is a warning flag of its own: time to snapshot or checkpoint before the crash ...
+    oom_warning_s: float = 1800.0
+    oom_critical_s: float = 300.0  # ... critical: minutes left
+    # the forecast's confidence: Kendall's tau and the seconds of lows behind it (the leak
+    # horizon is a minute; a 20 s rise at tau 0.7 may still be caches filling)
+    oom_high_tau: float = 0.9
+    oom_high_s: float = 45.0
+    oom_moderate_tau: float = 0.75
+    oom_moderate_s: float = 30.0
     # a job's straggler (straggler.py): the other ranks' median extra collective wait a step,
     # as a share of the step (TraceML's straggler score bands: 0.10 warning, 0.20 critical)
     straggler_info: float = 0.05
@@ -183,6 +194,7 @@ class Diagnosis:
     flags: tuple[Finding, ...] = ()
     steps: int = 0
     step_ms: float = 0.0  # the judged steps' mean: the step time the verdict's figures are of
+    oom: OomForecast | None = None  # when memory in use reaches its limit (oom.py); None: no steady rise
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -223,6 +235,7 @@ class Facts:
     expandable: bool = False
     growth: Growth | None = None
     growth_what: str = "allocated"
+    oom: OomForecast | None = None  # when the growth reaches the memory limit (oom.py)
     why: WhyFacts | None = None  # stack samples, sync windows, throughput and MFU (why.py)
     input_wait: float = 0.0  # share of the step resuming the loop's input generator (in `data`)
     stall: Stall | None = None  # no step end for a while, or one that ended recently (stall.py)

@@ -146,9 +146,25 @@ def flag_memory_leak(f: Facts, scale: float = 1.0) -> Finding | None:
     evidence = (
         f"{f.growth_what} grew {size(g.first)} -> {size(g.last)} (+{pct(seen, 0)}) in {g.span_s:.0f} s "
         f"and {g.span_steps:.0f} steps, steadily: about {size(g.slope)} a step",
+        *((f.oom.text(),) if f.oom is not None else ()),
     )
     advice = (
         "look for tensors kept across steps: losses or outputs appended to a list without .item()/.detach()",
         "a memory snapshot (key m) shows the allocation sites that keep growing",
     )
     return Finding("memory-leak", "warning", seen, evidence, advice)
+
+
+def flag_oom_forecast(f: Facts, scale: float = 1.0) -> Finding | None:
+    """Memory in use rises steadily and reaches its limit within `oom_warning_s` at that rate
+    (oom.py): a warning, critical within `oom_critical_s`; its share is the limit's share in use."""
+    o = f.oom
+    if o is None or o.seconds >= T.oom_warning_s:
+        return None
+    severity = "critical" if o.seconds < T.oom_critical_s else "warning"
+    advice = (
+        "look for tensors kept across steps: losses or outputs appended to a list without .item()/.detach()",
+        "TORCHTOP_OOM_SNAPSHOT_AT=0.9 keeps a CUDA memory snapshot taken before the limit",
+        "checkpoint now: the run will not reach its end at this rate",
+    )
+    return Finding("oom-forecast", severity, min(1.0, o.level / o.limit), (o.text(),), advice)

@@ -47,15 +47,15 @@ def rank_diagnosis(
     """What `rank`'s line says inside its job (its own flags kept)."""
     if found is not None:  # judged over the job's window, even while this rank's own is warming up
         if rank == found.rank:
-            return Diagnosis(job.verdict, own.flags, own.steps)
-        return Diagnosis(waiting_finding(rank, found, times, job.verdict), own.flags, own.steps)
+            return Diagnosis(job.verdict, own.flags, own.steps, oom=own.oom)
+        return Diagnosis(waiting_finding(rank, found, times, job.verdict), own.flags, own.steps, oom=own.oom)
     if own.verdict.kind == "unknown":
         return own
     t = times.get(rank)
     waits = t is not None and t.step_ms > 0 and t.comm_ms / t.step_ms >= T.straggler_info
     # a host-bound job's ranks read it: their own host-overhead or host-code is the same finding
     if own.verdict.kind in COMM_MIMICS and (waits or job.verdict.kind == "host-bound"):
-        return Diagnosis(job.verdict, own.flags, own.steps)
+        return Diagnosis(job.verdict, own.flags, own.steps, oom=own.oom)
     if own.verdict.kind != job.verdict.kind and own.verdict.severity in ("ok", "info"):
-        return Diagnosis(job.verdict, own.flags, own.steps)
+        return Diagnosis(job.verdict, own.flags, own.steps, oom=own.oom)
     return own

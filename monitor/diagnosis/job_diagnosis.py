@@ -199,7 +199,7 @@ def rank_view(
             f"rank {rank} on its own reads {own.verdict.kind} ({own.verdict.severity}); the job rules decide"
         )
         verdict = replace(verdict, evidence=(*verdict.evidence, line))
-    return Diagnosis(verdict, own.flags, own.steps, own.step_ms)
+    return Diagnosis(verdict, own.flags, own.steps, own.step_ms, own.oom)
 
 
 def member_status(m: Member, now: float, job: JobState | None = None) -> str:

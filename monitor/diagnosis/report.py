@@ -11,6 +11,7 @@ import msgspec
 from torchtop.monitor.diagnosis import warmup
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.facts import Diagnosis, Finding
+from torchtop.monitor.diagnosis.oom import OomForecast, limit_of
 from torchtop.monitor.diagnosis.report_types import (
     AgentRefused,
     EvalLatency,
@@ -18,6 +19,7 @@ from torchtop.monitor.diagnosis.report_types import (
     HostSection,
     MemoryDevice,
     MemorySection,
+    OomForecastReport,
     RunReport,
     StepTimeMs,
 )
@@ -110,6 +112,7 @@ def run_report(
         hot_functions=why.hot_functions,
         throughput=why.throughput,
         energy=rounded(window_energy(state.points, steps, summary)),
+        memory_limit_bytes=limit_of(state.telemetry)[0] or None,
     )
     if widen and w.line:
         diagnosis = replace(diagnosis, verdict=with_line(diagnosis.verdict, w.line))
@@ -126,7 +129,23 @@ def with_diagnosis(report: RunReport, diagnosis: Diagnosis) -> RunReport:
     report.verdict = diagnosis.verdict.to_report()
     report.flags = [f.kind for f in diagnosis.flags]
     report.flag_details = [f.to_report() for f in diagnosis.flags]
+    report.oom_forecast = oom_report(diagnosis.oom)
     return report
+
+
+def oom_report(o: OomForecast | None) -> OomForecastReport | None:
+    if o is None:
+        return None
+    return OomForecastReport(
+        steps=int(o.steps),
+        seconds=round(o.seconds, 1),
+        limit_bytes=o.limit,
+        limit_from=o.limit_from,
+        rate_bytes_per_step=round(o.rate, 1),
+        in_use_bytes=int(o.level),
+        confidence=o.confidence,
+        text=o.text(),
+    )
 
 
 def _r4(x: float) -> float:

@@ -12,7 +12,7 @@ Every field has a default, so that a report another torchtop version wrote decod
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType, field
@@ -174,6 +174,19 @@ class ThroughputReport(msgspec.Struct):
     mfu_note: str | None = None  # why MFU is unknown, or why it is the counters'
 
 
+class OomForecastReport(msgspec.Struct):
+    """When memory in use reaches its limit at its steady growth (diagnosis/oom.py)."""
+
+    steps: int = 0  # training steps left
+    seconds: float = 0.0  # ... at the judged step rate
+    limit_bytes: int = 0
+    limit_from: str = ""  # "device", "cgroup memory.max", "machine", "TORCHTOP_MEMORY_LIMIT" ...
+    rate_bytes_per_step: float = 0.0
+    in_use_bytes: int = 0
+    confidence: str = ""  # "low" | "moderate" | "high"
+    text: str = ""
+
+
 def _memory() -> MemorySection:
     return MemorySection(reason="no telemetry received")
 
@@ -184,6 +197,20 @@ def _gpu() -> GpuSection:
 
 def _host() -> HostSection:
     return HostSection(available=False, reason="no telemetry received")
+
+
+EventRole = Literal["verdict", "flag", "resumed"]
+
+
+class Event(msgspec.Struct, frozen=True):
+    """A change (diagnosis/events.py): when (the agent's wall clock), its kind (a verdict or flag
+    kind, or `resumed`), severity, the verdict's or flag's first line, and what changed."""
+
+    time: float
+    kind: str
+    severity: str
+    line: str
+    role: EventRole
 
 
 class RunReport(msgspec.Struct):
@@ -229,6 +256,11 @@ class RunReport(msgspec.Struct):
     flags: list[str] = field(default_factory=list[str])
     flag_details: list[FindingReport] = field(default_factory=list[FindingReport])
     energy: Energy | None = None  # the window's joules a step / sample / token (model/energy.py)
+    oom_forecast: OomForecastReport | None = None  # time to the memory limit; None: no steady growth
+    # what the memory the leak rule judges may reach: the device's on CUDA, the host's on CPU, or
+    # the user's where lower (diagnosis/oom.py limit_of); None: not known
+    memory_limit_bytes: int | None = None
+    events: list[Event] = field(default_factory=list[Event])  # the window's (diagnosis/events.py)
 
 
 def decode_report(data: bytes | str | dict[str, Any], source: str = "report") -> RunReport:

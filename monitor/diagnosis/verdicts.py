@@ -199,6 +199,8 @@ def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
         # the host's time is outside the phases that launch kernels: not launch overhead (where it
         # dominates, rule_outside says so; host-code names it where stack samples do)
         return None
+    if f.checkpoint is not None and f.checkpoint.share >= T.checkpoint_high:
+        return None  # the GPU idles while the host saves: the checkpoint verdict's, not launches'
     low = T.gpu_util_low / scale if scale < 1 else T.gpu_util_low
     if f.gpu_util >= low:
         return None

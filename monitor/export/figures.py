@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from msgspec import UnsetType
 
 from torchtop.monitor.diagnosis.facts import SEVERITY_RANK
 from torchtop.monitor.diagnosis.report_types import RunReport
+
+if TYPE_CHECKING:
+    from torchtop.monitor.diagnosis.events import EventLog
 
 Kind = Literal["gauge", "counter"]
 _SEVERITY_RANK: dict[str, int] = {**SEVERITY_RANK}  # a report's severity is any str, read from JSON
@@ -52,14 +55,30 @@ METRICS: dict[str, tuple[Kind, str, str | None]] = {
     "torchtop_energy_joules": ("counter", "NVML's energy counter since the driver loaded, by GPU", "source"),
     "torchtop_power_watts": ("gauge", "mean power over the window from the energy counters", "source"),
     "torchtop_energy_per_step_joules": ("gauge", "joules a training step (the GPUs, else the CPUs)", None),
+    "torchtop_oom_eta_seconds": (
+        "gauge",
+        "seconds until memory in use reaches its limit at its steady growth (absent: no growth)",
+        None,
+    ),
+    "torchtop_memory_limit_bytes": ("gauge", "the memory limit the OOM forecast counts to", None),
     "torchtop_process_cpu_cores": ("gauge", "training process CPU, in cores", None),
     "torchtop_process_resident_bytes": ("gauge", "training process resident memory", None),
     "torchtop_process_resident_peak_bytes": ("gauge", "training process peak resident memory", None),
     "torchtop_dataloader_workers": ("gauge", "DataLoader worker processes", None),
     "torchtop_dataloader_worker_cpu_cores": ("gauge", "DataLoader workers' mean CPU, in cores", None),
-    "torchtop_verdict": ("gauge", "the verdict in force: its severity (0 ok .. 3 critical)", "verdict"),
+    "torchtop_verdict": (
+        "gauge",
+        "the verdict in force: its severity (0 ok .. 3 critical)",
+        "verdict,severity",
+    ),
     "torchtop_verdict_share_ratio": ("gauge", "the verdict's share of the step", "verdict"),
     "torchtop_flag": ("gauge", "a flag raised: its severity (1 info .. 3 critical)", "flag"),
+    "torchtop_events": ("counter", "changes of verdict, stalls, resumes, flags raised", "kind,severity"),
+    "torchtop_stalled_seconds": (
+        "gauge",
+        "how long no step has ended, once a stall (0 while steps end)",
+        None,
+    ),
     "torchtop_dropped_steps": ("counter", "steps the agent's bounded log dropped", None),
     "torchtop_hook_errors": ("counter", "guarded failures inside the agent's hooks", None),
     # a job's, from its ranks' buckets (export/job_figures.py)
@@ -90,18 +109,21 @@ def samples(
     up: bool,
     steps_total: int,
     steps_per_s: float | None,
+    events: EventLog | None = None,
+    stalled_s: float | None = None,
 ) -> list[Sample]:
     """The samples of one agent from its report (diagnosis/report.py). `steps_total` and
     `steps_per_s` are the agent's own counts: exact even where the exporter replays only a
-    sample of the steps. `steps_per_s` None (not yet known) leaves that sample out."""
+    sample of the steps. `steps_per_s` None (not yet known) leaves that sample out. `events`:
+    the agent's event log (its counts), `stalled_s`: its stall's length (events.stalled_s)."""
     base = (("job", job), ("node", node), ("rank", str(rank)))
     out: list[Sample] = []
 
-    def add(name: str, value: float | UnsetType | None, extra: tuple[str, str] | None = None) -> None:
+    def add(name: str, value: float | UnsetType | None, *extra: tuple[str, str]) -> None:
         if value is None or isinstance(value, (bool, UnsetType)):
             return
         kind = METRICS[name][0]
-        out.append(Sample(name, float(value), base + ((extra,) if extra else ()), kind))
+        out.append(Sample(name, float(value), base + extra, kind))
 
     add("torchtop_up", 1 if up else 0)
     add("torchtop_steps", steps_total)
@@ -140,6 +162,10 @@ def samples(
         for source, e in energy.sources.items():
             add("torchtop_power_watts", e.watts, ("source", source))
         add("torchtop_energy_per_step_joules", energy.joules_per_step)
+    oom = report.oom_forecast
+    if oom is not None:
+        add("torchtop_oom_eta_seconds", oom.seconds)
+    add("torchtop_memory_limit_bytes", report.memory_limit_bytes)
     host = report.host
     if host.available:
         add("torchtop_process_cpu_cores", (host.proc_cpu or 0) / 100)
@@ -154,12 +180,32 @@ def samples(
             )
     verdict = report.verdict
     if verdict.kind and verdict.kind != "unknown":
-        add("torchtop_verdict", _SEVERITY_RANK.get(verdict.severity, 0), ("verdict", verdict.kind))
+        add(
+            "torchtop_verdict",
+            _SEVERITY_RANK.get(verdict.severity, 0),
+            ("verdict", verdict.kind),
+            ("severity", verdict.severity),
+        )
         add("torchtop_verdict_share_ratio", verdict.share, ("verdict", verdict.kind))
     for flag in report.flag_details:
         add("torchtop_flag", _SEVERITY_RANK.get(flag.severity, 1), ("flag", flag.kind))
+    out += event_samples(base, events, stalled_s)
     add("torchtop_dropped_steps", report.dropped)
     add("torchtop_hook_errors", report.hook_errors)
+    return out
+
+
+def event_samples(
+    base: tuple[tuple[str, str], ...], events: EventLog | None, stalled_s: float | None
+) -> list[Sample]:
+    """`torchtop_events_total{kind,severity}` from an event log's counts and the stall's gauge."""
+    out: list[Sample] = []
+    if events is not None:
+        for (kind, severity), n in sorted(events.counts.items()):
+            labels = (*base, ("kind", kind), ("severity", severity))
+            out.append(Sample("torchtop_events", float(n), labels, "counter"))
+    if stalled_s is not None:
+        out.append(Sample("torchtop_stalled_seconds", float(stalled_s), base, "gauge"))
     return out
 
 

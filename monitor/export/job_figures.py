@@ -12,15 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from torchtop.contract.logcodes import PHASES
+from torchtop.monitor.diagnosis.events import EventLog, stalled_s
 from torchtop.monitor.diagnosis.facts import SEVERITY_RANK, Diagnosis
 from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job, window_end
-from torchtop.monitor.export.figures import Sample
+from torchtop.monitor.export.figures import Sample, event_samples
 from torchtop.monitor.model.job_state import JobState
 from torchtop.monitor.model.relayed import coverage, relay_status
 from torchtop.monitor.model.state import Link
 
 RANK_SERIES = 4 + len(PHASES)  # reporting, step, own, comm, and each phase: 12
-JOB_SERIES = 7
+JOB_SERIES = 9  # and the verdict in force, the stall's seconds; events: one a (kind, severity) seen
 
 
 def job_samples(
@@ -30,10 +31,12 @@ def job_samples(
     now: float,
     top: int | None = None,
     verdicts: dict[str, Diagnosis] | None = None,
+    events: dict[str, EventLog] | None = None,
 ) -> list[Sample]:
     """The job's samples over the last `window` seconds; per-rank series for every rank, or only
     for the `top` slowest (by own time) and any rank not reporting. `verdicts`: each job's verdict
-    in force, updated (the exporter's hysteresis: the same headline as the live view)."""
+    in force, updated (the exporter's hysteresis: the same headline as the live view); `events`:
+    each job's event log, updated (its counter counts a change once, not once a refresh)."""
     out: list[Sample] = []
     jl = (("job", label),)
 
@@ -77,4 +80,16 @@ def job_samples(
         SEVERITY_RANK.get(found.severity, 0) if found is not None else 0,
         jl,
     )
-    return out
+    v = verdicts[job.job_id].verdict
+    if v.kind != "unknown":
+        add(
+            "torchtop_verdict",
+            SEVERITY_RANK.get(v.severity, 0),
+            (*jl, ("verdict", v.kind), ("severity", v.severity)),
+        )
+    log = None
+    if events is not None:
+        log = events.setdefault(job.job_id, EventLog())
+        log.observe(verdicts[job.job_id], end if end is not None else now)
+    states = [m.state for m in job.live() if m.hello is not None]
+    return out + event_samples(jl, log, stalled_s(states))

@@ -30,6 +30,8 @@ def fill(app: TorchtopApp, window_s: float) -> None:
     mem.peak_window = dict(state.peak_window)
     mem.retry_rate = retry_rate(state, window_s)
     mem.reason = missing.get("memory", "") if tel is not None else NO_TELEMETRY
+    oom = app.diagnosis.oom if app.diagnosis is not None else None
+    mem.forecast = oom.text() if oom is not None else ""
     if app._tab() == "memory" and time.perf_counter() >= app._plot_due:
         # plotext takes milliseconds to draw: once a second keeps it a small share of a core
         app._plot_due = time.perf_counter() + PLOT_REFRESH_S

@@ -98,6 +98,7 @@ class MemoryFigures(Widget):
     peak_window: reactive[dict[int, int]] = reactive(dict)
     retry_rate: reactive[float] = reactive(0.0)
     reason: reactive[str] = reactive("", layout=True)
+    forecast: reactive[str] = reactive("", layout=True)  # time to the memory limit (diagnosis/oom.py)
 
     def watch_memory(self) -> None:
         self._level()
@@ -116,8 +117,10 @@ class MemoryFigures(Widget):
             set_level_class(self.parent, level)  # the bordered box around figures and plot
 
     def lines(self, width: int = 100) -> list[Text]:
+        # on CPU the forecast is of the RSS: said under the missing CUDA figures
+        oom = [Text(f"OOM forecast: {self.forecast}", style="bold")] if self.forecast else []
         if not self.memory:
-            return [unavailable("CUDA memory", self.reason)]
+            return [unavailable("CUDA memory", self.reason), *oom]
         out: list[Text] = []
         for m in self.memory:
             if len(self.memory) > 1:
@@ -126,7 +129,7 @@ class MemoryFigures(Widget):
             out += device_lines(
                 m, frag, self.peak_window.get(m.device, m.window_peak), self.retry_rate, width
             )
-        return out
+        return out + oom
 
     def render(self) -> RenderableType:
         return Group(*self.lines(max(40, self.content_size.width)))
