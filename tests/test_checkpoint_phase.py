@@ -248,3 +248,14 @@ def test_dcp_save_and_async_saves_staging_and_wait_are_timed_and_another_threads
     assert by_i[8].saves == 0 and by_i[8].phases["checkpoint"] == 0  # another thread's saves
     assert sum(s.saves for s in steps) == 3
     assert (tmp_path / "sync").exists() and (tmp_path / "a").exists()
+
+
+def test_two_saves_in_one_step_are_one_checkpoint_of_the_loops_every_n_steps() -> None:
+    """DCP's async_save and the wait on the one before it (or a model's and an optimizer's
+    torch.save) land in one step: an H200 run saving every 10 steps read "every 5 steps"."""
+    steps = [StepRecord(i, i * 0.01, 10_000_000, {}) for i in range(100)]
+    for s in steps[9::10]:
+        s.saves, s.saved_ns, s.wall_ns = 2, 40_000_000, 50_000_000
+    got = saving(steps)
+    assert got is not None and got.saves == 10 and got.interval == pytest.approx(10.0)
+    assert got.save_ms == pytest.approx(40.0)

@@ -48,7 +48,9 @@ class Saving(NamedTuple):
 
 def saving(steps: Sequence[StepRecord]) -> Saving | None:
     """The saves in `steps` (None: none seen)."""
-    saves = sum(s.saves for s in steps)
+    # a checkpoint is a step with saves: a model's and an optimizer's torch.save, or DCP's async_save
+    # and the wait on the one before it, are one checkpoint of the loop's "every N steps"
+    saves = sum(1 for s in steps if s.saves)
     wall = sum(s.wall_ns for s in steps)
     if saves <= 0 or wall <= 0:
         return None
