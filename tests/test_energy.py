@@ -160,7 +160,7 @@ def test_nvml_energy_counter_is_read_with_the_gpu_sample(monkeypatch: pytest.Mon
     nv = FakeNvml()
     s = nvml_sampler(monkeypatch, nv)
     a, skipped = s.sample(0), s.sample(0)
-    assert skipped.energy_mj is None  # read once a second (nvml.ENERGY_EVERY_S), not at every 10 Hz sample
+    assert skipped.energy_mj is None  # read every nvml.ENERGY_EVERY_S, not at every 10 Hz sample
     s._energy_due[0] = 0.0  # a second later
     b = s.sample(0)
     assert a.energy_mj is not None and b.energy_mj is not None and b.energy_mj - a.energy_mj == 25_000
