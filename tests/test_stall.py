@@ -78,6 +78,18 @@ def test_stalled_at_its_threshold() -> None:
     assert VERDICT_WORDS["stalled"][0] == "Stalled"
 
 
+def test_a_long_save_is_said_as_saving_not_as_a_hang() -> None:
+    """A torch.save longer than five median steps: its samples are in the checkpoint phase."""
+    from torchtop.contract.logcodes import SAMPLE_CHECKPOINT
+
+    st = _state()
+    _silent(st, 30, SAMPLE_CHECKPOINT, "/job/train.py:80 save_every", "torch.serialization:save")
+    f = rule_stalled(_facts(st), 1.0)
+    assert f is not None and f.severity == "warning", f
+    assert f.evidence[1].startswith("the training thread is saving a checkpoint, in `"), f.evidence
+    assert "train.py:80" in f.evidence[1] and any("async_save" in a for a in f.advice)
+
+
 def test_a_slow_run_stalls_at_its_own_pace() -> None:
     """Five median steps of a slow run are not a stall before they pass."""
     st = RunState()

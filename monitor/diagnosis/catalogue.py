@@ -69,7 +69,8 @@ CATALOGUE: tuple[Entry, ...] = (
         stall.rule_stalled, stall.stall_upside,
         "no step end for 5× the median step and at least 5 s of the agent's clock (critical, before every "
         "other verdict), with where the training thread is from its stack samples: inside a collective, or "
-        "outside any at the user's frame and the call it is blocked in. A job's: every rank stalled, the "
+        "outside any at the user's frame and the call it is blocked in (a warning, not a hang, where the "
+        "samples are in a checkpoint save). A job's: every rank stalled, the "
         "ranks outside any collective named first (they hold it), the others waiting in theirs; no straggler "
         "is named from it. A stall that ended in the last minute is said as resumed under the verdict",
         "hang detectors: Mycroft names the faulty rank in 15 s, Minder in 3.6 s",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from torchtop.contract.logcodes import COMM
+from torchtop.contract.logcodes import COMM, SAMPLE_CHECKPOINT
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Finding
 from torchtop.monitor.model.fmt import ms
@@ -52,6 +52,7 @@ class Where:
     callee: str  # what it is calling there ("module:qualname", or a name: "time.sleep"; "" unknown)
     collective: str  # inside this collective ("" outside any)
     since_s: float  # for this long, as far as the samples go
+    saving: bool = False  # inside a checkpoint save (the agent's `checkpoint` phase): no hang
 
     def phrase(self) -> str:
         """ "in `time.sleep` at train.py:42 main" / "in all_reduce at train.py:57 main"."""
@@ -122,7 +123,13 @@ def where_now(samples: Iterable[tuple[float, StackSample]], since: float, now: f
         first = since
     if newest is None:
         return None
-    return Where(newest.site, newest.callee, collective_of(newest), max(0.0, now - first))
+    return Where(
+        newest.site,
+        newest.callee,
+        collective_of(newest),
+        max(0.0, now - first),
+        newest.phase == SAMPLE_CHECKPOINT,
+    )
 
 
 def named(c: Collective) -> str:
@@ -199,6 +206,13 @@ def rule_stalled(f: Facts, scale: float) -> Finding | None:
         return None
     evidence = [f"no step end for {s.silent_s:.0f} s (the median step is {ms(s.median_ms)} ms)"]
     w = s.where
+    if w is not None and w.saving:  # a long save is no hang: said as what it is, a warning
+        evidence.append(f"the training thread is saving a checkpoint, {w.phrase()} (for {w.since_s:.0f} s)")
+        advice = (
+            "torch.distributed.checkpoint.async_save stages the state and writes it off the training thread",
+            "save less often: the checkpoint verdict says what each interval costs once the save ends",
+        )
+        return Finding("stalled", "warning", 1.0, tuple(evidence), advice)
     if w is None:
         evidence.append("where the training thread is: unknown (no stack samples: TORCHTOP_STACK_HZ=0?)")
     elif w.collective:
