@@ -19,6 +19,7 @@ pytest.importorskip("torch")
 
 from tests.agent_util import free_port_pair  # noqa: E402
 from torchtop.contract import discovery  # noqa: E402
+from torchtop.contract.logcodes import PHASES  # noqa: E402
 from torchtop.monitor.link.client import AgentClient  # noqa: E402
 from torchtop.monitor.link.targets import from_discovery  # noqa: E402
 
@@ -114,7 +115,7 @@ def _check_report(report: dict, pid: int) -> None:
     st = report["step_time_ms"]
     assert 8.0 <= st["median"] <= st["p90"]  # every step waits 8 ms for data
     shares = report["breakdown"]
-    assert set(shares) == {"data", "h2d", "forward", "backward", "optimizer", "comm", "other"}
+    assert set(shares) == set(PHASES)  # every phase, checkpoint included (contract/logcodes.py)
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
     assert all(v >= 0 for v in shares.values())
     assert shares["data"] > 0.5  # the run is data-bound, and the report says so

@@ -75,7 +75,7 @@ SPAWNING = textwrap.dedent(
     def main_worker(rank, world, port, steps):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        print("rank", rank, "pid", os.getpid(), flush=True)
+        sys.stdout.write(f"rank {rank} pid {os.getpid()}\\n")  # one write: the two ranks share the pipe
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         x = torch.randn(8, 16)
@@ -113,7 +113,7 @@ def test_an_mp_spawn_job_records_as_a_job_of_both_ranks(
     pids = {
         int(w[1]): int(w[3]) for w in (line.split() for line in job.stdout.splitlines()) if w[:1] == ["rank"]
     }
-    assert sorted(pids) == [0, 1]
+    assert sorted(pids) == [0, 1], job.stdout[-2000:] + job.stderr[-2000:]
     assert sorted(p.name for p in record.iterdir()) == ["rank0", "rank1"]  # the launcher left none
     for r, pid in pids.items():
         got = read_rank(record / f"rank{r}")

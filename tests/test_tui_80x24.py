@@ -92,3 +92,149 @@ async def test_the_replay_jump_prompt_is_whole_and_p_says_why(tmp_path: Path) ->
         await pilot.press("p")
         await pilot.pause(0.3)
         assert any("captures are taken on a live run" in n.message for n in app._notifications)
+
+
+# -- issue 39 item 4: an 80x24 SSH session sees the verdict, whole lines and one line of keys ------
+LONG_ERROR = (
+    "no answer from a torchtop agent at 127.0.0.1:29517 after 10 s: is the job still running? "
+    "(its rank 1 ended with exit code 1)"
+)
+
+
+async def _job_at_80x24(pilot, app: JobApp, ranks: int = 3, slow: int = 1) -> None:  # type: ignore[no-untyped-def]
+    app.post_message(JobEvents(job_events(ranks, slow)))
+    await pilot.pause(0.3)
+    app.refresh_panels()
+    await pilot.pause(0.2)
+
+
+def _joined(text: str) -> str:
+    """The screen's words in one string, the panels' borders and line breaks gone."""
+    return " ".join(" ".join(line.strip("│┃ ").split()) for line in text.splitlines())
+
+
+async def test_a_toast_covers_no_verdict_line_and_only_one_shows() -> None:
+    from textual.widgets._toast import Toast
+
+    app = JobApp(feed=False, clock=lambda: 0.0)
+    async with app.run_test(size=SMALL, notifications=True) as pilot:
+        await _job_at_80x24(pilot, app)
+        app.notify("4 ranks, steps #130-#134")
+        app.notify("3 ranks · c: their files", title="captures done on every rank", timeout=20)
+        await pilot.pause(0.3)
+        for tab in ("ranks", "overview"):
+            app.action_tab(tab)
+            await pilot.pause(0.3)
+            (toast,) = app.screen.query(Toast)  # one at a time: a stack would reach the verdict
+            assert toast.region.y + toast.region.height <= 3, toast.region  # header, focus bar, tabs
+            text = screen_text(app)
+            assert "captures done on every rank" in text
+            verdict = "rank 1: backward compute 40.0 ms vs 6.0 ms median"
+            assert verdict in _joined(text), text
+        assert app._notifications and all(n.timeout <= 6 for n in app._notifications)
+
+
+@pytest.mark.slow  # a Pilot run of ~1 s; the toast test above is the fast subset's
+async def test_no_line_of_the_job_view_is_cut_and_every_rank_shows() -> None:
+    for ranks, slow in ((3, 1), (8, 5)):
+        app = JobApp(feed=False, clock=lambda: 0.0)
+        async with app.run_test(size=SMALL) as pilot:
+            await _job_at_80x24(pilot, app, ranks, slow)
+            text = screen_text(app)
+            assert "…" not in text and "..." not in text, text
+            assert sorted(rank_rows(text)) == list(range(ranks)), text
+            joined = _joined(text)
+            assert f"● rank {slow}: backward compute" in joined, text
+            assert "44% of the 80.0 ms step" in joined, text  # wrapped at a space, not cut
+            assert "other 37.5%" in joined, text
+
+
+@pytest.mark.slow  # a Pilot run of ~1 s
+async def test_the_key_bar_is_one_line_of_whole_keys() -> None:
+    from textual.widgets._footer import FooterKey
+
+    from torchtop.monitor.tui import bindings
+    from torchtop.monitor.tui.widgets import KeyBar
+
+    app = JobApp(feed=False, clock=lambda: 0.0, leaving=bindings.Leaving("run"))
+    async with app.run_test(size=SMALL) as pilot:
+        await _job_at_80x24(pilot, app)
+        bar = app.screen.query_one(KeyBar)
+        keys = list(bar.query(FooterKey))
+        assert bar.region.height == 1 and keys
+        assert all(k.region.right <= 80 for k in keys), [(k.description, k.region) for k in keys]
+        shown = bar.plain()
+        assert "q Quit (job goes on)" in shown and "? Help" in shown and "^c Stop job" in shown, shown
+        last = screen_text(app).splitlines()[-1]
+        assert all(f"{k.key_display} {k.description}" in last for k in keys), last
+
+
+@pytest.mark.slow  # a Pilot run of ~1 s
+async def test_an_ended_jobs_error_is_one_line_and_whole_in_the_help() -> None:
+    from torchtop.monitor.tui.widgets import HelpScreen
+
+    app = JobApp(feed=False, clock=lambda: 0.0)
+    async with app.run_test(size=SMALL) as pilot:
+        await _job_at_80x24(pilot, app)
+        for m in app.job.members.values():
+            m.error = LONG_ERROR
+        app.refresh_panels()
+        await pilot.pause(0.3)
+        assert app.status_line.region.height == 1
+        rows = screen_text(app).splitlines()
+        (line,) = [r for r in rows if "last error" in r]
+        assert "last error no answer from a torchtop" in line and len(line.rstrip()) <= 80, line
+        await pilot.press("question_mark")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, HelpScreen)
+        assert LONG_ERROR in " ".join(app.screen.plain(200).split())
+
+
+@pytest.mark.slow  # a Pilot run of ~1 s
+async def test_the_log_tab_wraps_long_lines(tmp_path: Path) -> None:
+    words = " ".join(f"word{k}" for k in range(30))  # ~200 characters, no line of 80 holds it
+    (tmp_path / "job.log").write_text(f"short line\n{words} the end\n")
+    app = TorchtopApp(None, None, feed=False, log_path=tmp_path / "job.log")
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("4")
+        await pilot.pause(0.2)
+        assert app.log_tail is not None
+        app.log_tail.poll()
+        await pilot.pause(0.3)
+        joined = _joined(screen_text(app))
+        assert f"short line {words} the end" in joined, joined  # every word, in order, none cut
+
+
+@pytest.mark.slow  # a Pilot run of ~1.5 s
+async def test_the_captures_list_scrolls_to_every_ranks_file_fetched_only_from_elsewhere() -> None:
+    import socket
+
+    from textual.widgets._footer import FooterKey
+
+    from torchtop.monitor.model.captures import fetch_from
+
+    here = socket.gethostname()
+    assert fetch_from("r0", "vm", "vm", local_host="vm") is None  # a rank on this machine, by name
+    assert fetch_from("r0", "gpu7", "gpu7", local_host="vm") == ("gpu7", [])
+
+    app = JobApp(feed=False, clock=lambda: 0.0)
+    async with app.run_test(size=SMALL) as pilot:
+        await _job_at_80x24(pilot, app, 4, 2)
+        for m in app.job.members.values():
+            path = LONG_PATH.replace("rank0", f"rank{m.rank}")
+            done = CaptureInfo(1, CaptureKind.PROFILE, CaptureState.DONE, 5, 5, path=path, host=here)
+            app.job_captures.book(m.key).see(done)
+        await pilot.press("c")
+        await pilot.pause(0.3)
+        app._refresh_captures()
+        await pilot.pause(0.3)
+        seen = screen_text(app)
+        for _ in range(12):
+            await pilot.press("down")
+        await pilot.press("end")
+        await pilot.pause(0.3)
+        seen += screen_text(app)
+        for rank in range(4):
+            assert f"rank {rank} · profile capture 1: done" in seen, seen
+        assert "fetch:" not in seen and "scp " not in seen, seen  # the files are on this machine
+        assert all(k.region.right <= 80 for k in app.screen.query(FooterKey))

@@ -58,11 +58,12 @@ async def test_why_panel_shows_mfu_gpu_busy_sync_and_hot_code() -> None:
         assert "25.0 steps/s · 6.4k samples/s (batch shape)" in text
         assert "100 TFLOP/s achieved (4 TFLOP a step) · MFU 10.1% of 989 TFLOP/s (H100 SXM bf16" in text
         assert "GPU kernels span 20.0% of the step (CUDA events) · NVML utilisation 99%" in text
-        assert "sync loss.item() at train.py:57 main waits ~30.0 ms a step (75.0%)" in text
-        assert "other 75.0% 75% train.py:57 main · 25% train.py:88 log_metrics → wandb…Run.log" in text
+        # one window (window.py): the panel reads the verdict's 50 steps past warm-up, 37 of 50 samples
+        assert "sync loss.item() at train.py:57 main waits ~29.6 ms a step (74.0%)" in text
+        assert "other 75.0% 74% train.py:57 main · 26% train.py:88 log_metrics → wandb…Run.log" in text
         verdict = app.query_one(VerdictPanel).plain()
         assert "Sync stalls  critical" in verdict
-        # the verdict judges the last 50 steps past warm-up (the panel: the last 10 s): 37 of 50 samples
+        # the verdict: the same steps and figures as the panel
         assert (
             "`loss.item()` at train.py:57 main waits ~29.6 ms a step for the GPU (74% of the step" in verdict
         )

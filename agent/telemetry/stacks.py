@@ -9,6 +9,12 @@ the probe's log (an explicit `phase()`, whose body has no frame of ours); the in
 the user's own code; what that frame was calling; and whether the innermost frame sat at a call
 a sync window saw synchronise the device (sync_window.py).
 
+The user's frame is the innermost of the user's own files (not torch's, a package's, the stdlib's,
+nor code torch generated: frames.Kind), below a framework's frames where it calls back into them.
+What it calls looks through wrappers (frames.WRAPS: torch.optim's, dynamo's, nn.Module's call);
+below a framework's loop, the function our phase wrapper runs (the model's forward). A compiled
+function's frame is named "(compiled)", calling the op at the generated graph's line.
+
 The sample is taken when this thread gets the GIL. If the training thread held it (Python
 code), that is up to the switch interval (5 ms) after the sample was due, and the stack is read
 where the training thread let go of it: such a sample is marked `late` and never counts as a
@@ -17,9 +23,10 @@ wait on the device. Nothing is sampled while no monitor listens.
 
 from __future__ import annotations
 
-import dis
+import linecache
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -27,7 +34,8 @@ from collections import deque
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
-from torchtop.agent.hooks.frames import Classifier, Kind, site
+from torchtop.agent.hooks.frames import COMPILED_FN, WRAPS, Classifier, Kind, site
+from torchtop.agent.telemetry.bytecode import call_names, input_offsets
 from torchtop.contract.logcodes import (
     BACKWARD,
     COMM,
@@ -60,77 +68,10 @@ MIN_HZ = 2.0
 FIRST_SAMPLES = 5
 OUTLIER = 4.0  # a sample dearer than this many times the smoothed cost counts as this much
 CO_GENERATOR = 0x20  # inspect.CO_GENERATOR
-FOR_ITER = dis.opmap["FOR_ITER"]
 LOOP_CAP = 16  # code objects of the frames that call the model (the training loop), kept
-
-
-# the instructions that make a call (3.10's, 3.11's and 3.12+'s names)
-CALLS = frozenset(("CALL", "CALL_KW", "CALL_FUNCTION", "CALL_METHOD", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX"))
-NEXT_NAMES = frozenset(("next", "__next__"))  # `next(src)`, `src.__next__()`: a batch pulled by hand
-
-
-def _input_offsets(code: CodeType) -> frozenset[int]:
-    """Offsets (frame.f_lasti's unit) in `code` where the loop takes its next input: its `for`
-    statements' FOR_ITER instructions and its `next(...)` / `.__next__()` calls' call instructions
-    (found by the stack depth: the first call after the name's load that leaves at most its result)."""
-    out: set[int] = set()
-    ins = list(dis.get_instructions(code))
-    for k, i in enumerate(ins):
-        if i.opcode == FOR_ITER:
-            out.add(i.offset)
-        elif i.argval in NEXT_NAMES and i.opname.startswith("LOAD_") and i.opname != "LOAD_CONST":
-            depth, prev = 0, i
-            for j in ins[k : k + 64]:  # a call's arguments, bounded
-                try:
-                    depth += dis.stack_effect(j.opcode, j.arg if j.opcode >= dis.HAVE_ARGUMENT else None)
-                except ValueError:
-                    break
-                if j.opname in CALLS and depth <= 1:
-                    out.add(j.offset)
-                    if prev.opname == "PRECALL":  # 3.11's PRECALL, specialised for a builtin, calls it
-                        out.add(prev.offset)
-                    break
-                prev = j
-                if depth < 1:  # the name was stored or passed on, not called
-                    break
-    return frozenset(out)
-
-
-NAME_LOADS = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE"))
-ATTR_LOADS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
 CALL_NAMES_CAP = 2_000  # code objects whose calls are named (a dict of offsets each): cleared past this
-
-
-def _call_names(code: CodeType) -> dict[int, str]:
-    """Offsets (frame.f_lasti's unit) of `code`'s calls whose callable is a name or a dotted
-    name ("time.sleep", "self.conn.recv"), and that name: what a frame blocked in a C function
-    (no Python frame of its own) is calling. Found as _input_offsets finds `next()`: the first
-    call after the name's load that leaves only its result."""
-    out: dict[int, str] = {}
-    ins = list(dis.get_instructions(code))
-    for k, i in enumerate(ins):
-        if i.opname not in NAME_LOADS or not isinstance(i.argval, str):
-            continue
-        names, chain, depth, prev = [i.argval], True, 0, i
-        for j in ins[k : k + 64]:  # a call's arguments, bounded
-            try:
-                depth += dis.stack_effect(j.opcode, j.arg if j.opcode >= dis.HAVE_ARGUMENT else None)
-            except ValueError:
-                break
-            if j is not i:
-                if chain and j.opname in ATTR_LOADS and isinstance(j.argval, str):
-                    names.append(j.argval)
-                else:
-                    chain = False
-            if j.opname in CALLS and depth == 1:
-                out.setdefault(j.offset, ".".join(names))
-                if prev.opname == "PRECALL":  # 3.11: a builtin is called from its PRECALL
-                    out.setdefault(prev.offset, ".".join(names))
-                break
-            prev = j
-            if depth < 1:  # the name was stored or passed on, not called
-                break
-    return out
+COMPILED = " (compiled)"  # a site's suffix: the frame runs a graph torch.compile made of it
+GRAPH_CALL = re.compile(r"\s*(?:[\w, ]+=\s*)?([\w.]+)\(")  # "buf0 = empty_strided_cpu(...)": its callable
 
 
 def _code_phase(c: Any) -> int | None:
@@ -210,6 +151,7 @@ class StackSampler:
         self.busy_ns = 0  # this thread's CPU time at work
         self.samples = 0
         self._calls: dict[int, tuple[CodeType, dict[int, str]]] = {}  # id(code): its named calls
+        self._graph_calls: dict[tuple[str, int], str] = {}  # (generated file, line): its call
         self._new: deque[StackSample] = deque(maxlen=NEW_CAP)
         self._recent: deque[StackSample] = deque(maxlen=max(1, int(RECENT_S * max(self.hz, 1.0))))
         self._rand = random.Random()
@@ -242,7 +184,11 @@ class StackSampler:
         lib: FrameType | None = None
         caller: FrameType | None = None
         user_fn = ""
-        user_callee = lib_callee = prev = None
+        # prev: the last frame walked that is neither ours nor a wrapper of others' (the callee
+        # named); entry: what our innermost phase wrapper runs, while no user frame is inside it
+        # (a framework's loop calling the model: the model is named)
+        user_callee = lib_callee = prev = entry = generated = None
+        compiled = False
         loop_codes = self.loop_codes
         feeding = False  # the loop's input generator is on the stack, resumed by the loop
         comm = ""  # the collective wrapper of ours on the stack, innermost: its collective's name
@@ -256,6 +202,8 @@ class StackSampler:
             _, kind, ph = got
             if ph >= 0 and phase < 0:
                 phase = ph  # the innermost wrapper: a nested phase pauses its outer one
+                if user is None:
+                    entry = prev
             if ph == COMM and user is None:
                 comm = code.co_name  # the outermost collective wrapper: all_reduce, not its wait()
                 if ph in (FORWARD, BACKWARD):
@@ -264,6 +212,7 @@ class StackSampler:
                 if user is None:
                     user, user_callee = f, prev
                     user_fn = function_of(getattr(code, "co_qualname", code.co_name))
+                    compiled = ph == COMPILED_FN
                 elif caller is None and getattr(code, "co_qualname", code.co_name) != user_fn:
                     caller = f
                 if code.co_flags & CO_GENERATOR and phase < 0:
@@ -272,33 +221,55 @@ class StackSampler:
                     if back is not None and loop is not None and loop[0] is back.f_code:  # narrows back
                         if back.f_lasti in loop[1]:
                             feeding = True
-            elif kind is Kind.LIB and lib is None and user is None:
+            elif kind is Kind.LIB and lib is None and user is None and ph != WRAPS:
                 lib, lib_callee = f, prev
+            elif kind is Kind.COMPILED and generated is None and user is None:
+                generated = f  # inductor's code: where in the graph (its line's call)
             if user is not None and phase >= 0 and caller is not None:
                 break
-            if kind is not Kind.OURS:
+            if kind is not Kind.OURS and ph != WRAPS:
                 prev = f
             f = f.f_back
             depth += 1
         if phase < 0:
             phase = OPTIMIZER if probe.opt_depth else log_phase(probe)
         at, callee = (user, user_callee) if user is not None else (lib, lib_callee)
+        if entry is not None and user_callee is not None and kind_of(user_callee.f_code)[1] is Kind.LIB:
+            callee = entry  # Trainer.train -> ... -> the model's forward: the model is named
         if comm and user is not None:
             called = f"torch.distributed:{comm}"  # the collective, not torch's logging decorator
+        elif compiled and generated is not None:
+            called = self._graph_call(generated)  # the graph's call at its line: a kernel, an extern op
         elif callee is not None:
             called = self.classifier.callee(callee)
+            if kind_of(callee.f_code)[2] == COMPILED_FN:  # a model of torch's or a package's, compiled
+                if ".<locals>." in called and generated is not None:  # torch's closure (wrap_inline)
+                    called = self._graph_call(generated) or called
+                called += COMPILED
         else:  # the site is the innermost Python frame: a C function it calls, named as called
             called = self._called(at) if at is not None else ""
         return StackSample(
             t,
             phase,
-            site(at) if at is not None else "",
+            (site(at) + COMPILED if compiled else site(at)) if at is not None else "",
             called,
             sync,
             late,
             site(caller) if caller is not None else "",
             feeding and phase == OTHER,
         )
+
+    def _graph_call(self, frame: FrameType) -> str:
+        """The function a line of torch's generated code calls ("extern_kernels.addmm",
+        "cpp_fused_relu_0"), read off its source line: a graph's code is long, its bytecode dear."""
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        got = self._graph_calls.get(key)
+        if got is None:
+            if len(self._graph_calls) > CALL_NAMES_CAP:
+                self._graph_calls.clear()
+            m = GRAPH_CALL.match(linecache.getline(*key))
+            got = self._graph_calls[key] = m.group(1) if m else ""
+        return got
 
     def _called(self, frame: FrameType) -> str:
         """The name the innermost frame calls at its instruction ("" where it is not a call)."""
@@ -308,7 +279,7 @@ class StackSampler:
             if len(self._calls) > CALL_NAMES_CAP:
                 self._calls.clear()
             try:
-                got = (code, _call_names(code))
+                got = (code, call_names(code))
             except Exception:  # broad: dis over any code object: unnamed rather than no sample
                 got = (code, {})
             self._calls[id(code)] = got
@@ -325,7 +296,7 @@ class StackSampler:
     def _add_loop(self, code: CodeType) -> None:
         if len(self.loop_codes) < LOOP_CAP and id(code) not in self.loop_codes:
             if self.classifier.kind(code)[1] is Kind.USER:
-                self.loop_codes[id(code)] = (code, _input_offsets(code))
+                self.loop_codes[id(code)] = (code, input_offsets(code))
 
     def _loop_frame(self, wrapper: FrameType) -> None:
         """Remember the user's frames that called the model (outside the forward or backward

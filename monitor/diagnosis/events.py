@@ -63,15 +63,19 @@ class EventLog:
 
     def __init__(self) -> None:
         self.last: Diagnosis | None = None  # the verdict in force: the next judgement's hysteresis
-        self.known: Diagnosis | None = None  # the last one not `unknown`: what a change is from
+        self.known: Diagnosis | None = (
+            None  # the last one not `unknown`: what a change is from (None: none yet)
+        )
         self.events: deque[Event] = deque(maxlen=KEPT)
         self.counts: Counter[tuple[str, str]] = Counter()
 
     def observe(self, diagnosis: Diagnosis, t: float) -> list[Event]:
         new = changes(self.known, diagnosis, t)
         self.last = diagnosis
-        if diagnosis.verdict.kind != UNKNOWN or self.known is None:
-            self.known = diagnosis
+        if diagnosis.verdict.kind != UNKNOWN:  # the first verdict known starts the log (no event):
+            self.known = (
+                diagnosis  # a report of a recording, which judges from its start, says what live said
+            )
         self.events.extend(new)
         self.counts.update((e.kind, e.severity) for e in new)
         return new

@@ -123,8 +123,9 @@ def fetch_from(
     """Where to scp a capture's file from, (destination, extra scp args); None when it is local.
 
     An ssh:// target names its destination (user, host, port) in the endpoint label; a direct
-    tcp:// target its host; a loopback agent is on this machine unless it reports another host
-    name (a tunnel the user made by hand).
+    tcp:// target its host, unless the capture was written on this machine (its host is ours: a
+    job view's rank reached by its host name); a loopback agent is on this machine unless it
+    reports another host name (a tunnel the user made by hand).
     """
     first = endpoint_label.split()[0] if endpoint_label.strip() else ""
     if first.lower().startswith("ssh://"):
@@ -136,9 +137,11 @@ def fetch_from(
         if host:
             host = url_host(host)
             return (f"{user}@{host}" if user else host), (["-P", str(port)] if port else [])
-    if endpoint_host and endpoint_host not in LOOPBACK:
-        return url_host(endpoint_host), []
     local = socket.gethostname() if local_host is None else local_host
+    if capture_host and capture_host == local:  # written on this machine, whatever the address
+        return None
+    if endpoint_host and endpoint_host not in LOOPBACK and endpoint_host != local:
+        return url_host(endpoint_host), []
     if capture_host and capture_host != local:
         return capture_host, []
     return None

@@ -25,7 +25,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.scrollbar import ScrollBar, ScrollBarRender
-from textual.widgets import Footer, TabbedContent, TabPane
+from textual.widgets import TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from torchtop.contract.discovery import AgentInfo
@@ -65,6 +65,7 @@ from torchtop.monitor.tui.widgets import (
     ChooserScreen,
     GpuPanel,
     HostFigures,
+    KeyBar,
     LogTail,
     MarksPanel,
     MemoryFigures,
@@ -188,7 +189,7 @@ class TorchtopApp(AppKeys, CaptureApp):
                     yield self.log_tail
         yield self.capture_line
         yield self.status_line
-        yield Footer(compact=True)
+        yield KeyBar()  # one line: the keys that do not fit are dropped, never cut
 
     def on_mount(self) -> None:
         self.query_one("#memory-panel").border_title = "CUDA memory"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from textual.widgets import TabbedContent
+from textual.widgets._toast import ToastHolder
 
 from torchtop.monitor.tui import bindings
 from torchtop.monitor.tui.widgets import HelpScreen
@@ -14,7 +15,7 @@ from torchtop.monitor.tui.widgets import HelpScreen
 if TYPE_CHECKING:
     from textual.app import App
 
-    from torchtop.monitor.tui.widgets import LogTail
+    from torchtop.monitor.tui.widgets import LogTail, StatusLine
 
     _Base = App[Any]
 else:
@@ -37,11 +38,33 @@ def scroll(target: Any, key: str) -> None:
         move(animate=False)
 
 
+TOAST_S = 6.0  # longest a toast stays: the Captures screen (c) and the help (?) keep the details
+
+
 class AppKeys(_Base):
     """TorchtopApp's key actions; `leaving` and `log_tail` are the app's."""
 
     leaving: bindings.Leaving
     log_tail: LogTail | None
+    status_line: StatusLine
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: Any = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """One toast at a time, and brief: a stack of toasts would reach down over the verdict."""
+        self.call_later(self._clear_toasts)  # queued before super's Notify: the older go first
+        timeout = TOAST_S if timeout is None else min(timeout, TOAST_S)
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    def _clear_toasts(self) -> None:
+        self.clear_notifications()
+        self.screen.query(ToastHolder).remove()  # holder and toast: a holder left alone is a blank row
 
     def _tab(self) -> str:
         return self.query_one("#tabs", TabbedContent).active if self.is_mounted else "overview"
@@ -72,7 +95,12 @@ class AppKeys(_Base):
         if isinstance(self.screen, HelpScreen):
             self.screen.dismiss(None)
         else:
-            self.push_screen(HelpScreen(bindings.help_rows(self.check_action)))
+            self.push_screen(HelpScreen(self.error_rows() + bindings.help_rows(self.check_action)))
+
+    def error_rows(self) -> list[tuple[str, str]]:
+        """The status line's last error, whole (the line clips it at the terminal's width)."""
+        error = self.status_line.error
+        return [("last error", " ".join(error.split()))] if error else []
 
     def action_tab(self, tab: str) -> None:
         self.query_one("#tabs", TabbedContent).active = tab

@@ -189,7 +189,7 @@ class JobApp(TorchtopApp):
         lines = round_summary(self.job, self.job_captures)
         if lines:  # short: the toast stays a corner of an 80x24 screen; the Captures screen has it all
             self.notify(
-                f"{len(r.keys)} ranks · c: each rank's file, and which shows the wait",
+                f"{len(r.keys)} ranks · c: their files",  # one line: the toast keeps off the tabs
                 title="captures done on every rank",
                 timeout=20,
             )
@@ -229,7 +229,7 @@ class JobApp(TorchtopApp):
                 (b.key_display or b.key, b.tooltip) for b in JOB_BINDINGS
             ]
             rows.append(("p m", "in the job view: the same N steps on every rank (or on the rank shown)"))
-            self.push_screen(HelpScreen(rows))
+            self.push_screen(HelpScreen(self.error_rows() + rows))  # the error first: it is why ? was pressed
 
     def action_scroll(self, key: str) -> None:
         if self._tab() != "ranks" or len(self.screen_stack) > 1:
@@ -308,7 +308,7 @@ class JobApp(TorchtopApp):
             device = job.job.hello.device if job.job.hello else "?"
             ranks = f"{len(ranked)} {fmt.plural(len(ranked), 'rank')}"
             self.header.target = f"job {short_job_id(job.job_id) or '?'} · {ranks} · {device}"
-        self.focus_bar.update(focus_text(job, m))
+        self.focus_bar.update(focus_text(job, m, self.size.width))
         top = self._telemetry_rank if m is None else None
         which = f" · rank {top} (the most memory)" if top is not None else ""
         self.query_one("#memory-panel").border_title = "CUDA memory" + which

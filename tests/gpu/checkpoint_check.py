@@ -80,7 +80,9 @@ def main() -> int:
     # the verdict's share: every judged step's saves (the breakdown's is the phase-timed steps')
     share = r.verdict.share if r.verdict.kind == "checkpoint" else r.breakdown.get("checkpoint", 0.0)
     print(f"{args.mode} every {args.every} steps: {saving:.2f} s of saving in {t1 - t0:.2f} s ({truth:.1%})")
-    print(f"torchtop: checkpoint {share:.1%} of wall time (breakdown {r.breakdown.get('checkpoint', 0.0):.1%}); verdict {r.verdict.kind}: {r.verdict.evidence[:2]}")
+    print(
+        f"torchtop: checkpoint {share:.1%} of wall time (breakdown {r.breakdown.get('checkpoint', 0.0):.1%}); verdict {r.verdict.kind}: {r.verdict.evidence[:2]}"
+    )
     ok = abs(share - truth) <= 0.05 and (truth < 0.12 or r.verdict.kind == "checkpoint")
     return 0 if ok else 1
 

@@ -6,6 +6,7 @@ from torchtop.monitor.tui.widgets.chooser import ChooserScreen
 from torchtop.monitor.tui.widgets.gpu_panel import GpuPanel
 from torchtop.monitor.tui.widgets.help_screen import HelpScreen
 from torchtop.monitor.tui.widgets.host_figures import HostFigures
+from torchtop.monitor.tui.widgets.key_bar import KeyBar
 from torchtop.monitor.tui.widgets.log_tail import LogTail
 from torchtop.monitor.tui.widgets.marks_panel import MarksPanel
 from torchtop.monitor.tui.widgets.memory_panel import MemoryFigures
@@ -25,6 +26,7 @@ __all__ = [
     "GpuPanel",
     "HelpScreen",
     "HostFigures",
+    "KeyBar",
     "LogTail",
     "MarksPanel",
     "MemoryFigures",

@@ -16,7 +16,9 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Static
+from textual.widgets import Static
+
+from torchtop.monitor.tui.widgets.key_bar import KeyBar
 
 
 def entry_text(lines: list[str]) -> Text:
@@ -69,7 +71,7 @@ class CapturesScreen(Screen[None]):
         yield Static(self._note_text(), id="captures-note")
         with VerticalScroll(id="captures-box"):
             yield CaptureList(id="captures-list")
-        yield Footer()
+        yield KeyBar()  # one line: the job view's keys too would run past 80 columns
 
     def on_mount(self) -> None:
         self.query_one("#captures-box").border_title = "captures · newest first"

@@ -1,9 +1,13 @@
-"""The job's own output (stdout and stderr, as written to its log file), tailed live."""
+"""The job's own output (stdout and stderr, as written to its log file), tailed live; long lines
+wrap at the widget's width (an 80-column terminal shows them whole), again on a resize."""
 
 from __future__ import annotations
 
+import textwrap
+from collections import deque
 from pathlib import Path
 
+from textual import events
 from textual.widgets import Log
 
 CHUNK = 256 * 1024  # most bytes read per poll: a chatty job cannot stall the UI
@@ -18,6 +22,27 @@ class LogTail(Log):
         self.path = path
         self._offset = 0
         self._partial = ""
+        self._raw: deque[str] = deque(maxlen=MAX_LINES)  # the lines as written, for a re-wrap
+        self._wrap_at = 0  # the width the lines on screen are wrapped at (0: not yet laid out)
+
+    def _wrapped(self, lines: list[str] | deque[str]) -> list[str]:
+        width = self._wrap_at
+        if width <= 0:
+            return list(lines)
+        out: list[str] = []
+        for line in lines:
+            if len(line) <= width:
+                out.append(line)
+            else:  # at spaces; a word longer than the width is broken inside
+                out += textwrap.wrap(line, width, drop_whitespace=True, replace_whitespace=False) or [""]
+        return out
+
+    def on_resize(self, _event: events.Resize) -> None:
+        width = self.scrollable_content_region.width - 1  # the scrollbar, once the log is long
+        if width > 0 and width != self._wrap_at:
+            self._wrap_at = width
+            self.clear()
+            self.write_lines(self._wrapped(self._raw))
 
     def poll(self) -> int:
         """Append what the file gained since the last poll; returns the bytes read."""
@@ -37,5 +62,6 @@ class LogTail(Log):
         lines = text.split("\n")
         self._partial = lines.pop()
         if lines:
-            self.write_lines(lines)
+            self._raw.extend(lines)
+            self.write_lines(self._wrapped(lines))
         return len(data)

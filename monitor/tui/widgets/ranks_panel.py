@@ -74,22 +74,28 @@ def header_line(bucket_s: int, compact: bool = False, nodes: bool = False) -> Te
     return text
 
 
-def focus_text(job: JobState, focus: Member | None) -> Text:
-    text = Text(no_wrap=True, overflow="ellipsis")
+def focus_text(job: JobState, focus: Member | None, width: int = 0) -> Text:
+    """Who the tabs show, of which ranks, and the keys that change it; within `width` (0: any)
+    the keys go first, then the ranks' list (the footer and the help name the keys)."""
     ranked = job.ranked()
     nodes = sorted({m.node for m in ranked})
-    text.append(" showing ", style="dim")
     if focus is None:
-        text.append("the job (mean of its ranks)", style="bold reverse cyan")
+        who = "the job (mean of its ranks)"
     else:
         pid = focus.hello.pid if focus.hello else "?"
-        text.append(f"rank {focus.rank} (pid {pid} on {focus.node})", style="bold reverse cyan")
-    text.append(
-        f"  of {len(ranked)} {fmt.plural(len(ranked), 'rank')} ({ranks_text([m.rank for m in ranked])}) "
-        f"on {len(nodes)} {fmt.plural(len(nodes), 'node')}",
-        style="dim",
-    )
-    text.append("   j job · [ ] rank · s slowest · click a rank", style="dim")
+        who = f"rank {focus.rank} (pid {pid} on {focus.node})"
+    count = f"  of {len(ranked)} {fmt.plural(len(ranked), 'rank')}"
+    which = f" ({ranks_text([m.rank for m in ranked])})"
+    where = f" on {len(nodes)} {fmt.plural(len(nodes), 'node')}"
+    keys = "   j job · [ ] rank · s slowest · click a rank"
+    parts = [count + which + where, keys]
+    for tail in (parts, parts[:1], [count + where], [count], []):
+        if not width or len(" showing " + who + "".join(tail)) <= width:
+            break
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(" showing ", style="dim")
+    text.append(who, style="bold reverse cyan")
+    text.append("".join(tail), style="dim")
     return text
 
 
@@ -148,6 +154,57 @@ def head_lines(
     head += [Text(f"⚑ {n}", style="yellow", no_wrap=True, overflow="ellipsis") for n in job.notes]
     head.append(Text(""))
     return head
+
+
+BULLETS = ("● ", "◆ ", "⚑ ")  # a line's mark: its wrapped lines start under the words after it
+
+
+def wrap_line(text: Text, width: int) -> list[Text]:
+    """`text` broken at spaces into lines of at most `width` cells (a word longer than that is
+    broken inside), each line after the first indented under the first's words."""
+    plain = text.plain
+    if width <= 0 or text.cell_len <= width:
+        return [text]
+    indent = len(plain) - len(plain.lstrip(" "))
+    indent += 2 if plain[indent:].startswith(BULLETS) else 0
+    indent = min(indent, width // 2)
+    out: list[Text] = []
+    start, limit = 0, width
+    while start < len(plain):
+        end = len(plain)
+        if end - start > limit:
+            cut = plain.rfind(" ", start + 1, start + limit + 1)
+            end = cut if cut > start else start + limit
+        piece = text[start:end]
+        piece.rstrip()
+        out.append(piece if not out else Text(" " * indent) + piece)
+        start, limit = end, width - indent
+        while start < len(plain) and plain[start] == " ":
+            start += 1
+    return out
+
+
+def fit_head(head: list[Text], width: int, room: int) -> list[Text]:
+    """The head's lines wrapped at `width`, whole; where they and the ranks would not fit the
+    `room` lines on screen, the verdict's later evidence lines go (the last first: the Overview
+    tab's verdict has them all) so that every rank shows, as long as that is enough."""
+    groups = [wrap_line(t, width) for t in head]
+    size = sum(len(g) for g in groups)
+    optional = [k for k, t in enumerate(head) if t.plain.startswith("  ") or not t.plain.strip()]
+    keep = size - sum(len(groups[k]) for k in optional[1:]) + 1  # the first evidence line, a hint
+    if room <= 0 or size <= room or keep > room:
+        return [line for g in groups for line in g]
+    dropped: set[int] = set()
+    for k in reversed(optional[1:]):
+        if size + (1 if any(head[j].plain.strip() for j in dropped | {k}) else 0) <= room:
+            break
+        dropped.add(k)
+        size -= len(groups[k])
+    out = [line for k, g in enumerate(groups) if k not in dropped for line in g]
+    hidden = sum(1 for k in dropped if head[k].plain.strip())
+    if hidden:
+        out.append(Text(f"  (+{hidden} more: the Overview tab's verdict)", style="dim"))
+    return out
 
 
 @dataclass
@@ -234,7 +291,10 @@ class RanksPanel(Widget):
     def show(self, view: RanksView, head: list[Text]) -> None:
         grew = len(self._layout.lines)
         self.view, self.head = view, head
-        self._layout = layout(view, head, self.compact)
+        width, compact = self.content_size.width, self.compact
+        room = self.parent.content_size.height - 2 if isinstance(self.parent, Widget) else 0  # less borders
+        room -= len(layout(view, [], compact).lines)
+        self._layout = layout(view, fit_head(head, width, room), compact)  # whole lines, never "…"
         self.refresh(layout=len(self._layout.lines) != grew)
 
     def on_resize(self, _event: events.Resize) -> None:
