@@ -468,10 +468,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         step_us = statistics.median(base) / 1e3
         print(f"{args.device}: {desc}; host step without hooks {step_us:.1f} us (median); {args.pairs} pairs")
-        if args.record and agent.recorder is not None and agent.recorder.directory is not None:
-            rec = agent.recorder
-            size = sum(f.stat().st_size for f in rec.directory.iterdir())  # its rank's, once settled
-            print(f"  recording {rec.directory}: {size / 2**20:.2f} MiB, {rec.dropped} batches dropped")
+        rec = agent.recorder
+        directory = rec.directory if rec is not None else None  # its rank's, once settled
+        if args.record and rec is not None and directory is not None:
+            size = sum(f.stat().st_size for f in directory.iterdir())
+            print(f"  recording {directory}: {size / 2**20:.2f} MiB, {rec.dropped} batches dropped")
         print(
             f"  the agent on this loop, unpaired: phases timed on {share:.1%} of steps"
             + (f", CUDA events on 1 step in {every}" if every else "")
