@@ -58,16 +58,23 @@ def test_forecast_within_a_fifth_of_when_the_limit_is_reached(tmp_path: Path) ->
         time.sleep(max(0.0, 26.0 - (time.monotonic() - started)))  # 20 s of lows past step 50
         r = report(job.pid, 3.0, "--history")
         said_at = time.time()
+        printed = [int(m.group(1)) for m in map(re.compile(r"^step (\d+)").search, list(job.lines)) if m]
         show("a leak of 1 MiB a step", r)
         o = r["oom_forecast"]
         assert o is not None, r["flag_details"]
         crossed = float(job.wait_for(r"^crossed (\d+\.\d+)", timeout=240).group(1))
     truth = crossed - said_at
-    print(f"forecast {o['seconds']:.1f} s ({o['confidence']}), reached {truth:.1f} s after it")
+    steps = [int(m.group(1)) for m in map(re.compile(r"^crossed .* at step (\d+)").search, job.lines) if m]
+    assert steps and printed, job.lines[-5:]
+    left = steps[0] - printed[-1]  # steps from the report to the limit (the last printed, 10 apart)
+    print(
+        f"forecast {o['steps']} steps, {o['seconds']:.1f} s ({o['confidence']}); reached {left} steps, {truth:.1f} s after it"
+    )
     assert truth > 10, f"the limit was reached too soon after the forecast to judge it: {truth:.1f} s"
-    assert o["seconds"] == pytest.approx(truth, rel=0.2), (o, truth)
+    # in steps within a fifth; in seconds the pace after the report is the machine's (CI's other
+    # worker can slow the loop by a third), so a wider bound there
+    assert o["steps"] == pytest.approx(left, rel=0.2, abs=10), (o, left)
+    assert o["seconds"] == pytest.approx(truth, rel=0.4), (o, truth)
     assert o["limit_from"] == "TORCHTOP_MEMORY_LIMIT" and o["rate_bytes_per_step"] == pytest.approx(
         2**20, rel=0.2
     )
-    steps = [int(m.group(1)) for m in map(re.compile(r"^crossed .* at step (\d+)").search, job.lines) if m]
-    assert steps, job.lines[-5:]

@@ -173,7 +173,14 @@ def test_a_monitor_records_what_it_receives(tmp_path: Path) -> None:
             time.sleep(0.02)
         model = mlp()
         steps = sum(train(model, tensor_loader(40)) for _ in range(5))
-        time.sleep(0.6)  # the last batch reaches the monitor
+        # the last batch reaches the monitor: the agent's tick slows to keep its cost a share of
+        # the time (loop.py TICK_SHARE), so wait for what the monitor was sent, not a fixed time
+        def seen() -> int:
+            return sum(len(r.steps) for p in list(posted) for r in getattr(p, "batches", []))
+
+        while seen() < steps and time.monotonic() < deadline + 20:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the recorder wrote what the feed posted
     finally:
         stop.set()
         feed.join(5)
