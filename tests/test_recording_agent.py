@@ -173,6 +173,7 @@ def test_a_monitor_records_what_it_receives(tmp_path: Path) -> None:
             time.sleep(0.02)
         model = mlp()
         steps = sum(train(model, tensor_loader(40)) for _ in range(5))
+
         # the last batch reaches the monitor: the agent's tick slows to keep its cost a share of
         # the time (loop.py TICK_SHARE), so wait for what the monitor was sent, not a fixed time
         def seen() -> int:
