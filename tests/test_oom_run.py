@@ -16,7 +16,7 @@ from tests.job_util import Job, report, show
 
 pytestmark = pytest.mark.slow  # a minute of a real leaking loop
 
-HEADROOM_MIB = 900  # ~60 s of the loop's 1 MiB a step at ~15 steps a second
+HEADROOM_MIB = 1200  # ~80 s of the loop's 1 MiB a step at ~15 steps a second
 
 SCRIPT = """
 import os, sys, time
@@ -56,9 +56,13 @@ def test_forecast_within_a_fifth_of_when_the_limit_is_reached(tmp_path: Path) ->
         started = time.monotonic()
         job.wait_for_step(60, timeout=120)
         time.sleep(max(0.0, 26.0 - (time.monotonic() - started)))  # 20 s of lows past step 50
-        r = report(job.pid, 3.0, "--history")
-        said_at = time.time()
-        printed = [int(m.group(1)) for m in map(re.compile(r"^step (\d+)").search, list(job.lines)) if m]
+        for _ in range(8):  # on a loaded machine the loop is slower: 20 s of lows past step 50 come later
+            r = report(job.pid, 3.0, "--history")
+            said_at = time.time()
+            printed = [int(m.group(1)) for m in map(re.compile(r"^step (\d+)").search, list(job.lines)) if m]
+            if r["oom_forecast"] is not None:
+                break
+            time.sleep(2.0)
         show("a leak of 1 MiB a step", r)
         o = r["oom_forecast"]
         assert o is not None, r["flag_details"]
