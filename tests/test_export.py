@@ -157,10 +157,17 @@ def test_metrics_of_a_two_rank_job_read_by_prometheus_clients_parser(job: dict) 
     assert ("0", "forward") in phases and ("1", "backward") in phases
     rates = {s.labels["rank"]: s.value for s in families["torchtop_steps_per_second"].samples}
     assert set(rates) == {"0", "1"} and all(v > 1 for v in rates.values()), rates
-    # labels stay bounded: job, node, rank and one of phase / verdict / flag
+    # labels stay bounded: job, node, rank and the catalogue's names (a phase, a verdict or flag and
+    # its severity, an event's kind and severity)
     for family in families.values():
         for s in family.samples:
-            assert set(s.labels) - {"job", "node", "rank"} <= {"phase", "verdict", "flag"}, s
+            assert set(s.labels) - {"job", "node", "rank"} <= {
+                "phase",
+                "verdict",
+                "flag",
+                "severity",
+                "kind",
+            }, s
 
 
 @pytest.mark.slow
