@@ -150,7 +150,7 @@ def agent_samples(
     chosen = choose(state, window)  # the figures and the verdict: one window, one fold
     own = diagnose(state, verdicts.get(key), window=chosen)
     verdicts[key] = own
-    report = run_report(state, window, chosen=chosen)
+    report = run_report(state, window, chosen=chosen, judged=own)
     shown = own
     if in_job is not None:  # a rank of a job carries the job's verdict (its own flags)
         job_diagnosis, found, times = in_job

@@ -223,7 +223,8 @@ def _rank_entry(
 ) -> RankEntry:
     hello = m.hello
     own = choose(m.state, window)  # the rank's line, its verdict and its hot spots: one window
-    report = run_report(m.state, seconds, m.key, window=window, chosen=own)
+    mine = diagnose(m.state, window=own)
+    report = run_report(m.state, seconds, m.key, window=window, chosen=own, judged=mine)
     job_diagnosis, found, times = judged
     # the rank's line agrees with the job's. m.rank is an int (-1 before a hello), never None: the
     # test is on the hello (job.ranked() hands only members with one, so none is skipped today)
@@ -233,7 +234,7 @@ def _rank_entry(
     bubble = groups.get(PIPELINE)
     if m.hello is not None:
         with_diagnosis(
-            report, rank_view(job_diagnosis, diagnose(m.state, window=own), m.rank, found, times, bubble)
+            report, rank_view(job_diagnosis, mine, m.rank, found, times, bubble)
         )
     t = m.stats.window(window)
     entry = RankEntry(

@@ -50,6 +50,7 @@ def run_report(
     widen: bool = False,
     chosen: Window | None = None,
     previous: Diagnosis | None = None,
+    judged: Diagnosis | None = None,
 ) -> RunReport:
     """`previous`: the verdict in force (a live exporter's: hysteresis). `window` (default `seconds`) is how far back the figures reach on the agent's clock; the
     verdict, the breakdown and the hot spots read the same steps (window.py: too few reach back to
@@ -64,7 +65,8 @@ def run_report(
     hello = state.hello
     why = why_report(state, steps, w.why)
     memory, gpu, host = telemetry_report(state, seconds)
-    diagnosis = diagnose(state, previous, window=w)
+    # `judged`: the caller's diagnosis of this window (the exporter's, a job rank's): not made twice
+    diagnosis = diagnose(state, previous, window=w) if judged is None else judged
     p50, p99 = warmup.latency_ms(summary.evals)
     report = RunReport(
         target=target,
