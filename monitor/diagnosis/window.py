@@ -85,7 +85,7 @@ def choose(state: RunState, seconds: float = T.window_s, steps: list[StepRecord]
             each = sum(s.wall_ns for s in judged.steps) / len(judged.steps) / 1e9
             # steps too long for the span, not a span with none ending in it (a stall: stall.py)
             if judged.kind == "train" and len(state.window(seconds)) < 2 and each > seconds / 2:
-                line = _slow_line(judged.steps, seconds, reach)
+                line = _slow_line(len(judged.steps), each, seconds, reach)
     summary = state.summary(reach)
     chosen = judged.steps if judged is not None else summary.in_full
     utils = [p.gpu_util for p in recent_points(state, max(reach, 1.0)) if p.gpu_util is not None]
@@ -93,9 +93,7 @@ def choose(state: RunState, seconds: float = T.window_s, steps: list[StepRecord]
     return Window(seconds, reach, summary, judged, why_facts(state, chosen, util), util, line)
 
 
-def _slow_line(steps: list[StepRecord], asked: float, reach: float) -> str:
-    n = len(steps)
-    each = sum(s.wall_ns for s in steps) / n / 1e9
+def _slow_line(n: int, each: float, asked: float, reach: float) -> str:
     return (
         f"judged on {n} {plural(n, 'step')} of {each:.1f} s: steps longer than the {asked:g} s "
         f"asked, so the window widened to the last {reach:.0f} s"
