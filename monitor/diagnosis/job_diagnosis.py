@@ -233,9 +233,7 @@ def _rank_entry(
     # view's rank_bubble reads the newest steps only, so it could exceed the window's comm)
     bubble = groups.get(PIPELINE)
     if m.hello is not None:
-        with_diagnosis(
-            report, rank_view(job_diagnosis, mine, m.rank, found, times, bubble)
-        )
+        with_diagnosis(report, rank_view(job_diagnosis, mine, m.rank, found, times, bubble))
     t = m.stats.window(window)
     entry = RankEntry(
         rank=m.rank,
