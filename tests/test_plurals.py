@@ -26,7 +26,7 @@ def test_one_of_anything_is_singular() -> None:
     assert verdict_title(one) == "verdict · 1 step judged · mean 5.00 ms a step"
     assert "2 steps judged" in verdict_title(Diagnosis(Finding("compute", "ok", 0.9), steps=2))
     assert step_title(10.0, None, 1, 0).endswith("· 1 step (0 in full)")
-    assert any(g.plain == "eval 1 step" for g in step_groups({}, 0, None, evals=1))
+    assert any(g.plain == "eval 1 pass" for g in step_groups({}, 0, None, evals=1))
     assert "profile 1 step " in capture_text(None, 1, 0).plain + " "
     judged = Judged([StepRecord(0, 0.0, 5_000_000, {"forward": 5_000_000}, "eval")], "eval", False)
     (line,) = notes(judged, cast(Any, None))

@@ -143,3 +143,22 @@ async def test_a_job_that_ends_keeps_its_last_verdict_on_screen() -> None:
         assert app.straggler is not None and app.straggler.rank == SLOW
         assert "ended: the job's last verdict" in app.ranks_panel.plain()
         assert app.judge(app.state).verdict.kind == "straggler"
+
+
+def test_a_wrapped_head_line_moves_a_whole_group_down() -> None:
+    """At 80 columns the scaling line does not fit: it breaks between its groups (three spaces),
+    never leaving one word alone on a line (issue 39 item 4)."""
+    from rich.text import Text
+
+    from torchtop.monitor.tui.widgets.ranks_panel import wrap_line
+
+    line = Text("job step 41.3 ms   scaling: compute 72%  comm 19%  waiting 6%  other 3%   vs 1 rank 0.81")
+    lines = [t.plain for t in wrap_line(line, 76)]
+    assert lines == [
+        "job step 41.3 ms   scaling: compute 72%  comm 19%  waiting 6%  other 3%",
+        "vs 1 rank 0.81",
+    ]
+    evidence = Text("● rank 2: data 38.1 ms vs 2.0 ms median; the others wait for it in their all_reduce")
+    wrapped = [t.plain for t in wrap_line(evidence, 60)]
+    assert len(wrapped) == 2 and all(len(x) <= 60 for x in wrapped) and wrapped[1].startswith("  ")
+    assert all(len(x.split()) > 2 for x in wrapped), wrapped

@@ -291,16 +291,22 @@ async def test_marks_skipped_and_eval_steps() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await fed(pilot, HelloReceived(hello(device="cpu")), fed_batches(steps(60)))
         assert app.marks_panel.has_class("-empty")
-        train = steps(40, marks=True, first=60, skipped_every=20)
-        evals = steps(5, kind="eval", first=100)
-        await fed(pilot, BatchesReceived([batch(train, seq=7), batch(evals, seq=8)]))
+        train = steps(20, marks=True, first=60, skipped_every=20)
+        evals = steps(5, kind="eval", first=80)
+        more = steps(20, marks=True, first=85, skipped_every=20)
+        await fed(pilot, BatchesReceived([batch(train, seq=7), batch(evals, seq=8), batch(more, seq=9)]))
         assert not app.marks_panel.has_class("-empty")
         text = app.marks_panel.plain(80)
         loss = next(line for line in text.splitlines() if line.startswith("loss"))
-        assert "0.02 " in loss and "█" in loss  # latest 2/100 and a sparkline
+        assert "0.019" in loss and "█" in loss  # latest 2/105 and a sparkline
         assert any(line.startswith("lr") and "0.001" in line for line in text.splitlines())
         numbers = app.step_panel.numbers_text()
-        assert "eval 5 steps" in numbers and "skipped 2 (GradScaler)" in numbers
+        assert "skipped 2 (GradScaler)" in numbers
+        # the eval passes on a line of their own with their latency; the latest training step's
+        # number does not count them (index 104 less the 5 passes before it)
+        line = next(x for x in numbers.splitlines() if x.startswith("eval"))
+        assert "eval 5 passes" in line and "p50 10.0 ms" in line and "p99 10.0 ms" in line, numbers
+        assert "latest #99" in numbers and "#104" not in numbers, numbers
 
 
 @pytest.mark.slow  # among the fast subset's slowest, ~1.3 s here (issue 27: the subset under 60 s)

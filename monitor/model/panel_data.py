@@ -125,3 +125,10 @@ def y_top(s: PlotSeries) -> float:
     if s.limit and top >= 0.5 * s.limit:
         return max(s.limit, top)
     return top * 1.15 if top > 0 else 1.0
+
+
+def train_number(last: StepRecord, evals: Sequence[StepRecord], evals_total: int) -> int:
+    """The newest training step's number among training steps: its index, which counts every
+    step the agent cut, less the eval passes counted before it (those after it are in `evals`)."""
+    later = sum(1 for e in evals if e.i > last.i)
+    return max(0, last.i - max(0, evals_total - later))

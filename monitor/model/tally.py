@@ -209,6 +209,10 @@ class RunTally:
                 hist[b] = hist.get(b, 0) + k
         return Span(steps, evals, wall, seen, hist)
 
+    def evals_total(self) -> int:
+        """Eval steps counted since the counting started (those before an agent's count: none)."""
+        return sum(s.evals for s in self.slots)
+
     def evals_after(self, h: float, before: float) -> int:
         """Eval steps counted in slots between `h` and `before` (whole slots)."""
         return sum(s.evals for s in self.slots if s.t + self.width > h and s.t < before)

@@ -41,6 +41,7 @@ from torchtop.monitor.model.captures import CaptureBook
 from torchtop.monitor.model.panel_data import (
     mark_rows,
     step_counts,
+    train_number,
 )
 from torchtop.monitor.model.state import (
     Link,
@@ -308,7 +309,11 @@ class TorchtopApp(AppKeys, CaptureApp):
         self.step_panel.stats = stats
         self.step_panel.count = len(shown) if inference else summary.steps
         self.step_panel.in_full = len(shown)
-        self.step_panel.last_step = shown[-1].i if shown else None
+        self.step_panel.last_step = (
+            train_number(shown[-1], summary.evals, state.tally.evals_total())
+            if shown and not inference
+            else None
+        )
         self.step_panel.series = [s.wall_ns / 1e6 for s in shown[-SPARK_POINTS:]]
         self.step_panel.window_s = window.seconds
         start = shown[0].t0 if inference and shown else summary.start
@@ -328,6 +333,7 @@ class TorchtopApp(AppKeys, CaptureApp):
 
         skipped, evals = step_counts(summary.in_full, summary.evals)
         self.step_panel.evals = evals
+        self.step_panel.eval_latency = latency_ms(summary.evals) if evals and not inference else None
         self.step_panel.skipped = skipped
         self.diagnosis = self.judge(state, window)
         self.verdict_panel.diagnosis = self.diagnosis

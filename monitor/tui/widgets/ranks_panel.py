@@ -173,7 +173,11 @@ def wrap_line(text: Text, width: int) -> list[Text]:
     while start < len(plain):
         end = len(plain)
         if end - start > limit:
-            cut = plain.rfind(" ", start + 1, start + limit + 1)
+            # a group break (three spaces) in the line's second half first: a label stays with
+            # its figures ("scaling: compute 85%  comm 9%" moves down whole, not its last word)
+            cut = plain.rfind("   ", start + limit // 2, start + limit + 1)
+            if cut < 0:
+                cut = plain.rfind(" ", start + 1, start + limit + 1)
             end = cut if cut > start else start + limit
         piece = text[start:end]
         piece.rstrip()

@@ -17,16 +17,41 @@ from torchtop.monitor.model import fmt
 EMPTY_STATS = {"now_ms": 0.0, "median_ms": 0.0, "p90_ms": 0.0, "mean_ms": 0.0, "steps_per_s": 0.0}
 
 
+BREAK = Text("\n")  # a group of its own: the next group starts a line
+
+
+def eval_groups(evals: int, latency: tuple[float, float] | None) -> list[Text]:
+    """A train loop's eval passes in the window, on a line of their own: how many and their
+    latency (p50/p99), so they are never read as training steps."""
+    groups = [
+        Text.assemble(
+            ("eval ", "dim"), (fmt.count(evals), "bold"), (f" {fmt.plural(evals, 'pass', 'passes')}", "dim")
+        )
+    ]
+    if latency is not None:
+        groups += [
+            Text.assemble(("p50 ", "dim"), (fmt.ms(latency[0]), "bold"), (" ms", "dim")),
+            Text.assemble(("p99 ", "dim"), (fmt.ms(latency[1]), "bold"), (" ms", "dim")),
+        ]
+    return groups
+
+
 def step_groups(
-    stats: dict[str, float], count: int, last_step: int | None, evals: int = 0, skipped: int = 0
+    stats: dict[str, float],
+    count: int,
+    last_step: int | None,
+    evals: int = 0,
+    skipped: int = 0,
+    eval_latency: tuple[float, float] | None = None,
 ) -> list[Text]:
     """The figures, one group each (a label never parts from its number); labels dim, numbers
-    bold, so the eye finds the numbers. Eval steps and GradScaler-skipped optimizer steps in the
-    window follow when there are any."""
+    bold, so the eye finds the numbers. GradScaler-skipped optimizer steps follow when there are
+    any, then the window's eval passes on their own line. `last_step`: the newest training step's
+    number (eval passes not counted)."""
     if not count:
         groups = [Text("no training steps in the window yet", style="dim")]
         if evals:
-            groups.append(Text(f"eval {fmt.count(evals)} {fmt.plural(evals, 'step')}", style="bold"))
+            groups += [BREAK, *eval_groups(evals, eval_latency)]
         return groups
     groups = []
     for label, value, unit in (
@@ -39,12 +64,12 @@ def step_groups(
         groups.append(Text.assemble((f"{label} " if label else "", "dim"), (value, "bold"), (unit, "dim")))
     if last_step is not None:
         groups.append(Text.assemble(("latest ", "dim"), (f"#{fmt.count(last_step)}", "bold")))
-    if evals:
-        groups.append(Text.assemble(("eval ", "dim"), (fmt.count(evals), "bold"), (" steps", "dim")))
     if skipped:
         groups.append(
             Text.assemble(("skipped ", "dim"), (fmt.count(skipped), "bold yellow"), (" (GradScaler)", "dim"))
         )
+    if evals:
+        groups += [BREAK, *eval_groups(evals, eval_latency)]
     return groups
 
 
@@ -73,16 +98,26 @@ def step_line(
     skipped: int = 0,
     width: int = 0,
     inference: bool = False,
+    eval_latency: tuple[float, float] | None = None,
 ) -> Text:
     """The groups three spaces apart; with a `width`, a group that would cross it starts a line.
     `inference`: the figures are forward passes' latency (no training step in the window)."""
     text = Text()
     line = 0
     groups = (
-        latency_groups(stats, count) if inference else step_groups(stats, count, last_step, evals, skipped)
+        latency_groups(stats, count)
+        if inference
+        else step_groups(stats, count, last_step, evals, skipped, eval_latency)
     )
+    after_break = False
     for k, group in enumerate(groups):
-        if k and width and line + 3 + group.cell_len > width:
+        if group is BREAK:
+            text.append("\n")
+            line, after_break = 0, True
+            continue
+        if after_break:
+            after_break = False
+        elif k and width and line + 3 + group.cell_len > width:
             text.append("\n")
             line = 0
         elif k:
@@ -114,7 +149,8 @@ class StepPanel(Vertical):
     series: reactive[list[float]] = reactive(list)
     span_s: reactive[float | None] = reactive(None)  # the agent time the window covers
     in_full: reactive[int] = reactive(0)  # of `count`, the steps kept whole (fewer: thinned)
-    evals: reactive[int] = reactive(0)  # eval steps in the window
+    evals: reactive[int] = reactive(0)  # eval passes in the window
+    eval_latency: reactive[tuple[float, float] | None] = reactive(None)  # their (p50, p99) ms
     skipped: reactive[int] = reactive(0)  # optimizer steps GradScaler skipped in the window
     inference: reactive[bool] = reactive(False)  # an eval loop's: forward passes' latency shown
 
@@ -134,7 +170,16 @@ class StepPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(
-            step_line(self.stats, self.count, self.last_step, self.evals, self.skipped, 0, self.inference),
+            step_line(
+                self.stats,
+                self.count,
+                self.last_step,
+                self.evals,
+                self.skipped,
+                0,
+                self.inference,
+                self.eval_latency,
+            ),
             id="step-numbers",
         )
         yield Sparkline([], id="step-spark")
@@ -151,6 +196,7 @@ class StepPanel(Vertical):
                     self.skipped,
                     self.content_size.width,
                     self.inference,
+                    self.eval_latency,
                 )
             )
 
@@ -170,6 +216,9 @@ class StepPanel(Vertical):
     def watch_evals(self) -> None:
         self._sync_numbers()
 
+    def watch_eval_latency(self) -> None:
+        self._sync_numbers()
+
     def watch_skipped(self) -> None:
         self._sync_numbers()
 
@@ -186,5 +235,12 @@ class StepPanel(Vertical):
     def numbers_text(self) -> str:
         """The figures line as plain text (what tests and screen readers see)."""
         return step_line(
-            self.stats, self.count, self.last_step, self.evals, self.skipped, 0, self.inference
+            self.stats,
+            self.count,
+            self.last_step,
+            self.evals,
+            self.skipped,
+            0,
+            self.inference,
+            self.eval_latency,
         ).plain
