@@ -16,7 +16,7 @@ from tests.job_util import Job, report, show
 
 pytestmark = pytest.mark.slow  # a minute of a real leaking loop
 
-HEADROOM_MIB = 1200  # ~80 s of the loop's 1 MiB a step at ~15 steps a second
+HEADROOM_MIB = 800  # ~55 s of the loop's 1 MiB a step at ~15 steps a second
 
 SCRIPT = """
 import os, sys, time

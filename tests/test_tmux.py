@@ -130,7 +130,9 @@ def test_demo_in_tmux_shows_live_panels_and_quits_cleanly(
     try:
         new_session(tmux, session, size, runtime_dir, command)
         # the TUI opens once the job runs its model: steps show at once, the footer a frame later
-        screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)) and "Stop job" in text)
+        screen = wait_screen(
+            tmux, session, lambda text: bool(step_time_shown(text)) and "Quit+stop demo" in text
+        )
         pids = [a.pid for a in discovery.list_agents() if a.pid is not None]
         logs_text = "\n".join(p.read_text() for p in logs.glob("*.log"))
         assert tmux.alive(session), (
@@ -207,7 +209,9 @@ def test_ctrl_c_in_the_tui_of_torchtop_run_stops_the_job(tmp_path: Path, runtime
     try:
         new_session(tmux, session, (80, 24), runtime_dir, command)
         # the TUI opens once the job runs its model: steps show at once, the footer a frame later
-        screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)) and "Stop job" in text)
+        screen = wait_screen(
+            tmux, session, lambda text: bool(step_time_shown(text)) and "Quit+stop demo" in text
+        )
         pids = [a.pid for a in discovery.list_agents() if a.pid is not None]
         assert step_time_shown(screen), f"no steps on screen:\n{screen}"
         tmux("send-keys", "-t", session, "C-c")
