@@ -154,3 +154,29 @@ def test_memory_snapshot_capture_opens_with_pickle(agent: Any, tmp_path: Any) ->
     assert cap.summary["segments"] == len(snapshot["segments"])
     assert cap.summary["top_sites"], "no allocation sites"
     assert any("test_cuda_memory_capture.py" in s["site"] for s in cap.summary["top_sites"])
+
+
+def test_memory_capture_names_the_site_that_grows(agent: Any) -> None:
+    """Issue 38: a loop that keeps 2 MiB a step at one line and makes and frees 64 MiB blocks of
+    activations: the capture's two snapshots (its midpoint and its end, each cut back to its step
+    boundary) name the keeping line first at 2 MiB a step, and never the activations."""
+    model = torch.nn.Linear(4096, 4096, bias=False).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(4096, 4096, device="cuda")
+    kept: list[Any] = []
+
+    def step() -> None:
+        model(model(x)).square().mean().backward()  # activations, freed within the step
+        kept.append(torch.ones(2 * MIB, dtype=torch.uint8, device="cuda"))  # the leak
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    cap = _capture(agent, "capture-memory", {"steps": 20}, step)
+    s = cap.summary
+    print(f"\ngrowth: {s.get('growth_steps')} steps {s.get('growing_sites')} {s.get('growth_note', '')}")
+    assert s["growth_steps"] == 10, s
+    top = s["growing_sites"][0]
+    assert "test_cuda_memory_capture.py" in top["site"] and top["site"].endswith(" step"), top
+    assert 0.9 <= top["per_step"] / (2 * MIB) <= 1.1, top
+    assert all(g["bytes"] < 64 * MIB for g in s["growing_sites"]), s["growing_sites"]

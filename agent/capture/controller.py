@@ -23,6 +23,7 @@ import msgspec
 
 from torchtop.agent.capture import cupti, files
 from torchtop.agent.capture.arguments import CaptureError, validate
+from torchtop.agent.capture.memory_growth import Midpoint, record_history
 from torchtop.agent.hooks.step_hooks import Order
 from torchtop.agent.warn import ignore_warning, warn
 from torchtop.contract.capture import (
@@ -63,6 +64,11 @@ class _Run:
         self.at_step = int(options.get("at_step", 0))
         self.prof: Profiler | None = None
         self.cuda = False  # its profiler records CUDA activity (CUPTI attached)
+        self.mark: tuple[int, float] = (
+            0,
+            0.0,
+        )  # a memory capture's last step boundary: (steps done, time.time())
+        self.first: Midpoint | None = None  # a memory capture's snapshot at its midpoint
 
 
 class CaptureController:
@@ -160,7 +166,10 @@ class CaptureController:
             run.over = True
             self._disarm()
             self._publish(c.id, state=WRITING)
-            self._spawn(self._write_memory, c.id, c.kind, c.started_at, self._dest)
+            self._spawn(self._write_memory, c.id, c.kind, c.started_at, self._dest, run)
+        elif c.kind == CaptureKind.MEMORY and c.state == RUNNING and c.seconds and run.first is None:
+            if now - c.started_at >= c.seconds / 2:  # a timed capture's midpoint: cut at its last boundary
+                run.first = Midpoint(self.torch.cuda.memory._snapshot, *run.mark)
 
     def status(self) -> list[CaptureInfo]:
         self._apply_news()
@@ -225,6 +234,10 @@ class CaptureController:
                 return
             run.steps_done += 1
             last = bool(run.steps) and run.steps_done >= run.steps
+            if run.kind == CaptureKind.MEMORY:
+                run.mark = (run.steps_done, time.time())
+                if not last and run.steps_done == run.steps // 2:  # its first snapshot, on its own thread
+                    run.first = Midpoint(self.torch.cuda.memory._snapshot, *run.mark)
             if run.prof is not None and not last:
                 run.prof.step()
             self._news.append((run.id, {"steps_done": run.steps_done}))
@@ -240,7 +253,7 @@ class CaptureController:
                     self._spawn(self._write_profile, run.id, run.kind, run.started_at, dest, prof)
                 else:
                     self._news.append((run.id, {"state": WRITING}))
-                    self._spawn(self._write_memory, run.id, run.kind, run.started_at, dest)
+                    self._spawn(self._write_memory, run.id, run.kind, run.started_at, dest, run)
         except Exception as exc:  # broad: a capture's failure is reported, never raised into training
             self._disarm()
             run.over = True
@@ -248,7 +261,9 @@ class CaptureController:
             try:
                 if prof is not None:
                     prof.stop()  # a profiler left running would slow every step after
-            except Exception:  # broad: best-effort stop of the failed capture's profiler
+                elif run.kind == CaptureKind.MEMORY and run.started:
+                    self.torch.cuda.memory._record_memory_history(enabled=None)  # so would history
+            except Exception:  # broad: best-effort stop of the failed capture's profiler or history
                 pass
             self._news.append((run.id, {"state": FAILED, "error": f"{type(exc).__name__}: {exc}"}))
 
@@ -261,7 +276,8 @@ class CaptureController:
                 run.prof = self._profiler(run)
                 run.prof.start()
             else:
-                self.torch.cuda.memory._record_memory_history(max_entries=200_000)
+                record_history(self.torch.cuda.memory)
+                run.mark = (0, started_at)
             run.started = True
         self._news.append(
             (run.id, {"state": RUNNING, "started_at": started_at, "start_step": self.probe.steps})
@@ -316,12 +332,14 @@ class CaptureController:
             quiet()
 
     def _write_memory(
-        self, cid: int, kind: CaptureKind, started_at: float, dest: files.Destination | None
+        self, cid: int, kind: CaptureKind, started_at: float, dest: files.Destination | None, run: _Run
     ) -> None:
         from torchtop.agent.capture.memory_summary import top_allocation_sites
 
         torch = self.torch
         try:
+            if run.first is not None:
+                run.first.wait()  # the two snapshots never at once
             snapshot = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             import pickle
@@ -334,6 +352,8 @@ class CaptureController:
                 "top_sites": top_allocation_sites(snapshot),
                 "segments": len(snapshot.get("segments", [])),
             }
+            if run.first is not None:
+                summary |= run.first.summary(snapshot, *run.mark)
             self._news.append((cid, {"state": DONE, "path": str(path), "summary": summary}))
         except Exception as exc:  # broad: any snapshot failure is the capture's error, not the writer's end
             try:

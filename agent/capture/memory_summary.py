@@ -16,7 +16,7 @@ def _is_user_frame(filename: str) -> bool:
     )
 
 
-def _site(frames: list[dict[str, Any]]) -> str:
+def site_of(frames: list[dict[str, Any]]) -> str:
     """The innermost frame in the user's Python code; else the innermost Python frame."""
     for fr in frames:
         if _is_user_frame(str(fr.get("filename", ""))):
@@ -34,7 +34,7 @@ def top_allocation_sites(snapshot: dict[str, Any], n: int = 10) -> list[dict[str
         for entry in trace:
             if entry.get("action") != "alloc":
                 continue
-            site = _site(entry.get("frames", []) or [])
+            site = site_of(entry.get("frames", []) or [])
             t = totals.setdefault(site, [0, 0])
             t[0] += int(entry.get("size", 0))
             t[1] += 1

@@ -127,6 +127,12 @@ def flag_dataloader_workers(f: Facts, scale: float = 1.0) -> Finding | None:
     return None
 
 
+LEAK_SITES = (  # the leak's last evidence on CUDA: what names its sites
+    "a memory capture names the allocation sites that grow between its midpoint and its end: "
+    "m (+ for more steps), or `torchtop capture PID --memory --steps 400`"
+)
+
+
 def flag_memory_leak(f: Facts, scale: float = 1.0) -> Finding | None:
     """Memory in use between steps rises steadily with the steps (Kendall's tau) over enough
     seconds and steps, is still rising at the end, grew visibly, and fast enough per step to
@@ -147,10 +153,10 @@ def flag_memory_leak(f: Facts, scale: float = 1.0) -> Finding | None:
         f"{f.growth_what} grew {size(g.first)} -> {size(g.last)} (+{pct(seen, 0)}) in {g.span_s:.0f} s "
         f"and {g.span_steps:.0f} steps, steadily: about {size(g.slope)} a step",
         *((f.oom.text(),) if f.oom is not None else ()),
+        *((LEAK_SITES,) if "CUDA" in f.growth_what else ()),  # snapshots are CUDA's only
     )
     advice = (
         "look for tensors kept across steps: losses or outputs appended to a list without .item()/.detach()",
-        "a memory snapshot (key m) shows the allocation sites that keep growing",
     )
     return Finding("memory-leak", "warning", seen, evidence, advice)
 

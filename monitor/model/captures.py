@@ -8,6 +8,7 @@ that is not this machine, the Captures screen gives the host and path and the `s
 from __future__ import annotations
 
 import socket
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from torchtop.contract.capture import (
@@ -20,6 +21,7 @@ from torchtop.contract.capture import (
 )
 from torchtop.contract.net import url_host
 from torchtop.monitor.model import fmt
+from torchtop.monitor.model.hotspots import short_site
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -171,7 +173,44 @@ def describe(c: CaptureInfo) -> str:
         lines += [
             f"    {r['bytes'] / 2**20:9.1f} MiB  {r['allocs']:6d}x  {r['site']}" for r in s["top_sites"][:5]
         ]
+    lines += growth_lines(s)
     return "\n".join(lines)
+
+
+def growth_lines(s: dict[str, Any], n: int = 5) -> list[str]:
+    """A memory capture's sites that grew between its midpoint and its end (the agent's
+    memory_growth.py), checked as read: "grew over 200 steps:", then a line a site."""
+    note = s.get("growth_note")
+    if isinstance(note, str) and note:
+        return [f"  growth not measured: {note[:200]}"]
+    steps, sites = s.get("growth_steps"), s.get("growing_sites")
+    if type(steps) is not int or steps <= 0 or not isinstance(sites, list):
+        return []
+    over = f"over {steps:,} {fmt.plural(steps, 'step')}"
+    rows = _grown(cast("list[Any]", sites)[:10])[:n]
+    if not rows:  # the agent lists growth of 1 MiB or more (memory_growth.FLOOR)
+        return [f"  no allocation site grew by 1 MiB or more {over}"]
+    return [f"  grew {over}:"] + [
+        f"    {short_site(site)} +{fmt.size(b)} (+{fmt.size(per)} a step)" for site, b, per in rows
+    ]
+
+
+def _grown(sites: list[Any]) -> list[tuple[str, float, float]]:
+    """The well-formed rows: (site, bytes, bytes a step)."""
+    rows: list[tuple[str, float, float]] = []
+    for r in sites:
+        row = cast("dict[str, Any]", r) if isinstance(r, dict) else {}
+        site, b, per = row.get("site"), _count(row.get("bytes")), _count(row.get("per_step"))
+        if isinstance(site, str) and b is not None and b > 0 and per is not None:
+            rows.append((site[:300], b, per))
+    return rows
+
+
+def _count(v: object) -> float | None:
+    """A finite count of bytes (0 or more), else None."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 2**63:
+        return float(v)
+    return None
 
 
 def capture_lines(c: CaptureInfo, source: tuple[str, list[str]] | None) -> list[str]:
