@@ -6,6 +6,7 @@ the phase still reads (0)."""
 from __future__ import annotations
 
 import io
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from torchtop.contract import logcodes as lc
 from torchtop.contract.relay import Second
 from torchtop.monitor.diagnosis.checkpoint import Saving, checkpoint_upside, rule_checkpoint, saving
 from torchtop.monitor.diagnosis.facts import Facts
+from torchtop.monitor.model.fmt import pct
 from torchtop.monitor.model.hotspots import _phase_name  # pyright: ignore[reportPrivateUsage]
 from torchtop.monitor.model.rank_stats import RankStats, slots
 from torchtop.monitor.model.replay import StepRecorder
@@ -133,6 +135,96 @@ def test_the_what_if_saves_ten_times_less_often_from_the_measured_cost_and_inter
     assert up is not None
     assert "every 10 steps costs 31% of wall time; every 100 steps: 4%" in up.text, up.text
     assert up.speedup == pytest.approx(14.5 / 10.45, rel=0.01)
+
+
+# -- the steps after an async save -----------------------------------------------------------------
+def _after_saves(
+    after_ms: float, save_ms: float = 2.0, every: int = 20, n: int = 100, ranks: int = 1, slowed: int = 0
+) -> list[StepRecord]:
+    """Steps of ~6 ms (a machine's jitter, and a pause now and then) saving every `every` steps
+    (at step 0, 20, ...): the 5 after each save take `after_ms` (after the first `slowed` saves only,
+    where given)."""
+    out = []
+    for rank in range(ranks):
+        for i in range(n):
+            wall = 6.0 + ((i * 7 + rank) % 5 - 2) * 0.1  # +-0.2 ms
+            if i % 37 == 36:
+                wall += 40.0  # a pause no save caused
+            save = i % every == 0
+            if 0 < i % every <= 5 and (not slowed or i // every < slowed):
+                wall = after_ms + (wall - 6.0)
+            s = StepRecord(i, i * 0.01, int((wall + (save_ms if save else 0.0)) * 1e6), {}, rank=rank)
+            if save:
+                s.saves, s.saved_ns = 1, int(save_ms * 1e6)
+            out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("ranks", [1, 2])  # a job's ranks' steps, pooled
+def test_async_staging_that_slows_the_next_steps_is_named_and_costed(ranks: int) -> None:
+    """NVIDIA-NeMo/Automodel #3131: async staging made the steps after a save ~10x slower, while
+    the save call itself returned at once."""
+    s = saving(_after_saves(14.0, ranks=ranks))
+    assert s is not None and s.after == 5
+    assert s.after_ms == pytest.approx(14.0, abs=0.25) and s.far_ms == pytest.approx(6.0, abs=0.25)
+    assert s.extra_ms == pytest.approx(5 * 8.0, rel=0.05)  # 5 steps 8 ms slower each save
+    # the saves alone are 1% of wall time; with the steps after them, about a quarter
+    wall = 100 * 6.0 + 5 * 2.0 + 25 * 8.0 + 2 * 40.0  # steps, saves, 25 steps after, 2 pauses
+    assert s.share == pytest.approx(10 / wall) and s.cost_share == pytest.approx(210 / wall, rel=0.02)
+    finding = rule_checkpoint(_facts(s))
+    assert finding is not None and finding.severity == "warning" and finding.share == s.cost_share
+    # the save is cheap, the steps after it are not: that comes first
+    assert finding.evidence[0].startswith("the 5 steps after each save run 2.3x slower (14.0 ms vs 6.00 ms)")
+    assert "staging" in finding.evidence[0] and "42.0 ms a save in all" in finding.evidence[0]
+    assert (
+        "2.00 ms each" in finding.evidence[1]
+        and "40.0 ms more in the steps after each" in finding.evidence[1]
+    )
+    assert any("PROCESS" in a for a in finding.advice)
+    # the what-if moves the slowdown with the save: every 200 steps, 42 ms a save over ~6 ms steps
+    up = checkpoint_upside(_facts(s))
+    assert up is not None and f"costs {pct(s.cost_share, 0)} of wall time; every 200 steps: 3%" in up.text
+
+
+def test_a_slowdown_after_saves_that_lands_outside_the_phases_is_the_checkpoints() -> None:
+    """The steps a save slows count in `other` when the contention falls outside the timed phases:
+    the outside-phases rule stands aside for the checkpoint verdict, which holds that time."""
+    from torchtop.monitor.diagnosis.selection import primary
+    from torchtop.monitor.diagnosis.verdicts import rule_outside
+
+    s = saving(_after_saves(30.0, every=10))
+    assert s is not None and s.extra_share > 0.3
+    shares = {"forward": 0.35, "other": s.extra_share + 0.02}
+    f = Facts(steps=100, step_ms=s.step_ms, shares=shares, ms={"forward": 4.0}, checkpoint=s)
+    f.device = "cpu"
+    without = Facts(steps=100, step_ms=s.step_ms, shares=shares, ms={"forward": 4.0}, checkpoint=None)
+    without.device = "cpu"
+    assert rule_outside(without) is not None  # the same shares, no saves: outside the phases
+    assert rule_outside(f) is None
+    assert primary(f, None).kind == "checkpoint"
+
+
+def test_steps_after_a_save_no_slower_than_the_noise_say_nothing_more() -> None:
+    for after in (6.0, 6.3):  # as fast, or slower by less than twice the spread of the far steps
+        s = saving(_after_saves(after, save_ms=20.0))
+        assert s is not None and (s.after, s.extra_ms, s.extra_share) == (0, 0.0, 0.0), after
+        assert s.cost_share == s.share and s.cost_ms == s.save_ms
+        finding = rule_checkpoint(_facts(s))
+        assert (
+            finding is not None
+            and len(finding.evidence) == 1
+            and "more in the steps" not in finding.evidence[0]
+        )
+
+
+def test_one_slow_stretch_after_a_single_save_is_not_the_saves() -> None:
+    s = saving(_after_saves(14.0, slowed=1))  # after the first of 5 saves only
+    assert s is not None and s.extra_ms == 0.0
+
+
+def test_saves_too_close_for_steps_far_from_one_are_not_compared() -> None:
+    s = saving(_after_saves(14.0, every=2))  # every other step: none is far from a save
+    assert s is not None and s.after == 0 and s.extra_ms == 0.0
 
 
 # -- real torch on CPU ---------------------------------------------------------------------------
@@ -259,3 +351,108 @@ def test_two_saves_in_one_step_are_one_checkpoint_of_the_loops_every_n_steps() -
     got = saving(steps)
     assert got is not None and got.saves == 10 and got.interval == pytest.approx(10.0)
     assert got.save_ms == pytest.approx(40.0)
+
+
+@pytest.mark.usefixtures("one_thread_warm_torch")
+def test_the_steps_slowed_after_each_dcp_async_save_are_named_in_the_verdict(tmp_path: Path) -> None:
+    """The real path (agent, replay, window, verdict) of a loop whose 5 steps after each async
+    save run slower: here their forward sleeps, where staging would contend with it (a contention
+    made on purpose on CPU, through the GIL, was too erratic to test)."""
+    import torchtop.agent as ta
+    from tests.agent_util import mlp, snapshot_steps
+
+    assert ta.start() is not None
+    import torch.distributed.checkpoint  # noqa: F401 - what the agent tick looks for
+    import torch.distributed.checkpoint.state_dict_saver as dcp
+
+    _wait_patched(lambda: dcp.async_save)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    n, every = 100, 20
+    pending: Any = None  # a Future, or an AsyncSaveResponse holding two
+    since = every
+    # the contention: the forward of the 5 steps after a save is slower (a layer inside it sleeps)
+    model[0].register_forward_hook(lambda *_: time.sleep(0.004) if 0 < since <= 5 else None)
+    for i in range(n):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if i % every == every // 2:
+            if pending is not None:
+                getattr(pending, "upload_completion", pending).result()  # the one before: written since
+            pending, since = (
+                dcp.async_save(
+                    {"model": model.state_dict()}, checkpoint_id=str(tmp_path / str(i)), no_dist=True
+                ),
+                0,
+            )
+        opt.step()
+        opt.zero_grad()
+        since += 1
+    assert pending is not None
+    getattr(pending, "upload_completion", pending).result()
+    steps = snapshot_steps(ta.current(), n)
+    assert [s.i for s in steps if s.saves] == list(range(every // 2, n, every))
+    d = _diagnose(steps)
+    assert d.verdict.kind == "checkpoint", d.verdict
+    line = next((e for e in d.verdict.evidence if e.startswith("the 5 steps after each save run")), None)
+    assert line is not None, d.verdict.evidence
+    s = saving(steps[n - d.steps :])
+    assert s is not None and s.after_ms > 2 * s.far_ms and s.extra_ms > 5 * 3.0, s  # 5 steps, 4 ms each
+    assert d.verdict.share == pytest.approx(s.cost_share) and s.cost_share > s.share
+
+
+def _diagnose(steps: list[StepRecord]) -> Any:
+    from torchtop.contract.wire import PROTOCOL_VERSION, Batch, Hello
+    from torchtop.monitor.diagnosis.diagnose import diagnose
+    from torchtop.monitor.model.state import RunState
+
+    state = RunState()
+    hello = Hello(
+        v=PROTOCOL_VERSION,
+        run_id="r",
+        pid=1,
+        host="h",
+        port=1,
+        pub_port=2,
+        device="cpu",
+        start_time=steps[0].t0,
+    )
+    state.apply_hello(hello)
+    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=steps[-1].t0 + 1.0), steps, 0.0)
+    return diagnose(state)
+
+
+@pytest.mark.usefixtures("one_thread_warm_torch")
+def test_a_frameworks_save_method_is_timed_whole_once_and_undone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's Trainer.save_checkpoint writes the file after a torch.save into memory: the
+    whole method is the save (found by module name, as the agent tick finds it), timed once."""
+    import types
+
+    import torchtop.agent as ta
+    from tests.agent_util import mlp, snapshot_steps
+
+    class Trainer:
+        def save_checkpoint(self, filepath: str, weights_only: bool | None = None) -> None:
+            torch.save(_big_state(), io.BytesIO())
+            time.sleep(0.02)  # the file write
+
+    mod = types.ModuleType("fake_lightning_trainer")
+    mod.Trainer = Trainer  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lightning.pytorch.trainer.trainer", mod)
+    orig = Trainer.__dict__["save_checkpoint"]
+    assert ta.start() is not None
+    assert Trainer.__dict__["save_checkpoint"] is not orig  # patched at start: already imported
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    for i in range(6):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if i == 3:
+            Trainer().save_checkpoint("x.ckpt")
+        opt.step()
+        opt.zero_grad()
+    steps = snapshot_steps(ta.current(), 6)
+    assert [s.saves for s in steps] == [0, 0, 0, 1, 0, 0]
+    assert steps[3].phases["checkpoint"] >= 20_000_000  # the write too, not only the torch.save
+    ta.stop()
+    assert Trainer.__dict__["save_checkpoint"] is orig

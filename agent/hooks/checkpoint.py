@@ -1,15 +1,17 @@
 """Saves timed as the `checkpoint` phase: `torch.save`, torch.distributed.checkpoint's `save` and
 `async_save` (its staging, on the calling thread, and a later `.result()` on what it returned),
-and safetensors' `save_file` (Hugging Face's default weights; Lightning and HF Trainer otherwise
-end in `torch.save`).
+safetensors' `save_file`, and the frameworks' own save methods, whole: Lightning's
+`Trainer.save_checkpoint` (its file write follows a `torch.save` into memory) and HF's
+`Trainer._save_checkpoint` / `save_model` and `PreTrainedModel.save_pretrained` (which calls
+safetensors through a name bound at import, so patching `save_file` alone misses it).
 
 Only the training thread's saves count (a save on another thread, DCP's own upload thread among
 them, is not the step's); a save inside a save is timed once. A save is logged on every step,
 timed or not (phase sampling), since saves are rare and costly and a sampled step would miss
 most of them; nothing is added to a step without a save. The modules are patched as attributes:
 a `from torch import save` done before the agent started keeps the original (docs/architecture.md).
-torch.distributed.checkpoint and safetensors are patched once imported (the agent tick looks):
-importing them ourselves would cost the user's start ~0.6 s.
+torch.distributed.checkpoint, safetensors and the frameworks are patched once imported (the agent
+tick looks): importing them ourselves would cost the user's start ~0.6 s.
 """
 
 from __future__ import annotations
@@ -52,6 +54,13 @@ def {name}({params}):
 DCP = "torch.distributed.checkpoint"
 DCP_SAVER = "torch.distributed.checkpoint.state_dict_saver"
 SAFETENSORS = "safetensors.torch"
+# a framework's module -> its class and the save methods timed whole (a save inside is timed once)
+FRAMEWORKS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "lightning.pytorch.trainer.trainer": ("Trainer", ("save_checkpoint",)),
+    "pytorch_lightning.trainer.trainer": ("Trainer", ("save_checkpoint",)),
+    "transformers.trainer": ("Trainer", ("_save_checkpoint", "save_model")),
+    "transformers.modeling_utils": ("PreTrainedModel", ("save_pretrained",)),
+}
 
 
 def _same(value: Any) -> Any:
@@ -102,7 +111,7 @@ class Saves:
         self.tick()
 
     def tick(self) -> None:
-        """Agent thread: patch the savers imported since (two dict lookups until both are)."""
+        """Agent thread: patch the savers imported since (a few dict lookups until all are)."""
         if DCP not in self._done and DCP_SAVER in sys.modules and DCP in sys.modules:
             self._done.add(DCP)
             for mod in (sys.modules[DCP_SAVER], sys.modules[DCP]):
@@ -111,6 +120,13 @@ class Saves:
         if SAFETENSORS not in self._done and SAFETENSORS in sys.modules:
             self._done.add(SAFETENSORS)
             self._patch(sys.modules[SAFETENSORS], "save_file")
+        for name, (cls_name, methods) in FRAMEWORKS.items():
+            if name not in self._done and name in sys.modules:
+                self._done.add(name)
+                cls = getattr(sys.modules[name], cls_name, None)
+                for method in methods if isinstance(cls, type) else ():
+                    if method in cls.__dict__:  # defined there: a subclass's own is left alone
+                        self._patch(cls, method)
 
     def _time_wait(self, out: Any) -> Any:
         """async_save's result: a Future, or an AsyncSaveResponse holding two; each one's

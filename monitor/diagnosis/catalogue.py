@@ -94,8 +94,12 @@ CATALOGUE: tuple[Entry, ...] = (
         "saving checkpoints takes a large share of wall time", "checkpoint bound",
         checkpoint.rule_checkpoint, checkpoint.checkpoint_upside,
         "saves (`torch.save`, DCP `save` / `async_save` staging and its `.result()` wait, safetensors "
-        "`save_file`, on the training thread) ≥ 10% of wall time over the judged steps, timed or not "
-        "(warning), ≥ 30% (critical); its upside the share at a 10× longer save interval, from the "
+        "`save_file`, Lightning's `Trainer.save_checkpoint`, HF Trainer's checkpoint and "
+        "`save_pretrained`, on the training thread) ≥ 10% of wall time over the judged steps, timed or "
+        "not (warning), ≥ 30% (critical); the up to 5 steps after each save (at most half the way to the "
+        "next) slower than the steps far from one, by more than twice the noise band (the gap-to-gap "
+        "spread of those steps' median) after most saves, are its cost too and said (async staging "
+        "contending with compute); its upside the share at a 10× longer save interval, from the "
         "measured cost a save and steps between saves",
         "NVIDIA-NeMo/Automodel #3131: async checkpoint staging made steps ~10× slower",
     ),

@@ -136,6 +136,11 @@ class Thresholds:
     # checkpoint.py: saves' share of wall time over the judged steps (timed or not)
     checkpoint_high: float = 0.10  # warning: a tenth of the run spent saving
     checkpoint_severe: float = 0.30  # critical
+    # ... the steps after each save (up to this many, half the way to the next) against those
+    # further from one: slower by more than `checkpoint_after_bands` noise bands (the gap-to-gap
+    # spread of the far steps' median), after most saves, is the save's cost too (async staging)
+    checkpoint_after_steps: float = 5
+    checkpoint_after_bands: float = 2.0
 
 
 THRESHOLDS = Thresholds()

@@ -158,6 +158,8 @@ def rule_outside(f: Facts, scale: float = 1.0) -> Finding | None:
     if not outside_dominates(f, scale):
         return None
     other = f.shares.get("other", 0.0)
+    if f.checkpoint is not None and f.checkpoint.extra_share >= 0.5 * other:
+        return None  # most of it is the steps a save slows after it: the checkpoint verdict's
     severity = "critical" if other >= T.outside_severe else "warning"
     compute = compute_share(f)
     evidence = [
@@ -199,7 +201,7 @@ def rule_host_overhead(f: Facts, scale: float = 1.0) -> Finding | None:
         # the host's time is outside the phases that launch kernels: not launch overhead (where it
         # dominates, rule_outside says so; host-code names it where stack samples do)
         return None
-    if f.checkpoint is not None and f.checkpoint.share >= T.checkpoint_high:
+    if f.checkpoint is not None and f.checkpoint.cost_share >= T.checkpoint_high:
         return None  # the GPU idles while the host saves: the checkpoint verdict's, not launches'
     low = T.gpu_util_low / scale if scale < 1 else T.gpu_util_low
     if f.gpu_util >= low:
