@@ -123,6 +123,8 @@ def test_a_hung_rank_is_named_and_the_others_wait_in_the_collective(
     lines = [e for e in after["verdict"]["evidence"] if e.startswith("resumed ")]
     assert after["verdict"]["kind"] != "stalled" and lines, after["verdict"]
     assert "(rank 1 was in `time.sleep` at hang_job.py:" in lines[0], lines
+    # the job report's events: judged once a second while it collected, the stall's end among them
+    assert "resumed" in [e["kind"] for e in after["events"]], after["events"]
 
 
 def test_a_process_blocked_in_a_read_is_named_with_its_stack(

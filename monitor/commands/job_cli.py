@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torchtop.contract.discovery import AgentInfo
+    from torchtop.monitor.diagnosis.events import EventLog
 
 from torchtop.monitor.link.job_link import JobLink, apply_events
 from torchtop.monitor.link.job_targets import describe_job, group_by_job
@@ -118,10 +119,22 @@ def _single_agent_host(target: str, args: argparse.Namespace) -> bool:
     return len(groups) != 1 or len(groups[0].agents) <= 1
 
 
-def collect_job(link: JobLink, job: JobState, seconds: float, connect_s: float = CONNECT_S) -> JobState:
-    """Connect every member (up to `connect_s`), then feed `seconds` of batches into `job`."""
+def collect_job(
+    link: JobLink,
+    job: JobState,
+    seconds: float,
+    connect_s: float = CONNECT_S,
+    events: EventLog | None = None,
+) -> JobState:
+    """Connect every member (up to `connect_s`), then feed `seconds` of batches into `job`.
+    `events`: the job judged once a second meanwhile, with its hysteresis, as the live view does
+    (the report's events)."""
+    from torchtop.monitor.diagnosis.events import TICK_S
+    from torchtop.monitor.diagnosis.job_diagnosis import diagnose_job
+
     deadline = time.monotonic() + connect_s
     started: float | None = None
+    due = 0.0
     while True:
         now = time.monotonic()
         relays = link.relayed.relays if link.relayed is not None else {}
@@ -131,6 +144,10 @@ def collect_job(link: JobLink, job: JobState, seconds: float, connect_s: float =
         if started is not None and now - started >= seconds:
             return job
         apply_events(job, link.poll(0.2), time.monotonic())
+        if events is not None and started is not None and job.ranked() and time.monotonic() >= due:
+            due = time.monotonic() + TICK_S
+            judged, _ = diagnose_job(job, events.last)
+            events.observe(judged, max(m.state.agent_time for m in job.members.values()))
 
 
 def _answered(job: JobState, key: str) -> bool:

@@ -165,8 +165,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
     """`report` over every rank of a job: one JSON object with a `ranks` list."""
+    import msgspec
+
     from torchtop.contract.wire import SNAPSHOT_MAX_STEPS
     from torchtop.monitor.commands.job_cli import collect_job
+    from torchtop.monitor.diagnosis.events import EventLog
     from torchtop.monitor.diagnosis.job_diagnosis import JUDGE_STEPS, build_job_report
     from torchtop.monitor.link.job_link import JobLink
     from torchtop.monitor.link.job_targets import open_job
@@ -181,8 +184,9 @@ def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
         job = JobState(plan.job_id)
         for line in plan.notes:
             job.note(line)
+        log = EventLog()
         try:
-            collect_job(link, job, args.seconds)
+            collect_job(link, job, args.seconds, events=log)
         finally:
             link.close()
         label = ", ".join(targets) or "this machine"
@@ -191,5 +195,6 @@ def _report_job(args: argparse.Namespace, targets: list[str]) -> int:
         return fail(f"no rank of job {plan.job_id or label} answered ({why})")
     window = float("inf") if args.history else args.seconds
     report = build_job_report(job, args.seconds, label, window, time.monotonic(), args.baseline_ms)
+    report["events"] = msgspec.to_builtins(list(log.events))  # those seen while it collected
     print(json.dumps(report, indent=2 if args.pretty else None))
     return 0

@@ -418,3 +418,4 @@ class JobReport(msgspec.Struct):
     flags: list[str] = field(default_factory=list[str])
     flag_details: list[FindingReport] = field(default_factory=list[FindingReport])
     energy: Energy | None = None  # the ranks' GPUs summed (on CPU one rank a node: model/energy.py)
+    events: list[Event] = field(default_factory=list[Event])  # seen while a live report collected
