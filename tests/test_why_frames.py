@@ -126,8 +126,21 @@ def test_torch_and_library_wrappers_are_looked_through() -> None:
     assert c.kind(torch.nn.Module._call_impl.__code__)[2] == WRAPS
     assert c.kind(inspect.unwrap(torch.optim.SGD.step).__code__)[2] == -1  # the function wrapped
     assert c.kind(user_callback.__code__)[1:] == (Kind.USER, -1)
+    # clip_grad_norm_ runs through `_no_grad.<locals>._no_grad_wrapper`: the callee is clip_grad_norm_
+    clip = torch.nn.utils.clip_grad_norm_
+    assert c.kind(clip.__code__)[2] == WRAPS and c.kind(inspect.unwrap(clip).__code__)[2] == -1
+    assert c.kind(_deprecated().__code__)[2] == WRAPS  # transformers' deprecate_kwarg closure
     assert c._kind_of("/tmp/torchinductor_someone/xp/cxp6abc.py") is Kind.COMPILED
     assert c._kind_of("<eval_with_key>.3") is Kind.COMPILED
+
+
+def _deprecated() -> Callable[..., Any]:
+    """A closure named as transformers' `deprecate_kwarg` names its own, compiled as a library's
+    file (site-packages) so the classifier sees it as not the user's."""
+    src = "def deprecate_kwarg(f):\n    def wrapper(f):\n        def wrapped_func(*a):\n            return f(*a)\n        return wrapped_func\n    return wrapper(f)\n"
+    ns: dict[str, Any] = {}
+    exec(compile(src, "/venv/lib/python3.11/site-packages/transformers/utils/deprecation.py", "exec"), ns)
+    return ns["deprecate_kwarg"](print)
 
 
 def _sampled(

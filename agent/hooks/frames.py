@@ -123,6 +123,12 @@ class Classifier:
         return name
 
 
+def _wrapper_name(name: str) -> bool:
+    """A closure's name that says it wraps: one of WRAPPER_NAMES, `*_wrapper` (clip_grad's
+    `_no_grad_wrapper`), `wrapped*` (transformers' `deprecate_kwarg` `wrapped_func`)."""
+    return name in WRAPPER_NAMES or name.endswith("_wrapper") or name.startswith("wrapped")
+
+
 def _wraps(code: CodeType, kind: Kind) -> int:
     """WRAPS where `code` (not the user's) only wraps another function, COMPILED_FN where it is
     dynamo's transformed code of a compiled function, else -1."""
@@ -133,7 +139,7 @@ def _wraps(code: CodeType, kind: Kind) -> int:
     if kind not in (Kind.TORCH, Kind.LIB, Kind.STDLIB):
         return -1
     qual = getattr(code, "co_qualname", code.co_name)
-    if qual in WRAPPER_QUALNAMES or (".<locals>." in qual and code.co_name in WRAPPER_NAMES):
+    if qual in WRAPPER_QUALNAMES or (".<locals>." in qual and _wrapper_name(code.co_name)):
         return WRAPS
     return -1
 
