@@ -25,6 +25,9 @@ def test_one_of_anything_is_singular() -> None:
     one = Diagnosis(Finding("compute", "ok", 0.9), steps=1, step_ms=5.0)
     assert verdict_title(one) == "verdict · 1 step judged · mean 5.00 ms a step"
     assert "2 steps judged" in verdict_title(Diagnosis(Finding("compute", "ok", 0.9), steps=2))
+    # a job's verdict pools its ranks' steps: said a rank (3 x 157 read "471 steps judged")
+    job = Diagnosis(Finding("straggler", "critical", 0.6), steps=471, step_ms=41.2, ranks=3)
+    assert verdict_title(job) == "verdict · 157 steps × 3 ranks judged · mean 41.2 ms a step"
     assert step_title(10.0, None, 1, 0).endswith("· 1 step (0 in full)")
     assert any(g.plain == "eval 1 pass" for g in step_groups({}, 0, None, evals=1))
     assert "profile 1 step " in capture_text(None, 1, 0).plain + " "

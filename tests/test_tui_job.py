@@ -125,6 +125,8 @@ async def test_a_shown_rank_that_waits_for_the_straggler_says_so() -> None:
         await pilot.press("s")
         await pilot.pause(0.2)
         assert app.judge(app.state).verdict.kind == "straggler"
+        jd = app.job_diagnosis
+        assert jd is not None and jd.ranks == len(app.job.ranked()) > 1  # its steps: the ranks' own, pooled
 
 
 @pytest.mark.slow  # ~1.5 s here

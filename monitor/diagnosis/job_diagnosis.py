@@ -134,10 +134,11 @@ def diagnose_job(
     # the ranks' own judged steps, pooled: the job's figures are those of the ranks' own lines
     base = diagnose(job.job, previous, window=job_window(job, seconds) if chosen is None else chosen)
     states = {m.rank: m.state for m in live if m.hello is not None}
+    pooled = max(1, len(states))
     stalled = job_stall(states)
     if stalled is not None:  # before the job rules: no straggler is named from the stalled seconds
-        return Diagnosis(stalled, base.flags, base.steps, base.step_ms), None
-    base = replace(base, verdict=with_job_resumed(base.verdict, states))
+        return Diagnosis(stalled, base.flags, base.steps, base.step_ms, ranks=pooled), None
+    base = replace(base, verdict=with_job_resumed(base.verdict, states), ranks=pooled)
     times = rank_times(job, seconds, end)
     if not job.job.steps:  # every rank relayed: the job's phases from the ranks' buckets (one answer)
         device = job.job.hello.device if job.job.hello is not None else "cpu"
@@ -161,7 +162,9 @@ def diagnose_job(
         if found is not None and waiting is not None and waiting != found.rank:
             line = bubble_line(waiting, bubble[waiting], times[waiting].step_ms, found.rank)
             verdict = replace(verdict, evidence=(*verdict.evidence[:2], line, *verdict.evidence[2:]))
-    return Diagnosis(with_job_resumed(verdict, states), base.flags, base.steps, base.step_ms), found
+    return Diagnosis(
+        with_job_resumed(verdict, states), base.flags, base.steps, base.step_ms, ranks=pooled
+    ), found
 
 
 def settled_job(

@@ -34,6 +34,9 @@ def verdict_title(d: Diagnosis | None) -> str:
     if d is None or not d.steps:
         return "verdict"
     mean = f" · mean {fmt.ms(d.step_ms)} ms a step" if d.step_ms > 0 else ""
+    if d.ranks > 1:  # a job's: its ranks' own steps pooled, said as steps a rank
+        each = round(d.steps / d.ranks)
+        return f"verdict · {each} {fmt.plural(each, 'step')} × {d.ranks} ranks judged{mean}"
     return f"verdict · {d.steps} {fmt.plural(d.steps, 'step')} judged{mean}"
 
 
