@@ -28,6 +28,8 @@ def test_one_of_anything_is_singular() -> None:
     # a job's verdict pools its ranks' steps: said a rank (3 x 157 read "471 steps judged")
     job = Diagnosis(Finding("straggler", "critical", 0.6), steps=471, step_ms=41.2, ranks=3)
     assert verdict_title(job) == "verdict · 157 steps × 3 ranks judged · mean 41.2 ms a step"
+    passes = Diagnosis(Finding("compute", "ok", 0.9), steps=20, step_ms=495.0, inference=True)
+    assert verdict_title(passes) == "verdict · 20 forward passes judged · mean 495 ms a pass"
     assert step_title(10.0, None, 1, 0).endswith("· 1 step (0 in full)")
     assert any(g.plain == "eval 1 pass" for g in step_groups({}, 0, None, evals=1))
     assert "profile 1 step " in capture_text(None, 1, 0).plain + " "

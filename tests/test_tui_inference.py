@@ -35,3 +35,9 @@ async def test_an_eval_loop_shows_its_latency_and_a_verdict_of_passes() -> None:
         assert d is not None and d.verdict.kind != "unknown"
         assert not any("forward+backward+optimizer" in e for e in d.verdict.evidence), d.verdict.evidence
         assert any(e.startswith("inference only") for e in d.verdict.evidence), d.verdict.evidence
+        # its title counts passes, and its advice is not a training run's
+        assert app.query_one(VerdictPanel).border_title.startswith("verdict · "), app.query_one(
+            VerdictPanel
+        ).border_title
+        assert "forward passes judged" in str(app.query_one(VerdictPanel).border_title)
+        assert not any("train" in a or "optimizer" in a for a in d.verdict.advice), d.verdict.advice

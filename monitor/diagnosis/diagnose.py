@@ -111,4 +111,4 @@ def diagnose(
     verdict = warmup.with_notes(primary(f, previous.verdict.kind if previous else None), judged, state)
     verdict = with_resumed(warmup.with_input_wait_note(verdict, f), f)
     flags = flags_of(f)
-    return with_upsides(Diagnosis(verdict, flags, len(steps), f.step_ms, f.oom), f)
+    return with_upsides(Diagnosis(verdict, flags, len(steps), f.step_ms, f.oom, inference=f.inference), f)

@@ -201,6 +201,7 @@ class Diagnosis:
     step_ms: float = 0.0  # the judged steps' mean: the step time the verdict's figures are of
     oom: OomForecast | None = None  # when memory in use reaches its limit (oom.py); None: no steady rise
     ranks: int = 1  # the ranks whose steps `steps` pools (a job's verdict)
+    inference: bool = False  # `steps` are forward passes (an eval or serving loop's)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -249,7 +249,13 @@ def rule_compute(f: Facts, scale: float = 1.0) -> Finding:
                 f"{pct(other, 0)} of the step is outside the measured phases (logging, metrics, checkpoints?)"
             )
     evidence += notes(f)
-    if f.device == "cuda":
+    if f.inference:  # an eval or serving loop: nothing to fuse in an optimizer, nothing to train
+        advice = (
+            "torch.inference_mode() around the loop, and torch.compile(model)",
+            "bfloat16 autocast (or a quantised model) and the largest batch the latency allows",
+            *(() if f.device == "cuda" else ("run it on a GPU if one is available",)),
+        )
+    elif f.device == "cuda":
         advice = (
             "mixed precision: torch.autocast('cuda', dtype=torch.bfloat16)",
             "torch.compile(model)",

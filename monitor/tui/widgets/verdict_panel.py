@@ -33,11 +33,15 @@ def verdict_title(d: Diagnosis | None) -> str:
     from the step panel's median over its own window."""
     if d is None or not d.steps:
         return "verdict"
-    mean = f" · mean {fmt.ms(d.step_ms)} ms a step" if d.step_ms > 0 else ""
+    unit = "pass" if d.inference else "step"
+    mean = f" · mean {fmt.ms(d.step_ms)} ms a {unit}" if d.step_ms > 0 else ""
     if d.ranks > 1:  # a job's: its ranks' own steps pooled, said as steps a rank
         each = round(d.steps / d.ranks)
         return f"verdict · {each} {fmt.plural(each, 'step')} × {d.ranks} ranks judged{mean}"
-    return f"verdict · {d.steps} {fmt.plural(d.steps, 'step')} judged{mean}"
+    many = (
+        fmt.plural(d.steps, "forward pass", "forward passes") if d.inference else fmt.plural(d.steps, "step")
+    )
+    return f"verdict · {d.steps} {many} judged{mean}"
 
 
 def severity_class(d: Diagnosis | None) -> str:
