@@ -363,3 +363,28 @@ def test_a_pipeline_bubble_on_nccl_is_the_compute_streams_wait() -> None:
     for s in steps:  # on gloo (no CUDA events): the host's wait
         s.device_ms, s.device_groups = {}, {}
     assert abs((rank_bubble(member, 60.0) or 0.0) - 0.05) < 1e-9  # type: ignore[arg-type]
+
+
+def test_the_collectives_wait_does_not_displace_a_larger_cause_of_the_same_severity() -> None:
+    """An mp.spawn DDP job whose loss runs outside the timed phases (over half the step) beside a
+    comm wait of 21%: the larger cause is the headline, and holds; the wait is the headline where
+    it is the larger (a regression test: the job rules weigh the aggregate's verdict)."""
+    job = JobState()
+    per = {
+        r: rank_steps(r, step_ms=38.0, data=0.5, forward=4.0, backward=5.0, optimizer=0.5, comm=8.0)
+        for r in (0, 1)
+    }
+    feed(job, per)
+    d, s = diagnose_job(job)
+    assert s is None and d.verdict.kind == "outside-phases", d.verdict
+    d2, _ = diagnose_job(job, d)  # held, with the verdict in force
+    assert d2.verdict.kind == "outside-phases"
+    comm = JobState()
+    feed(
+        comm,
+        {
+            r: rank_steps(r, step_ms=38.0, data=0.5, forward=4.0, backward=5.0, optimizer=0.5, comm=20.0)
+            for r in (0, 1)
+        },
+    )
+    assert diagnose_job(comm)[0].verdict.kind == "communication"
