@@ -116,6 +116,8 @@ def test_a_stalling_loader_reads_the_same_on_the_job_as_on_its_ranks(
                 assert all(abs(r["verdict"]["share"] - o) <= 0.10 for o in own), (r["verdict"], own)
             _line_adds_up(r["verdict"])
             stalled += share >= 0.5
+            if stalled:
+                break  # a second report only where the first held no stall
         assert stalled, "no report held a stall"
     finally:
         if job.poll() is None:
