@@ -33,9 +33,9 @@ class Persistence(NamedTuple):
 def persistence(job: JobState, rank: int, spans: int = SPANS) -> Persistence:
     best: dict[int, tuple[float, int]] = {}  # span start -> (most own ms, its rank)
     for m in job.live():
-        for t, rt in m.stats.series(spans + 1, 10)[:-1]:  # closed spans only: the open one is partial
-            if rt.steps and (t not in best or rt.busy_ms > best[t][0]):
-                best[t] = (rt.busy_ms, m.rank)
+        for t, busy in m.stats.busy_spans(spans, 10):  # closed spans only: the open one is partial
+            if busy is not None and (t not in best or busy > best[t][0]):
+                best[t] = (busy, m.rank)
     recent = sorted(best)[-spans:]
     if len(recent) < MIN_SPANS:
         return Persistence(None, 0, len(recent))

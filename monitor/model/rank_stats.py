@@ -10,7 +10,11 @@ Pure: no textual, no zmq.
 
 from __future__ import annotations
 
+import itertools
+import operator
+from array import array
 from collections import deque
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -34,6 +38,7 @@ CK = SEQ + 1  # the checkpoint phase's ns, over the timed steps (TN)
 SIZE = CK + 1
 LEVELS = ((1, 120), (10, 360), (300, 288))  # (bucket seconds, buckets kept): 2 min, 1 h, 1 day
 _PHASE_SLOTS = (*((PH + k, name) for k, name in enumerate(SLOT_PHASES)), (CK, "checkpoint"))
+_ZEROS = [0.0] * SIZE
 _DEVICE_SLOTS = tuple((DEV + k, name) for k, name in enumerate(DEVICE_KEYS))
 assert len(SECOND_FIELDS) == SIZE + 1, "a relay's Second (contract/relay.py) is [second, *these slots]"
 
@@ -45,7 +50,7 @@ class Bucket:
 
     def __init__(self, t: int) -> None:
         self.t = t  # the span's start (unix seconds, a multiple of its width)
-        self.v = [0.0] * SIZE
+        self.v = array("d", _ZEROS)  # 19 doubles, not 19 float objects for each full GC to visit
 
     def add_step(self, s: StepRecord) -> None:
         v = self.v
@@ -130,7 +135,7 @@ class RankTimes(NamedTuple):
 EMPTY = RankTimes(0, 0.0, 0, {}, 0, {})
 
 
-def times_of(v: list[float]) -> RankTimes:
+def times_of(v: Sequence[float]) -> RankTimes:
     n, tn, dn = int(v[N]), int(v[TN]), int(v[DN])
     if n == 0:
         return EMPTY
@@ -147,9 +152,14 @@ class RankStats:
     def __init__(self) -> None:
         self.levels: list[deque[Bucket]] = [deque(maxlen=keep) for _, keep in LEVELS]
         self.last_t0 = float("-inf")  # steps at or before this were added already
+        # a refresh reads the same window 3 times (verdict, head, table): kept until a bucket changes
+        self._windows: dict[tuple[float, float | None], RankTimes] = {}
+        # by (level, width): the last closed bucket, the buckets, their (t, busy): see _final
+        self._closed: dict[tuple[int, int], tuple[Bucket, list[Bucket], list[tuple[int, float | None]]]] = {}
 
     def add(self, steps: list[StepRecord]) -> None:
         """Train steps in order; ones already added (a snapshot's overlap) are skipped."""
+        self._windows.clear()
         secs = self.levels[0]
         cur = secs[-1] if secs else None
         for s in steps:
@@ -171,17 +181,18 @@ class RankStats:
             raise ValueError(
                 f"a bucket of {len(values)} values, not {SIZE}"
             )  # never stored: window() sums it
+        self._windows.clear()
         secs = self.levels[0]
         cur = secs[-1] if secs else None
         if cur is not None and t < cur.t:
             return
         if cur is not None and t == cur.t:
-            cur.v = list(values)
+            cur.v = array("d", values)
             return
         if cur is not None:
             self._roll(cur)
         b = Bucket(t)
-        b.v = list(values)
+        b.v = array("d", values)
         secs.append(b)
 
     def _roll(self, closed: Bucket) -> None:
@@ -196,6 +207,13 @@ class RankStats:
         """Mean figures over the steps that ended in the last `seconds` before `end` (default:
         the end of the latest step's second), from the finest buckets that reach that far back
         (the open second is only in the finest: it is folded when it closes)."""
+        key = (seconds, end)
+        got = self._windows.get(key)
+        if got is None:
+            got = self._windows[key] = self._window(seconds, end)
+        return got
+
+    def _window(self, seconds: float, end: float | None) -> RankTimes:
         secs = self.levels[0]
         if not secs:
             return EMPTY
@@ -203,14 +221,19 @@ class RankStats:
         begin = (cur.t + 1 if end is None else end) - seconds
         total = [0.0] * SIZE
         if secs[0].t <= begin or len(secs) < (secs.maxlen or 0):  # the seconds reach back far enough
-            chosen: list[Bucket] = [b for b in secs if b.t + 1 > begin and (end is None or b.t < end)]
+            chosen: list[Bucket] = []
+            for b in reversed(secs):  # the newest first: a 10 s window stops after 10 of 120
+                if b.t + 1 <= begin:
+                    break
+                if end is None or b.t < end:
+                    chosen.append(b)
+            chosen.reverse()  # summed oldest first, as ever: the same float sums
         else:
             k = 1 if self.levels[1] and self.levels[1][0].t <= begin else 2
             width = LEVELS[k][0]
             chosen = [b for b in self.levels[k] if b.t + width > begin] + [cur]
-        for b in chosen:
-            for k, x in enumerate(b.v):
-                total[k] += x
+        for b in chosen:  # each sum in the same order as a loop from 0.0, at C speed
+            total = list(map(operator.add, total, b.v))
         return times_of(total)
 
     def series(self, width: int, bucket_s: int) -> list[tuple[int, RankTimes]]:
@@ -218,7 +241,7 @@ class RankStats:
         one includes the open second."""
         k = 1 if bucket_s <= LEVELS[1][0] else 2
         span = LEVELS[k][0]
-        pts = [(b.t, b.v) for b in list(self.levels[k])[-width:]]
+        pts: list[tuple[int, Sequence[float]]] = [(b.t, b.v) for b in list(self.levels[k])[-width:]]
         secs = self.levels[0]
         if secs:
             cur = secs[-1]
@@ -229,6 +252,44 @@ class RankStats:
                 pts.append((start, cur.v))
         return [(t, times_of(v)) for t, v in pts[-width:]]
 
+    def busy_series(self, width: int, bucket_s: int) -> list[tuple[int, float | None]]:
+        """series()'s own time a step (busy_ms; None: no steps), the strip's figure: a closed
+        bucket's computed once, not at every refresh of 1,024 ranks' strips."""
+        k = 1 if bucket_s <= LEVELS[1][0] else 2
+        secs, level = self.levels[0], self.levels[k]
+        if not secs:  # nothing rolled either
+            return self._final(k, width)
+        cur = secs[-1]
+        start = cur.t - cur.t % LEVELS[k][0]
+        if level and level[-1].t == start:  # the open span: its closed seconds and the open one
+            tail = _busy(start, [a + b for a, b in zip(level[-1].v, cur.v)])
+        else:
+            tail = _busy(start, cur.v)
+        return [*self._final(k, width), tail][-width:]
+
+    def busy_spans(self, width: int, bucket_s: int = 10) -> list[tuple[int, float | None]]:
+        """busy_series() less its last bucket (the open one): the last `width` closed buckets."""
+        k = 1 if bucket_s <= LEVELS[1][0] else 2
+        return self._final(k, width)[-width:] if self.levels[0] else self._final(k, width + 1)[:-1]
+
+    def _final(self, k: int, width: int) -> list[tuple[int, float | None]]:
+        """The level's last `width` buckets that take no more seconds (all but the open second's
+        span), kept: only a bucket that closed since is new."""
+        level, secs = self.levels[k], self.levels[0]
+        n = len(level)
+        if n and secs and level[-1].t == secs[-1].t - secs[-1].t % LEVELS[k][0]:
+            n -= 1  # the open second's span: it changes until that second closes and the next begins
+        if n == 0:
+            return []
+        last = level[n - 1]
+        got = self._closed.get((k, width))
+        if got is None or got[0] is not last:
+            kept = dict(zip(map(id, got[1]), got[2])) if got is not None else {}
+            buckets = list(itertools.islice(level, max(0, n - width), n))
+            pts = [kept.get(id(b)) or _busy(b.t, b.v) for b in buckets]
+            got = self._closed[(k, width)] = (last, buckets, pts)
+        return got[2]
+
     def seconds(self, seconds: float, end: float | None = None) -> list[tuple[int, RankTimes]]:
         """Each second's figures over the last `seconds` before `end` (default: the end of the
         latest step's second), oldest first: the job model's second-to-second spread."""
@@ -237,3 +298,9 @@ class RankStats:
             return []
         stop = secs[-1].t + 1 if end is None else end
         return [(b.t, times_of(b.v)) for b in secs if stop - seconds <= b.t < stop]
+
+
+def _busy(t: int, v: Sequence[float]) -> tuple[int, float | None]:
+    """A bucket's own time a step, None without steps: a tuple of numbers, no GC container once kept."""
+    rt = times_of(v)
+    return t, rt.busy_ms if rt.steps else None

@@ -8,6 +8,7 @@ that slows after an hour rises in its strip while the others stay flat. Pure: no
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from statistics import median
 from typing import NamedTuple
@@ -72,8 +73,7 @@ def _telemetry(m: Member) -> tuple[int, float | None]:
 
 def block(ratio: float) -> str:
     """The strip's block for own time / median own time."""
-    k = sum(ratio >= level for level in STRIP_LEVELS)
-    return BLOCKS[k]
+    return BLOCKS[bisect_right(STRIP_LEVELS, ratio)]  # the levels it reaches (they are sorted)
 
 
 def ranks_view(
@@ -88,18 +88,18 @@ def ranks_view(
         (m.stats.levels[0][-1].t - m.stats.levels[1][0].t for m in members if m.stats.levels[1]), default=0
     )
     view.bucket_s = 10 if span <= cells * 10 else 300
-    series = {m.key: m.stats.series(cells, view.bucket_s) for m in members}
+    series = {m.key: m.stats.busy_series(cells, view.bucket_s) for m in members}  # None: no steps
     by_t: dict[int, list[float]] = {}
     for pts in series.values():
-        for t, rt in pts:
-            if rt.steps:
-                by_t.setdefault(t, []).append(rt.busy_ms)
+        for t, busy in pts:
+            if busy is not None:
+                by_t.setdefault(t, []).append(busy)
     med_t = {t: median(v) for t, v in by_t.items()}
     for m in members:
         t = times[m.key]
         strip = "".join(
-            block(rt.busy_ms / med_t[ts]) if rt.steps and med_t.get(ts, 0) > 0 else " "
-            for ts, rt in series[m.key]
+            block(busy / med) if busy is not None and (med := med_t.get(ts, 0)) > 0 else " "
+            for ts, busy in series[m.key]
         )
         peak, util = _telemetry(m)
         status = "refused" if m.refused else relay_status(job, m, now) or m.state.connection(now)

@@ -8,12 +8,16 @@ rank's line posts `Chosen(key)`: the app shows that rank in the other tabs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from rich.console import RenderableType
 from rich.text import Text
 from textual import events
 from textual.message import Message
+from textual.strip import Strip
+from textual.visual import Visual, visualize
 from textual.widget import Widget
 
 from torchtop.monitor.diagnosis.facts import Diagnosis
@@ -213,8 +217,28 @@ def fit_head(head: list[Text], width: int, room: int) -> list[Text]:
 
 @dataclass
 class Layout:
-    lines: list[Text]
+    """The panel's lines, a rank's row made when first read: at 1,024 ranks the screen shows
+    some 30 of them (render_line), so a refresh makes those, not 1,024 rows of text."""
+
+    made: list[Text | Callable[[], Text]]
     keys: list[str | None]  # the member shown on each line (None: not a rank)
+
+    def line(self, y: int) -> Text:
+        got = self.made[y]
+        if not isinstance(got, Text):
+            got = self.made[y] = got()
+        return got
+
+    @property
+    def lines(self) -> list[Text]:
+        return [self.line(y) for y in range(len(self.made))]
+
+    def __len__(self) -> int:
+        return len(self.made)
+
+    def under(self, head: list[Text]) -> Layout:
+        """This layout below `head` (a layout's lines never depend on the head above them)."""
+        return Layout([*head, *self.made], [*([None] * len(head)), *self.keys])
 
 
 def layout(view: RanksView, head: list[Text], compact: bool = False) -> Layout:
@@ -222,7 +246,7 @@ def layout(view: RanksView, head: list[Text], compact: bool = False) -> Layout:
     first, so the ranks that matter show without scrolling."""
     if compact and view.rows:
         return _compact(view, head)
-    lines = list(head)
+    lines: list[Text | Callable[[], Text]] = list(head)
     keys: list[str | None] = [None] * len(head)
     if not view.rows:
         lines.append(Text("waiting for the ranks' first steps…", style="dim"))
@@ -230,7 +254,7 @@ def layout(view: RanksView, head: list[Text], compact: bool = False) -> Layout:
     slow = view.slowest[0] if view.slowest else None
     by_rank = {r.rank: r for r in view.rows}
 
-    def add(text: Text, key: str | None = None) -> None:
+    def add(text: Text | Callable[[], Text], key: str | None = None) -> None:
         lines.append(text)
         keys.append(key)
 
@@ -245,18 +269,23 @@ def layout(view: RanksView, head: list[Text], compact: bool = False) -> Layout:
         )
         for r in view.slowest[:TOP_K]:
             row = by_rank[r]
-            add(_cells(row, view.median, str(r), row.node, r == slow), row.key)
+            add(partial(_cells, row, view.median, str(r), row.node, r == slow), row.key)
     for node, ranks in view.nodes.items():
         if len(view.rows) > MANY or len(view.nodes) > 1:
-            add(Text(f"{node or '?'} · {len(ranks)} {fmt.plural(len(ranks), 'rank')}", style="bold"))
+            add(partial(_node_line, node, len(ranks)))
         for r in ranks:
             row = by_rank[r]
-            add(_cells(row, view.median, str(r), row.node, r == slow and len(view.rows) > 1), row.key)
+            mark = r == slow and len(view.rows) > 1
+            add(partial(_cells, row, view.median, str(r), row.node, mark), row.key)
     return Layout(lines, keys)
 
 
+def _node_line(node: str, ranks: int) -> Text:
+    return Text(f"{node or '?'} · {ranks} {fmt.plural(ranks, 'rank')}", style="bold")
+
+
 def _compact(view: RanksView, head: list[Text]) -> Layout:
-    lines = [*head, header_line(view.bucket_s, True, len(view.nodes) > 1)]
+    lines: list[Text | Callable[[], Text]] = [*head, header_line(view.bucket_s, True, len(view.nodes) > 1)]
     keys: list[str | None] = [None] * (len(head) + 1)
     nodes = len(view.nodes) > 1
     lines.append(_cells(None, view.median, "median", "" if not nodes else "", False, True))
@@ -266,7 +295,7 @@ def _compact(view: RanksView, head: list[Text]) -> Layout:
     slow = view.slowest[0] if view.slowest and len(view.rows) > 1 else None
     for r in order:
         row = by_rank[r]
-        lines.append(_cells(row, view.median, str(r), row.node if nodes else "", r == slow, True))
+        lines.append(partial(_cells, row, view.median, str(r), row.node if nodes else "", r == slow, True))
         keys.append(row.key)
     return Layout(lines, keys)
 
@@ -293,13 +322,13 @@ class RanksPanel(Widget):
         return 0 < width < COMPACT_BELOW
 
     def show(self, view: RanksView, head: list[Text]) -> None:
-        grew = len(self._layout.lines)
+        grew = len(self._layout)
         self.view, self.head = view, head
         width, compact = self.content_size.width, self.compact
         room = self.parent.content_size.height - 2 if isinstance(self.parent, Widget) else 0  # less borders
-        room -= len(layout(view, [], compact).lines)
-        self._layout = layout(view, fit_head(head, width, room), compact)  # whole lines, never "…"
-        self.refresh(layout=len(self._layout.lines) != grew)
+        table = layout(view, [], compact)
+        self._layout = table.under(fit_head(head, width, room - len(table)))  # whole lines, never "…"
+        self.refresh(layout=len(self._layout) != grew)
 
     def on_resize(self, _event: events.Resize) -> None:
         self.show(self.view, self.head)
@@ -309,8 +338,21 @@ class RanksPanel(Widget):
         text.no_wrap, text.overflow = True, "ellipsis"  # one line each: clicks map lines to ranks
         return text
 
+    def render_line(self, y: int) -> Strip:
+        """Line `y` alone, as render() would draw it: the screen asks only for the lines it shows
+        (a 1,024-rank table is some 1,100 lines, of which 30 are on screen)."""
+        width = self.size.width
+        if 0 <= y < len(self._layout):
+            text = Text("").join([self._layout.line(y)])  # its style a span, as in render()'s join
+            text.no_wrap, text.overflow = True, "ellipsis"
+            visual = visualize(self, text, markup=self._render_markup)
+            strips = Visual.to_strips(self, visual, width, 1, self.visual_style)
+            if strips:
+                return strips[0].apply_offsets(0, y)  # the line's place in the text (selection)
+        return Strip.blank(width, self.visual_style.rich_style)
+
     def get_content_height(self, container, viewport, width) -> int:  # type: ignore[no-untyped-def]
-        return max(1, len(self._layout.lines))
+        return max(1, len(self._layout))
 
     def on_click(self, event: events.Click) -> None:
         offset = event.get_content_offset(self)
