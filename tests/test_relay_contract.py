@@ -188,3 +188,26 @@ def test_the_jobs_phases_read_alike_through_relays_and_directly() -> None:
 
 def test_the_seconds_fields_are_rank_stats_slots() -> None:
     assert len(SECOND_FIELDS) == SIZE + 1
+
+
+def test_a_relayed_ranks_telemetry_points_are_capped() -> None:
+    """A relay sends each rank's telemetry twice a second: kept to the default 20,000 points a
+    rank, a 1,024-rank job view grew by ~2,000 objects a second (gigabytes in hours)."""
+    from torchtop.monitor.model.relayed import RELAYED_POINTS
+    from torchtop.monitor.model.state import HISTORY
+
+    job = JobState()
+    tel = wire.Telemetry(
+        time=END, host=wire.HostSample(proc_cpu=50.0, proc_rss=2**30, threads=4, cpu_count=8)
+    )
+    summary = _frame([_rank(0, _buckets(0, _steps(0)))])
+    apply_summary(job, "relay1", summary, 100.0)
+    m = job.members[member_key("relay1", 0)]
+    for k in range(RELAYED_POINTS + 50):
+        s = wire.NodeSummary(
+            v=wire.PROTOCOL_VERSION, job_id=JOB, node="node1", seq=2 + k, time=END,
+            ranks=[wire.RankSummary(rank=0, run_id="run0", age=0.1, telemetry=tel)],
+        )  # fmt: skip
+        apply_summary(job, "relay1", s, 100.0 + k / 2)
+    assert RELAYED_POINTS < HISTORY and len(m.state.points) == RELAYED_POINTS
+    assert m.state.telemetry is tel  # the latest still read

@@ -9,6 +9,7 @@ job's world size and names the nodes that went silent, and for how long. Pure: n
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -24,6 +25,7 @@ SILENT_AFTER_S = 3.0  # a relay with no summary this long: its node's ranks are 
 NOT_REPORTING = "not reporting"
 MAX_WORLD = 1 << 20  # ranks of a job, at most
 MAX_NODE_RANKS = 1024  # ranks one relay may list: more is no node's
+RELAYED_POINTS = 1_200  # telemetry points a relayed rank keeps (~10 min at 2 a second: every reader's span)
 MAX_SKEW_S = 300.0  # a relay's clock this far from the monitor's: its seconds would hide every other rank's
 
 
@@ -95,6 +97,8 @@ def apply_summary(job: JobState, relay: str, s: NodeSummary, now: float, wall: f
         st.gone = rs.gone
         st.batches = rs.batches
         if rs.telemetry is not None:
+            if st.points.maxlen != RELAYED_POINTS:  # 1,024 ranks x 20,000 points is gigabytes in hours
+                st.points = deque(st.points, maxlen=RELAYED_POINTS)
             st.apply_telemetry(rs.telemetry)
         m.last_i = max(m.last_i, rs.last_i)
 
