@@ -78,6 +78,12 @@ def test_a_loop_starved_by_its_generator_says_so() -> None:
     v = r["verdict"]
     assert v["kind"] == "data-loading" and v["severity"] in SEVERE, v
     assert abs(r["breakdown"]["data"] - truth) <= 0.15, (r["breakdown"], truth)
+    # the ms a step split as the shares are: the generator's time is data in both
+    ms = r["phase_ms"]
+    assert ms["data"] / sum(ms.values()) == pytest.approx(r["breakdown"]["data"], abs=0.03), (
+        ms,
+        r["breakdown"],
+    )
     assert any("resuming its input generator (generator_preprocess.py:" in e for e in v["evidence"]), v
     assert any("torchtop.agent.data(" in e for e in v["evidence"]), v
     wrapped = _run("generator_preprocess", "--wrapped")  # timed exactly: data wait as before

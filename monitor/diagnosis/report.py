@@ -29,7 +29,6 @@ from torchtop.monitor.model.energy import rounded, window_energy
 from torchtop.monitor.model.state import (
     RunState,
     device_ms,
-    phase_ms,
     retry_rate,
     timed,
 )
@@ -97,7 +96,7 @@ def run_report(
         steps_per_s=round(stats["steps_per_s"], 3),
         # a plain generator the loop resumes is data wait (estimated from stack samples)
         breakdown={k: round(v, 5) for k, v in w.breakdown().items()},
-        phase_ms={k: round(v, 4) for k, v in phase_ms(steps).items()},
+        phase_ms={k: round(v, 4) for k, v in w.phase_ms().items()},  # data as in the breakdown
         device_ms={k: round(v, 4) for k, v in device_ms(steps).items()},
         batches=state.batches,
         dropped=state.dropped,

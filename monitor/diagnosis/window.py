@@ -20,7 +20,7 @@ from torchtop.monitor.diagnosis.why import WhyFacts, why_facts
 from torchtop.monitor.model.fmt import plural
 from torchtop.monitor.model.hotspots import with_input_wait
 from torchtop.monitor.model.job_state import JobState
-from torchtop.monitor.model.state import RunState, Summary, breakdown, recent_points
+from torchtop.monitor.model.state import RunState, Summary, breakdown, phase_ms, recent_points
 from torchtop.monitor.model.steps import StepRecord
 
 WINDOW_S = T.window_s  # the live views' span: one definition for the TUI, the job view and export
@@ -44,6 +44,19 @@ class Window(NamedTuple):
         """Each phase's share of `steps`, a plain generator's resumption moved to data wait (the
         stack samples' estimate): the panel's, the report's and the verdict's shares."""
         return with_input_wait(breakdown(self.steps), self.why.fold, int(T.min_phase_samples))[0]
+
+    def phase_ms(self) -> dict[str, float]:
+        """Each phase's host ms a step over `steps`, the generator's resumption moved from `other`
+        to `data` as in `breakdown` (the same split in ms as in shares)."""
+        ms = phase_ms(self.steps)
+        shares = breakdown(self.steps)
+        other = shares.get("other", 0.0)
+        moved = with_input_wait(shares, self.why.fold, int(T.min_phase_samples))[1]
+        if moved > 0 and other > 0 and "other" in ms:
+            part = ms["other"] * min(1.0, moved / other)
+            ms["data"] = ms.get("data", 0.0) + part
+            ms["other"] -= part
+        return ms
 
 
 def judged_steps(state: RunState, seconds: float = T.window_s) -> list[StepRecord]:

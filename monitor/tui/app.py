@@ -47,7 +47,6 @@ from torchtop.monitor.model.state import (
     Link,
     RunState,
     device_ms,
-    phase_ms,
     step_stats,
     timed,
 )
@@ -322,7 +321,7 @@ class TorchtopApp(AppKeys, CaptureApp):
         self.step_panel.span_s = round(min(window.seconds, state.agent_time - start), 1) if shown else None
 
         self.phase_panel.shares = window.breakdown()
-        self.phase_panel.ms = phase_ms(steps)
+        self.phase_panel.ms = window.phase_ms()
         self.phase_panel.device = device_ms(steps)
         self.phase_panel.step_ms = stats["mean_ms"]
         self.phase_panel.event_every = hello.cuda_event_every if hello else 0
