@@ -307,8 +307,10 @@ class AgentLoop(threading.Thread):
         if self.captures is not None:
             self.captures.poll()
         attended = self.watched or self._catch_up  # the why probes and fast telemetry: for a monitor
+        recorder = self.recorder
         if self.why is not None:
-            self.why.tick(attended)
+            # a recording keeps the stack samples too (its report names the hot code), watched or not
+            self.why.tick(attended or recorder is not None)
         sampled = False
         if self.telemetry is not None:
             self.telemetry.attended = attended
@@ -317,14 +319,14 @@ class AgentLoop(threading.Thread):
                 self._telemetry_due = now + QUIET_TELEMETRY_S
                 self.telemetry.fast()
                 sampled = True
-        recorder = self.recorder
         if recorder is not None:
             self._record_hello(recorder)
         if not (self.subscribed or self._catch_up):
             # nobody listens: the chunks wait in the history; nothing is sent, and only a
-            # recording gets a batch (encoded on its own thread)
+            # recording gets a batch (encoded on its own thread), with the stack samples since the last
             if recorder is not None and (new or sampled):
-                recorder.put(self._batch(new, sampled))
+                why = self.why.message() if self.why is not None else None
+                recorder.put(self._batch(new, sampled, why))
                 self.seq += 1
             return
         catch_up = self._catch_up
