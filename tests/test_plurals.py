@@ -40,7 +40,7 @@ def test_one_of_anything_is_singular() -> None:
 
 def test_the_first_ctrl_c_says_a_second_reaches_the_job() -> None:
     line = stopping_line(4242)
-    assert "pid 4242" in line and "waiting for it to end" in line and "Ctrl-C again" in line
+    assert "pid 4242" in line and "waiting for it to end" in line and "press Ctrl-C again" in line
 
 
 def test_one_waiting_rank_waits() -> None:

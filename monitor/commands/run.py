@@ -109,7 +109,7 @@ def stopping_line(pid: int) -> str:
     alive past its KeyboardInterrupt); the terminal is the job's again, so a second Ctrl-C reaches it."""
     return (
         f"torchtop: Ctrl-C: SIGINT sent to the job (pid {pid}); waiting for it to end "
-        "(Ctrl-C again interrupts it again: a job held up by its threads then ends)"
+        "(if its threads hold it up, press Ctrl-C again: the second one reaches the job too)"
     )
 
 
