@@ -238,3 +238,25 @@ async def test_the_captures_list_scrolls_to_every_ranks_file_fetched_only_from_e
             assert f"rank {rank} · profile capture 1: done" in seen, seen
         assert "fetch:" not in seen and "scp " not in seen, seen  # the files are on this machine
         assert all(k.region.right <= 80 for k in app.screen.query(FooterKey))
+
+
+def test_the_capture_line_keeps_the_last_capture_whole_at_80_columns() -> None:
+    """At 80x24 "c captures (3)   last:" was cut after its label: the keys go short (the help
+    has them whole) and the last capture says its state (its file is on the Captures screen)."""
+    from torchtop.monitor.tui.widgets.capture_line import capture_text
+
+    done = CaptureInfo(
+        3,
+        CaptureKind.PROFILE,
+        CaptureState.DONE,
+        5,
+        5,
+        path="/tmp/torchtop-0/captures/profile-4242-3.pt.trace.json",
+    )
+    wide = capture_text(done, 5, 3, 200).plain
+    assert (
+        "p profile 5 steps" in wide and "m memory snapshot" in wide and "last: profile #3 done: /tmp" in wide
+    )
+    narrow = capture_text(done, 5, 3, 76).plain
+    assert len(narrow) <= 76 and narrow.endswith("last: profile #3 done (c: its file)"), narrow
+    assert capture_text(None, 5, 0, 76).plain.startswith("p profile 5 steps")  # nothing to fit: whole

@@ -11,12 +11,27 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchtop.contract.wire import CAPTURE_ACTIVE, CAPTURE_DEFAULT_STEPS, CaptureInfo, CaptureState
+from torchtop.contract.wire import (
+    CAPTURE_ACTIVE,
+    CAPTURE_DEFAULT_STEPS,
+    CaptureInfo,
+    CaptureKind,
+    CaptureState,
+)
 from torchtop.monitor.model import fmt
-from torchtop.monitor.model.captures import progress, progress_text
+from torchtop.monitor.model.captures import progress, progress_text, toast_text
 
 
-def capture_text(capture: CaptureInfo | None, steps: int, count: int) -> Text:
+def capture_text(capture: CaptureInfo | None, steps: int, count: int, width: int = 0) -> Text:
+    """The line; with a `width` too narrow for the keys and the last capture, the keys in short
+    words (the help has them whole), so the last capture's state is not cut off."""
+    full = _capture_text(capture, steps, count, False)
+    if not width or full.cell_len <= width or capture is None:
+        return full
+    return _capture_text(capture, steps, count, True)
+
+
+def _capture_text(capture: CaptureInfo | None, steps: int, count: int, short: bool) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     if capture is not None and capture.state in CAPTURE_ACTIVE:
         text.append("◉ capturing ", style="bold magenta")
@@ -25,18 +40,27 @@ def capture_text(capture: CaptureInfo | None, steps: int, count: int) -> Text:
         text.append("▏ ", style="dim")
         text.append(progress_text(capture), style="bold")
         return text
-    for key, words in (
-        ("p", f"profile {steps} {fmt.plural(steps, 'step')}"),
-        ("+/-", "steps"),
-        ("m", "memory snapshot"),
-        ("c", f"captures ({count})"),
-    ):
+    keys = (
+        (("p", f"profile {steps}"), ("m", "memory"), ("c", f"({count})"))
+        if short
+        else (
+            ("p", f"profile {steps} {fmt.plural(steps, 'step')}"),
+            ("+/-", "steps"),
+            ("m", "memory snapshot"),
+            ("c", f"captures ({count})"),
+        )
+    )
+    for key, words in keys:
         text.append(f"{key} ", style="bold")
-        text.append(f"{words}   ", style="dim")
+        text.append(f"{words}  " if short else f"{words}   ", style="dim")
     if capture is not None:
         style = "red" if capture.state == CaptureState.FAILED else "green"
         text.append("last: ", style="dim")
-        text.append(progress_text(capture), style=style)
+        if short and capture.state == CaptureState.DONE:  # its file on the Captures screen
+            what = "profile" if capture.kind == CaptureKind.PROFILE else "memory snapshot"
+            text.append(f"{what} #{capture.id} done (c: its file)", style=style)
+        else:
+            text.append(toast_text(capture) if short else progress_text(capture), style=style)
     return text
 
 
@@ -49,7 +73,7 @@ class CaptureLine(Widget):
         self.set_class(capture is not None and capture.state in CAPTURE_ACTIVE, "-active")
 
     def render(self) -> RenderableType:
-        return capture_text(self.capture, self.steps, self.count)
+        return capture_text(self.capture, self.steps, self.count, self.size.width)
 
     def plain(self) -> str:
         return capture_text(self.capture, self.steps, self.count).plain
