@@ -281,3 +281,19 @@ def test_two_unrelated_runs_are_not_traced_as_two_ranks(tmp_path: Path) -> None:
     n1 = _other_run(tmp_path / "n1", "run-d", job_id="job-1")
     code, err = convert(str(n0), str(n1), "-o", str(tmp_path / "job.json"))
     assert code == 0 and "2 ranks, 100 steps" in err, err
+
+
+def test_the_traces_line_counts_eval_passes_apart_from_steps() -> None:
+    """An eval-only run's trace read "1 rank, 472 steps" for 0 training steps."""
+    from types import SimpleNamespace
+
+    from torchtop.contract import wire
+    from torchtop.monitor.commands.trace import _chunks
+    from torchtop.monitor.model.steps import StepRecord
+
+    msg = wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=0, time=1.0)
+    steps = [StepRecord(k, 1.0 + k, 1000, {}, "eval" if k % 3 else "train") for k in range(9)]
+    pb = SimpleNamespace(play=lambda: [SimpleNamespace(msg=msg, steps=steps)])
+    counts = [0, 0]
+    assert [len(s) for s, _ in _chunks(pb, counts)] == [9]
+    assert counts == [3, 6]

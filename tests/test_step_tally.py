@@ -149,3 +149,14 @@ def test_eval_steps_are_not_counted_as_training_steps() -> None:
     state.apply_batch(wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=0, time=100.31), steps, 0.0)
     summary = state.summary(10.0)
     assert summary.steps == 200 and len(summary.evals) == 20 and not summary.thinned
+
+
+def test_an_eval_only_window_counts_no_training_step() -> None:
+    """An eval loop's passes, some never seen whole (numbered but not sent: its untimed stretches):
+    a report read `"steps": 65` of training with 0 ms step times; the unseen ones are its passes."""
+    state = RunState(agent_time=110.0)
+    passes = [rec(k * 3, 100.0 + k * 0.03, kind="eval") for k in range(300)]  # 2 in 3 unseen
+    state.apply_batch(wire.Batch(v=wire.PROTOCOL_VERSION, run_id="r", seq=0, time=109.0), passes, 0.0)
+    summary = state.summary(10.0)
+    assert summary.steps == 0 and not summary.in_full and len(summary.evals) > 200
+    assert summary.stats["steps_per_s"] == 0.0

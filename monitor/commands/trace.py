@@ -92,12 +92,14 @@ def _label(key: tuple[str, str]) -> str:
 
 
 def _chunks(pb: Any, counts: list[int]) -> Iterator[tuple[list[Any], list[Any]]]:
-    """A recording's steps and telemetry, batch by batch (`counts[0]` counts the steps)."""
+    """A recording's steps and telemetry, batch by batch (`counts`: its training steps, its eval passes)."""
     from torchtop.contract import wire
 
     for p in pb.play():
         if isinstance(p.msg, wire.Batch):
-            counts[0] += len(p.steps)
+            passes = sum(1 for s in p.steps if s.kind != "train")
+            counts[0] += len(p.steps) - passes
+            counts[1] += passes
             yield p.steps, [p.msg.telemetry] if p.msg.telemetry is not None else []
 
 
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     origin = min(starts) if starts else 0.0
     for k, (r, _) in enumerate(ranks, 1):  # 0 is not a good pid for every viewer
         r.pid = k
-    counts = [0]
+    counts = [0, 0]
     events = chain(
         *(rank_events(r, _chunks(pb, counts), origin) for r, pb in ranks),
         *(capture_events(c, [r for r, _ in ranks], origin) for c in captures),
@@ -157,9 +159,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"torchtop: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
-    steps = counts[0]
+    steps, passes = counts
     print(
         f"torchtop trace: {args.output}: {len(ranks)} {plural(len(ranks), 'rank')}, {steps} {plural(steps, 'step')}"
+        + (f", {passes} eval {plural(passes, 'pass', 'passes')}" if passes else "")
         + (f", {len(captures)} {plural(len(captures), 'capture')}" if captures else "")
         + "; open it in https://ui.perfetto.dev",
         file=sys.stderr,

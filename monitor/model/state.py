@@ -257,6 +257,8 @@ class RunState:
             evals_before = tally.evals_after(horizon, float("inf"))
         newest = max(tally.n, records[-1].i + 1 if records else 0)
         counted = max(len(in_full), newest - ended - len(evals) - evals_before)
+        if evals and not in_full:  # only eval passes seen whole: the unseen numbers are passes too
+            counted = 0
         if counted == len(in_full):
             if not in_full:
                 return Summary(0, in_full, evals, 0.0, math.nan, step_stats(in_full))
