@@ -106,7 +106,7 @@ def _chunks(pb: Any, counts: list[int]) -> Iterator[tuple[list[Any], list[Any]]]
 def _start(pb: Any) -> float | None:
     """The earliest time a rank's trace shows: its first step's start or first sample."""
     step = sample = None
-    for steps, telemetry in _chunks(pb, [0]):
+    for steps, telemetry in _chunks(pb, [0, 0]):
         if steps and step is None:
             step = steps[0].t0
         if telemetry and sample is None:
