@@ -142,10 +142,10 @@ def _env(sshd: dict) -> dict[str, str]:
     return {**os.environ, ssh.ENV_OPTS: sshd["opts"], ssh.ENV_REMOTE_CMD: sshd["remote"]}
 
 
-def _report(sshd: dict, job: dict, *args: str) -> dict:
+def _report(sshd: dict, job: dict, *args: str, env: dict[str, str] | None = None) -> dict:
     proc = subprocess.run(
         [sys.executable, "-m", "torchtop.monitor.commands.cli", "report", *args, "--seconds", "6"],
-        env=_env(sshd), capture_output=True, text=True, timeout=240,
+        env={**_env(sshd), **(env or {})}, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr + " | " + (job["dir"] / "node0.log").read_text()[-1500:]
     return json.loads(proc.stdout)
@@ -183,6 +183,16 @@ def test_a_16_rank_job_through_two_relays_found_in_its_store(
     assert {e["node"] for e in report["ranks"] if e["rank"] >= 8} == {"node2"}
     assert report["straggler"]["rank"] == SLOW_RANK, report["straggler"]
     assert report["verdict"]["kind"] == "straggler"
+    # one job, one answer by path: the same job read rank by rank over ssh, no relay between
+    while True:
+        direct = _report(sshd, job, "ssh://node1", "ssh://node2", env={"TORCHTOP_RELAYS": "0"})
+        if direct["straggler"] or time.monotonic() > deadline + 120:
+            break
+    assert "relay" not in {e.get("via") for e in direct["ranks"]} and len(direct["ranks"]) == 16, direct[
+        "ranks"
+    ]
+    assert direct["verdict"]["kind"] == report["verdict"]["kind"], (direct["verdict"], report["verdict"])
+    assert direct["straggler"]["rank"] == SLOW_RANK, direct["straggler"]
 
 
 async def test_the_job_view_through_two_relays_names_the_straggler(
