@@ -157,11 +157,14 @@ def test_open_ssh_tunnel_lasts_while_used(
 def _tunnel_ssh(endpoint: Endpoint) -> list[psutil.Process]:
     """This process's ssh children that forward the endpoint's local ends."""
     first = _local_ends(endpoint)[0]
-    return [
-        c
-        for c in psutil.Process().children(recursive=True)
-        if any(arg.startswith(f"{first}:") for arg in c.cmdline())
-    ]
+    return [c for c in psutil.Process().children(recursive=True) if _forwards(c, f"{first}:")]
+
+
+def _forwards(c: psutil.Process, prefix: str) -> bool:
+    try:
+        return any(arg.startswith(prefix) for arg in c.cmdline())
+    except psutil.Error:  # another test's child, ended (a zombie) or gone: not this tunnel
+        return False
 
 
 def test_a_tunnel_that_dies_is_rebuilt_on_the_same_ports(
