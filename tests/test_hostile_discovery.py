@@ -2,7 +2,8 @@
 directory, so `ls`, `report`, `capture` and `attach` read every file there with care. A file
 that is no agent's entry (a pid no process can have, deep nesting, a 5,000-character address, a
 non-object, a huge file, a FIFO, a link, a directory) is said in one line and the command exits
-normally: no traceback, no hang, and the file is left where it is."""
+normally: no traceback, no hang, and the file is left where it is. `export` and a node's relay,
+which list the agents again every few seconds, skip such files and go on serving the good agent."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ import json
 import os
 import signal
 import threading
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from torchtop.contract import discovery
+from tests.agent_util import free_port
+from tests.hostile_agent import HostileAgent, steps_log
+from torchtop.contract import discovery, wire
 from torchtop.monitor.commands.cli import main
 
 GOOD_IPC = ("ipc:///tmp/x.req", "ipc:///tmp/x.pub")
@@ -155,3 +161,126 @@ def test_ls_escapes_control_characters_on_every_line(
     out = capsys.readouterr().out
     assert "rank   1" in out and "\x1b" not in out and "\x07" not in out, out
     assert "\\x1b" in out  # escaped, not dropped: the text is still there to read
+
+
+def _good_batch(seq: int) -> wire.Batch:
+    """5 training steps of 5 ms, ending now: a live agent's batch."""
+    log = steps_log(time.perf_counter_ns() - 50 * 10**6, 5)
+    return wire.Batch(
+        v=wire.PROTOCOL_VERSION, run_id="hostile", seq=seq, time=time.time(),
+        log=[wire.LogChunk(seq, 5 * seq, log)], wall_offset=time.time() - time.perf_counter(), rank=0,
+    )  # fmt: skip
+
+
+@pytest.mark.slow  # a 3 s export beside a live fake agent
+@pytest.mark.export
+@pytest.mark.usefixtures("_deadline")
+def test_export_beside_every_hostile_file_exports_the_good_agent(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families  # pyright: ignore[reportMissingImports]  # the export extra
+
+    for i, make in enumerate(HOSTILE.values()):
+        make(runtime_dir / f"agent-{90000 + i}.json")
+    good = HostileAgent(_good_batch)  # a same-process agent: its entry names this (live) pid
+    good.start()
+    port = free_port()
+    scraped: list[dict[str, float]] = []
+    stop = threading.Event()
+
+    def scrape() -> None:  # /metrics while it runs, until the good agent's steps are there
+        while not stop.is_set() and not (scraped and scraped[-1].get("torchtop_steps_total", 0) > 0):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                stop.wait(0.2)
+                continue
+            families = text_string_to_metric_families(text)
+            scraped.append({s.name: s.value for f in families for s in f.samples})
+            stop.wait(0.2)
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    try:
+        code = main(["export", "--prometheus", f"127.0.0.1:{port}", "--seconds", "3"])
+    finally:
+        stop.set()
+        scraper.join(5)
+        good.close()
+    out, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err, err
+    assert all(line.startswith("torchtop") for line in err.splitlines()), err
+    assert scraped and scraped[-1].get("torchtop_steps_total", 0) > 0, scraped[-1:]
+    assert len(list(runtime_dir.glob("agent-9*.json"))) == len(HOSTILE)  # said nowhere, removed never
+
+
+@pytest.mark.slow  # a relay run for ~1 s, a rescan every 0.1 s
+@pytest.mark.usefixtures("_deadline")
+def test_a_relay_rescanning_beside_hostile_files_stays_up_and_serves_its_agent(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zmq
+
+    from torchtop.monitor.relay import node
+
+    job = "hostile-job@node0:29500"
+    for i, doc in enumerate(
+        (
+            {"pid": 2**31, "job_id": job, "rank": 1, "address": GOOD_IPC[0], "pub_address": GOOD_IPC[1]},
+            {"pid": (1 << 22) + 1, "job_id": job, "rank": 2, "address": GOOD_IPC[0], "pub_address": GOOD_IPC[1]},
+            *(
+                {"pid": os.getppid(), "job_id": job, "rank": 3, "address": f"ipc:///{'a' * n}.req",
+                 "pub_address": f"ipc:///{'a' * n}.pub"}
+                for n in (5000, 200)  # past the entry's length; past sun_path (a live pid, not the agent's)
+            ),
+        )
+    ):  # fmt: skip
+        _json(doc)(runtime_dir / f"agent-{90000 + i}.json")
+    HOSTILE["deep nesting"](runtime_dir / "agent-90009.json")
+    good = HostileAgent(_good_batch)
+    good.hello = msgspec.structs.replace(good.hello, job_id=job, rank=0, world_size=4)
+    info = discovery.AgentInfo(
+        pid=os.getpid(), address=good.req, pub_address=good.pub, job_id=job, rank=0, world_size=4,
+        run_id=good.run_id, start_time=time.time(),
+    )  # fmt: skip
+    discovery.write(info)  # the agent's entry, now of the relay's job
+    good.start()
+    monkeypatch.setattr(node, "RESCAN_S", 0.1)
+    relay = node.Relay(job, "node0")
+    rescans = [0]
+    rescan = relay.rescan
+
+    def counted(now: float) -> None:
+        rescans[0] += 1
+        rescan(now)
+
+    relay.rescan = counted  # type: ignore[method-assign]
+    halt = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(halt, 3600.0), daemon=True)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, node.SUMMARY_TOPIC)
+    sub.connect(relay.pub_address)
+    thread.start()
+    got: list[wire.NodeSummary] = []
+    try:
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not (rescans[0] >= 5 and got and got[-1].ranks[0].batches > 0):
+            if sub.poll(100):
+                msg = wire.decode(sub.recv_multipart()[1])
+                assert isinstance(msg, wire.NodeSummary)
+                got.append(msg)
+        assert thread.is_alive()  # no rescan raised
+    finally:
+        halt.set()
+        thread.join(5)
+        sub.close(linger=0)
+        ctx.term()
+        relay.ctx.destroy(linger=0)  # every socket, also one a failed rescan left open: term never hangs
+        relay.close()
+        good.close()
+    assert rescans[0] >= 5 and got, (rescans, len(got))
+    assert [rs.rank for rs in got[-1].ranks] == [0] and got[-1].ranks[0].batches > 0, got[-1]
+    assert any(rs.hello is not None and rs.hello.job_id == job for s in got for rs in s.ranks)
+    assert not got[-1].ranks[0].gone and got[-1].duplicates == []

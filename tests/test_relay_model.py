@@ -1,8 +1,11 @@
 """Relayed ranks in the job model: a relay's summaries give a rank the same figures as its steps,
-coverage counts who reports and names silent nodes, a relay gone quiet makes its ranks "not
-reporting", another job's relay is never mixed in, and a straggler is chronic or one-off."""
+coverage counts who reports and names silent nodes and relays that never answered, a relay gone
+quiet makes its ranks "not reporting", another job's relay is never mixed in, and a straggler is
+chronic or one-off."""
 
 from __future__ import annotations
+
+import time
 
 import msgspec
 import pytest
@@ -135,6 +138,43 @@ def test_a_rank_the_world_size_counts_but_never_seen_is_not_reporting() -> None:
     for m in job.ranked():  # a job of 10 ranks: 2 never started
         m.state.hello = msgspec.structs.replace(m.state.hello, world_size=10)  # type: ignore[arg-type]
     assert coverage_line(coverage(job, 1.5)) == "8 of 10 ranks reporting"
+
+
+def test_a_relay_that_never_answers_is_named_in_the_line_and_the_report(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Node 1's relay (reached over ssh, its label the tunnel's) never sends a summary: the link
+    says it silent, and the coverage names it, never only counts its node's ranks as missing."""
+    from torchtop.monitor.link.job_link import Event, apply_events
+    from torchtop.monitor.link.relay_link import RelayReader
+    from torchtop.monitor.link.targets import Endpoint
+    from torchtop.monitor.model.relayed import apply_summary
+
+    job = _job_with_relays(1, 8, now=10.0)
+    for m in job.ranked():  # a job of 2 nodes of 8: node 1's ranks were never heard of
+        m.state.hello = msgspec.structs.replace(m.state.hello, world_size=16)  # type: ignore[arg-type]
+    label = "ssh://node1/4711 (pid 4711, its sockets via /tmp/t)"  # as ssh.tunnel names it
+    nobody = Endpoint(f"ipc://{tmp_path}/r.req", f"ipc://{tmp_path}/r.pub", 4711, label)
+    reader = RelayReader([nobody])
+    try:
+        events = reader.read(time.monotonic() + 10.0, Event)  # its silence, past SILENT_AFTER_S
+    finally:
+        reader.close()
+    assert [e.kind for e in events] == ["relay-silent"]
+    apply_events(job, events, 10.5)
+    c = coverage(job, 10.5)
+    assert (c.reporting, c.expected) == (8, 16)
+    line = coverage_line(c)
+    assert line == "8 of 16 ranks reporting; ssh://node1/4711 never answered", line
+    report = build_job_report(job, 10, "x", 10, 10.5)
+    assert report["coverage"]["line"] == line
+    (unreached,) = report["coverage"]["unreached"]
+    assert unreached.startswith("ssh://node1/4711: no summary from the relay")
+    # it answers at last: named no more, its ranks counted
+    ranks = [
+        wire.RankSummary(rank=8 + k, run_id=f"run{8 + k}", age=0.1, hello=hello(8 + k, world=16))
+        for k in range(8)
+    ]
+    apply_summary(job, label, _summary("node 1", 1, ranks), 11.0)
+    assert coverage_line(coverage(job, 11.0)) == "16 of 16 ranks reporting"
 
 
 def test_another_jobs_relay_is_never_mixed_in() -> None:

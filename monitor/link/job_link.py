@@ -254,7 +254,8 @@ def apply_events(job: JobState, events: list[Event], now: float) -> None:
                 m.state.apply_batch(got.batch, got.steps, now, got.log_errors)
         elif ev.kind == "relay-silent":
             if ev.key not in job.relays:  # never heard from: named in the coverage
-                job.relays[ev.key] = RelayState(ev.key, error=ev.error)
+                # by its target, not the tunnel's details in its label ("ssh://node2/41 (pid 41, ...)")
+                job.relays[ev.key] = RelayState(ev.key.split(" (", 1)[0], error=ev.error)
         elif ev.kind == "error":
             if ev.lost:
                 job.lost(ev.key, ev.error)

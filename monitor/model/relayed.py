@@ -179,6 +179,7 @@ class Coverage(NamedTuple):
     expected: int  # the job's world size (or the ranks seen, if more)
     silent: list[tuple[str, float]]  # nodes none of whose ranks report: (node, seconds silent)
     unreached: list[str]  # relays (nodes) that never answered: their errors
+    never: list[str]  # those relays' names, for the line
 
 
 def coverage(job: JobState, now: float) -> Coverage:
@@ -200,14 +201,21 @@ def coverage(job: JobState, now: float) -> Coverage:
         relays = [r.last_at for r in job.relays.values() if r.node == node and r.last_at is not None]
         last = max(heard + relays, default=None)
         silent.append((node, now - last if last is not None else -1.0))
-    unreached = [f"{r.node}: {r.error}" for r in job.relays.values() if r.error and r.last_at is None]
-    return Coverage(reporting, expected, sorted(silent, key=lambda x: -x[1]), unreached)
+    never = [r for r in job.relays.values() if r.error and r.last_at is None]
+    unreached = [f"{r.node}: {r.error}" for r in never]
+    return Coverage(
+        reporting, expected, sorted(silent, key=lambda x: -x[1]), unreached, [r.node for r in never]
+    )
 
 
 def coverage_line(c: Coverage, most: int = 3) -> str:
-    """1,019 of 1,024 ranks reporting; node 17 silent 40 s"""
+    """1,019 of 1,024 ranks reporting; node 17 silent 40 s; node 9 never answered"""
     line = f"{c.reporting:,} of {c.expected:,} ranks reporting"
     parts = [f"{node} silent {s:.0f} s" if s >= 0 else f"{node} silent" for node, s in c.silent[:most]]
     if len(c.silent) > most:
         parts.append(f"{len(c.silent) - most} more nodes silent")
+    # a relay never heard from has no ranks here to count as silent: named, never dropped
+    parts += [f"{node[:60]} never answered" for node in c.never[:most]]
+    if len(c.never) > most:
+        parts.append(f"{len(c.never) - most} more relays never answered")
     return "; ".join([line, *parts])
