@@ -169,36 +169,13 @@ class StepPanel(Vertical):
         self.border_title = step_title(self.window_s, self.span_s, self.count, self.in_full, self.inference)
 
     def compose(self) -> ComposeResult:
-        yield Static(
-            step_line(
-                self.stats,
-                self.count,
-                self.last_step,
-                self.evals,
-                self.skipped,
-                0,
-                self.inference,
-                self.eval_latency,
-            ),
-            id="step-numbers",
-        )
+        yield Static(self._line(), id="step-numbers")
         yield Sparkline([], id="step-spark")
 
     def _sync_numbers(self) -> None:
         # mounted is not composed: on a loaded machine the app's first tick can come between the two
         for numbers in self.query("#step-numbers").results(Static):
-            numbers.update(
-                step_line(
-                    self.stats,
-                    self.count,
-                    self.last_step,
-                    self.evals,
-                    self.skipped,
-                    self.content_size.width,
-                    self.inference,
-                    self.eval_latency,
-                )
-            )
+            numbers.update(self._line(self.content_size.width))
 
     def on_resize(self) -> None:
         self._sync_numbers()  # the figures wrap between groups at the new width
@@ -234,13 +211,17 @@ class StepPanel(Vertical):
 
     def numbers_text(self) -> str:
         """The figures line as plain text (what tests and screen readers see)."""
+        return self._line().plain
+
+    def _line(self, width: int = 0) -> Text:
+        """The figures from the panel's attributes (wrapped at `width`, where given)."""
         return step_line(
             self.stats,
             self.count,
             self.last_step,
             self.evals,
             self.skipped,
-            0,
+            width,
             self.inference,
             self.eval_latency,
-        ).plain
+        )
