@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchtop.agent as ta
-from tests.agent_util import snapshot_steps
+from tests.agent_util import diagnosed, snapshot_steps
 from torchtop.monitor.model.steps import StepRecord
 
 pytestmark = [
@@ -65,19 +65,7 @@ def _check(steps: list[StepRecord], truth: dict[int, int]) -> None:
 
 
 def _judge(steps: list[StepRecord], saved: dict[int, int]) -> None:
-    from torchtop.contract.wire import PROTOCOL_VERSION, Batch, Hello
-    from torchtop.monitor.diagnosis.diagnose import diagnose
-    from torchtop.monitor.model.state import RunState
-
-    state = RunState()
-    t0 = steps[0].t0
-    state.apply_hello(
-        Hello(
-            v=PROTOCOL_VERSION, run_id="r", pid=1, host="h", port=1, pub_port=2, device="cpu", start_time=t0
-        )
-    )
-    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=steps[-1].t0 + 1.0), steps, 0.0)
-    d = diagnose(state)
+    d = diagnosed(steps)
     judged = steps[N - d.steps :]
     truth = sum(saved.get(s.i, 0) for s in judged) / sum(s.wall_ns for s in judged)
     assert d.verdict.kind == "checkpoint", d.verdict

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.agent_util import diagnosed
 from torchtop.contract import logcodes as lc
 from torchtop.contract.relay import Second
 from torchtop.monitor.diagnosis.checkpoint import Saving, checkpoint_upside, rule_checkpoint, saving
@@ -248,9 +249,6 @@ def _big_state() -> dict[str, object]:
 def test_a_loop_that_saves_every_5_steps_gets_the_checkpoint_verdict_within_5_points() -> None:
     import torchtop.agent as ta
     from tests.agent_util import mlp, snapshot_steps
-    from torchtop.contract.wire import PROTOCOL_VERSION, Batch, Hello
-    from torchtop.monitor.diagnosis.diagnose import diagnose
-    from torchtop.monitor.model.state import RunState
 
     assert ta.start() is not None
     model, big = mlp(), _big_state()
@@ -279,15 +277,7 @@ def test_a_loop_that_saves_every_5_steps_gets_the_checkpoint_verdict_within_5_po
     ]
     assert not short, short
 
-    state = RunState()
-    t0 = steps[0].t0
-    state.apply_hello(
-        Hello(
-            v=PROTOCOL_VERSION, run_id="r", pid=1, host="h", port=1, pub_port=2, device="cpu", start_time=t0
-        )
-    )
-    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=steps[-1].t0 + 1.0), steps, 0.0)
-    d = diagnose(state)
+    d = diagnosed(steps)
     judged = range(n - d.steps, n)
     truth = sum(saved[i] for i in judged) / sum(walls[i] for i in judged)
     assert d.verdict.kind == "checkpoint", d.verdict
@@ -392,34 +382,13 @@ def test_the_steps_slowed_after_each_dcp_async_save_are_named_in_the_verdict(tmp
     getattr(pending, "upload_completion", pending).result()
     steps = snapshot_steps(ta.current(), n)
     assert [s.i for s in steps if s.saves] == list(range(every // 2, n, every))
-    d = _diagnose(steps)
+    d = diagnosed(steps)
     assert d.verdict.kind == "checkpoint", d.verdict
     line = next((e for e in d.verdict.evidence if e.startswith("the 5 steps after each save run")), None)
     assert line is not None, d.verdict.evidence
     s = saving(steps[n - d.steps :])
     assert s is not None and s.after_ms > 2 * s.far_ms and s.extra_ms > 5 * 3.0, s  # 5 steps, 4 ms each
     assert d.verdict.share == pytest.approx(s.cost_share) and s.cost_share > s.share
-
-
-def _diagnose(steps: list[StepRecord]) -> Any:
-    from torchtop.contract.wire import PROTOCOL_VERSION, Batch, Hello
-    from torchtop.monitor.diagnosis.diagnose import diagnose
-    from torchtop.monitor.model.state import RunState
-
-    state = RunState()
-    hello = Hello(
-        v=PROTOCOL_VERSION,
-        run_id="r",
-        pid=1,
-        host="h",
-        port=1,
-        pub_port=2,
-        device="cpu",
-        start_time=steps[0].t0,
-    )
-    state.apply_hello(hello)
-    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=steps[-1].t0 + 1.0), steps, 0.0)
-    return diagnose(state)
 
 
 @pytest.mark.usefixtures("one_thread_warm_torch")
