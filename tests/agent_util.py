@@ -189,3 +189,16 @@ def diagnosed(steps: list[StepRecord]) -> Any:
     state.apply_hello(hello)
     state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=steps[-1].t0 + 1.0), steps, 0.0)
     return diagnose(state)
+
+
+class CaptureProbe:
+    """What a capture uses of the probe: its step-boundary hooks (`on_step` runs them) and the
+    training steps ended so far (a capture starts at a step: at_step, start_step)."""
+
+    def __init__(self) -> None:
+        from torchtop.agent.hooks.step_hooks import StepHooks
+
+        self.on_step: Any = None
+        self.active = True
+        self.steps = 0
+        self.hooks = StepHooks(self)

@@ -7,13 +7,13 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import pytest
 import torch
 
 import torchtop.agent as ta
-from tests.agent_util import client_for, endpoint_for
+from tests.agent_util import CaptureProbe, client_for, endpoint_for
 from torchtop.agent.capture.trace_summary import summarize
 
 if TYPE_CHECKING:
@@ -228,26 +228,13 @@ def test_capture_cli_end_to_end(tmp_path) -> None:
         child.wait()
 
 
-class _Probe:
-    """What a capture uses of the probe: its step-boundary hooks (`on_step` runs them) and the
-    training steps ended so far (a capture starts at a step: at_step, start_step)."""
-
-    def __init__(self) -> None:
-        from torchtop.agent.hooks.step_hooks import StepHooks
-
-        self.on_step: Any = None
-        self.active = True
-        self.steps = 0
-        self.hooks = StepHooks(self)
-
-
 @pytest.fixture
 def controller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from torchtop.agent.capture.controller import CaptureController
     from torchtop.agent.cuda_use import CudaUse
 
     monkeypatch.setenv("TORCHTOP_DIR", str(tmp_path / "captures"))
-    return CaptureController(CudaUse(torch), cast("Probe", _Probe()))  # the part of a Probe it uses
+    return CaptureController(CudaUse(torch), cast("Probe", CaptureProbe()))  # the part of a Probe it uses
 
 
 def test_the_capture_record_has_one_owner_the_agent_thread(controller) -> None:

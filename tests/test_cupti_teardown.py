@@ -107,7 +107,7 @@ def test_no_teardown_while_cuda_graphs_are_in_use(monkeypatch: pytest.MonkeyPatc
 def test_the_capture_controller_stops_its_profiler_through_the_rule(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.test_capture import _Probe
+    from tests.agent_util import CaptureProbe
     from torchtop.agent.capture.controller import CaptureController
     from torchtop.agent.cuda_use import CudaUse
 
@@ -121,7 +121,7 @@ def test_the_capture_controller_stops_its_profiler_through_the_rule(
             seen.append(cuda and last_step) or real(prof, t, cuda, last_step)
         ),
     )
-    probe = _Probe()
+    probe = CaptureProbe()
     c = CaptureController(CudaUse(torch), cast("Probe", probe))  # the part of a Probe it uses
     c.request("capture-profile", {"steps": 1})
     probe.on_step()  # the profiler starts at a boundary...

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
+from tests.agent_util import CaptureProbe
 from torchtop.agent.capture.memory_growth import (
     FLOOR,
     LISTED,
@@ -172,18 +173,6 @@ class _Memory(_History):
         return _snapshot(list(self.blocks))
 
 
-class _Probe:
-    """What a capture uses of the probe (tests/test_capture.py's): its hooks and its step count."""
-
-    def __init__(self) -> None:
-        from torchtop.agent.hooks.step_hooks import StepHooks
-
-        self.on_step: Any = None
-        self.active = True
-        self.steps = 0
-        self.hooks = StepHooks(self)
-
-
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     from torchtop.agent.capture.controller import CaptureController
@@ -193,7 +182,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     memory = _Memory()
     cuda = SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, memory=memory)
     torch = cast("Any", SimpleNamespace(cuda=cuda))
-    return CaptureController(CudaUse(torch), cast("Probe", _Probe())), memory
+    return CaptureController(CudaUse(torch), cast("Probe", CaptureProbe())), memory
 
 
 def _finish(controller: Any) -> CaptureInfo:
