@@ -23,12 +23,12 @@ import torch.distributed as dist  # noqa: E402
 def _loop(n: int, after_backward=None, during_backward=None) -> None:  # type: ignore[no-untyped-def]
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if during_backward is not None:  # once: a hook registered per step would pile up
+        first = model[0]
+        assert isinstance(first, torch.nn.Linear)
+        first.weight.register_hook(during_backward)
     for x, y in tensor_loader(n):
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        if during_backward is not None:
-            first = model[0]
-            assert isinstance(first, torch.nn.Linear)
-            first.weight.register_hook(during_backward)
         loss.backward()
         if after_backward is not None:
             after_backward(model)
@@ -71,10 +71,10 @@ def test_the_wait_at_the_end_of_backward_is_comm(agent, group) -> None:
     _loop(8, during_backward=wait_like_ddp)
     steps = snapshot_steps(agent, 8)
     assert len(steps) == 8
+    # each step's one 20 ms wait is all in comm (queued before ours it would be ~0), and the
+    # phases are disjoint, so the backward keeps only its compute whatever the machine's load
     assert all(s.phases["comm"] >= 19e6 for s in steps), [s.phases for s in steps]
-    # the backward keeps its compute only: well under the 20 ms wait (a median: a loaded
-    # machine may stall any one step)
-    assert sorted(s.phases["backward"] for s in steps)[4] < 10e6
+    assert all(sum(s.phases.values()) == s.wall_ns for s in steps)
 
 
 @pytest.mark.slow  # among the fast subset's slowest, ~1.6 s here (issue 27: the subset under 60 s)
