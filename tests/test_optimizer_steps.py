@@ -3,6 +3,8 @@ an optimizer's step is reached that a wrapper on the class alone would miss or c
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.optim.optimizer as optim_mod  # torch.optim dels the name `optimizer`
 from torch import nn
@@ -138,3 +140,32 @@ def test_global_step_hooks_where_torch_wrapper_holds_no_cell(monkeypatch) -> Non
     finally:
         ta.stop()
     assert len(optim_mod._global_optimizer_pre_hooks) == len(optim_mod._global_optimizer_post_hooks) == 0
+
+
+def test_a_closures_forward_backward_and_own_code_are_not_the_optimizers() -> None:
+    """`opt.step(closure)` (Lightning's automatic optimization): the forward and backward inside
+    the step are theirs, and the closure's own code (here 5 ms of "logging" between them) is
+    other, not optimizer: one step per call."""
+    model, data = model_and_batches(8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    assert ta.start() is not None
+    try:
+        for x, y in data:
+
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+                opt.zero_grad()
+                loss = nn.functional.cross_entropy(model(x), y)
+                time.sleep(0.005)  # the closure's own code: the loss's logging
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+        steps = snapshot_steps(ta.current(), len(data))
+    finally:
+        ta.stop()
+    assert len(steps) == len(data)
+    assert all(s.micro == 1 for s in steps)
+    assert all(s.phases["forward"] > 0 and s.phases["backward"] > 0 for s in steps)
+    # the sleep is other; SGD's own update of four small tensors is a small part of it
+    assert all(s.phases["other"] >= 5e6 for s in steps), [s.phases for s in steps]
+    assert sum(s.phases["optimizer"] for s in steps) < sum(s.phases["other"] for s in steps) / 2

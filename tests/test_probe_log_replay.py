@@ -10,7 +10,17 @@ import pytest
 
 from torchtop.agent.hooks import probe as probe_mod
 from torchtop.agent.hooks.probe import Probe
-from torchtop.contract.logcodes import BOUNDARY, EXIT, FORWARD_START, H2D_COPY, MARK, RESET, SHIFT
+from torchtop.contract.logcodes import (
+    BOUNDARY,
+    EXIT,
+    FORWARD_START,
+    H2D_COPY,
+    MARK,
+    RESET,
+    SHIFT,
+    STEP_END,
+    STEP_EVENT,
+)
 from torchtop.monitor.model.replay import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER, StepRecorder
 
 
@@ -73,6 +83,33 @@ def test_replay_nesting_is_exclusive() -> None:
     assert extra == {"pinned": 4096, "marks": {"loss": 0.5}}
     assert (i1, s1, wall1, micro1) == (1, 1055, 15, 0)
     assert acc1[OPTIMIZER] == 5 and sum(acc1) == 5
+    assert rec.failures == 0
+
+
+def test_a_closures_code_inside_the_optimizer_step_is_other() -> None:
+    """optimizer.step(closure) runs the forward and backward inside the step (Lightning's
+    automatic optimization, LBFGS): the closure's code around them (the loss, logging) is other,
+    the optimizer keeps what runs after the last backward, on the host and on the GPU."""
+    t0 = 1000
+    log = [
+        _at(t0, BOUNDARY),
+        (_at(t0, STEP_EVENT), 0.0),
+        (_at(t0 + 0, OPTIMIZER), 0.0),
+        (_at(t0 + 5, FORWARD_START + 2 * 1 + 1), 0.5),  # 5 ns of the closure before its forward
+        (_at(t0 + 20, EXIT | FORWARD), 2.0),
+        (_at(t0 + 30, BACKWARD), 3.0),  # 10 ns of the loss and its logging
+        (_at(t0 + 50, EXIT | BACKWARD), 6.0),
+        (_at(t0 + 58, STEP_END), 7.0),  # the optimizer's own 8 ns
+        (_at(t0 + 60, OPTIMIZER), 7.0),  # the next step's: no closure, all optimizer
+        (_at(t0 + 64, STEP_END), 8.0),
+    ]
+    rec = StepRecorder()
+    (_, _, _, wall, acc, micro, device, _), (_, _, _, wall1, acc1, _, _, _) = rec.feed(log)
+    assert wall == 58 and micro == 1
+    assert (acc[FORWARD], acc[BACKWARD], acc[OPTIMIZER]) == (15, 20, 8)
+    assert wall - sum(acc) == 15  # other: the closure's own code
+    assert device == {"step": 7.0, "forward": 1.5, "backward": 3.0, "optimizer": 1.0}
+    assert (wall1, acc1[OPTIMIZER]) == (6, 4)  # a step without a closure is unchanged
     assert rec.failures == 0
 
 

@@ -26,6 +26,7 @@ from torchtop.contract.logcodes import (
     FORWARD_START,
     H2D_COPY,
     MARK,
+    OPTIMIZER,
     STEP_END,
 )
 
@@ -136,6 +137,39 @@ def test_a_sample_inside_backward_reads_backward_on_an_untimed_step() -> None:
     with Blocked(body) as b:
         s = StackSampler(b.probe, classifier_for(torch)).sample()
     assert s is not None and s.phase == BACKWARD, s
+
+
+class WaitingSGD(torch.optim.Optimizer):
+    """The user's own optimizer: its step is the optimizer's time, in the user's file."""
+
+    def __init__(self, params: Any, b: Blocked) -> None:
+        super().__init__(params, {})
+        self.b = b
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        wait_here(self.b)
+
+
+def test_a_closure_inside_torchs_optimizer_step_is_other_and_the_users_own_step_is_the_optimizer() -> None:
+    """optimizer.step(closure) (Lightning's training_step runs so): the closure's code is not the
+    optimizer's; a step of the user's own optimizer class is."""
+    w = torch.zeros(2, requires_grad=True)
+
+    def closure(b: Blocked) -> None:
+        wait_here(b)  # the loss, its logging: the user's code inside torch's SGD.step
+
+    def in_closure(b: Blocked) -> None:
+        opt = torch.optim.SGD([w], lr=0.1)
+        timed(b.probe, OPTIMIZER, torch.optim.SGD.step)(opt, lambda: closure(b))
+
+    def own_step(b: Blocked) -> None:
+        timed(b.probe, OPTIMIZER, WaitingSGD.step)(WaitingSGD([w], b))
+
+    c = classifier_for(torch)
+    for body, phase in ((in_closure, OTHER), (own_step, OPTIMIZER)):
+        with Blocked(body) as b:
+            s = StackSampler(b.probe, c).sample()
+        assert s is not None and s.phase == phase, (body.__name__, s)
 
 
 def test_an_explicit_phase_is_read_off_the_log() -> None:

@@ -204,6 +204,8 @@ class StackSampler:
                 phase = ph  # the innermost wrapper: a nested phase pauses its outer one
                 if user is None:
                     entry = prev
+                if ph == OPTIMIZER and (user or lib) and prev and kind_of(prev.f_code)[1] is Kind.TORCH:
+                    phase, entry = OTHER, None  # torch's step runs others' code only as its closure
             if ph == COMM and user is None:
                 comm = code.co_name  # the outermost collective wrapper: all_reduce, not its wait()
                 if ph in (FORWARD, BACKWARD):

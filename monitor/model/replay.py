@@ -48,6 +48,7 @@ from torchtop.contract.logcodes import (
     WORK,
 )
 from torchtop.monitor.model.step_pack import close_pair as _close
+from torchtop.monitor.model.step_pack import drop_open as _drop_open
 from torchtop.monitor.model.step_pack import finite_ms, open_start, phase_ms
 from torchtop.monitor.model.steps import StepKind
 
@@ -85,6 +86,7 @@ class StepRecorder:
         "_group",
         "_paused",
         "by_backward",
+        "_opt_base",
     )
 
     def __init__(self) -> None:
@@ -118,6 +120,10 @@ class StepRecorder:
         self._paused: list[bool] = []  # per open wait: it paused its phase's device pair
         # the agent saw no optimizer.step(): steps end at each backward (BACKWARD_STEPS) until one is
         self.by_backward = False
+        # the optimizer's time before the segment now open: a forward or backward inside its step
+        # (the closure of optimizer.step(closure), Lightning's training_step) makes the segment
+        # before it the closure's own code, counted as other, not as the optimizer
+        self._opt_base = 0
 
     # -- the log -------------------------------------------------------------------------------
     def feed(self, entries: list[Any]) -> list[tuple]:
@@ -235,12 +241,18 @@ class StepRecorder:
         if self._t0 == 0:
             self._open(now)
         cur = self._cur
-        if cur >= 0:
+        evs = self._events
+        if cur == OPTIMIZER and (phase == FORWARD or phase == BACKWARD):
+            self._acc[OPTIMIZER] = self._opt_base  # the closure's code so far: other
+            if evs is not None:
+                _drop_open(evs, OPTIMIZER)
+        elif cur >= 0:
             self._acc[cur] += now - self._cur_t
+        if phase == OPTIMIZER:
+            self._opt_base = self._acc[OPTIMIZER]
         self._stack.append(cur)
         self._cur = phase
         self._cur_t = now
-        evs = self._events
         if phase == COMM:  # a wait inside forward/backward pauses them on the GPU too
             self._paused.append(ms is not None and evs is not None and cur >= 0 and _close(evs, cur, ms))
         if ms is not None and evs is not None:
@@ -264,6 +276,7 @@ class StepRecorder:
 
     def exit(self, phase: int, now: int, ms: float | None = None) -> None:
         cur = self._cur
+        nested = phase == FORWARD or phase == BACKWARD
         paused = phase == COMM and bool(self._paused) and self._paused.pop()
         if self._group is not None and phase == COMM and len(self._stack) == self._group[2]:
             self._close_group(now, ms)
@@ -279,6 +292,10 @@ class StepRecorder:
         self._cur_t = now
         if paused and self._events is not None and ms is not None and self._cur >= 0:
             self._events.append((self._cur, ms, None))  # the phase the wait paused goes on
+        if self._cur == OPTIMIZER:
+            self._opt_base = self._acc[OPTIMIZER]  # back in the optimizer's own code
+            if nested and self._events is not None and ms is not None:
+                self._events.append((OPTIMIZER, ms, None))  # its pair, dropped at the closure's forward
 
     def forward_start(self, root: int, grad: int, now: int, ms: float | None = None) -> None:
         """A root module's forward begins: tells train from evaluation, then opens FORWARD.
@@ -398,6 +415,7 @@ class StepRecorder:
         self._prev_extra, self._fresh = extra, True
         self.index += 1
         self._acc = [0] * N_PHASES
+        self._opt_base = 0
         self._micro = 0
         self._has_train = self._eval_fwd = self._untimed = self._split = False
         self._extra = None
@@ -417,6 +435,7 @@ class StepRecorder:
         self._stack.clear()
         self._paused.clear()
         self._acc = [0] * N_PHASES
+        self._opt_base = 0
         self._micro = 0
         self._events = None
         self._has_train = self._eval_fwd = self._untimed = self._split = False

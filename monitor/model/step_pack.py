@@ -41,6 +41,15 @@ def close_pair(events: list[tuple[int, float, float | None]], phase: int, ms: fl
     return False
 
 
+def drop_open(events: list[tuple[int, float, float | None]], phase: int) -> None:
+    """Forget the most recent open device pair of `phase` (the step's own, index 0, never)."""
+    for k in range(len(events) - 1, 0, -1):
+        p, _, end = events[k]
+        if p == phase and end is None:
+            del events[k]
+            return
+
+
 def open_start(events: list[tuple[int, float, float | None]] | None, phase: int) -> float | None:
     """The device start of `phase`'s open pair on an event step, else None."""
     for p, start, end in reversed(events or ()):
