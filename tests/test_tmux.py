@@ -101,15 +101,16 @@ def new_session(tmux: Tmux, session: str, size: tuple[int, int], runtime_dir: Pa
 
 
 def wait_screen(tmux: Tmux, session: str, done, timeout: float = SCREEN_TIMEOUT_S) -> str:  # type: ignore[no-untyped-def]
-    """The pane's text once `done(text)` holds, or the last one seen (the session ended, or time)."""
+    """The pane's text once `done(text)` holds, or the last one seen if the session ended; a
+    timeout fails the test (a condition that never holds must not pass after the whole wait)."""
     deadline = time.monotonic() + timeout
     screen = ""
     while time.monotonic() < deadline:
         screen = tmux.screen(session)
         if done(screen) or not tmux.alive(session):
-            break
+            return screen
         time.sleep(0.5)
-    return screen
+    pytest.fail(f"the screen did not show what was waited for in {timeout:.0f} s:\n{screen}")
 
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{c}x{r}" for c, r in SIZES])
@@ -209,9 +210,8 @@ def test_ctrl_c_in_the_tui_of_torchtop_run_stops_the_job(tmp_path: Path, runtime
     try:
         new_session(tmux, session, (80, 24), runtime_dir, command)
         # the TUI opens once the job runs its model: steps show at once, the footer a frame later
-        screen = wait_screen(
-            tmux, session, lambda text: bool(step_time_shown(text)) and "Quit+stop demo" in text
-        )
+        # (run's footer word for Ctrl-C: a word it never shows would wait out the whole timeout)
+        screen = wait_screen(tmux, session, lambda text: bool(step_time_shown(text)) and "Stop job" in text)
         pids = [a.pid for a in discovery.list_agents() if a.pid is not None]
         assert step_time_shown(screen), f"no steps on screen:\n{screen}"
         tmux("send-keys", "-t", session, "C-c")
