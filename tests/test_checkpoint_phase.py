@@ -271,11 +271,11 @@ def test_a_loop_that_saves_every_5_steps_gets_the_checkpoint_verdict_within_5_po
     steps = snapshot_steps(ta.current(), n)
     assert [s.i for s in steps] == list(range(n))
     assert [s.saves for s in steps] == [1 if i % every == 0 else 0 for i in range(n)]
-    # the save's own time, less the microseconds the script's clock adds around the wrapper
-    short = [
-        (s.i, s.phases["checkpoint"], saved[s.i]) for s in steps if s.phases["checkpoint"] < 0.9 * saved[s.i]
-    ]
-    assert not short, short
+    # the save's own time, less the microseconds the script's clock adds around the wrapper: in
+    # all, and each save most of it (a loaded machine may preempt the script between the clocks)
+    got = [(s.i, s.phases["checkpoint"], saved[s.i]) for s in steps if saved[s.i]]
+    assert sum(g for _, g, _ in got) >= 0.9 * sum(t for _, _, t in got), got
+    assert not [(i, g, t) for i, g, t in got if g < 0.5 * t], got
 
     d = diagnosed(steps)
     judged = range(n - d.steps, n)
