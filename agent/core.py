@@ -73,6 +73,7 @@ class Agent:
 
             self.telemetry = TelemetryCollector(self.cuda)
             self.telemetry.user_limit = int(options.memory_limit or 0)
+            self.telemetry.train_thread = lambda: self.probe.tid  # its CPU wait: a host's oversubscription
             if options.oom_snapshot_at:
                 from torchtop.agent.capture.oom_snapshot import OomSnapshot
 

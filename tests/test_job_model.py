@@ -13,6 +13,7 @@ from functools import cache
 import pytest
 
 from tests.rank_util import T0, batch, hello
+from torchtop.contract.wire import HostSample, Telemetry
 from torchtop.monitor.diagnosis.facts import Diagnosis, Finding
 from torchtop.monitor.diagnosis.job_diagnosis import ENDED, diagnose_job, ended, rank_times, settled_job
 from torchtop.monitor.diagnosis.job_model import HostSide, what_if
@@ -36,6 +37,7 @@ class Lockstep:
         self.ranks, self.own, self.rng = ranks, own, random.Random(seed)
         self.job = JobState()
         self.t, self.i, self.seq = T0, 0, 0
+        self.cpu_wait: Callable[[int], float] | None = None  # a rank's training thread's CPU wait, %
         for r in range(ranks):
             self.job.apply_hello(f"r{r}", hello(r, world=ranks))
 
@@ -56,7 +58,11 @@ class Lockstep:
                 self.t += wall / 1e3
                 self.i += 1
             for r, steps in per.items():
-                self.job.apply_batch(f"r{r}", batch(r, self.seq, self.t), steps, now=self.t)
+                b = batch(r, self.seq, self.t)
+                if self.cpu_wait is not None:
+                    host = HostSample(100.0, 1 << 30, 4, 2, train_wait_percent=self.cpu_wait(r))
+                    b.telemetry = Telemetry(time=self.t, host=host)
+                self.job.apply_batch(f"r{r}", b, steps, now=self.t)
             self.seq += 1
 
 
@@ -146,6 +152,30 @@ def test_a_persistent_slow_rank_is_named_with_a_plain_upside() -> None:
     assert up is not None and up.speedup is not None and 1.2 < up.speedup < 1.6, up
     assert "e+" not in up.text and "x slower" in " ".join(d.verdict.evidence)
     assert "its host" in " ".join(d.verdict.evidence) or found.work is None  # a CPU job: never "its GPU"
+
+
+@pytest.mark.parametrize("waits", [(2.0, 45.0), (30.0, 35.0)], ids=["starved", "all-busy"])
+def test_a_straggler_that_waits_for_a_cpu_is_said_to_be_its_host(waits: tuple[float, float]) -> None:
+    """Rank 2's training thread waits for a core 45% of the time, the others' 2%: the verdict
+    says its host is oversubscribed and advises about the host first. Where every rank waits
+    alike (30-35%), that is not the straggler's reason and nothing is added."""
+
+    def slow_backward(r: int, sec: int, rng: random.Random) -> dict[str, float]:
+        k = loaded(rng, 0.1)
+        return phases(0.6 * k, (2.4 if r == 2 else 1.2) * k, 0.3 * k)
+
+    job = Lockstep(4, slow_backward, seed=5)
+    job.cpu_wait = lambda r: waits[1] if r == 2 else waits[0]
+    job.run(14)
+    d, found = diagnose_job(job.job)
+    assert found is not None and found.rank == 2 and d.verdict.kind == "straggler", d.verdict
+    said = [e for e in d.verdict.evidence if "waited for a CPU" in e]
+    if waits[0] < 10:
+        assert said == ["rank 2's training thread waited for a CPU 45% of the time (the other ranks 2%): "
+                        "its host is oversubscribed, not its work"], d.verdict.evidence  # fmt: skip
+        assert d.verdict.evidence.index(said[0]) == 1 and "cores of its own" in d.verdict.advice[0]
+    else:
+        assert said == [] and "cores of its own" not in " ".join(d.verdict.advice), d.verdict
 
 
 def test_a_one_off_spike_is_not_a_straggler() -> None:

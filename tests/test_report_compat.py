@@ -54,3 +54,12 @@ def test_the_report_json_is_unchanged() -> None:
 if __name__ == "__main__":
     GOLDEN.write_text(json.dumps(reports(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}")
+
+
+def test_the_reports_host_section_holds_every_field_an_agent_sends() -> None:
+    """The host section is the agent's HostSample, field for field: one the section lacks would
+    fail every report of an agent that sends it."""
+    from torchtop.contract.wire import HostSample
+    from torchtop.monitor.diagnosis.report_types import HostSection
+
+    assert set(HostSample.__struct_fields__) <= set(HostSection.__struct_fields__)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from types import ModuleType
 from typing import cast
@@ -88,6 +89,38 @@ def test_a_process_that_shares_its_cpu_reads_busy_though_its_cpu_share_is_half()
         assert w.cpu_percent <= 70, w  # what psutil alone says: under worker_saturated
         assert w.wait_percent is not None and w.wait_percent >= 25, w
         assert (worker_busy(w.cpu_percent, w.wait_percent) or 0.0) >= 85, w
+
+
+def test_the_training_threads_wait_for_a_cpu_is_read_where_it_shares_one() -> None:
+    """The thread the agent names (not the process's main thread) pinned to one CPU with two busy
+    loops: it waits for that CPU a good part of the time, and the host sample says so."""
+    cpu = min(os.sched_getaffinity(0))
+    spin = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    got: list[float | None] = []
+
+    def train() -> None:  # a training thread of its own, pinned beside the busy loops
+        os.sched_setaffinity(0, {cpu})
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            pass
+
+    sampler = HostSampler()
+    thread = threading.Thread(target=train)
+    kids = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        thread.start()
+        sampler.train_wait.ident = thread.ident or 0
+        got.append(sampler.sample().train_wait_percent)  # the baseline: not known yet
+        time.sleep(1.5)
+        got.append(sampler.sample().train_wait_percent)
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+        thread.join()
+    assert got[0] is None and got[1] is not None and got[1] >= 25, got
+    sampler.train_wait.ident = thread.ident or 0  # ended: no such thread, not a stale figure
+    assert sampler.sample().train_wait_percent is None
 
 
 def test_the_fast_tick_reads_rss_between_the_slow_samples() -> None:

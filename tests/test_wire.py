@@ -91,6 +91,7 @@ MESSAGES = [
                         pid=8, cpu_percent=41.0, rss=1 << 28, dataloader=True, wait_percent=57.5
                     ),
                 ],
+                train_wait_percent=31.5,
             ),
             unavailable={"pcie": "disabled after errors"},
         ),

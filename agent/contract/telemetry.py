@@ -101,6 +101,10 @@ class HostSample(msgspec.Struct, omit_defaults=True):
     mem_available: int = 0
     mem_percent: float = 0.0
     workers: list[WorkerSample] = []
+    # percent of the last second the training thread was runnable but waiting for a CPU (Linux
+    # run-queue delay, /proc/self/task/TID/schedstat): a rank slow because its host is
+    # oversubscribed, not because of its work; None where the kernel does not say
+    train_wait_percent: float | None = None
 
 
 class MemoryLimit(msgspec.Struct, omit_defaults=True):

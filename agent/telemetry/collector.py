@@ -107,6 +107,7 @@ class TelemetryCollector:
         self._slow_lock = threading.Lock()  # the slow thread, and a last host sample at stop
         self._thread: threading.Thread | None = None
         self.enable_host = enable_host
+        self.train_thread: Callable[[], int] = lambda: 0  # the training thread's ident (the agent's probe)
         self.enable_gpu = enable_gpu
         self.unavailable["memory"] = "CUDA not in use"
         if enable_host:
@@ -248,6 +249,9 @@ class TelemetryCollector:
 
     def _slow(self, host_only: bool) -> None:
         if self._host_sampler is not None and self._breakers["host"].on:
+            wait = getattr(self._host_sampler, "train_wait", None)  # (a test's stand-in has none)
+            if wait is not None:
+                wait.ident = self.train_thread()
             host = self._breakers["host"].run(self._host_sampler.sample)
             if host is not None:
                 self._host = host

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any, Protocol
 
@@ -20,11 +21,13 @@ MAX_WORKERS = 64
 CHILDREN_REFRESH_S = 5.0  # new child processes (workers of a new epoch) are seen within this
 
 
-def runqueue_wait_ns(pid: int) -> int | None:
-    """Nanoseconds the process's main thread has spent runnable but waiting for a CPU (Linux
-    schedstat: run time, run-queue delay, time slices); None where the kernel does not say."""
+def runqueue_wait_ns(pid: int, tid: int | None = None) -> int | None:
+    """Nanoseconds the process's main thread (or its thread `tid`) has spent runnable but waiting
+    for a CPU (Linux schedstat: run time, run-queue delay, time slices); None where the kernel
+    does not say."""
+    path = f"/proc/{pid}/schedstat" if tid is None else f"/proc/{pid}/task/{tid}/schedstat"
     try:
-        with open(f"/proc/{pid}/schedstat", "rb") as fh:
+        with open(path, "rb") as fh:
             return int(fh.read().split()[1])
     except (OSError, ValueError, IndexError):
         return None
@@ -123,6 +126,26 @@ class _PsutilChild:
         pass
 
 
+class TrainWait:
+    """The training thread's run-queue delay over the last interval, percent (Linux schedstat of
+    /proc/self/task/TID, TID its native id): on a host whose CPUs other processes also want, a
+    rank is slow because it waits for a core, not because of its work. None: not known (the
+    first sample, no such thread, a kernel without schedstats)."""
+
+    def __init__(self) -> None:
+        self.ident = 0  # the training thread's Python ident (the probe's tid); 0: none
+        self._last: tuple[int, float, int] | None = None  # native id, monotonic s, delay ns
+
+    def __call__(self) -> float | None:
+        native = next((t.native_id for t in threading.enumerate() if t.ident == self.ident), None)
+        ns = runqueue_wait_ns(os.getpid(), native) if native is not None else None
+        now, last = time.monotonic(), self._last
+        self._last = None if native is None or ns is None else (native, now, ns)
+        if ns is None or last is None or last[0] != native or now <= last[1]:
+            return None
+        return wait_percent(ns - last[2], now - last[1])
+
+
 class HostSampler:
     def __init__(self, pid: int | None = None) -> None:
         import psutil
@@ -136,6 +159,7 @@ class HostSampler:
         self.cpu_count = psutil.cpu_count() or 1
         self._procfs: ProcFs | None = None
         self._self_rss = SelfRss()
+        self.train_wait = TrainWait()  # the agent names the training thread (train_wait.ident)
         if sys.platform.startswith("linux"):
             try:
                 self._procfs = ProcFs()
@@ -226,6 +250,7 @@ class HostSampler:
             mem_percent=percent,
             workers=self._workers(),
             proc_rss_peak=max(peak_rss(), rss),
+            train_wait_percent=self.train_wait(),
         )
 
     def _rss(self) -> int:
@@ -258,6 +283,7 @@ class HostSampler:
             mem_percent=vm.percent,
             workers=self._workers(),
             proc_rss_peak=max(peak_rss(), rss),  # the kernel's high-water mark may lag a read
+            train_wait_percent=self.train_wait(),
         )
 
 

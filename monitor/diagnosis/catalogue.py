@@ -144,7 +144,9 @@ CATALOGUE: tuple[Entry, ...] = (
         "over the others' median explains ≥ 50% of their wait; and that wait is ≥ 5% of the step (info), "
         "10% (warning), 20% (critical). Its reason is "
         "the phase it spends most more than the others' median in, where that explains ≥ 30% of the wait; "
-        "its upside the step at the slowest other rank's own time plus the collectives' own time",
+        "its upside the step at the slowest other rank's own time plus the collectives' own time. Where its "
+        "training thread waited for a CPU ≥ 20% of the window and twice the other ranks' median (Linux "
+        "run-queue delay), the second line says its host is oversubscribed and the advice starts there",
         "TraceML's straggler score bands (0.10 / 0.20)",
     ),
     Entry(

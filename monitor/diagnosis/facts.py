@@ -109,6 +109,9 @@ class Thresholds:
     straggler_margin: float = 2.0
     straggler_persistent: float = 0.6
     straggler_covered: float = 0.5
+    # the straggler's training thread waited for a CPU this percent of the window (Linux run-queue
+    # delay) and twice the other ranks' median: its host is oversubscribed, said with the verdict
+    cpu_starved: float = 20.0
     # every rank's host busy this share of its step (its phases less its collective and GPU
     # waits) while no GPU computes `gpu_busy` of it: the job is host-bound
     host_bound: float = 0.85

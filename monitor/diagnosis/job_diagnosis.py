@@ -20,6 +20,8 @@ import msgspec
 
 from torchtop.contract.logcodes import PIPELINE
 from torchtop.monitor.diagnosis.bubble import bubble_line, job_bubbles, stage_params, with_stage_work
+from torchtop.monitor.diagnosis.cpu_wait import ADVICE as CPU_ADVICE
+from torchtop.monitor.diagnosis.cpu_wait import cpu_waits, starved_line
 from torchtop.monitor.diagnosis.diagnose import diagnose, facts
 from torchtop.monitor.diagnosis.facts import THRESHOLDS as T
 from torchtop.monitor.diagnosis.facts import Diagnosis
@@ -158,6 +160,10 @@ def diagnose_job(
         found = j.straggler(T.hysteresis if before == verdict.kind else 1.0)
         if found is not None and bubble:  # a pipeline's slower stage, compared by its work
             verdict = with_stage_work(verdict, found.rank, stage_params(job))
+        starved = starved_line(found.rank, cpu_waits(states, seconds)) if found is not None else None
+        if starved is not None:  # the rank waits for a core: the host, not the model, first
+            ev, advice = verdict.evidence, (CPU_ADVICE, *verdict.advice)[:3]
+            verdict = replace(verdict, evidence=(ev[0], starved, *ev[1:]), advice=advice)
         waiting = max((r for r in bubble if r in times), key=lambda r: bubble[r], default=None)
         if found is not None and waiting is not None and waiting != found.rank:
             line = bubble_line(waiting, bubble[waiting], times[waiting].step_ms, found.rank)

@@ -109,6 +109,7 @@ class HostSection(msgspec.Struct):
     mem_available: int | UnsetType = UNSET
     mem_percent: float | UnsetType = UNSET
     workers: list[WorkerSample] | UnsetType = UNSET
+    train_wait_percent: float | UnsetType = UNSET  # the training thread's wait for a CPU, last second
     reason: str | UnsetType = UNSET
 
 

@@ -67,6 +67,7 @@ class Point(NamedTuple):
     steps: int | None = None  # training steps the agent had cut when it sampled these
     # cumulative energy counters, joules, by source ("gpu0", "gpu1", "cpu"); None: none known
     energy: dict[str, float] | None = None
+    cpu_wait: float | None = None  # percent of the second the training thread waited for a CPU
 
 
 @dataclass
@@ -188,6 +189,7 @@ class RunState:
                 h.proc_rss if h else 0,
                 telemetry.steps,
                 energy_of(telemetry),
+                h.train_wait_percent if h else None,
             )
         )
         for m in telemetry.memory:
