@@ -91,6 +91,8 @@ def test_a_process_that_shares_its_cpu_reads_busy_though_its_cpu_share_is_half()
         assert (worker_busy(w.cpu_percent, w.wait_percent) or 0.0) >= 85, w
 
 
+@pytest.mark.slow  # two busy processes for 2 s
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
 def test_the_training_threads_wait_for_a_cpu_is_read_where_it_shares_one() -> None:
     """The thread the agent names (not the process's main thread) pinned to one CPU with two busy
     loops: it waits for that CPU a good part of the time, and the host sample says so."""
