@@ -266,13 +266,8 @@ class StepRecorder:
         self._acc[BACKWARD] += now - self._cur_t
         self._cur, self._cur_t, self._split = COMM, now, True
         evs = self._events
-        if evs is not None and ms is not None:
-            for k in range(len(evs) - 1, 0, -1):
-                p, start, end = evs[k]
-                if p == BACKWARD and end is None:
-                    evs[k] = (p, start, ms)
-                    evs.append((COMM, ms, None))
-                    break
+        if evs is not None and ms is not None and _close(evs, BACKWARD, ms):
+            evs.append((COMM, ms, None))
 
     def exit(self, phase: int, now: int, ms: float | None = None) -> None:
         cur = self._cur

@@ -30,24 +30,30 @@ def phase_ms(events: list[tuple[int, float, float | None]]) -> dict[str, float]:
     return ms
 
 
+def _open_index(events: list[tuple[int, float, float | None]], phase: int) -> int | None:
+    """Where the most recent open device pair of `phase` is (the step's own, index 0, never)."""
+    for k in range(len(events) - 1, 0, -1):
+        p, _, end = events[k]
+        if p == phase and end is None:
+            return k
+    return None
+
+
 def close_pair(events: list[tuple[int, float, float | None]], phase: int, ms: float) -> bool:
     """Close the most recent open device pair of `phase` at `ms` (the step's own, index 0, never);
     whether there was one."""
-    for k in range(len(events) - 1, 0, -1):
-        p, start, end = events[k]
-        if p == phase and end is None:
-            events[k] = (p, start, ms)
-            return True
-    return False
+    k = _open_index(events, phase)
+    if k is None:
+        return False
+    events[k] = (phase, events[k][1], ms)
+    return True
 
 
 def drop_open(events: list[tuple[int, float, float | None]], phase: int) -> None:
     """Forget the most recent open device pair of `phase` (the step's own, index 0, never)."""
-    for k in range(len(events) - 1, 0, -1):
-        p, _, end = events[k]
-        if p == phase and end is None:
-            del events[k]
-            return
+    k = _open_index(events, phase)
+    if k is not None:
+        del events[k]
 
 
 def open_start(events: list[tuple[int, float, float | None]] | None, phase: int) -> float | None:
