@@ -169,26 +169,26 @@ def check_records(steps: list[StepRecord]) -> None:
         assert s.wall_ns > 0
 
 
-def diagnosed(steps: list[StepRecord]) -> Any:
-    """The verdict over `steps` as a monitor holding them sees it (one CPU agent's hello, one batch)."""
+def cpu_state(steps: list[StepRecord], now: float, start: float) -> Any:
+    """A monitor's RunState holding `steps`: one CPU agent's hello (started at `start`) and one
+    batch sent at `now`."""
     from torchtop.contract.wire import PROTOCOL_VERSION, Batch, Hello
-    from torchtop.monitor.diagnosis.diagnose import diagnose
     from torchtop.monitor.model.state import RunState
 
     state = RunState()
     hello = Hello(
-        v=PROTOCOL_VERSION,
-        run_id="r",
-        pid=1,
-        host="h",
-        port=1,
-        pub_port=2,
-        device="cpu",
-        start_time=steps[0].t0,
+        v=PROTOCOL_VERSION, run_id="r", pid=1, host="h", port=1, pub_port=2, device="cpu", start_time=start
     )
     state.apply_hello(hello)
-    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=steps[-1].t0 + 1.0), steps, 0.0)
-    return diagnose(state)
+    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=now), steps, 0.0)
+    return state
+
+
+def diagnosed(steps: list[StepRecord]) -> Any:
+    """The verdict over `steps` as a monitor holding them sees it (one CPU agent's hello, one batch)."""
+    from torchtop.monitor.diagnosis.diagnose import diagnose
+
+    return diagnose(cpu_state(steps, steps[-1].t0 + 1.0, steps[0].t0))
 
 
 class CaptureProbe:

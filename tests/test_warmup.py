@@ -4,7 +4,7 @@ backward said so (monitor/diagnosis/warmup.py)."""
 
 from __future__ import annotations
 
-from torchtop.contract.wire import PROTOCOL_VERSION, Batch, Hello
+from tests.agent_util import cpu_state
 from torchtop.monitor.diagnosis.diagnose import diagnose
 from torchtop.monitor.diagnosis.warmup import BACKWARD_NOTE
 from torchtop.monitor.model.state import RunState
@@ -27,21 +27,7 @@ def _steps(
 
 
 def _state(steps: list[StepRecord], now: float) -> RunState:
-    state = RunState()
-    state.apply_hello(
-        Hello(
-            v=PROTOCOL_VERSION,
-            run_id="r",
-            pid=1,
-            host="h",
-            port=1,
-            pub_port=2,
-            device="cpu",
-            start_time=T0 - 5,
-        )
-    )
-    state.apply_batch(Batch(v=PROTOCOL_VERSION, run_id="r", seq=0, time=now), steps, 0.0)
-    return state
+    return cpu_state(steps, now, T0 - 5)
 
 
 def test_slow_steps_get_a_verdict_within_30_s_with_their_confidence() -> None:
