@@ -276,12 +276,10 @@ class RunLimit:
     def report(self, step: int, device: torch.device) -> None:
         elapsed = time.perf_counter() - self.started
         line = f"stopped after {step} steps in {elapsed:.1f} s ({step / elapsed:.2f} steps/s)"
-        try:
-            import resource
+        from torchtop.agent.telemetry.host import peak_rss
 
-            line += f"; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
-        except ImportError:
-            pass
+        if peak := peak_rss():
+            line += f"; peak RSS {peak / 2**20:.0f} MiB"
         if device.type == "cuda":
             line += f"; CUDA peak allocated {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MiB"
         print(line, flush=True)

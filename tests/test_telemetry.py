@@ -141,6 +141,26 @@ def test_the_fast_tick_reads_rss_between_the_slow_samples() -> None:
     tc.stop()
 
 
+@pytest.mark.slow  # two interpreters and 600 MiB touched
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux's")
+def test_the_peak_rss_of_a_job_started_by_a_large_process_is_its_own() -> None:
+    """getrusage's ru_maxrss keeps the peak of the image a process replaced at exec: a small job
+    started by a large process (`torchtop compare` run inside a big one) read that process's size,
+    and two runs compared read the same peak. The peak is the job's own."""
+    parent = (
+        "import subprocess, sys\n"
+        "big = bytearray(600 * 2**20)\n"
+        "big[::4096] = b'\\x01' * len(range(0, len(big), 4096))  # every page touched\n"
+        "child = 'import resource; from torchtop.agent.telemetry.host import peak_rss; "
+        "print(peak_rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)'\n"
+        "print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True, check=True).stdout)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True).stdout
+    peak, maxrss = map(int, out.split())
+    assert maxrss >= 600 * MIB, (peak, maxrss)  # the inherited figure, as the kernel keeps it
+    assert peak < maxrss / 3, (peak, maxrss)
+
+
 def test_collector_on_cpu_says_why_cuda_parts_are_missing() -> None:
     if cuda_in_use():
         pytest.skip("this process uses CUDA: the CPU paths are checked where it does not")

@@ -288,7 +288,18 @@ class HostSampler:
 
 
 def peak_rss() -> int:
-    """The process's peak resident set in bytes (0 where getrusage does not say)."""
+    """The process's peak resident set in bytes (0 where neither source says).
+
+    On Linux the kernel's high-water mark of this process's own memory (VmHWM): getrusage's
+    ru_maxrss keeps the peak of the process image it replaced at exec, so a small job started by
+    a large parent (a notebook, `torchtop compare` run in a big process) read the parent's size."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
 
