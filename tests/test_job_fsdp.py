@@ -26,7 +26,7 @@ def _report(env: dict[str, str], planted: bool = True) -> dict:
     `planted`: up to three windows, the first that names one: four CPU ranks, the report and CI's
     other worker share 2 cores, and a window where another job took them holds no clear straggler
     (the noise band widens with the load: "no clear one" is then the honest answer)."""
-    time.sleep(8.0)
+    time.sleep(3.0)  # with job_report's own 4 s: past the first FSDP2 steps (lazy init, first all-gathers)
     for _ in range(3 if planted else 1):
         report = job_report(env, seconds=10.0)
         if report["straggler"] is not None:

@@ -32,7 +32,7 @@ from torchtop.contract import discovery
 pytestmark = pytest.mark.slow
 LOOPS = Path(__file__).parent / "loops"
 DEADLINE_S = 15.0  # the issue's: the stall said within 15 s of the stop
-HANG_S = 30.0
+HANG_S = 22.0  # the deadline and a few reports past it; the rank resumes then
 
 
 @contextmanager

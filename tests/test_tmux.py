@@ -259,19 +259,27 @@ def test_torchrun_under_torchtop_run_opens_the_job_view_in_tmux(
     tmp_path: Path, runtime_dir: Path, key: str
 ) -> None:
     """The README's multi-GPU command, `torchtop run -- torchrun ...`, with its TUI: the job view
-    comes up naming both ranks; q leaves the job running (the launcher waits for it), Ctrl-C stops
-    it; either way no rank is left behind once the launcher returns."""
+    comes up naming both ranks; q closes the view and leaves the job running (the launcher waits
+    for it and returns its 0 once it ends), Ctrl-C stops it; either way no rank is left behind
+    once the launcher returns."""
     if shutil.which("tmux") is None:
         pytest.skip("needs tmux")
-    env = dict(os.environ, TORCHTOP_RUNTIME_DIR=str(runtime_dir), TERM="xterm-256color")
+    _package(tmp_path)
+    stop = tmp_path / "stop"
+    env = dict(
+        os.environ,
+        TORCHTOP_RUNTIME_DIR=str(runtime_dir),
+        TERM="xterm-256color",
+        PYTHONPATH=str(tmp_path),
+        JOB_STOP=str(stop),
+    )
     rc_file = tmp_path / "rc"
     logs = tmp_path / "logs"
-    seconds = "45" if key == "q" else "300"  # after q the launcher waits for the job to end
     launcher = shlex.join(
         [
             *_torchtop(), "run", "--log-dir", str(logs), "--",
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "-m", "torchtop.demos.straggler", "--device", "cpu", "--seconds", seconds, "--log-every", "0",
+            "-m", "pkg.ddp",
         ]
     )  # fmt: skip
     command = f"{launcher}; echo $? > {shlex.quote(str(rc_file))}"
@@ -291,6 +299,15 @@ def test_torchrun_under_torchtop_run_opens_the_job_view_in_tmux(
         assert ranks_listed(screen) == {0, 1}, f"the job view does not list both ranks:\n{screen}"
         assert len(pids) == 2, f"expected the 2 ranks' agents, found {pids}"
         tmux("send-keys", "-t", session, key)
+        if key == "q":
+            # the view closes and the job goes on: the launcher waits for it to end by itself
+            screen = wait_screen(
+                tmux, session, lambda text: "the job goes on" in text, timeout=EXIT_TIMEOUT_S
+            )
+            time.sleep(1.0)
+            assert not rc_file.exists(), f"the launcher returned after q:\n{tmux.screen(session)}"
+            assert all(_running(p) for p in pids), "q stopped a rank"
+            stop.touch()
         deadline = time.monotonic() + (120 if key == "q" else EXIT_TIMEOUT_S)
         while not rc_file.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -300,28 +317,63 @@ def test_torchrun_under_torchtop_run_opens_the_job_view_in_tmux(
         )
         if key == "q":
             assert rc_file.read_text().strip() == "0", log[-3000:]  # the job ran to its end
+            assert log.count("job: done") == 2, log[-3000:]
         else:
             assert rc_file.read_text().strip() != "0", log[-3000:]  # stopped, not finished
+            assert "job: done" not in log, log[-3000:]
         assert [p for p in pids if _running(p)] == []
     finally:
+        stop.touch()
         tmux.kill_server()
         for pid in pids:
             if _running(pid):
                 psutil.Process(pid).kill()
 
 
-#: A module for `python -m`: a short job that ends by itself (q leaves it running under `run`).
+#: A module for `python -m`: a light job that ends by itself once the test creates $JOB_STOP (q
+#: leaves it running under `run`; the file lets the test check it is still running first, and end
+#: it without waiting out a fixed length).
 MODULE = """
-import time, torch
+import os, time, torch
 model = torch.nn.Linear(32, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-end = time.monotonic() + float(__import__("os").environ.get("JOB_SECONDS", "30"))
-while time.monotonic() < end:
+end = time.monotonic() + float(os.environ.get("JOB_SECONDS", "300"))
+while time.monotonic() < end and not os.path.exists(os.environ["JOB_STOP"]):
     loss = model(torch.randn(16, 32)).square().mean()
     opt.zero_grad(); loss.backward(); opt.step()
     time.sleep(0.01)
 print("job: done", flush=True)
 """
+
+#: The same under torchrun: two DDP ranks (gloo), each ending once $JOB_STOP exists.
+DDP_MODULE = """
+import os, time, torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+end = time.monotonic() + float(os.environ.get("JOB_SECONDS", "300"))
+while True:
+    go = torch.tensor([float(time.monotonic() < end and not os.path.exists(os.environ["JOB_STOP"]))])
+    dist.all_reduce(go)  # every rank stops at the same step
+    if go.item() < dist.get_world_size():
+        break
+    loss = model(torch.randn(16, 32)).square().mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    time.sleep(0.01)
+dist.destroy_process_group()
+print("job: done", flush=True)
+"""
+
+
+def _package(tmp_path: Path) -> Path:
+    """tmp_path/pkg with the two jobs, `pkg.train` and `pkg.ddp`, for `python -m`."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(textwrap.dedent(MODULE))
+    (pkg / "ddp.py").write_text(textwrap.dedent(DDP_MODULE))
+    return pkg
 
 
 @pytest.mark.parametrize("form", ["run -- python -m", "attach"])
@@ -331,16 +383,14 @@ def test_the_readmes_other_tui_forms_in_tmux(tmp_path: Path, runtime_dir: Path, 
     returns its code when it ends; under `attach` the run goes on after the monitor quits."""
     if shutil.which("tmux") is None:
         pytest.skip("needs tmux")
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "train.py").write_text(textwrap.dedent(MODULE))
+    _package(tmp_path)
+    stop = tmp_path / "stop"
     env = dict(
         os.environ,
         TORCHTOP_RUNTIME_DIR=str(runtime_dir),
         TERM="xterm-256color",
         PYTHONPATH=str(tmp_path),
-        JOB_SECONDS="30" if form != "attach" else "120",
+        JOB_STOP=str(stop),
     )
     rc_file = tmp_path / "rc"
     job = None
@@ -377,6 +427,14 @@ def test_the_readmes_other_tui_forms_in_tmux(tmp_path: Path, runtime_dir: Path, 
         assert tmux.alive(session), f"the TUI exited early:\n{screen}"
         assert step_time_shown(screen), f"no steps on screen:\n{screen}"
         tmux("send-keys", "-t", session, "q")
+        if job is None:
+            # under run the TUI closes and the job goes on: the launcher waits until it ends
+            screen = wait_screen(
+                tmux, session, lambda text: "the job goes on" in text, timeout=EXIT_TIMEOUT_S
+            )
+            time.sleep(1.0)
+            assert not rc_file.exists(), f"the launcher returned after q:\n{tmux.screen(session)}"
+            stop.touch()
         deadline = time.monotonic() + 90
         while not rc_file.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -388,6 +446,7 @@ def test_the_readmes_other_tui_forms_in_tmux(tmp_path: Path, runtime_dir: Path, 
             log = "\n".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
             assert "job: done" in log, log[-2000:]  # q left the job running to its end
     finally:
+        stop.touch()
         tmux.kill_server()
         if job is not None:
             job.kill()
