@@ -294,11 +294,12 @@ def peak_rss() -> int:
     ru_maxrss keeps the peak of the process image it replaced at exec, so a small job started by
     a large parent (a notebook, `torchtop compare` run in a big process) read the parent's size."""
     try:
-        with open("/proc/self/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
+        with open("/proc/self/status", "rb", buffering=0) as fh:
+            status = fh.read(8192)
+        at = status.find(b"\nVmHWM:")
+        if at >= 0:
+            return int(status[at + 7 : status.index(b"kB", at)]) * 1024
+    except (OSError, ValueError):
         pass
     try:
         import resource
