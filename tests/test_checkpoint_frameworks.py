@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchtop.agent as ta
-from tests.agent_util import diagnosed, snapshot_steps
+from tests.agent_util import cpu_state, diagnosed, snapshot_steps
 from torchtop.monitor.model.steps import StepRecord
 
 pytestmark = [
@@ -65,12 +65,23 @@ def _check(steps: list[StepRecord], truth: dict[int, int]) -> None:
 
 
 def _judge(steps: list[StepRecord], saved: dict[int, int]) -> None:
+    """The checkpoint finding's share within 5 points of the saves' own; it heads the verdict
+    unless a bigger cost does (the framework's own per-step code, on a loaded machine: 48% outside
+    the phases against the saves' 30% in one CI run)."""
+    from torchtop.monitor.diagnosis.checkpoint import rule_checkpoint
+    from torchtop.monitor.diagnosis.diagnose import facts
+
     d = diagnosed(steps)
     judged = steps[N - d.steps :]
     truth = sum(saved.get(s.i, 0) for s in judged) / sum(s.wall_ns for s in judged)
-    assert d.verdict.kind == "checkpoint", d.verdict
-    assert abs(d.verdict.share - truth) <= 0.05, (d.verdict.share, truth)
-    assert d.verdict.upside is not None and f"every {EVERY} steps costs" in d.verdict.upside.text
+    found = rule_checkpoint(facts(cpu_state(steps, steps[-1].t0 + 1.0, steps[0].t0), judged))
+    assert found is not None, truth
+    assert abs(found.share - truth) <= 0.05, (found.share, truth)
+    if d.verdict.kind == "checkpoint":
+        assert abs(d.verdict.share - truth) <= 0.05, (d.verdict.share, truth)
+        assert d.verdict.upside is not None and f"every {EVERY} steps costs" in d.verdict.upside.text
+    else:
+        assert d.verdict.share > found.share, (d.verdict, found)
 
 
 def _data(n: int, g: torch.Generator) -> TensorDataset:
