@@ -8,7 +8,9 @@ The job's output is read as it comes, so a test waits for the job's own progress
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +18,18 @@ import time
 from typing import Any
 
 SEVERE = ("warning", "critical")
+
+
+def end_torchrun(proc: subprocess.Popen[bytes]) -> None:
+    """End a torchrun job started in its own session: SIGTERM to the launcher (it passes it on to
+    the ranks), and its whole process group killed if it has not ended in 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def report(pid: int, seconds: float, *extra: str) -> dict[str, Any]:

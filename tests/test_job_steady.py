@@ -15,8 +15,6 @@ a second job)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.job_util import end_torchrun
 from torchtop.contract import discovery
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
@@ -57,16 +56,6 @@ def _start(tmp_path: Path, env: dict[str, str], name: str, *demo_args: str) -> s
         log.close()  # the child holds its own copy
 
 
-def _stop(job: subprocess.Popen[bytes]) -> None:
-    if job.poll() is None:
-        job.send_signal(signal.SIGTERM)  # torchrun passes it on to the ranks
-        try:
-            job.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-
-
 def _reports(tmp_path: Path, env: dict[str, str], n: int, *demo_args: str) -> list[dict]:
     """`n` consecutive 10 s reports of an identical-ranks job."""
     tmp_path.mkdir()
@@ -81,7 +70,7 @@ def _reports(tmp_path: Path, env: dict[str, str], n: int, *demo_args: str) -> li
         time.sleep(4.0)  # past the first steps (start-up, the process group's first all-reduces)
         return [_report(env) for _ in range(n)]
     finally:
-        _stop(job)
+        end_torchrun(job)
 
 
 def test_identical_ranks_name_no_straggler_and_hold_one_headline(

@@ -10,7 +10,6 @@ order and ratios.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.job_util import end_torchrun
 from torchtop.contract import discovery
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
@@ -50,15 +50,7 @@ def ddp_job(tmp_path: Path, env: dict[str, str], *demo_args: str) -> Iterator[li
             )
         yield agents
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # torchrun passes it on to the ranks
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                import os
-
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        end_torchrun(proc)
         log.close()
 
 

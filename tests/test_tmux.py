@@ -264,15 +264,7 @@ def test_torchrun_under_torchtop_run_opens_the_job_view_in_tmux(
     once the launcher returns."""
     if shutil.which("tmux") is None:
         pytest.skip("needs tmux")
-    _package(tmp_path)
-    stop = tmp_path / "stop"
-    env = dict(
-        os.environ,
-        TORCHTOP_RUNTIME_DIR=str(runtime_dir),
-        TERM="xterm-256color",
-        PYTHONPATH=str(tmp_path),
-        JOB_STOP=str(stop),
-    )
+    stop, env = _package(tmp_path, runtime_dir)
     rc_file = tmp_path / "rc"
     logs = tmp_path / "logs"
     launcher = shlex.join(
@@ -366,14 +358,23 @@ print("job: done", flush=True)
 """
 
 
-def _package(tmp_path: Path) -> Path:
-    """tmp_path/pkg with the two jobs, `pkg.train` and `pkg.ddp`, for `python -m`."""
+def _package(tmp_path: Path, runtime_dir: Path) -> tuple[Path, dict[str, str]]:
+    """tmp_path/pkg with the two jobs, `pkg.train` and `pkg.ddp`, for `python -m`; the file that
+    ends them (not there yet) and the environment they and the TUI run in."""
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "train.py").write_text(textwrap.dedent(MODULE))
     (pkg / "ddp.py").write_text(textwrap.dedent(DDP_MODULE))
-    return pkg
+    stop = tmp_path / "stop"
+    env = dict(
+        os.environ,
+        TORCHTOP_RUNTIME_DIR=str(runtime_dir),
+        TERM="xterm-256color",
+        PYTHONPATH=str(tmp_path),
+        JOB_STOP=str(stop),
+    )
+    return stop, env
 
 
 @pytest.mark.parametrize("form", ["run -- python -m", "attach"])
@@ -383,15 +384,7 @@ def test_the_readmes_other_tui_forms_in_tmux(tmp_path: Path, runtime_dir: Path, 
     returns its code when it ends; under `attach` the run goes on after the monitor quits."""
     if shutil.which("tmux") is None:
         pytest.skip("needs tmux")
-    _package(tmp_path)
-    stop = tmp_path / "stop"
-    env = dict(
-        os.environ,
-        TORCHTOP_RUNTIME_DIR=str(runtime_dir),
-        TERM="xterm-256color",
-        PYTHONPATH=str(tmp_path),
-        JOB_STOP=str(stop),
-    )
+    stop, env = _package(tmp_path, runtime_dir)
     rc_file = tmp_path / "rc"
     job = None
     if form == "attach":
