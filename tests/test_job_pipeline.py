@@ -19,8 +19,6 @@ and needs one that names it (and none that names the other).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.job_util import end_torchrun
 from torchtop.contract import discovery
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
@@ -60,13 +59,7 @@ def pipeline_job(tmp_path: Path, env: dict[str, str], *args: str) -> Iterator[No
             raise AssertionError((tmp_path / "job.log").read_text()[-3000:])
         yield
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        end_torchrun(proc)
         log.close()
 
 

@@ -43,29 +43,21 @@ def _report(env: dict[str, str]) -> dict:
     return json.loads(proc.stdout)
 
 
-def _start(tmp_path: Path, env: dict[str, str], name: str, *demo_args: str) -> subprocess.Popen[bytes]:
+def _reports(tmp_path: Path, env: dict[str, str], n: int, *demo_args: str) -> list[dict]:
+    """`n` consecutive 10 s reports of an identical-ranks job."""
+    tmp_path.mkdir()
+    log = tmp_path / "job.log"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={RANKS}",
         "-m", "torchtop.demos.straggler", "--device", "cpu", "--seconds", "400", "--log-every", "0",
         "--slow", "none", *demo_args,
     ]  # fmt: skip
-    log = (tmp_path / f"{name}.log").open("wb")
-    try:
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    finally:
-        log.close()  # the child holds its own copy
-
-
-def _reports(tmp_path: Path, env: dict[str, str], n: int, *demo_args: str) -> list[dict]:
-    """`n` consecutive 10 s reports of an identical-ranks job."""
-    tmp_path.mkdir()
-    job = _start(tmp_path, env, "job", *demo_args)
+    with log.open("wb") as out:  # the child holds its own copy
+        job = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while len([a for a in discovery.list_agents() if a.world_size == RANKS]) < RANKS:
-            assert time.monotonic() < deadline and job.poll() is None, (tmp_path / "job.log").read_text()[
-                -3000:
-            ]
+            assert time.monotonic() < deadline and job.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
         time.sleep(4.0)  # past the first steps (start-up, the process group's first all-reduces)
         return [_report(env) for _ in range(n)]

@@ -231,6 +231,14 @@ def test_ctrl_c_in_the_tui_of_torchtop_run_stops_the_job(tmp_path: Path, runtime
                 psutil.Process(pid).kill()
 
 
+def _left_running(tmux: Tmux, session: str, rc_file: Path) -> None:
+    """After q under `run`: the TUI closes, says the job goes on, and the launcher waits for the
+    job to end by itself (it has not returned a second later)."""
+    wait_screen(tmux, session, lambda text: "the job goes on" in text, timeout=EXIT_TIMEOUT_S)
+    time.sleep(1.0)
+    assert not rc_file.exists(), f"the launcher returned after q:\n{tmux.screen(session)}"
+
+
 def ranks_listed(screen: str) -> set[int]:
     """The ranks whose row (rank, node, a step time) the Ranks panel shows with live figures."""
     rows = re.findall(r"^\W*(\d+)\s+\S+\s+[\d,]+(?:\.\d+)?\s", screen, re.MULTILINE)
@@ -292,12 +300,7 @@ def test_torchrun_under_torchtop_run_opens_the_job_view_in_tmux(
         assert len(pids) == 2, f"expected the 2 ranks' agents, found {pids}"
         tmux("send-keys", "-t", session, key)
         if key == "q":
-            # the view closes and the job goes on: the launcher waits for it to end by itself
-            screen = wait_screen(
-                tmux, session, lambda text: "the job goes on" in text, timeout=EXIT_TIMEOUT_S
-            )
-            time.sleep(1.0)
-            assert not rc_file.exists(), f"the launcher returned after q:\n{tmux.screen(session)}"
+            _left_running(tmux, session, rc_file)
             assert all(_running(p) for p in pids), "q stopped a rank"
             stop.touch()
         deadline = time.monotonic() + (120 if key == "q" else EXIT_TIMEOUT_S)
@@ -421,12 +424,7 @@ def test_the_readmes_other_tui_forms_in_tmux(tmp_path: Path, runtime_dir: Path, 
         assert step_time_shown(screen), f"no steps on screen:\n{screen}"
         tmux("send-keys", "-t", session, "q")
         if job is None:
-            # under run the TUI closes and the job goes on: the launcher waits until it ends
-            screen = wait_screen(
-                tmux, session, lambda text: "the job goes on" in text, timeout=EXIT_TIMEOUT_S
-            )
-            time.sleep(1.0)
-            assert not rc_file.exists(), f"the launcher returned after q:\n{tmux.screen(session)}"
+            _left_running(tmux, session, rc_file)
             stop.touch()
         deadline = time.monotonic() + 90
         while not rc_file.exists() and time.monotonic() < deadline:
