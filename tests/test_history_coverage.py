@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 
 from torchtop.contract import discovery
 from torchtop.monitor.commands import cli
+from torchtop.monitor.link.client import AgentClient, Received
 from torchtop.monitor.model import state as state_mod
 
 pytest.importorskip("torch")
@@ -128,11 +128,17 @@ def test_a_window_of_more_steps_than_the_monitor_keeps_counts_them_all(
 ) -> None:
     monkeypatch.setattr(state_mod, "HISTORY", 2000)  # the monitor keeps 2,000 steps whole
     trainer = Trainer(tmp_path, subprocess_env, 8000)
+    recv = AgentClient.recv_batches
+
+    def listening_starts_training(self: AgentClient, timeout: float) -> list[Received]:
+        # the window's 12 s are counted from here: a step begun before (a timer's guess at when
+        # the report listens, on a loaded machine) would fall outside it
+        trainer.go.touch()
+        return recv(self, timeout)
+
+    monkeypatch.setattr(AgentClient, "recv_batches", listening_starts_training)
     try:
-        go = threading.Timer(1.5, trainer.go.touch)  # once the report listens
-        go.start()
         r = report(capsys, str(trainer.proc.pid), "--seconds", "12")
-        go.join()
         steps, seconds = trainer.finished(0)
     finally:
         trainer.stop()
