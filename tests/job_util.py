@@ -60,6 +60,31 @@ def wait_listed(pid: int, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def wait_stepping(world_size: int, steps: int = 20, timeout: float = 120.0) -> None:
+    """Until every listed rank of a job of `world_size` holds `steps` steps in its agent's history:
+    the job past its start-up (the process group, its first collectives), which a loaded machine
+    can stretch past any fixed sleep before a report."""
+    from torchtop.contract import discovery
+    from torchtop.monitor.link.client import AgentClient, AgentUnreachable
+    from torchtop.monitor.link.targets import from_discovery
+
+    deadline = time.monotonic() + timeout
+    for agent in [a for a in discovery.list_agents() if a.world_size == world_size]:
+        client = AgentClient(from_discovery(agent))
+        try:
+            while True:
+                try:
+                    got = len(client.snapshot(max_steps=steps, timeout=10.0).steps)
+                except AgentUnreachable:  # a loaded machine: ask again
+                    got = 0
+                if got >= steps:
+                    break
+                assert time.monotonic() < deadline, f"rank {agent.rank}: {got} steps after {timeout} s"
+                time.sleep(0.5)
+        finally:
+            client.close()
+
+
 def flags(r: dict[str, Any]) -> dict[str, str]:
     return {f["kind"]: f["severity"] for f in r["flag_details"]}
 

@@ -192,8 +192,8 @@ def test_capture_cli_end_to_end(tmp_path) -> None:
     script.write_text(
         "import torch, time, torchtop.agent as ta\nta.start()\n"
         "m = torch.nn.Linear(64, 64); o = torch.optim.SGD(m.parameters(), 0.1)\n"
-        "end = time.time() + 60\nwhile time.time() < end:\n    m(torch.randn(32, 64)).sum().backward(); o.step(); time.sleep(0.01)\n"
-    )
+        "end = time.time() + 600\nwhile time.time() < end:\n    m(torch.randn(32, 64)).sum().backward(); o.step(); time.sleep(0.01)\n"
+    )  # killed below: a length of its own could run out before a loaded machine's three captures
     env = dict(__import__("os").environ, TORCHTOP_DIR=str(tmp_path / "out"))
     child = subprocess.Popen([sys.executable, str(script)], env=env)
     try:

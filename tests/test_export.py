@@ -81,9 +81,12 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     env["TORCHTOP_PHASE_EVERY"] = "1"
     script = tmp / "train.py"
     script.write_text(CHILD)
+    # the ranks and the exporter run until killed below: lengths of their own could run out before a
+    # loaded machine's three tests of the module
     ranks = [
         subprocess.Popen(
-            [sys.executable, str(script), "90"], env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2")
+            [sys.executable, str(script), "600"],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2"),
         )
         for r in (0, 1)
     ]
@@ -105,7 +108,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             "--job",
             "demo-job",
             "--seconds",
-            "80",
+            "590",
         ],
         env=env,
         stderr=subprocess.PIPE,

@@ -41,6 +41,7 @@ def _request(cmd: str, **args: object) -> bytes:
 
 
 NAN = float("nan")
+PROBE = "probe"  # a valid batch's run: it only tells that the stream is live
 HOSTILE = [
     _request("snapshot", max_steps=wire.SNAPSHOT_MAX_STEPS),  # the costliest answer
     _request("snapshot", max_steps=NAN),  # non-finite numbers: refused at decode (issue 26)
@@ -150,7 +151,8 @@ class Pinger(threading.Thread):
 def test_fuzzing_both_sockets_leaves_training_monitors_and_memory_alone(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    with training_agent(tmp_path, subprocess_env) as (proc, info):
+    # trains until stopped: the default 120 s could run out before a loaded machine's three rounds
+    with training_agent(tmp_path, subprocess_env, seconds=600) as (proc, info):
         endpoint = from_discovery(info)
         watcher = Watcher(endpoint)
         watcher.start()
@@ -244,8 +246,23 @@ def test_fuzzed_batches_never_crash_a_monitor(tmp_path: Path) -> None:
     client = AgentClient(Endpoint(f"ipc://{tmp_path}/none.req", address))
     state = RunState()
     sent = {"n": 0}
+
+    def take(timeout: float) -> None:
+        for got in client.recv_batches(timeout):
+            if got.batch.run_id != PROBE:
+                state.apply_batch(got.batch, got.steps, time.monotonic(), got.log_errors)
+
     try:
-        time.sleep(0.3)  # the subscription reaches the publisher
+        # the subscription reaches the publisher (PUB drops what it sends before): probes until
+        # one arrives, then the rest read off (one that comes later still is not counted)
+        deadline = time.monotonic() + 60
+        probe = wire.encode(wire.Batch(v=V, run_id=PROBE, seq=0, time=1.8e9))
+        pub.send(probe)
+        while not client.recv_batches(0.2):
+            assert time.monotonic() < deadline, "the subscription never reached the publisher"
+            pub.send(probe)
+        while client.recv_batches(0.3):
+            pass
 
         @seed(26)
         @settings(FUZZ, max_examples=150)
@@ -254,12 +271,14 @@ def test_fuzzed_batches_never_crash_a_monitor(tmp_path: Path) -> None:
             batch.seq = batch.log[0].seq = sent["n"]
             sent["n"] += 1
             pub.send(wire.encode(batch))
-            for got in client.recv_batches(1.0):
-                state.apply_batch(got.batch, got.steps, time.monotonic(), got.log_errors)
+            take(1.0)
             report = run_report(state, 5.0)
             samples(report, "fuzz", "host", 0, True, 0, 0.0)
 
         publish()
+        deadline = time.monotonic() + 30  # the last ones, where a loaded machine delivers them late
+        while client.bad_frames + state.batches < sent["n"] and time.monotonic() < deadline:
+            take(0.5)
     finally:
         client.close()
         ctx.destroy(linger=0)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.job_util import end_torchrun
+from tests.job_util import end_torchrun, wait_stepping
 from torchtop.contract import discovery
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
@@ -65,6 +65,7 @@ def pipeline_job(tmp_path: Path, env: dict[str, str], *args: str) -> Iterator[No
 
 def report(env: dict[str, str]) -> dict:
     time.sleep(5.0)  # past the first steps
+    wait_stepping(2)  # ... however long a loaded machine took to start them
     proc = subprocess.run(
         [sys.executable, "-m", "torchtop.monitor.commands.cli", "report", "--seconds", "8"],
         env=env, capture_output=True, text=True, timeout=120,

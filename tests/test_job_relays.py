@@ -174,7 +174,9 @@ def test_a_16_rank_job_through_two_relays_found_in_its_store(
     while True:  # the ranks take a while to start stepping on 2 shared cores
         report = _report(sshd, job, "--store", f"127.0.0.1:{job['port']}")
         stepping = [e for e in report["ranks"] if e["steps"] > 0]
-        if (len(stepping) == 16 and report["straggler"]) or time.monotonic() > deadline:
+        # (a rank starved of CPU for 3 s as a report ends is not reporting in it: the next one)
+        everyone = report["coverage"]["line"] == "16 of 16 ranks reporting"
+        if (len(stepping) == 16 and report["straggler"] and everyone) or time.monotonic() > deadline:
             break
     assert report["coverage"]["relays"] == ["node1", "node2"], report["coverage"]
     assert report["coverage"]["line"] == "16 of 16 ranks reporting", report["coverage"]
@@ -186,7 +188,7 @@ def test_a_16_rank_job_through_two_relays_found_in_its_store(
     # one job, one answer by path: the same job read rank by rank over ssh, no relay between
     while True:
         direct = _report(sshd, job, "ssh://node1", "ssh://node2", env={"TORCHTOP_RELAYS": "0"})
-        if direct["straggler"] or time.monotonic() > deadline + 120:
+        if (direct["straggler"] and len(direct["ranks"]) == 16) or time.monotonic() > deadline + 120:
             break
     assert "relay" not in {e.get("via") for e in direct["ranks"]} and len(direct["ranks"]) == 16, direct[
         "ranks"

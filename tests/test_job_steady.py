@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.job_util import end_torchrun
+from tests.job_util import end_torchrun, wait_stepping
 from torchtop.contract import discovery
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
@@ -60,6 +60,7 @@ def _reports(tmp_path: Path, env: dict[str, str], n: int, *demo_args: str) -> li
             assert time.monotonic() < deadline and job.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
         time.sleep(4.0)  # past the first steps (start-up, the process group's first all-reduces)
+        wait_stepping(RANKS)  # ... however long a loaded machine took to start them
         return [_report(env) for _ in range(n)]
     finally:
         end_torchrun(job)

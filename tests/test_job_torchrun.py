@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.job_util import end_torchrun
+from tests.job_util import end_torchrun, wait_stepping
 from torchtop.contract import discovery
 
 pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]
@@ -57,6 +57,7 @@ def ddp_job(tmp_path: Path, env: dict[str, str], *demo_args: str) -> Iterator[li
 def job_report(env: dict[str, str], seconds: float = 8.0) -> dict:
     """`torchtop report` with no target on a machine running one job: the job report."""
     time.sleep(4.0)  # past the first steps (start-up, the process group's first all-reduces)
+    wait_stepping(RANKS)  # ... however long a loaded machine took to start them
     proc = subprocess.run(
         [sys.executable, "-m", "torchtop.monitor.commands.cli", "report", "--seconds", str(seconds)],
         env=env,

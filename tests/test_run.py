@@ -22,13 +22,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.phase_sampling]  # subprocesses; the
 
 TRAIN = textwrap.dedent(
     """
-    import sys, time, torch
+    import os, sys, time, torch
     from torch.utils.data import DataLoader, TensorDataset
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = DataLoader(TensorDataset(torch.randn(512, 32), torch.randint(0, 4, (512,))), batch_size=8)
     end = time.time() + float(sys.argv[1])
-    while time.time() < end:
+    stop = sys.argv[3] if len(sys.argv) > 3 else None  # a file: the test's word to finish early
+    while time.time() < end and not (stop and os.path.exists(stop)):
         for x, y in data:
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
@@ -77,6 +78,7 @@ def _wait_agents(n: int, timeout: float = 90) -> list[discovery.AgentInfo]:
 def test_unmodified_script_under_run_no_tui(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
+    stop = tmp_path / "stop"  # the job trains until the report is in (a loaded machine starts it late)
     job = subprocess.Popen(
         [
             sys.executable,
@@ -87,8 +89,9 @@ def test_unmodified_script_under_run_no_tui(tmp_path: Path) -> None:
             "--",
             sys.executable,
             str(script),
-            "12",
+            "120",
             "3",
+            str(stop),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -104,6 +107,7 @@ def test_unmodified_script_under_run_no_tui(tmp_path: Path) -> None:
         assert report["steps"] > 5
         assert report["breakdown"]["forward"] > 0 and report["breakdown"]["backward"] > 0
         assert report["breakdown"]["data"] > 0 and report["breakdown"]["optimizer"] > 0
+        stop.touch()
         stdout, stderr = job.communicate(timeout=60)
     finally:
         if job.poll() is None:
@@ -297,17 +301,21 @@ def test_helpers() -> None:
 
 
 async def test_log_tab_follows_the_job_output(tmp_path: Path) -> None:
+    from tests.tui_util import wait_for
     from torchtop.monitor.tui.app import TorchtopApp
 
     log = tmp_path / "job.log"
     log.write_text("epoch 1\nstep 10 loss 2.3\n")
     app = TorchtopApp(None, None, feed=False, log_path=log)
+    tail = app.log_tail
+    assert tail is not None
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("4")
-        await pilot.pause(0.7)
-        assert app.log_tail is not None and app.log_tail.lines[:2] == ["epoch 1", "step 10 loss 2.3"]
+        # the tail reads the file every 0.5 s: wait for what it shows (a loaded machine runs the
+        # app's timer late), not a fixed time
+        shown = await wait_for(pilot, lambda: tail.lines[:2] == ["epoch 1", "step 10 loss 2.3"], 30)
+        assert shown, tail.lines
         with open(log, "a") as fh:
             fh.write("step 20 loss 1.9\npartial")
-        await pilot.pause(0.7)
-        assert app.log_tail is not None
-        assert app.log_tail.lines[-1] == "step 20 loss 1.9"  # the unfinished line waits for its end
+        assert await wait_for(pilot, lambda: "step 20 loss 1.9" in tail.lines, 30), tail.lines
+        assert tail.lines[-1] == "step 20 loss 1.9"  # the unfinished line waits for its end

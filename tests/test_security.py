@@ -150,7 +150,7 @@ def test_curve_agent_serves_only_authorized_keys(
     good = AgentClient(Endpoint.tcp(host, port, curve=curve_setup["good"]))
     try:
         assert good.hello(timeout=5).pid == os.getpid()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # the first batch at once when quiet; a loaded machine is slower
         while not good.recv_batches(0.5) and time.monotonic() < deadline:
             pass
         assert time.monotonic() < deadline, "an authorized client got no batch"
@@ -171,11 +171,9 @@ def test_curve_agent_serves_only_authorized_keys(
     monkeypatch.setenv(curve_keys.ENV_CONFIG, str(curve_setup["monitor_cfg"]))
     capsys.readouterr()
     target = f"tcp://{host}:{port}"
-    assert (
-        cli.main(["report", target, "--server-key", str(curve_setup["server_key_file"]), "--seconds", "0.5"])
-        == 0
+    report = _report_with_batches(
+        capsys, ["report", target, "--server-key", str(curve_setup["server_key_file"]), "--seconds", "0.5"]
     )
-    report = json.loads(capsys.readouterr().out)
     assert report["pid"] == os.getpid() and report["batches"] > 0
     # without the key (and without this user's discovery entry, which holds a key pair): nothing
     monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(curve_setup["monitor_cfg"] / "elsewhere"))
@@ -184,8 +182,20 @@ def test_curve_agent_serves_only_authorized_keys(
     monkeypatch.setenv("TORCHTOP_RUNTIME_DIR", str(runtime_dir))
     # a local monitor finds the agent's public key in its discovery file
     assert discovery.list_agents()[0].server_key == spub.decode()
-    assert cli.main(["report", str(os.getpid()), "--seconds", "0.5"]) == 0
-    assert json.loads(capsys.readouterr().out)["batches"] > 0
+    assert _report_with_batches(capsys, ["report", str(os.getpid()), "--seconds", "0.5"])["batches"] > 0
+
+
+def _report_with_batches(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    """`torchtop report` (exit 0), asked again until it received a batch: its half second may end
+    before the subscription's handshake is through and the agent's thread has sent, on a loaded
+    machine (the agent shares this process's GIL); a client left without batches fails at the
+    deadline."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert cli.main(argv) == 0, capsys.readouterr().err
+        report = json.loads(capsys.readouterr().out)
+        if report["batches"] > 0 or time.monotonic() > deadline:
+            return report
 
 
 def test_server_key_errors_are_one_line(
@@ -340,7 +350,8 @@ def test_fuzzed_frames_never_crash_the_agent_nor_slow_training(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     """Quiet and fuzzed windows alternate, so the machine's own load drifts out of the ratio."""
-    with training_agent(tmp_path, subprocess_env) as (proc, info):
+    # it trains until ended (600 s at most): the fuzzing's pace is the machine's
+    with training_agent(tmp_path, subprocess_env, seconds=600) as (proc, info):
         endpoint = from_discovery(info)
         _answers(endpoint)
         deadline = time.monotonic() + 60  # warm: torch's lazy init done, the hooks found the model

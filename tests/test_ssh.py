@@ -102,7 +102,9 @@ def test_parse_ssh_targets() -> None:
 
 # -- against the real sshd -----------------------------------------------------------------------
 def test_report_ls_and_capture_over_ssh(ssh_env: dict[str, str], sshd, tmp_path: Path) -> None:
-    with training_agent(tmp_path, {**ssh_env, "TORCHTOP_DIR": str(tmp_path / "captures")}) as (proc, info):
+    env = {**ssh_env, "TORCHTOP_DIR": str(tmp_path / "captures")}
+    # trains until stopped: the default 120 s could run out before a loaded machine's six commands over ssh
+    with training_agent(tmp_path, env, seconds=600) as (proc, info):
         host = sshd["host"]
         out = torchtop(ssh_env, "ls", host, "--json")
         assert out.returncode == 0, out.stderr

@@ -287,18 +287,29 @@ def test_report_has_memory_gpu_host_sections(tmp_path) -> None:
         "import torch, torchtop.agent as ta, time\n"
         "ta.start()\n"
         "m = torch.nn.Linear(32, 32); opt = torch.optim.SGD(m.parameters(), 0.1)\n"
-        "end = time.time() + 30\n"
+        "end = time.time() + 600\n"  # killed below: a length of its own could run out on a loaded machine
         "while time.time() < end:\n"
         "    m(torch.randn(64, 32)).sum().backward(); opt.step(); time.sleep(0.005)\n"
     )
     child = subprocess.Popen([sys.executable, str(script)])
     try:
         from torchtop.contract import discovery
+        from torchtop.monitor.link.client import AgentClient
+        from torchtop.monitor.link.targets import from_discovery
 
         deadline = time.monotonic() + 60
-        while not any(a.pid == child.pid for a in discovery.list_agents()):
+        while not (entry := next((a for a in discovery.list_agents() if a.pid == child.pid), None)):
             assert time.monotonic() < deadline and child.poll() is None
             time.sleep(0.1)
+        # once the agent has sampled the host (every batch then carries the sample): the report's
+        # 2.5 s need not hold the slow thread's first period, which a loaded machine can run late
+        client = AgentClient(from_discovery(entry))
+        try:
+            deadline = time.monotonic() + 60
+            while not any(r.batch.telemetry and r.batch.telemetry.host for r in client.recv_batches(0.5)):
+                assert time.monotonic() < deadline, "no host sample within 60 s"
+        finally:
+            client.close()
         out = subprocess.run(
             [
                 sys.executable,
@@ -331,14 +342,15 @@ def test_agent_publishes_telemetry_in_batches() -> None:
     assert agent is not None
     client = client_for(agent)
     try:
-        deadline = time.monotonic() + 5
+        # the slow thread samples the host within a period (1 s) of the subscription: ~1-2 s quiet
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             for batch, _steps, _errors in client.recv_batches(0.5):
                 if batch.telemetry is not None and batch.telemetry.host is not None:
                     if not cuda_in_use():
                         assert batch.telemetry.unavailable.get("memory") == "CUDA not in use"
                     return
-        raise AssertionError("no telemetry with a host sample within 5 s")
+        raise AssertionError("no telemetry with a host sample within 30 s")
     finally:
         client.close()
 
@@ -353,17 +365,36 @@ def test_the_slow_samplers_rest_while_nobody_is_watching(monkeypatch) -> None:
     tc = TelemetryCollector(CudaUse(torch), enable_host=False)
     calls = [0]
     monkeypatch.setattr(tc, "slow", lambda: calls.__setitem__(0, calls[0] + 1))
+    # the periods counted as the slow thread waits them out, not guessed from a sleep's length:
+    # a loaded machine runs fewer of them in a given time (and a sleep of the test's may overrun)
+    periods = [0]
+    wait = tc._stop.wait
+
+    def counted(timeout: float | None = None) -> bool:
+        stopped = wait(timeout)
+        periods[0] += not stopped
+        return stopped
+
+    monkeypatch.setattr(tc._stop, "wait", counted)
+
+    def until(n: int) -> None:
+        deadline = time.monotonic() + 30
+        while periods[0] < n:
+            assert time.monotonic() < deadline, periods
+            time.sleep(0.01)
+
     tc.start()
     try:
-        time.sleep(0.6)  # ~60 periods
-        unattended = calls[0]
+        until(60)
+        unattended, quiet = calls[0], periods[0]  # (in this order: the calls of these periods at most)
         tc.attended = True
-        time.sleep(0.3)
-        attended = calls[0] - unattended
+        first = periods[0]  # every period counted after this one sees the flag
+        until(first + 12)
+        watched, attended = periods[0] - first, calls[0] - unattended
     finally:
         tc.stop()
-    assert unattended <= 60 // telemetry.UNATTENDED_SLOW_PERIODS + 2, unattended
-    assert attended >= 8, attended
+    assert unattended <= quiet // telemetry.UNATTENDED_SLOW_PERIODS + 2, (unattended, quiet)
+    assert attended >= watched - 1 and attended >= 8, (attended, watched)  # each (the last may be on its way)
     assert tc.busy_ns > 0
 
 

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.tmux, pytest.mark.phase_sampling]
 
 SIZES = [(80, 24), (120, 40)]
 SCREEN_TIMEOUT_S = 90.0
-EXIT_TIMEOUT_S = 20.0
+EXIT_TIMEOUT_S = 60.0  # a deadline, not the time it takes: a loaded machine stops a job's processes slowly
 PHASE_ROWS = ("data", "forward", "backward", "optimizer")
 
 
@@ -154,7 +154,7 @@ def test_demo_in_tmux_shows_live_panels_and_quits_cleanly(
             tmux("send-keys", "-t", session, "Up" if shown and shown[0] != PHASE_ROWS[0] else "Down")
             return False
 
-        screen = wait_screen(tmux, session, phases, timeout=30)
+        screen = wait_screen(tmux, session, phases)  # a loaded TUI takes the keys late: it may overshoot
         assert phases_shown(screen) == list(PHASE_ROWS), f"phase rows missing after PageDown:\n{screen}"
         assert outside_the_panels(screen) == [], f"stray glyphs beside the panels:\n{screen}"
 

@@ -407,8 +407,9 @@ async def test_real_agent_profile_capture_and_memory_refusal(tmp_path: Path, sub
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(TRAIN))
     out_dir = tmp_path / "captures"
+    # trains until killed below: a length of its own could run out on a loaded machine
     proc = subprocess.Popen(
-        [sys.executable, str(script), "90"], env={**subprocess_env, "TORCHTOP_DIR": str(out_dir)}
+        [sys.executable, str(script), "600"], env={**subprocess_env, "TORCHTOP_DIR": str(out_dir)}
     )
     try:
         deadline = time.monotonic() + 60
