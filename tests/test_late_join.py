@@ -125,8 +125,8 @@ def test_a_late_monitor_gets_the_agents_per_second_memory_lows() -> None:
     agent = ta.start()
     assert agent is not None
     kept = []
-    trend = agent.telemetry.trend if agent.telemetry is not None else None
-    assert trend is not None
+    assert agent.telemetry is not None
+    trend = agent.telemetry.trend
     # unwatched, the agent samples memory once a second: three seconds' lows (a loaded machine's
     # sampler may miss a second), and ~3.5 s of training at least
     least, deadline = time.monotonic() + 3.5, time.monotonic() + 60

@@ -23,7 +23,9 @@ from torchtop.agent.telemetry.collector import TelemetryCollector
 from torchtop.agent.telemetry.cuda_memory import CudaMemorySampler, fragmentation
 from torchtop.agent.telemetry.host import HostSampler
 from torchtop.agent.telemetry.nvml import NvmlSampler, visible_devices
+from torchtop.contract import wire
 from torchtop.monitor.diagnosis.facts import worker_busy
+from torchtop.monitor.link.client import AgentClient
 
 MIB = 2**20
 
@@ -294,7 +296,6 @@ def test_report_has_memory_gpu_host_sections(tmp_path) -> None:
     child = subprocess.Popen([sys.executable, str(script)])
     try:
         from torchtop.contract import discovery
-        from torchtop.monitor.link.client import AgentClient
         from torchtop.monitor.link.targets import from_discovery
 
         deadline = time.monotonic() + 60
@@ -305,9 +306,7 @@ def test_report_has_memory_gpu_host_sections(tmp_path) -> None:
         # 2.5 s need not hold the slow thread's first period, which a loaded machine can run late
         client = AgentClient(from_discovery(entry))
         try:
-            deadline = time.monotonic() + 60
-            while not any(r.batch.telemetry and r.batch.telemetry.host for r in client.recv_batches(0.5)):
-                assert time.monotonic() < deadline, "no host sample within 60 s"
+            host_sampled(client, 60)
         finally:
             client.close()
         out = subprocess.run(
@@ -343,16 +342,21 @@ def test_agent_publishes_telemetry_in_batches() -> None:
     client = client_for(agent)
     try:
         # the slow thread samples the host within a period (1 s) of the subscription: ~1-2 s quiet
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            for batch, _steps, _errors in client.recv_batches(0.5):
-                if batch.telemetry is not None and batch.telemetry.host is not None:
-                    if not cuda_in_use():
-                        assert batch.telemetry.unavailable.get("memory") == "CUDA not in use"
-                    return
-        raise AssertionError("no telemetry with a host sample within 30 s")
+        telemetry = host_sampled(client, 30)
+        if not cuda_in_use():
+            assert telemetry.unavailable.get("memory") == "CUDA not in use"
     finally:
         client.close()
+
+
+def host_sampled(client: AgentClient, timeout: float) -> wire.Telemetry:
+    """The telemetry of the first batch that carries a host sample, within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for got in client.recv_batches(0.5):
+            if got.batch.telemetry is not None and got.batch.telemetry.host is not None:
+                return got.batch.telemetry
+        assert time.monotonic() < deadline, f"no telemetry with a host sample within {timeout:g} s"
 
 
 @pytest.mark.slow  # among the fast subset's slowest, ~0.9 s here (issue 27: the subset under 60 s)
